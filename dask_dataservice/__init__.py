@@ -1,0 +1,84 @@
+"""dask_dataservice: tf.data service and parameter-server training on Dask.
+
+The pipeline library (:mod:`dask_dataservice.data`) is imported eagerly and needs no Dask;
+the service and parameter-server names are imported on first use, so ``import
+dask_dataservice`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
+from .data import (
+    AUTOTUNE,
+    INFINITE,
+    SHARD_HINT,
+    UNKNOWN,
+    Dataset,
+    FileSplit,
+    IndexRange,
+    NotSplittableError,
+)
+
+try:
+    __version__ = version("dask-dataservice")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+#: Public names that live in modules importing Dask, loaded lazily: name -> module.
+_LAZY: dict[str, str] = {
+    # data service
+    "ShardingPolicy": "dask_dataservice.service.client",
+    "CrossTrainerCache": "dask_dataservice.service.client",
+    "register_dataset": "dask_dataservice.service.client",
+    "from_dataset_id": "dask_dataservice.service.client",
+    "distribute": "dask_dataservice.service.client",
+    "install": "dask_dataservice.service.client",
+    "DistributedDataset": "dask_dataservice.service.client",
+    "DispatcherConfig": "dask_dataservice.service.servers",
+    "DispatchServer": "dask_dataservice.service.servers",
+    "WorkerConfig": "dask_dataservice.service.servers",
+    "WorkerServer": "dask_dataservice.service.servers",
+    # parameter-server training
+    "ParameterServerStrategy": "dask_dataservice.ps.strategy",
+    "ClusterCoordinator": "dask_dataservice.ps.coordinator",
+    "Variable": "dask_dataservice.ps.variables",
+    "ShardedVariable": "dask_dataservice.ps.variables",
+    "Checkpoint": "dask_dataservice.ps.checkpoint",
+    "partitioners": "dask_dataservice.ps.partitioners",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dask_dataservice' has no attribute {name!r}")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            raise AttributeError(
+                f"dask_dataservice.{name} is not available yet ({module} is not built)"
+            ) from e
+        raise
+    value = mod if name == "partitioners" else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "AUTOTUNE",
+    "INFINITE",
+    "UNKNOWN",
+    "SHARD_HINT",
+    "Dataset",
+    "FileSplit",
+    "IndexRange",
+    "NotSplittableError",
+    "__version__",
+]

@@ -1,0 +1,395 @@
+"""``Dataset``: an immutable, picklable description of an input pipeline.
+
+>>> from dask_dataservice.data import Dataset
+>>> list(Dataset.range(10).map(lambda x: x * 2).filter(lambda x: x % 3 == 0).batch(2))
+[array([0, 6]), array([12, 18])]
+
+Iterating a ``Dataset`` runs it in this process. The data service runs the same object on
+Dask workers (see :func:`dask_dataservice.distribute`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from . import ops, sources
+from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
+from ._base import sources as _sources
+from ._fingerprint import fingerprint as _fingerprint
+from .splits import ListSplitProvider, NotSplittableError, SplitProvider
+
+__all__ = ["Dataset", "AUTOTUNE", "INFINITE", "UNKNOWN"]
+
+
+class _hybrid:
+    """A method usable on the class (``Dataset.zip(a, b)``) and on an instance (``a.zip(b)``)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, cls):
+        if obj is None:
+            return self.fn
+        return functools.partial(self.fn, obj)
+
+
+class Dataset:
+    """An input pipeline: a source and a chain of transformations.
+
+    A ``Dataset`` never changes: every transformation returns a new one. It can be iterated
+    any number of times (each iteration runs the pipeline from the start), pickled with
+    cloudpickle, and sent to the data service. Elements are numpy arrays, Python scalars,
+    or tuples and dicts of them.
+    """
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: Op):
+        if not isinstance(op, Op):
+            raise TypeError(
+                "Dataset() is not built directly; start from a source such as "
+                "Dataset.range() or Dataset.from_tensor_slices()"
+            )
+        self._op = op
+
+    def __getstate__(self):
+        return {"_op": self._op}
+
+    def __setstate__(self, state):
+        self._op = state["_op"]
+
+    # ------------------------------------------------------------------------------------
+    # sources
+    # ------------------------------------------------------------------------------------
+    @classmethod
+    def range(cls, start: int, stop: int | None = None, step: int = 1) -> Dataset:
+        """Integers like Python's ``range``: ``range(stop)`` or ``range(start, stop, step)``."""
+        return cls(sources.RangeSource(start, stop, step))
+
+    @classmethod
+    def from_tensor_slices(cls, tensors: Any) -> Dataset:
+        """Slices of arrays along axis 0.
+
+        ``tensors`` is an array (or anything ``np.asarray`` accepts), or a tuple or dict of
+        arrays with the same length, giving tuple or dict elements.
+        """
+        return cls(sources.TensorSlices(tensors))
+
+    @classmethod
+    def list_files(cls, file_pattern: str | list[str], shuffle: bool = False,
+                   seed: int | None = None) -> Dataset:
+        """Filenames matching a glob pattern (or list of patterns), sorted.
+
+        The pattern is expanded when the dataset is defined, so every worker of the data
+        service sees the same files. Each file is one split (FILE and DYNAMIC sharding).
+        """
+        return cls(sources.ListFiles(file_pattern, shuffle, seed))
+
+    @classmethod
+    def from_files(cls, paths: str | Iterable[str], reader: Callable[[str], Iterable]) -> Dataset:
+        """Elements read from files by ``reader(path)``; each file is one split.
+
+        See :mod:`dask_dataservice.data.readers` for readers of ``.npy``, text and zarr.
+        """
+        return cls(sources.FromFiles(paths, reader))
+
+    @classmethod
+    def from_zarr(cls, array_or_path: Any, rows_per_split: int | None = None,
+                  path: str | None = None) -> Dataset:
+        """Rows (axis 0) of a zarr array, or of the array stored at a path.
+
+        ``rows_per_split`` (default: the array's chunk length on axis 0) sets the split size.
+        Pass a path rather than an in-memory array when the pipeline runs on other machines.
+        """
+        return cls(sources.FromZarr(array_or_path, rows_per_split, path))
+
+    @classmethod
+    def from_generator(cls, generator: Callable[..., Iterable], args: tuple = ()) -> Dataset:
+        """Elements of ``generator(*args)``: any Python iterable.
+
+        Arbitrary Python code is welcome here (the data service runs it on workers), but a
+        generator has no splits, so it can only be read with OFF sharding.
+        """
+        return cls(sources.FromGenerator(generator, args))
+
+    @_hybrid
+    def zip(*datasets: Any) -> Dataset:
+        """Combine datasets element-wise into tuples (or dicts, given a dict of datasets).
+
+        ``Dataset.zip(a, b)``, ``Dataset.zip((a, b))``, ``Dataset.zip({"x": a, "y": b})`` and
+        ``a.zip(b)`` all work. The result ends with the shortest input.
+        """
+        if len(datasets) == 1 and isinstance(datasets[0], (tuple, list, dict)):
+            structure = datasets[0]
+        else:
+            structure = datasets
+        values = structure.values() if isinstance(structure, dict) else structure
+        for d in values:
+            if not isinstance(d, Dataset):
+                raise TypeError(f"zip() takes datasets, got {type(d).__name__}")
+        return Dataset(ops.Zip(structure))
+
+    # ------------------------------------------------------------------------------------
+    # transformations
+    # ------------------------------------------------------------------------------------
+    def map(self, map_func: Callable, num_parallel_calls: int | None = None,
+            deterministic: bool | None = None) -> Dataset:
+        """Apply ``map_func`` to every element (tuples are unpacked into arguments).
+
+        With ``num_parallel_calls`` (an int or ``AUTOTUNE``) the function runs in that many
+        threads; ``deterministic=False`` lets results come out in completion order.
+        """
+        return Dataset(ops.Map(self._op, map_func, num_parallel_calls, deterministic))
+
+    def filter(self, predicate: Callable) -> Dataset:
+        """Keep the elements for which ``predicate`` is true."""
+        return Dataset(ops.Filter(self._op, predicate))
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+        """Stack consecutive elements into batches of ``batch_size`` (numpy arrays)."""
+        return Dataset(ops.Batch(self._op, batch_size, drop_remainder))
+
+    def padded_batch(self, batch_size: int, padded_shapes: Any = None, padding_values: Any = None,
+                     drop_remainder: bool = False) -> Dataset:
+        """Batch elements of different shapes, padding each to the largest in the batch.
+
+        ``padded_shapes`` (mirroring the element structure; ``None`` dimensions pad to the
+        batch maximum) and ``padding_values`` (default 0, or "" for strings) are optional.
+        """
+        return Dataset(ops.PaddedBatch(self._op, batch_size, padded_shapes, padding_values,
+                                       drop_remainder))
+
+    def unbatch(self) -> Dataset:
+        """Split batched elements back into elements (the inverse of ``batch``)."""
+        return Dataset(ops.Unbatch(self._op))
+
+    def shuffle(self, buffer_size: int, seed: int | None = None,
+                reshuffle_each_iteration: bool = True) -> Dataset:
+        """Shuffle with a buffer of ``buffer_size`` elements.
+
+        With a ``seed`` the order is reproducible; with ``reshuffle_each_iteration`` each
+        repetition (under ``repeat``) gets a different order.
+        """
+        return Dataset(ops.Shuffle(self._op, buffer_size, seed, reshuffle_each_iteration))
+
+    def repeat(self, count: int | None = None) -> Dataset:
+        """Repeat the dataset ``count`` times (forever when ``count`` is None or -1)."""
+        return Dataset(ops.Repeat(self._op, count))
+
+    def take(self, count: int) -> Dataset:
+        """The first ``count`` elements (all of them for -1)."""
+        return Dataset(ops.Take(self._op, count))
+
+    def skip(self, count: int) -> Dataset:
+        """All but the first ``count`` elements (-1 skips everything)."""
+        return Dataset(ops.Skip(self._op, count))
+
+    def shard(self, num_shards: Any, index: Any) -> Dataset:
+        """Every ``num_shards``-th element, starting at ``index``.
+
+        ``shard(SHARD_HINT, SHARD_HINT)`` leaves the numbers to the data service's HINT
+        sharding policy (see :meth:`with_shard_hint`).
+        """
+        return Dataset(ops.Shard(self._op, num_shards, index))
+
+    def interleave(self, map_func: Callable, cycle_length: int | None = None, block_length: int = 1,
+                   num_parallel_calls: int | None = None, deterministic: bool | None = None) -> Dataset:
+        """Map each element to a dataset and interleave them.
+
+        ``cycle_length`` inner datasets are open at once; ``block_length`` elements are taken
+        from each in turn. With ``num_parallel_calls`` each open dataset is read ahead in its
+        own thread (the output order stays deterministic).
+        """
+        return Dataset(ops.Interleave(self._op, map_func, cycle_length, block_length,
+                                      num_parallel_calls, deterministic))
+
+    def flat_map(self, map_func: Callable) -> Dataset:
+        """Map each element to a dataset and chain them in order."""
+        return Dataset(ops.FlatMap(self._op, map_func))
+
+    def prefetch(self, buffer_size: int) -> Dataset:
+        """Run the pipeline so far in a background thread, ``buffer_size`` elements ahead."""
+        return Dataset(ops.Prefetch(self._op, buffer_size))
+
+    def enumerate(self, start: int = 0) -> Dataset:
+        """Pair each element with its index: ``(i, x)``."""
+        return Dataset(ops.Enumerate(self._op, start))
+
+    def concatenate(self, dataset: Dataset) -> Dataset:
+        """This dataset's elements, then ``dataset``'s."""
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"concatenate() takes a Dataset, got {type(dataset).__name__}")
+        return Dataset(ops.Concatenate(self._op, dataset._op))
+
+    def bucket_by_sequence_length(self, element_length_func: Callable, bucket_boundaries: list[int],
+                                  bucket_batch_sizes: list[int], padded_shapes: Any = None,
+                                  padding_values: Any = None, pad_to_bucket_boundary: bool = False,
+                                  no_padding: bool = False, drop_remainder: bool = False) -> Dataset:
+        """Batch elements of similar length together.
+
+        ``element_length_func(x)`` gives a length; an element goes to bucket ``i`` when
+        ``bucket_boundaries[i-1] <= length < bucket_boundaries[i]``; bucket ``i`` emits a padded
+        batch when it holds ``bucket_batch_sizes[i]`` elements.
+        """
+        return Dataset(ops.BucketBySequenceLength(
+            self._op, element_length_func, bucket_boundaries, bucket_batch_sizes, padded_shapes,
+            padding_values, pad_to_bucket_boundary, no_padding, drop_remainder))
+
+    def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
+        """Return ``transformation_func(self)`` (e.g. ``ds.apply(dds.distribute(...))``)."""
+        out = transformation_func(self)
+        if not isinstance(out, Dataset):
+            raise TypeError(
+                f"apply(): transformation_func must return a Dataset, got {type(out).__name__}"
+            )
+        return out
+
+    # ------------------------------------------------------------------------------------
+    # iteration
+    # ------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        return self._op.iterate(IterContext())
+
+    def iterate(self, split_provider: SplitProvider | Iterable | None = None) -> Iterator:
+        """Iterate, reading only the splits that ``split_provider`` serves (if given).
+
+        ``split_provider`` is a :class:`~dask_dataservice.data.splits.SplitProvider` or a list
+        of splits (served once per repetition).
+        """
+        if split_provider is None:
+            return iter(self)
+        self.check_splittable()
+        if not isinstance(split_provider, SplitProvider):
+            split_provider = ListSplitProvider(split_provider)
+        return self._op.iterate(IterContext(split_provider=split_provider))
+
+    def as_numpy_iterator(self) -> Iterator:
+        """Iterate with every leaf as a numpy value (Python scalars become numpy scalars)."""
+        return map(_to_numpy, iter(self))
+
+    def cardinality(self) -> int:
+        """The number of elements, or ``INFINITE`` / ``UNKNOWN``, without running anything."""
+        return self._op.cardinality()
+
+    def __len__(self) -> int:
+        n = self.cardinality()
+        if n == INFINITE:
+            raise TypeError("the dataset is infinite")
+        if n == UNKNOWN:
+            raise TypeError("the length of the dataset is unknown; see cardinality()")
+        return n
+
+    def __bool__(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------------------------
+    # splits and identity
+    # ------------------------------------------------------------------------------------
+    def why_not_splittable(self) -> str | None:
+        """Why this pipeline cannot be cut into splits (DYNAMIC / FILE sharding), or None."""
+        srcs = _sources(self._op)
+        if len(srcs) != 1:
+            return (
+                f"the pipeline reads {len(srcs)} sources (zip or concatenate); dynamic and file "
+                "sharding need exactly one splittable source"
+            )
+        source = srcs[0]
+        if not source.splittable:
+            return source.why_not()
+        for node in walk(self._op):
+            reason = node.split_blocker()
+            if reason:
+                return reason
+        return None
+
+    @property
+    def splittable(self) -> bool:
+        """Whether :meth:`splits` works (see :meth:`why_not_splittable`)."""
+        return self.why_not_splittable() is None
+
+    def check_splittable(self) -> None:
+        """Raise :class:`NotSplittableError` with the reason if the pipeline has no splits."""
+        reason = self.why_not_splittable()
+        if reason:
+            raise NotSplittableError(f"this dataset cannot be split: {reason}")
+
+    def splits(self, split_size: int | None = None) -> list:
+        """The splits of the pipeline's source, in order (small picklable descriptors).
+
+        ``split_size`` sets the elements per split of index-range sources (default: about
+        256 splits, at most 65,536 elements each; ``from_zarr`` uses ``rows_per_split``).
+        """
+        self.check_splittable()
+        if split_size is not None:
+            split_size = ops.check_int("split_size", split_size, minimum=1)
+        return self.source.splits(split_size)
+
+    @property
+    def source(self) -> sources.Source:
+        """The pipeline's source op (the first, when there are several)."""
+        return _sources(self._op)[0]
+
+    @property
+    def is_file_based(self) -> bool:
+        """True when the pipeline has one source and it reads files (FILE sharding applies)."""
+        srcs = _sources(self._op)
+        return len(srcs) == 1 and srcs[0].file_based
+
+    @property
+    def has_shard_hint(self) -> bool:
+        """True when the pipeline contains ``shard(SHARD_HINT, SHARD_HINT)``."""
+        return any(isinstance(n, ops.Shard) and n.is_hint for n in walk(self._op))
+
+    def with_shard_hint(self, num_shards: int, index: int) -> Dataset:
+        """A copy with every ``shard(SHARD_HINT, SHARD_HINT)`` made ``shard(num_shards, index)``."""
+        num_shards = ops.check_int("num_shards", num_shards, minimum=1)
+        index = ops.check_int("index", index, minimum=0)
+        if index >= num_shards:
+            raise ValueError(f"index must be < num_shards ({num_shards}), got {index}")
+
+        def rewrite(op: Op) -> Op:
+            new_inputs = tuple(rewrite(child) for child in op.inputs)
+            if isinstance(op, ops.Shard) and op.is_hint:
+                return ops.Shard(new_inputs[0], num_shards, index)
+            if new_inputs == op.inputs:
+                return op
+            clone = copy.copy(op)
+            clone.inputs = new_inputs
+            if hasattr(clone, "input"):
+                clone.input = new_inputs[0]
+            return clone
+
+        return Dataset(rewrite(self._op))
+
+    def fingerprint(self) -> str:
+        """A hex digest that is the same for the same pipeline definition in any process."""
+        return _fingerprint(self._op)
+
+    def __repr__(self) -> str:
+        chain = []
+        node = self._op
+        while True:
+            chain.append(repr(node))
+            if len(node.inputs) != 1:
+                break
+            node = node.inputs[0]
+        return "<Dataset " + " <- ".join(chain) + ">"
+
+
+def _to_numpy(x: Any) -> Any:
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x
+    if isinstance(x, tuple):
+        items = [_to_numpy(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    if isinstance(x, dict):
+        return {k: _to_numpy(v) for k, v in x.items()}
+    if isinstance(x, (bool, int, float, complex)):
+        return np.asarray(x)[()]
+    return x

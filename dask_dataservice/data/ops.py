@@ -1,0 +1,788 @@
+"""Transformations: ops with one or more input ops.
+
+Each op validates its arguments in ``__init__`` (so a bad argument fails where the pipeline
+is defined, naming the argument) and returns a generator from :meth:`iterate`. User
+functions are called with the element unpacked when it is a tuple (``fn(*x)``), otherwise
+with the element itself, as in tf.data. An exception raised by a user function keeps its
+type and traceback and gains a note naming the op and the element.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from ._base import (
+    _NO_ELEMENT,
+    AUTOTUNE,
+    INFINITE,
+    UNKNOWN,
+    IterContext,
+    Op,
+    annotate_user_error,
+    autotune_threads,
+)
+from .splits import SHARD_HINT
+from .structure import pad_stack, stack, unstack
+
+# ----------------------------------------------------------------------------------------
+# argument checks
+# ----------------------------------------------------------------------------------------
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None, allow=()) -> int:
+    if value in allow and not isinstance(value, bool):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_callable(name: str, fn: Any) -> Callable:
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable, got {type(fn).__name__} {fn!r:.40}")
+    return fn
+
+
+def parallelism(name: str, value: Any) -> int | None:
+    """None (sequential), a positive int, or AUTOTUNE → a thread count."""
+    if value is None:
+        return None
+    if value == AUTOTUNE and not isinstance(value, bool):
+        return autotune_threads()
+    return check_int(name, value, minimum=1)
+
+
+def call(fn: Callable, x: Any) -> Any:
+    """Call a user function the tf.data way: tuples are unpacked into arguments."""
+    if type(x) is tuple:
+        return fn(*x)
+    return fn(x)
+
+
+def _call_annotated(fn: Callable, x: Any, op: str) -> Any:
+    try:
+        return fn(*x) if type(x) is tuple else fn(x)
+    except Exception as e:
+        annotate_user_error(e, op, fn, x)
+        raise
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+# ----------------------------------------------------------------------------------------
+# background threads: prefetch and parallel interleave
+# ----------------------------------------------------------------------------------------
+
+_END = object()
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class ThreadedIterator:
+    """Runs ``make_iter()`` in a daemon thread and buffers its elements.
+
+    The producer hands elements over in small chunks (at most ``chunk`` at once, and at once
+    when the consumer is waiting), so a fast producer pays one queue operation per chunk,
+    not per element. :meth:`close` stops the thread promptly, even when the consumer
+    abandons the iterator; the producer closes its own input iterator on exit.
+    """
+
+    def __init__(self, make_iter: Callable[[], Iterator], buffer_size: int, name: str):
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, buffer_size))
+        self._chunk = max(1, min(64, buffer_size))
+        self._stop = threading.Event()
+        self._make_iter = make_iter
+        self._pending: deque = deque()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        it = None
+        try:
+            it = self._make_iter()
+            buf: list = []
+            for x in it:
+                buf.append(x)
+                if len(buf) >= self._chunk or self._q.qsize() == 0:
+                    if not self._put(buf):
+                        return
+                    buf = []
+                if self._stop.is_set():
+                    return
+            if buf and not self._put(buf):
+                return
+            self._put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self._put(_Failure(e))
+        finally:
+            if it is not None:
+                try:
+                    _close(it)
+                except Exception:  # noqa: BLE001 - closing an abandoned input
+                    pass
+            self._make_iter = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._pending:
+            return self._pending.popleft()
+        if self._done:
+            raise StopIteration
+        item = self._q.get()
+        if item is _END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._done = True
+            exc = item.exc
+            item.exc = None
+            raise exc
+        self._pending.extend(item)
+        return self._pending.popleft()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._done = True
+        self._pending.clear()
+        try:  # unblock a producer waiting on a full queue
+            while True:
+                self._q.get_nowait()
+        except queue.Empty:
+            pass
+
+    def __del__(self):
+        self._stop.set()
+
+
+def _threaded(make_iter: Callable[[], Iterator], buffer_size: int, name: str) -> Iterator:
+    """A generator over a :class:`ThreadedIterator` that stops the thread when closed."""
+    ti = ThreadedIterator(make_iter, buffer_size, name)
+    try:
+        yield from ti
+    finally:
+        ti.close()
+
+
+# ----------------------------------------------------------------------------------------
+# ops
+# ----------------------------------------------------------------------------------------
+
+
+class Unary(Op):
+    def __init__(self, input: Op):
+        self.input = input
+        self.inputs = (input,)
+
+    def cardinality(self) -> int:
+        return self.input.cardinality()
+
+
+class Map(Unary):
+    name = "map"
+
+    def __init__(self, input, fn, num_parallel_calls=None, deterministic=True):
+        super().__init__(input)
+        self.fn = check_callable("map_func", fn)
+        self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
+        if deterministic is not None and not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic must be a bool or None, got {deterministic!r:.40}")
+        self.deterministic = deterministic is not False
+
+    def params(self):
+        return (self.fn, self.num_parallel_calls, self.deterministic)
+
+    def iterate(self, ctx):
+        it = self.input.iterate(ctx)
+        if self.num_parallel_calls and self.num_parallel_calls > 1:
+            return self._parallel(it)
+        return self._sequential(it)
+
+    def _sequential(self, it):
+        fn = self.fn
+        for x in it:
+            try:
+                y = fn(*x) if type(x) is tuple else fn(x)
+            except Exception as e:
+                annotate_user_error(e, "map", fn, x)
+                raise
+            yield y
+
+    def _parallel(self, it):
+        n = self.num_parallel_calls
+        pool = ThreadPoolExecutor(n, thread_name_prefix="dds-map")
+        pending: deque = deque()
+        in_flight = 2 * n
+        try:
+            if self.deterministic:
+                for x in it:
+                    pending.append(pool.submit(_call_annotated, self.fn, x, "map"))
+                    if len(pending) >= in_flight:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            else:
+                running: set = set()
+                for x in it:
+                    running.add(pool.submit(_call_annotated, self.fn, x, "map"))
+                    if len(running) >= in_flight:
+                        done, running = wait(running, return_when=FIRST_COMPLETED)
+                        for f in done:
+                            yield f.result()
+                while running:
+                    done, running = wait(running, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        yield f.result()
+                pending = deque(running)
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
+            _close(it)
+
+
+class Filter(Unary):
+    name = "filter"
+
+    def __init__(self, input, predicate):
+        super().__init__(input)
+        self.predicate = check_callable("predicate", predicate)
+
+    def params(self):
+        return (self.predicate,)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        return n if n == INFINITE else UNKNOWN
+
+    def iterate(self, ctx):
+        pred = self.predicate
+        for x in self.input.iterate(ctx):
+            try:
+                keep = pred(*x) if type(x) is tuple else pred(x)
+            except Exception as e:
+                annotate_user_error(e, "filter", pred, x)
+                raise
+            if keep:
+                yield x
+
+
+class Batch(Unary):
+    name = "batch"
+
+    def __init__(self, input, batch_size, drop_remainder=False):
+        super().__init__(input)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.drop_remainder = bool(drop_remainder)
+
+    def params(self):
+        return (self.batch_size, self.drop_remainder)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        if n < 0:
+            return n
+        return n // self.batch_size if self.drop_remainder else -(-n // self.batch_size)
+
+    def _stack(self, items):
+        try:
+            return stack(items)
+        except ValueError as e:
+            annotate_user_error(e, self.name, None, _NO_ELEMENT)
+            raise
+
+    def iterate(self, ctx):
+        it = self.input.iterate(ctx)
+        n = self.batch_size
+        islice = itertools.islice
+        while True:
+            items = list(islice(it, n))
+            if not items or (len(items) < n and self.drop_remainder):
+                return
+            yield self._stack(items)
+            if len(items) < n:
+                return
+
+
+class PaddedBatch(Batch):
+    name = "padded_batch"
+
+    def __init__(self, input, batch_size, padded_shapes=None, padding_values=None, drop_remainder=False):
+        super().__init__(input, batch_size, drop_remainder)
+        self.padded_shapes = padded_shapes
+        self.padding_values = padding_values
+
+    def params(self):
+        return (self.batch_size, self.padded_shapes, self.padding_values, self.drop_remainder)
+
+    def _stack(self, items):
+        try:
+            return pad_stack(items, self.padded_shapes, self.padding_values)
+        except (ValueError, TypeError, KeyError) as e:
+            annotate_user_error(e, self.name, None, _NO_ELEMENT)
+            raise
+
+
+class Unbatch(Unary):
+    name = "unbatch"
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        return n if n == INFINITE else UNKNOWN
+
+    def iterate(self, ctx):
+        for x in self.input.iterate(ctx):
+            if isinstance(x, np.ndarray):
+                if x.ndim == 0:
+                    raise ValueError("unbatch() needs elements with a leading axis, got a scalar")
+                yield from x
+            else:
+                yield from unstack(x)
+
+
+class Shuffle(Unary):
+    name = "shuffle"
+
+    def __init__(self, input, buffer_size, seed=None, reshuffle_each_iteration=True):
+        super().__init__(input)
+        self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
+        self.seed = None if seed is None else check_int("seed", seed)
+        self.reshuffle = bool(reshuffle_each_iteration)
+        # An unseeded shuffle that must repeat its order picks its seed once, here.
+        self._fixed_seed = self.seed if self.seed is not None else random.getrandbits(63)
+
+    def params(self):
+        return (self.buffer_size, self.seed, self.reshuffle)
+
+    def _rng(self, ctx: IterContext) -> random.Random:
+        epoch = ctx.next_epoch(self)
+        if not self.reshuffle:
+            return random.Random(self._fixed_seed)
+        if self.seed is None:
+            return random.Random()
+        return random.Random(self.seed * 1_000_003 + epoch)
+
+    def iterate(self, ctx):
+        rng = self._rng(ctx)
+        randrange = rng.randrange
+        buf: list = []
+        size = self.buffer_size
+        it = self.input.iterate(ctx)
+        for x in it:
+            if len(buf) < size:
+                buf.append(x)
+                continue
+            j = randrange(size)
+            out, buf[j] = buf[j], x
+            yield out
+        rng.shuffle(buf)
+        yield from buf
+
+
+class Repeat(Unary):
+    name = "repeat"
+
+    def __init__(self, input, count=None):
+        super().__init__(input)
+        if count is not None and count != -1:
+            count = check_int("count", count, minimum=0)
+        self.count = None if count in (None, -1) else count
+
+    def params(self):
+        return (self.count,)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        if self.count is None:
+            return 0 if n == 0 else INFINITE
+        if n < 0:
+            return n
+        return n * self.count
+
+    def iterate(self, ctx):
+        provider = ctx.split_provider
+        done = 0
+        while self.count is None or done < self.count:
+            if done and provider is not None:
+                provider.reset()
+            produced = False
+            for x in self.input.iterate(ctx):
+                produced = True
+                yield x
+            done += 1
+            if not produced and self.count is None:
+                # An empty input would make an infinite repeat spin forever. Under a split
+                # provider a repetition may be empty for this worker only (others took
+                # every split), so stop only when the source has no splits at all.
+                if provider is None or getattr(provider, "num_splits", None) == 0:
+                    return
+
+
+class Take(Unary):
+    name = "take"
+
+    def __init__(self, input, count):
+        super().__init__(input)
+        self.count = check_int("count", count, minimum=-1)
+
+    def params(self):
+        return (self.count,)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        if self.count == -1:
+            return n
+        if n == INFINITE:
+            return self.count
+        return n if n < 0 else min(n, self.count)
+
+    def iterate(self, ctx):
+        it = self.input.iterate(ctx)
+        if self.count == -1:
+            yield from it
+            return
+        try:
+            yield from itertools.islice(it, self.count)
+        finally:
+            _close(it)
+
+
+class Skip(Unary):
+    name = "skip"
+
+    def __init__(self, input, count):
+        super().__init__(input)
+        self.count = check_int("count", count, minimum=-1)
+
+    def params(self):
+        return (self.count,)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        if self.count == -1:
+            return 0 if n >= 0 else n
+        return n if n < 0 else max(0, n - self.count)
+
+    def iterate(self, ctx):
+        it = self.input.iterate(ctx)
+        if self.count == -1:
+            for _ in it:
+                pass
+            return
+        yield from itertools.islice(it, self.count, None)
+
+
+class Shard(Unary):
+    name = "shard"
+
+    def __init__(self, input, num_shards, index):
+        super().__init__(input)
+        hint_n, hint_i = num_shards is SHARD_HINT, index is SHARD_HINT
+        if hint_n != hint_i:
+            raise ValueError("shard() takes SHARD_HINT for both num_shards and index, or for neither")
+        self.is_hint = hint_n
+        if not self.is_hint:
+            self.num_shards = check_int("num_shards", num_shards, minimum=1)
+            self.index = check_int("index", index, minimum=0)
+            if self.index >= self.num_shards:
+                raise ValueError(f"index must be < num_shards ({self.num_shards}), got {self.index}")
+        else:
+            self.num_shards = self.index = SHARD_HINT
+
+    def params(self):
+        return (self.num_shards, self.index)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        if n < 0 or self.is_hint:
+            return n if n < 0 else UNKNOWN
+        return max(0, -(-(n - self.index) // self.num_shards))
+
+    def split_blocker(self):
+        return (
+            f"shard({self.num_shards}, {self.index}) comes after the source, and splits would "
+            "be sharded again per split; shard the data with the service's sharding policy "
+            "instead, or use shard(SHARD_HINT, SHARD_HINT) with the HINT policy"
+        )
+
+    def iterate(self, ctx):
+        if self.is_hint:
+            raise ValueError(
+                "shard(SHARD_HINT, SHARD_HINT) is a placeholder: it is filled in by the data "
+                "service's HINT sharding policy. Iterated locally, give real numbers "
+                "(or call Dataset.with_shard_hint(num_shards, index))"
+            )
+        return itertools.islice(self.input.iterate(ctx), self.index, None, self.num_shards)
+
+
+class Interleave(Unary):
+    name = "interleave"
+
+    def __init__(self, input, fn, cycle_length=None, block_length=1, num_parallel_calls=None,
+                 deterministic=True):
+        super().__init__(input)
+        self.fn = check_callable("map_func", fn)
+        if cycle_length is None or (cycle_length == AUTOTUNE and not isinstance(cycle_length, bool)):
+            cycle_length = autotune_threads()
+        self.cycle_length = check_int("cycle_length", cycle_length, minimum=1)
+        self.block_length = check_int("block_length", block_length, minimum=1)
+        self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
+        self.deterministic = deterministic is not False
+
+    def params(self):
+        return (self.fn, self.cycle_length, self.block_length, self.num_parallel_calls, self.deterministic)
+
+    def _inner(self, x: Any, ctx: IterContext) -> Iterator:
+        ds = _call_annotated(self.fn, x, self.name)
+        op = getattr(ds, "_op", None)
+        if op is None:
+            err = TypeError(
+                f"Dataset.{self.name}: map_func must return a Dataset, got {type(ds).__name__}"
+            )
+            raise err
+        return op.iterate(ctx.nested())
+
+    def iterate(self, ctx):
+        outer = self.input.iterate(ctx)
+        parallel = bool(self.num_parallel_calls and self.num_parallel_calls > 1)
+        cycle: list = []
+        try:
+            for x in outer:
+                inner = self._inner(x, ctx)
+                if parallel:
+                    inner = _threaded(lambda inner=inner: inner, 2 * self.block_length, "dds-interleave")
+                cycle.append(inner)
+                if len(cycle) >= self.cycle_length:
+                    yield from self._round(cycle)
+            while cycle:
+                yield from self._round(cycle)
+        finally:
+            for inner in cycle:
+                _close(inner)
+            _close(outer)
+
+    def _round(self, cycle: list) -> Iterator:
+        """One pass over the open inner iterators; exhausted ones leave the cycle."""
+        i = 0
+        while i < len(cycle):
+            inner = cycle[i]
+            taken = 0
+            for y in inner:
+                yield y
+                taken += 1
+                if taken == self.block_length:
+                    break
+            if taken < self.block_length:
+                _close(inner)
+                cycle.pop(i)
+                return  # refill the cycle from the outer iterator before going on
+            i += 1
+
+
+class FlatMap(Interleave):
+    name = "flat_map"
+
+    def __init__(self, input, fn):
+        super().__init__(input, fn, cycle_length=1, block_length=1)
+
+    def params(self):
+        return (self.fn,)
+
+
+class Prefetch(Unary):
+    name = "prefetch"
+
+    def __init__(self, input, buffer_size):
+        super().__init__(input)
+        if buffer_size == AUTOTUNE and not isinstance(buffer_size, bool):
+            buffer_size = 64
+        self.buffer_size = check_int("buffer_size", buffer_size, minimum=0)
+
+    def params(self):
+        return (self.buffer_size,)
+
+    def iterate(self, ctx):
+        if self.buffer_size == 0:
+            return self.input.iterate(ctx)
+        return _threaded(lambda: self.input.iterate(ctx), self.buffer_size, "dds-prefetch")
+
+
+class Enumerate(Unary):
+    name = "enumerate"
+
+    def __init__(self, input, start=0):
+        super().__init__(input)
+        self.start = check_int("start", start)
+
+    def params(self):
+        return (self.start,)
+
+    def iterate(self, ctx):
+        return enumerate(self.input.iterate(ctx), self.start)
+
+
+class Zip(Op):
+    name = "zip"
+
+    def __init__(self, structure):
+        if isinstance(structure, dict):
+            self.keys = tuple(structure)
+            self.inputs = tuple(d._op for d in structure.values())
+        else:
+            self.keys = None
+            self.inputs = tuple(d._op for d in structure)
+        if not self.inputs:
+            raise ValueError("zip() needs at least one dataset")
+
+    def params(self):
+        return (self.keys,)
+
+    def cardinality(self):
+        ns = [op.cardinality() for op in self.inputs]
+        finite = [n for n in ns if n >= 0]
+        if finite:
+            return min(finite)
+        return UNKNOWN if UNKNOWN in ns else INFINITE
+
+    def iterate(self, ctx):
+        its = [op.iterate(ctx) for op in self.inputs]
+        try:
+            if self.keys is None:
+                yield from zip(*its, strict=False)
+            else:
+                keys = self.keys
+                for row in zip(*its, strict=False):
+                    yield dict(zip(keys, row, strict=True))
+        finally:
+            for it in its:
+                _close(it)
+
+
+class Concatenate(Op):
+    name = "concatenate"
+
+    def __init__(self, first: Op, second: Op):
+        self.inputs = (first, second)
+
+    def cardinality(self):
+        a, b = (op.cardinality() for op in self.inputs)
+        if INFINITE in (a, b):
+            return INFINITE
+        if UNKNOWN in (a, b):
+            return UNKNOWN
+        return a + b
+
+    def iterate(self, ctx):
+        for op in self.inputs:
+            yield from op.iterate(ctx)
+
+
+class BucketBySequenceLength(Unary):
+    name = "bucket_by_sequence_length"
+
+    def __init__(self, input, element_length_func, bucket_boundaries, bucket_batch_sizes,
+                 padded_shapes=None, padding_values=None, pad_to_bucket_boundary=False,
+                 no_padding=False, drop_remainder=False):
+        super().__init__(input)
+        self.length_fn = check_callable("element_length_func", element_length_func)
+        bounds = [check_int("bucket_boundaries[i]", b, minimum=1) for b in bucket_boundaries]
+        if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)):
+            raise ValueError(f"bucket_boundaries must be strictly increasing, got {bounds}")
+        sizes = [check_int("bucket_batch_sizes[i]", s, minimum=1) for s in bucket_batch_sizes]
+        if len(sizes) != len(bounds) + 1:
+            raise ValueError(
+                f"bucket_batch_sizes must have len(bucket_boundaries) + 1 = {len(bounds) + 1} "
+                f"entries, got {len(sizes)}"
+            )
+        self.bounds = tuple(bounds)
+        self.sizes = tuple(sizes)
+        self.padded_shapes = padded_shapes
+        self.padding_values = padding_values
+        self.pad_to_bucket_boundary = bool(pad_to_bucket_boundary)
+        self.no_padding = bool(no_padding)
+        self.drop_remainder = bool(drop_remainder)
+
+    def params(self):
+        return (self.length_fn, self.bounds, self.sizes, self.padded_shapes, self.padding_values,
+                self.pad_to_bucket_boundary, self.no_padding, self.drop_remainder)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        return n if n == INFINITE else UNKNOWN
+
+    def _bucket(self, length: int) -> int:
+        for i, b in enumerate(self.bounds):
+            if length < b:
+                return i
+        return len(self.bounds)
+
+    def _emit(self, bucket: int, items: list) -> Any:
+        if self.no_padding:
+            return stack(items)
+        shapes = self.padded_shapes
+        if self.pad_to_bucket_boundary:
+            if bucket == len(self.bounds):
+                raise ValueError(
+                    "bucket_by_sequence_length(pad_to_bucket_boundary=True): an element is "
+                    f"longer than the last boundary {self.bounds[-1] - 1}"
+                )
+            shapes = _leading_dim_shapes(items[0], self.bounds[bucket] - 1)
+        return pad_stack(items, shapes, self.padding_values)
+
+    def iterate(self, ctx):
+        buckets: list[list] = [[] for _ in self.sizes]
+        fn = self.length_fn
+        for x in self.input.iterate(ctx):
+            try:
+                length = int(call(fn, x))
+            except Exception as e:
+                annotate_user_error(e, self.name, fn, x)
+                raise
+            b = self._bucket(length)
+            buckets[b].append(x)
+            if len(buckets[b]) == self.sizes[b]:
+                yield self._emit(b, buckets[b])
+                buckets[b] = []
+        if not self.drop_remainder:
+            for b, items in enumerate(buckets):
+                if items:
+                    yield self._emit(b, items)
+
+
+def _leading_dim_shapes(element: Any, length: int) -> Any:
+    from .structure import map_structure
+
+    return map_structure(lambda leaf: [length, *np.shape(leaf)[1:]] if np.ndim(leaf) else [], element)
+

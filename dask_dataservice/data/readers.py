@@ -1,0 +1,40 @@
+"""Readers for :meth:`Dataset.from_files`: each turns one file into elements.
+
+A reader is any callable ``reader(path) -> iterable of elements``; these cover common
+formats. Readers run where the pipeline runs (a data worker, under the data service).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = ["npy", "text_lines", "zarr_rows"]
+
+
+def npy(path: str) -> Iterator[np.ndarray]:
+    """Rows (axis 0) of a ``.npy`` file, memory-mapped so only what is read is loaded."""
+    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    if arr.ndim == 0:
+        yield np.asarray(arr)
+        return
+    for i in range(arr.shape[0]):
+        yield np.asarray(arr[i])
+
+
+def text_lines(path: str, encoding: str = "utf-8") -> Iterator[str]:
+    """Lines of a text file, without their line endings."""
+    with open(path, encoding=encoding) as f:
+        for line in f:
+            yield line.rstrip("\r\n")
+
+
+def zarr_rows(path: str, block_rows: int | None = None) -> Iterator[np.ndarray]:
+    """Rows (axis 0) of a zarr array stored at ``path``, read a chunk at a time."""
+    import zarr
+
+    arr = zarr.open_array(path, mode="r")
+    step = block_rows or arr.chunks[0]
+    for start in range(0, arr.shape[0], step):
+        yield from arr[start : start + step]

@@ -1,0 +1,348 @@
+"""Sources: where elements come from.
+
+Every splittable source implements :meth:`Source.splits` (enumerate its splits as plain
+descriptors) and :meth:`Source.read_split` (the elements of one split). Iterated without a
+split provider, a source reads everything in order.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ._base import UNKNOWN, IterContext, Op, annotate_user_error, callable_name
+from .splits import FileSplit, IndexRange, default_split_size, index_ranges
+from .structure import flatten
+
+__all__ = ["Source", "RangeSource", "TensorSlices", "ListFiles", "FromFiles", "FromZarr", "FromGenerator"]
+
+
+class Source(Op):
+    """Base class of sources. ``splittable`` says whether :meth:`splits` works."""
+
+    is_source = True
+    splittable = True
+    file_based = False
+    #: Type of the split descriptors this source reads.
+    split_type: type = IndexRange
+
+    def splits(self, split_size: int | None = None) -> list:
+        raise NotImplementedError
+
+    def read_split(self, split: Any) -> Iterator:
+        raise NotImplementedError
+
+    def iterate_all(self, ctx: IterContext) -> Iterator:
+        for split in self.splits():
+            yield from self.read_split(split)
+
+    def iterate(self, ctx: IterContext) -> Iterator:
+        provider = ctx.split_provider
+        if provider is None:
+            return self.iterate_all(ctx)
+        return self._iterate_provider(provider)
+
+    def _iterate_provider(self, provider) -> Iterator:
+        while (split := provider.get_next()) is not None:
+            if not isinstance(split, self.split_type):
+                raise TypeError(
+                    f"Dataset.{self.name} reads {self.split_type.__name__} splits, "
+                    f"the split provider served {split!r}"
+                )
+            yield from self.read_split(split)
+
+
+def _check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+class RangeSource(Source):
+    name = "range"
+
+    def __init__(self, start, stop=None, step=1):
+        if stop is None:
+            start, stop = 0, start
+        self.start = _check_int("start", start)
+        self.stop = _check_int("stop", stop)
+        self.step = _check_int("step", step)
+        if self.step == 0:
+            raise ValueError("step must not be zero")
+        self._range = range(self.start, self.stop, self.step)
+
+    def params(self):
+        return (self.start, self.stop, self.step)
+
+    def cardinality(self) -> int:
+        return len(self._range)
+
+    def splits(self, split_size=None):
+        n = len(self._range)
+        return index_ranges(n, split_size or default_split_size(n))
+
+    def iterate_all(self, ctx):
+        return iter(self._range)
+
+    def read_split(self, split: IndexRange):
+        return iter(self._range[split.start : split.stop])
+
+
+class TensorSlices(Source):
+    name = "from_tensor_slices"
+
+    def __init__(self, data):
+        self.data = _as_arrays(data)
+        sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in flatten(self.data)}
+        if None in sizes:
+            raise ValueError("from_tensor_slices() needs arrays with at least one dimension")
+        if len(sizes) != 1:
+            raise ValueError(
+                f"from_tensor_slices() needs every array to have the same length on axis 0, "
+                f"got lengths {sorted(sizes)}"
+            )
+        self.n = sizes.pop()
+
+    def params(self):
+        return (self.data,)
+
+    def cardinality(self):
+        return self.n
+
+    def splits(self, split_size=None):
+        return index_ranges(self.n, split_size or default_split_size(self.n))
+
+    def iterate_all(self, ctx):
+        return self._rows(0, self.n)
+
+    def read_split(self, split: IndexRange):
+        return self._rows(split.start, split.stop)
+
+    def _rows(self, start: int, stop: int) -> Iterator:
+        data = self.data
+        if isinstance(data, np.ndarray):
+            return iter(data[start:stop])
+        if isinstance(data, tuple) and not hasattr(data, "_fields") and all(
+            isinstance(x, np.ndarray) for x in data
+        ):
+            return zip(*(x[start:stop] for x in data), strict=True)
+        if isinstance(data, dict) and all(isinstance(x, np.ndarray) for x in data.values()):
+            keys = list(data)
+            cols = [data[k][start:stop] for k in keys]
+            return (dict(zip(keys, row, strict=True)) for row in zip(*cols, strict=True))
+        from .structure import map_structure
+
+        return (map_structure(lambda leaf, i=i: leaf[i], data) for i in range(start, stop))
+
+
+def _as_arrays(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _as_arrays(v) for k, v in data.items()}
+    if isinstance(data, tuple):
+        items = [_as_arrays(v) for v in data]
+        return type(data)(*items) if hasattr(data, "_fields") else tuple(items)
+    arr = np.asarray(data)
+    if arr.dtype == object:
+        raise TypeError(
+            "from_tensor_slices() needs numpy arrays (or tuples/dicts of them); "
+            f"got data that numpy turns into an object array: {data!r:.60}"
+        )
+    return arr
+
+
+class ListFiles(Source):
+    """Filenames matching a glob pattern, found when the dataset is defined."""
+
+    name = "list_files"
+    split_type = FileSplit
+    file_based = True
+
+    def __init__(self, pattern, shuffle=False, seed=None):
+        patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
+        if not patterns:
+            raise ValueError("list_files() needs at least one pattern")
+        files: set[str] = set()
+        for p in patterns:
+            if not isinstance(p, (str, os.PathLike)):
+                raise TypeError(f"file_pattern must be a string or a list of strings, got {p!r:.60}")
+            files.update(glob.glob(os.fspath(p), recursive=True))
+        if not files:
+            raise FileNotFoundError(f"list_files(): no files match {patterns}")
+        self.files = tuple(sorted(files))
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+
+    def params(self):
+        return (self.files, self.shuffle, self.seed)
+
+    def cardinality(self):
+        return len(self.files)
+
+    def splits(self, split_size=None):
+        return [FileSplit(f) for f in self.files]
+
+    def iterate_all(self, ctx):
+        files = list(self.files)
+        if self.shuffle:
+            epoch = ctx.next_epoch(self)
+            rng = random.Random(None if self.seed is None else self.seed * 1_000_003 + epoch)
+            rng.shuffle(files)
+        return iter(files)
+
+    def read_split(self, split: FileSplit):
+        return iter((split.path,))
+
+
+class FromFiles(Source):
+    """Elements read from files by a user-supplied ``reader(path) -> iterable``."""
+
+    name = "from_files"
+    split_type = FileSplit
+    file_based = True
+
+    def __init__(self, paths, reader):
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        self.paths = tuple(os.fspath(p) for p in paths)
+        if not self.paths:
+            raise ValueError("from_files() needs at least one path")
+        if not callable(reader):
+            raise TypeError(f"reader must be callable, got {type(reader).__name__}")
+        self.reader = reader
+
+    def params(self):
+        return (self.paths, self.reader)
+
+    def splits(self, split_size=None):
+        return [FileSplit(p) for p in self.paths]
+
+    def read_split(self, split: FileSplit):
+        try:
+            it = iter(self.reader(split.path))
+        except Exception as e:
+            annotate_user_error(e, "from_files", self.reader, split.path)
+            raise
+        while True:
+            try:
+                x = next(it)
+            except StopIteration:
+                return
+            except Exception as e:
+                annotate_user_error(e, "from_files", self.reader, split.path)
+                raise
+            yield x
+
+
+class FromZarr(Source):
+    """Rows (axis 0) of a zarr array, read a split at a time."""
+
+    name = "from_zarr"
+
+    def __init__(self, array_or_path, rows_per_split=None, path=None):
+        if isinstance(array_or_path, (str, os.PathLike)):
+            self.store_path = os.fspath(array_or_path)
+            self.array_path = path
+            self._array = None
+            arr = self._open()
+        else:
+            if not hasattr(array_or_path, "shape") or not hasattr(array_or_path, "chunks"):
+                raise TypeError(
+                    "from_zarr() needs a zarr array or the path of one, got "
+                    f"{type(array_or_path).__name__}"
+                )
+            self.store_path = None
+            self.array_path = None
+            self._array = arr = array_or_path
+        if len(arr.shape) < 1:
+            raise ValueError("from_zarr() needs an array with at least one dimension")
+        self.shape = tuple(arr.shape)
+        self.dtype = str(arr.dtype)
+        self.rows_per_split = _check_int(
+            "rows_per_split", rows_per_split if rows_per_split is not None else arr.chunks[0], minimum=1
+        )
+
+    def _open(self):
+        if self._array is not None:
+            return self._array
+        import zarr
+
+        return zarr.open_array(self.store_path, path=self.array_path, mode="r")
+
+    def params(self):
+        ident = self.store_path if self.store_path is not None else repr(getattr(self._array, "store", None))
+        return (ident, self.array_path, self.shape, self.dtype, self.rows_per_split)
+
+    def cardinality(self):
+        return self.shape[0]
+
+    def splits(self, split_size=None):
+        return index_ranges(self.shape[0], split_size or self.rows_per_split)
+
+    def read_split(self, split: IndexRange):
+        block = self._open()[split.start : split.stop]
+        return iter(block)
+
+
+class FromGenerator(Source):
+    """Elements from ``fn(*args)``, any Python iterable; not splittable."""
+
+    name = "from_generator"
+    splittable = False
+
+    def __init__(self, fn, args=()):
+        if not callable(fn):
+            raise TypeError(f"generator must be callable, got {type(fn).__name__}")
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+        self.fn = fn
+        self.args = tuple(args)
+
+    def params(self):
+        return (self.fn, self.args)
+
+    def cardinality(self):
+        return UNKNOWN
+
+    def splits(self, split_size=None):
+        raise NotImplementedError
+
+    def iterate_all(self, ctx):
+        fn = self.fn
+        try:
+            it = iter(fn(*self.args))
+        except Exception as e:
+            annotate_user_error(e, "from_generator", fn, self.args)
+            raise
+        while True:
+            try:
+                x = next(it)
+            except StopIteration:
+                return
+            except Exception as e:
+                annotate_user_error(e, "from_generator", fn, _no_element())
+                raise
+            yield x
+
+    def iterate(self, ctx):
+        return self.iterate_all(ctx)
+
+    def why_not(self) -> str:
+        return (
+            f"from_generator({callable_name(self.fn)}) runs arbitrary Python and has no splits; "
+            "read it with OFF sharding, or start from a splittable source (range, "
+            "from_tensor_slices, list_files, from_files, from_zarr)"
+        )
+
+
+def _no_element():
+    from ._base import _NO_ELEMENT
+
+    return _NO_ELEMENT
