@@ -82,3 +82,10 @@ __all__ = [
     "NotSplittableError",
     "__version__",
 ]
+
+
+def dask_setup(server):
+    """Dask preload entry point: ``--preload dask_dataservice`` installs the plugins."""
+    from .service.preload import dask_setup as _setup
+
+    return _setup(server)

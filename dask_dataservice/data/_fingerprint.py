@@ -1,10 +1,11 @@
 """Stable fingerprints of pipelines: same definition, same fingerprint, in any process.
 
 A fingerprint hashes the structure of the pipeline (op types and parameters) and, for user
-functions, their code (bytecode, constants, names, defaults, closure values), not their
-identity, so a lambda defined the same way in two processes fingerprints the same. Arrays
-hash their dtype, shape and bytes. Objects we cannot take apart fall back to their
-cloudpickle bytes (stable for most plain objects).
+functions, their code (bytecode, constants, names, defaults, closure values, and the values
+of the module globals they use), not their identity, so a lambda defined the same way in
+two processes fingerprints the same. Arrays hash their dtype, shape and bytes; sets hash
+their elements in an order that does not depend on ``PYTHONHASHSEED``. Objects we cannot
+take apart fall back to their cloudpickle bytes (stable for most plain objects).
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ def _feed(h, obj: Any, seen: set[int], depth: int = 0) -> None:
         for x in obj:
             _feed(h, x, seen, depth + 1)
         return
+    if isinstance(obj, (set, frozenset)):
+        # Iteration order of a set of strings changes with the hash seed of the process:
+        # hash each element on its own and combine the digests in sorted order.
+        digests = []
+        for x in obj:
+            sub = hashlib.blake2b(digest_size=16)
+            _feed(sub, x, seen, depth + 1)
+            digests.append(sub.digest())
+        h.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for d in sorted(digests):
+            h.update(d)
+        return
     if isinstance(obj, dict):
         h.update(f"dict{len(obj)}".encode())
         for k, v in obj.items():
@@ -56,19 +69,26 @@ def _feed(h, obj: Any, seen: set[int], depth: int = 0) -> None:
             _feed(h, v, seen, depth + 1)
         return
     if isinstance(obj, (types.FunctionType, types.LambdaType)):
-        if id(obj) in seen:  # recursive closures
+        if id(obj) in seen:  # recursion (through closures or globals)
             h.update(b"<rec>")
             return
         seen.add(id(obj))
-        h.update(b"fn:" + (obj.__module__ or "").encode() + obj.__qualname__.encode())
-        _feed_code(h, obj.__code__, seen, depth + 1)
-        _feed(h, obj.__defaults__, seen, depth + 1)
-        _feed(h, obj.__kwdefaults__, seen, depth + 1)
-        for cell in obj.__closure__ or ():
-            try:
-                _feed(h, cell.cell_contents, seen, depth + 1)
-            except ValueError:  # empty cell
-                h.update(b"<empty>")
+        try:
+            h.update(b"fn:" + (obj.__module__ or "").encode() + obj.__qualname__.encode())
+            _feed_code(h, obj.__code__, seen, depth + 1)
+            _feed(h, obj.__defaults__, seen, depth + 1)
+            _feed(h, obj.__kwdefaults__, seen, depth + 1)
+            for cell in obj.__closure__ or ():
+                try:
+                    _feed(h, cell.cell_contents, seen, depth + 1)
+                except ValueError:  # empty cell
+                    h.update(b"<empty>")
+            _feed_globals(h, obj, seen, depth + 1)
+        finally:
+            seen.discard(id(obj))
+        return
+    if isinstance(obj, types.ModuleType):
+        h.update(b"module:" + obj.__name__.encode())
         return
     if isinstance(obj, types.CodeType):
         _feed_code(h, obj, seen, depth + 1)
@@ -91,8 +111,39 @@ def _feed(h, obj: Any, seen: set[int], depth: int = 0) -> None:
         h.update(b"id:" + type(obj).__qualname__.encode() + repr(id(obj)).encode())
 
 
+def _global_names(code: types.CodeType) -> list[str]:
+    names = list(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names.extend(_global_names(c))
+    return names
+
+
+#: Global values hashed by value; anything else is hashed by its type name only, so that an
+#: unrelated global (a client, a lock) cannot make the fingerprint depend on the process.
+_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
+                frozenset, np.ndarray, np.generic, types.FunctionType, types.ModuleType,
+                types.BuiltinFunctionType, type, Op)
+
+
+def _feed_globals(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
+    """The module globals ``fn`` reads (a constant, a helper function): part of its meaning."""
+    g = fn.__globals__
+    for name in sorted(set(_global_names(fn.__code__))):
+        if name not in g:
+            continue  # an attribute name, a builtin, or not defined yet
+        value = g[name]
+        h.update(b"global:" + name.encode())
+        if isinstance(value, _VALUE_TYPES) or (hasattr(value, "_op") and isinstance(value._op, Op)):
+            _feed(h, value, seen, depth + 1)
+        else:
+            h.update(b"type:" + type(value).__module__.encode() + type(value).__qualname__.encode())
+
+
 def _feed_code(h, code: types.CodeType, seen: set[int], depth: int) -> None:
     h.update(b"code:" + code.co_code)
+    h.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+                   code.co_flags)).encode())
     h.update(repr(code.co_names).encode() + repr(code.co_varnames).encode())
     for c in code.co_consts:
         if isinstance(c, types.CodeType):

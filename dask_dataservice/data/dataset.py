@@ -271,7 +271,14 @@ class Dataset:
 
     def as_numpy_iterator(self) -> Iterator:
         """Iterate with every leaf as a numpy value (Python scalars become numpy scalars)."""
-        return map(_to_numpy, iter(self))
+        it = iter(self)
+        try:
+            for x in it:
+                yield _to_numpy(x)
+        finally:  # stop background threads at once when abandoned, like iter(self)
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
     def cardinality(self) -> int:
         """The number of elements, or ``INFINITE`` / ``UNKNOWN``, without running anything."""

@@ -10,7 +10,6 @@ type and traceback and gains a note naming the op and the element.
 from __future__ import annotations
 
 import itertools
-import queue
 import random
 import threading
 from collections import deque
@@ -55,6 +54,19 @@ def check_callable(name: str, fn: Any) -> Callable:
     return fn
 
 
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r:.40}")
+    return bool(value)
+
+
+def check_deterministic(value: Any) -> bool:
+    """``deterministic``: None (the default, True) or a bool."""
+    if value is None:
+        return True
+    return check_bool("deterministic", value)
+
+
 def parallelism(name: str, value: Any) -> int | None:
     """None (sequential), a positive int, or AUTOTUNE → a thread count."""
     if value is None:
@@ -89,69 +101,61 @@ def _close(it: Any) -> None:
 # background threads: prefetch and parallel interleave
 # ----------------------------------------------------------------------------------------
 
-_END = object()
-
-
-class _Failure:
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
 class ThreadedIterator:
-    """Runs ``make_iter()`` in a daemon thread and buffers its elements.
+    """Runs ``make_iter()`` in a daemon thread that stays up to ``buffer_size`` elements ahead.
 
-    The producer hands elements over in small chunks (at most ``chunk`` at once, and at once
-    when the consumer is waiting), so a fast producer pays one queue operation per chunk,
-    not per element. :meth:`close` stops the thread promptly, even when the consumer
-    abandons the iterator; the producer closes its own input iterator on exit.
+    The producer appends each element to a bounded deque under a condition variable (so an
+    element is available to the consumer as soon as it exists); the consumer takes the
+    whole deque at once when its own is empty, so it pays one lock round-trip per batch.
+    Each side signals the other only when it is waiting. At most ``2 * buffer_size``
+    elements are held (the producer's deque and the consumer's). :meth:`close` stops the
+    thread promptly (a producer blocked on a full buffer wakes up at once), even when the
+    consumer abandons the iterator; the producer closes its own input iterator when it
+    exits.
     """
 
     def __init__(self, make_iter: Callable[[], Iterator], buffer_size: int, name: str):
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, buffer_size))
-        self._chunk = max(1, min(64, buffer_size))
-        self._stop = threading.Event()
+        self._cv = threading.Condition(threading.Lock())
+        self._buf: deque = deque()  # filled by the producer, under the lock
+        self._pending: deque = deque()  # taken by the consumer, touched by it alone
+        self._cap = max(1, buffer_size)
         self._make_iter = make_iter
-        self._pending: deque = deque()
-        self._done = False
+        self._stopped = False  # the consumer closed the iterator
+        self._finished = False  # the producer ended (input exhausted, failed or stopped)
+        self._failure: BaseException | None = None
+        self._waiting = 0  # threads blocked in cv.wait()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def _run(self) -> None:
         it = None
+        cv, cap = self._cv, self._cap
         try:
             it = self._make_iter()
-            buf: list = []
             for x in it:
-                buf.append(x)
-                if len(buf) >= self._chunk or self._q.qsize() == 0:
-                    if not self._put(buf):
+                with cv:
+                    while len(self._buf) >= cap and not self._stopped:
+                        self._waiting += 1
+                        cv.wait()
+                        self._waiting -= 1
+                    if self._stopped:
                         return
-                    buf = []
-                if self._stop.is_set():
-                    return
-            if buf and not self._put(buf):
-                return
-            self._put(_END)
+                    self._buf.append(x)
+                    if self._waiting:
+                        cv.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self._put(_Failure(e))
+            with cv:
+                self._failure = e
         finally:
+            with cv:
+                self._finished = True
+                cv.notify_all()
+            self._make_iter = None
             if it is not None:
                 try:
                     _close(it)
                 except Exception:  # noqa: BLE001 - closing an abandoned input
                     pass
-            self._make_iter = None
 
     def __iter__(self):
         return self
@@ -159,32 +163,34 @@ class ThreadedIterator:
     def __next__(self):
         if self._pending:
             return self._pending.popleft()
-        if self._done:
-            raise StopIteration
-        item = self._q.get()
-        if item is _END:
-            self._done = True
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self._done = True
-            exc = item.exc
-            item.exc = None
+        cv = self._cv
+        with cv:
+            while not self._buf and not self._finished and not self._stopped:
+                self._waiting += 1
+                cv.wait()
+                self._waiting -= 1
+            if self._buf:
+                # Take everything buffered at once: one lock round-trip per batch, not per
+                # element, and the producer gets the whole buffer back to fill.
+                self._pending, self._buf = self._buf, self._pending
+                if self._waiting:
+                    cv.notify_all()
+                return self._pending.popleft()
+            exc, self._failure = self._failure, None
+            self._stopped = True
+        if exc is not None:
             raise exc
-        self._pending.extend(item)
-        return self._pending.popleft()
+        raise StopIteration
 
     def close(self) -> None:
-        self._stop.set()
-        self._done = True
+        with self._cv:
+            self._stopped = True
+            self._buf.clear()
+            self._cv.notify_all()
         self._pending.clear()
-        try:  # unblock a producer waiting on a full queue
-            while True:
-                self._q.get_nowait()
-        except queue.Empty:
-            pass
 
     def __del__(self):
-        self._stop.set()
+        self._stopped = True
 
 
 def _threaded(make_iter: Callable[[], Iterator], buffer_size: int, name: str) -> Iterator:
@@ -217,12 +223,12 @@ class Map(Unary):
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
         self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
-        if deterministic is not None and not isinstance(deterministic, bool):
-            raise TypeError(f"deterministic must be a bool or None, got {deterministic!r:.40}")
-        self.deterministic = deterministic is not False
+        # As given (AUTOTUNE stays AUTOTUNE), so the fingerprint does not depend on the CPUs.
+        self._num_parallel_calls_arg = None if num_parallel_calls is None else int(num_parallel_calls)
+        self.deterministic = check_deterministic(deterministic)
 
     def params(self):
-        return (self.fn, self.num_parallel_calls, self.deterministic)
+        return (self.fn, self._num_parallel_calls_arg, self.deterministic)
 
     def iterate(self, ctx):
         it = self.input.iterate(ctx)
@@ -265,7 +271,6 @@ class Map(Unary):
                     done, running = wait(running, return_when=FIRST_COMPLETED)
                     for f in done:
                         yield f.result()
-                pending = deque(running)
         finally:
             for f in pending:
                 f.cancel()
@@ -305,7 +310,7 @@ class Batch(Unary):
     def __init__(self, input, batch_size, drop_remainder=False):
         super().__init__(input)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.drop_remainder = bool(drop_remainder)
+        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
 
     def params(self):
         return (self.batch_size, self.drop_remainder)
@@ -379,7 +384,7 @@ class Shuffle(Unary):
         super().__init__(input)
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.seed = None if seed is None else check_int("seed", seed)
-        self.reshuffle = bool(reshuffle_each_iteration)
+        self.reshuffle = check_bool("reshuffle_each_iteration", reshuffle_each_iteration)
         # An unseeded shuffle that must repeat its order picks its seed once, here.
         self._fixed_seed = self.seed if self.seed is not None else random.getrandbits(63)
 
@@ -425,6 +430,8 @@ class Repeat(Unary):
 
     def cardinality(self):
         n = self.input.cardinality()
+        if self.count == 0:
+            return 0
         if self.count is None:
             return 0 if n == 0 else INFINITE
         if n < 0:
@@ -548,67 +555,87 @@ class Shard(Unary):
 
 
 class Interleave(Unary):
+    """tf.data's interleave: ``cycle_length`` slots, ``block_length`` elements per visit.
+
+    The order is tf.data's exactly: a slot whose inner dataset ends is left empty and the
+    cycle moves on; an empty slot is refilled from the input when the cycle comes back to
+    it. With ``num_parallel_calls`` each open inner dataset is read ahead in its own thread
+    (the order is unchanged).
+    """
+
     name = "interleave"
 
     def __init__(self, input, fn, cycle_length=None, block_length=1, num_parallel_calls=None,
-                 deterministic=True):
+                 deterministic=None):
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
+        # Arguments as given (AUTOTUNE and None stay so), for a machine-independent fingerprint.
+        self._args = (cycle_length, block_length, num_parallel_calls)
         if cycle_length is None or (cycle_length == AUTOTUNE and not isinstance(cycle_length, bool)):
             cycle_length = autotune_threads()
         self.cycle_length = check_int("cycle_length", cycle_length, minimum=1)
         self.block_length = check_int("block_length", block_length, minimum=1)
         self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
-        self.deterministic = deterministic is not False
+        self.deterministic = check_deterministic(deterministic)
 
     def params(self):
-        return (self.fn, self.cycle_length, self.block_length, self.num_parallel_calls, self.deterministic)
+        return (self.fn, *self._args, self.deterministic)
 
-    def _inner(self, x: Any, ctx: IterContext) -> Iterator:
+    def cardinality(self):
+        return UNKNOWN
+
+    def _open(self, x: Any, ctx: IterContext, parallel: bool) -> Iterator:
         ds = _call_annotated(self.fn, x, self.name)
         op = getattr(ds, "_op", None)
-        if op is None:
-            err = TypeError(
+        if not isinstance(op, Op):
+            raise TypeError(
                 f"Dataset.{self.name}: map_func must return a Dataset, got {type(ds).__name__}"
             )
-            raise err
+        if parallel:  # the thread starts now, so every open slot reads ahead at once
+            return ThreadedIterator(lambda: op.iterate(ctx.nested()), 2 * self.block_length,
+                                    f"dds-{self.name}")
         return op.iterate(ctx.nested())
 
     def iterate(self, ctx):
         outer = self.input.iterate(ctx)
         parallel = bool(self.num_parallel_calls and self.num_parallel_calls > 1)
-        cycle: list = []
+        n, block = self.cycle_length, self.block_length
+        slots: list = [None] * n
+        num_open = 0
+        end_of_input = False
+        index = 0  # the slot being read
+        taken = 0  # elements taken from it in this visit
         try:
-            for x in outer:
-                inner = self._inner(x, ctx)
-                if parallel:
-                    inner = _threaded(lambda inner=inner: inner, 2 * self.block_length, "dds-interleave")
-                cycle.append(inner)
-                if len(cycle) >= self.cycle_length:
-                    yield from self._round(cycle)
-            while cycle:
-                yield from self._round(cycle)
+            while num_open or not end_of_input:
+                inner = slots[index]
+                if inner is not None:
+                    try:
+                        y = next(inner)
+                    except StopIteration:
+                        slots[index] = None
+                        num_open -= 1
+                        _close(inner)
+                        index, taken = (index + 1) % n, 0
+                        continue
+                    taken += 1
+                    if taken == block:
+                        index, taken = (index + 1) % n, 0
+                    yield y
+                elif not end_of_input:
+                    try:
+                        x = next(outer)
+                    except StopIteration:
+                        end_of_input = True
+                        continue
+                    slots[index] = self._open(x, ctx, parallel)
+                    num_open += 1
+                else:
+                    index, taken = (index + 1) % n, 0
         finally:
-            for inner in cycle:
-                _close(inner)
+            for inner in slots:
+                if inner is not None:
+                    _close(inner)
             _close(outer)
-
-    def _round(self, cycle: list) -> Iterator:
-        """One pass over the open inner iterators; exhausted ones leave the cycle."""
-        i = 0
-        while i < len(cycle):
-            inner = cycle[i]
-            taken = 0
-            for y in inner:
-                yield y
-                taken += 1
-                if taken == self.block_length:
-                    break
-            if taken < self.block_length:
-                _close(inner)
-                cycle.pop(i)
-                return  # refill the cycle from the outer iterator before going on
-            i += 1
 
 
 class FlatMap(Interleave):
@@ -650,7 +677,11 @@ class Enumerate(Unary):
         return (self.start,)
 
     def iterate(self, ctx):
-        return enumerate(self.input.iterate(ctx), self.start)
+        it = self.input.iterate(ctx)
+        try:
+            yield from enumerate(it, self.start)
+        finally:
+            _close(it)  # a plain enumerate() would not close its input when abandoned
 
 
 class Zip(Op):
@@ -671,10 +702,10 @@ class Zip(Op):
 
     def cardinality(self):
         ns = [op.cardinality() for op in self.inputs]
+        if UNKNOWN in ns:  # an input of unknown length may be the shortest
+            return UNKNOWN
         finite = [n for n in ns if n >= 0]
-        if finite:
-            return min(finite)
-        return UNKNOWN if UNKNOWN in ns else INFINITE
+        return min(finite) if finite else INFINITE
 
     def iterate(self, ctx):
         its = [op.iterate(ctx) for op in self.inputs]
@@ -706,7 +737,11 @@ class Concatenate(Op):
 
     def iterate(self, ctx):
         for op in self.inputs:
-            yield from op.iterate(ctx)
+            it = op.iterate(ctx)
+            try:
+                yield from it
+            finally:
+                _close(it)
 
 
 class BucketBySequenceLength(Unary):
@@ -717,10 +752,16 @@ class BucketBySequenceLength(Unary):
                  no_padding=False, drop_remainder=False):
         super().__init__(input)
         self.length_fn = check_callable("element_length_func", element_length_func)
-        bounds = [check_int("bucket_boundaries[i]", b, minimum=1) for b in bucket_boundaries]
+        for arg, value in (("bucket_boundaries", bucket_boundaries),
+                           ("bucket_batch_sizes", bucket_batch_sizes)):
+            if not isinstance(value, (list, tuple, np.ndarray)):
+                raise TypeError(f"{arg} must be a list of integers, got {type(value).__name__}")
+        bounds = [check_int(f"bucket_boundaries[{i}]", b, minimum=1)
+                  for i, b in enumerate(bucket_boundaries)]
         if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)):
             raise ValueError(f"bucket_boundaries must be strictly increasing, got {bounds}")
-        sizes = [check_int("bucket_batch_sizes[i]", s, minimum=1) for s in bucket_batch_sizes]
+        sizes = [check_int(f"bucket_batch_sizes[{i}]", s, minimum=1)
+                 for i, s in enumerate(bucket_batch_sizes)]
         if len(sizes) != len(bounds) + 1:
             raise ValueError(
                 f"bucket_batch_sizes must have len(bucket_boundaries) + 1 = {len(bounds) + 1} "
@@ -730,9 +771,9 @@ class BucketBySequenceLength(Unary):
         self.sizes = tuple(sizes)
         self.padded_shapes = padded_shapes
         self.padding_values = padding_values
-        self.pad_to_bucket_boundary = bool(pad_to_bucket_boundary)
-        self.no_padding = bool(no_padding)
-        self.drop_remainder = bool(drop_remainder)
+        self.pad_to_bucket_boundary = check_bool("pad_to_bucket_boundary", pad_to_bucket_boundary)
+        self.no_padding = check_bool("no_padding", no_padding)
+        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
 
     def params(self):
         return (self.length_fn, self.bounds, self.sizes, self.padded_shapes, self.padding_values,

@@ -14,13 +14,17 @@ __all__ = ["npy", "text_lines", "zarr_rows"]
 
 
 def npy(path: str) -> Iterator[np.ndarray]:
-    """Rows (axis 0) of a ``.npy`` file, memory-mapped so only what is read is loaded."""
+    """Rows (axis 0) of a ``.npy`` file, memory-mapped so only what is read is loaded.
+
+    Each row is copied out of the mapping: elements are ordinary writable arrays that do not
+    keep the file mapped.
+    """
     arr = np.load(path, mmap_mode="r", allow_pickle=False)
     if arr.ndim == 0:
-        yield np.asarray(arr)
+        yield np.array(arr)
         return
     for i in range(arr.shape[0]):
-        yield np.asarray(arr[i])
+        yield np.array(arr[i])
 
 
 def text_lines(path: str, encoding: str = "utf-8") -> Iterator[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import UNKNOWN, IterContext, Op, annotate_user_error, callable_name
+from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
 from .splits import FileSplit, IndexRange, default_split_size, index_ranges
 from .structure import flatten
 
@@ -149,7 +149,13 @@ def _as_arrays(data: Any) -> Any:
     if isinstance(data, tuple):
         items = [_as_arrays(v) for v in data]
         return type(data)(*items) if hasattr(data, "_fields") else tuple(items)
-    arr = np.asarray(data)
+    try:
+        arr = np.asarray(data)
+    except ValueError as e:  # numpy 2 refuses ragged nested lists
+        raise ValueError(
+            "from_tensor_slices() needs tensors of one shape (a rectangular array, or a "
+            f"tuple/dict of them): {e}"
+        ) from None
     if arr.dtype == object:
         raise TypeError(
             "from_tensor_slices() needs numpy arrays (or tuples/dicts of them); "
@@ -166,7 +172,14 @@ class ListFiles(Source):
     file_based = True
 
     def __init__(self, pattern, shuffle=False, seed=None):
-        patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
+        if isinstance(pattern, (str, os.PathLike)):
+            patterns = [pattern]
+        elif isinstance(pattern, (list, tuple)):
+            patterns = list(pattern)
+        else:
+            raise TypeError(
+                f"file_pattern must be a string or a list of strings, got {type(pattern).__name__}"
+            )
         if not patterns:
             raise ValueError("list_files() needs at least one pattern")
         files: set[str] = set()
@@ -177,8 +190,10 @@ class ListFiles(Source):
         if not files:
             raise FileNotFoundError(f"list_files(): no files match {patterns}")
         self.files = tuple(sorted(files))
+        if not isinstance(shuffle, (bool, np.bool_)):
+            raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r:.40}")
         self.shuffle = bool(shuffle)
-        self.seed = seed
+        self.seed = None if seed is None else _check_int("seed", seed)
 
     def params(self):
         return (self.files, self.shuffle, self.seed)
@@ -211,6 +226,11 @@ class FromFiles(Source):
     def __init__(self, paths, reader):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
+        elif not isinstance(paths, (list, tuple)):
+            raise TypeError(f"paths must be a path or a list of paths, got {type(paths).__name__}")
+        for p in paths:
+            if not isinstance(p, (str, os.PathLike)):
+                raise TypeError(f"paths must hold strings or os.PathLike, got {type(p).__name__} {p!r:.40}")
         self.paths = tuple(os.fspath(p) for p in paths)
         if not self.paths:
             raise ValueError("from_files() needs at least one path")
@@ -230,15 +250,18 @@ class FromFiles(Source):
         except Exception as e:
             annotate_user_error(e, "from_files", self.reader, split.path)
             raise
-        while True:
-            try:
-                x = next(it)
-            except StopIteration:
-                return
-            except Exception as e:
-                annotate_user_error(e, "from_files", self.reader, split.path)
-                raise
-            yield x
+        try:
+            while True:
+                try:
+                    x = next(it)
+                except StopIteration:
+                    return
+                except Exception as e:
+                    annotate_user_error(e, "from_files", self.reader, split.path)
+                    raise
+                yield x
+        finally:
+            _close(it)  # e.g. a reader's open file, when the pipeline stops early
 
 
 class FromZarr(Source):
@@ -249,6 +272,8 @@ class FromZarr(Source):
     def __init__(self, array_or_path, rows_per_split=None, path=None):
         if isinstance(array_or_path, (str, os.PathLike)):
             self.store_path = os.fspath(array_or_path)
+            if path is not None and not isinstance(path, str):
+                raise TypeError(f"path must be a string, got {type(path).__name__}")
             self.array_path = path
             self._array = None
             arr = self._open()
@@ -259,7 +284,7 @@ class FromZarr(Source):
                     f"{type(array_or_path).__name__}"
                 )
             self.store_path = None
-            self.array_path = None
+            self.array_path = getattr(array_or_path, "path", None)
             self._array = arr = array_or_path
         if len(arr.shape) < 1:
             raise ValueError("from_zarr() needs an array with at least one dimension")
@@ -272,9 +297,17 @@ class FromZarr(Source):
     def _open(self):
         if self._array is not None:
             return self._array
-        import zarr
+        opened = self.__dict__.get("_opened")
+        if opened is None:  # opened once per process (reading metadata is not free)
+            import zarr
 
-        return zarr.open_array(self.store_path, path=self.array_path, mode="r")
+            opened = self._opened = zarr.open_array(self.store_path, path=self.array_path, mode="r")
+        return opened
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_opened", None)
+        return state
 
     def params(self):
         ident = self.store_path if self.store_path is not None else repr(getattr(self._array, "store", None))
@@ -321,15 +354,18 @@ class FromGenerator(Source):
         except Exception as e:
             annotate_user_error(e, "from_generator", fn, self.args)
             raise
-        while True:
-            try:
-                x = next(it)
-            except StopIteration:
-                return
-            except Exception as e:
-                annotate_user_error(e, "from_generator", fn, _no_element())
-                raise
-            yield x
+        try:
+            while True:
+                try:
+                    x = next(it)
+                except StopIteration:
+                    return
+                except Exception as e:
+                    annotate_user_error(e, "from_generator", fn, _NO_ELEMENT)
+                    raise
+                yield x
+        finally:
+            _close(it)  # run the generator's own cleanup when the pipeline stops early
 
     def iterate(self, ctx):
         return self.iterate_all(ctx)
@@ -342,7 +378,7 @@ class FromGenerator(Source):
         )
 
 
-def _no_element():
-    from ._base import _NO_ELEMENT
-
-    return _NO_ELEMENT
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()

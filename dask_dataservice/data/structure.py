@@ -165,6 +165,10 @@ def batch_size_of(x: Any) -> int:
 def unstack(x: Any) -> list:
     """Split a batched element along axis 0 into a list of elements."""
     if not isinstance(x, (tuple, dict)):
+        if np.ndim(x) == 0:
+            raise ValueError(
+                f"unbatch() needs elements with a leading axis, got {type(x).__name__} {x!r:.40}"
+            )
         return list(x)
     n = batch_size_of(x)
     return [map_structure(lambda leaf, i=i: leaf[i], x) for i in range(n)]

@@ -1,0 +1,40 @@
+"""Package configuration: ``dataservice.*`` keys in dask's config.
+
+Defaults live in ``dataservice.yaml`` beside this file and are merged with
+``dask.config.update_defaults`` at import, so users override them the dask way::
+
+    dask.config.set({"dataservice.dispatcher.work-dir": "/var/lib/dds"})
+    # or: DASK_DATASERVICE__DISPATCHER__WORK_DIR=/var/lib/dds
+
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask.config
+import yaml
+from dask.utils import parse_bytes, parse_timedelta
+
+_fn = os.path.join(os.path.dirname(__file__), "dataservice.yaml")
+with open(_fn) as _f:
+    _defaults = yaml.safe_load(_f)
+
+dask.config.update_defaults(_defaults)
+
+
+def get(key: str, default: Any = None) -> Any:
+    """``dask.config.get("dataservice." + key)``."""
+    return dask.config.get(f"dataservice.{key}", default=default)
+
+
+def get_seconds(key: str) -> float:
+    """A duration key in seconds."""
+    return float(parse_timedelta(get(key), default="s"))
+
+
+def get_bytes(key: str) -> int:
+    """A size key in bytes."""
+    value = get(key)
+    return int(parse_bytes(value) if isinstance(value, str) else value)

@@ -1,0 +1,1 @@
+"""The data service on Dask: dispatcher state, journal, plugins and client."""

@@ -1,0 +1,597 @@
+"""The consumer side of the data service: register, read, distribute.
+
+``register_dataset`` sends a pipeline (cloudpickled once, on the client) and its splits
+(enumerated once, on the client) to the dispatcher and returns a dataset id.
+``from_dataset_id`` and ``distribute`` return a :class:`DistributedDataset`: a
+:class:`~dask_dataservice.data.Dataset` whose source streams elements from the service, so
+it can be iterated many times and transformed further locally (``.map``, ``.prefetch``...).
+
+Reading: each iteration of a ``DistributedDataset`` acquires an iteration of its job at the
+dispatcher, then one coroutine per task on the client's event loop pulls batches of
+elements from the task's worker (a count- and byte-bounded batch per request, numpy buffers
+as zero-copy frames) into a bounded local channel. The user's thread only takes batches
+from that channel, so a ``next()`` costs no round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+from distributed import Client
+from distributed.utils import sync
+
+from .. import config
+from ..data import Dataset
+from ..data._base import UNKNOWN, IterContext, Op
+from ._core import ShardingPolicy, parse_processing_mode, raise_for_status
+from ._exceptions import DataServiceError
+
+__all__ = [
+    "ShardingPolicy",
+    "CrossTrainerCache",
+    "DistributedDataset",
+    "register_dataset",
+    "from_dataset_id",
+    "distribute",
+    "install",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossTrainerCache:
+    """Share a job's elements between trainers through a sliding-window cache.
+
+    Parameters
+    ----------
+    trainer_id
+        Identifies the trainer; trainers with different ids read the same elements.
+    """
+
+    trainer_id: str
+
+    def __post_init__(self):
+        if not isinstance(self.trainer_id, str) or not self.trainer_id:
+            raise ValueError(f"trainer_id must be a non-empty string, got {self.trainer_id!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# clients and installation
+# ---------------------------------------------------------------------------------------
+
+_CLIENTS: dict[str, Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+_INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _normalise_address(address: str) -> str:
+    address = address.strip()
+    return address if "://" in address else f"tcp://{address}"
+
+
+def _service_address(service: Any) -> str:
+    if isinstance(service, Client):
+        return service.scheduler.address
+    if isinstance(service, str) and service.strip():
+        return _normalise_address(service)
+    raise TypeError(
+        "service must be a distributed.Client or a scheduler address such as "
+        f"'tcp://host:8786', got {type(service).__name__} {service!r:.60}"
+    )
+
+
+def _client_for(service: Any) -> Client:
+    """A connected client for ``service`` (a Client, or an address: reuse or connect)."""
+    if isinstance(service, Client):
+        if service.status in ("closed", "closing"):
+            raise DataServiceError("the distributed.Client given as service is closed")
+        with _CLIENTS_LOCK:
+            _CLIENTS.setdefault(service.scheduler.address, service)
+        return service
+    address = _service_address(service)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(address)
+        if client is not None and client.status not in ("closed", "closing"):
+            return client
+    try:  # inside a Dask task: use the worker's client
+        from distributed import get_worker
+
+        worker = get_worker()
+        if worker.scheduler.address == address:
+            client = worker._get_client()
+    except ValueError:
+        client = None
+    if client is None:
+        try:
+            client = Client(address, set_as_default=False, timeout="10s")
+        except OSError as e:
+            raise DataServiceError(f"cannot reach the data service at {address}: {e}") from e
+    with _CLIENTS_LOCK:
+        _CLIENTS[address] = client
+    return client
+
+
+def _run(client: Client, coro_fn, *args, **kwargs):
+    """Run ``coro_fn`` on the client's event loop from a user thread."""
+    loop = client.loop
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not None and running is loop.asyncio_loop:
+        raise RuntimeError(
+            "dask_dataservice's blocking API was called from the client's event loop; call it "
+            "from a thread (e.g. await asyncio.to_thread(list, dataset))"
+        )
+    return sync(loop, coro_fn, *args, **kwargs)
+
+
+async def _install_async(client: Client) -> None:
+    from distributed.protocol.pickle import dumps
+
+    from .dispatcher import PLUGIN_NAME as DISPATCHER
+    from .dispatcher import DispatcherPlugin
+    from .worker import PLUGIN_NAME as WORKER
+    from .worker import DataWorkerPlugin
+
+    await client.scheduler.register_scheduler_plugin(
+        plugin=dumps(DispatcherPlugin()), name=DISPATCHER, idempotent=True
+    )
+    responses = await client.scheduler.register_worker_plugin(
+        plugin=dumps(DataWorkerPlugin()), name=WORKER, idempotent=True
+    )
+    for response in (responses or {}).values():
+        raise_for_status(response, "worker plugin installation")
+
+
+def install(service: Any) -> None:
+    """Install the dispatcher and data-worker plugins on a cluster (idempotent).
+
+    Called automatically on first use; call it yourself to pay the cost up front. Clusters
+    started with ``--preload dask_dataservice`` already have both plugins.
+    """
+    client = _client_for(service)
+    _run(client, _install_async, client)
+    _INSTALLED[client] = True
+
+
+def _ensure_installed(client: Client) -> None:
+    if _INSTALLED.get(client):
+        return
+    _run(client, _install_async, client)
+    _INSTALLED[client] = True
+
+
+# ---------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------
+
+
+def register_dataset(service: Any, dataset: Dataset, compression: str | None = "AUTO",
+                     dataset_id: str | None = None) -> int:
+    """Register ``dataset`` with the data service and return its dataset id.
+
+    The pipeline is pickled here (so an unpicklable function fails now, with a message
+    naming it) and, when the source is splittable, its splits are enumerated here, once.
+    Registering the same pipeline again returns the same id.
+
+    Parameters
+    ----------
+    service
+        A ``distributed.Client`` or the scheduler's address.
+    dataset
+        The pipeline to register.
+    compression
+        ``"AUTO"`` or None. Elements travel uncompressed on the fast paths measured so far;
+        accepted for compatibility with tf.data service.
+    """
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"dataset must be a dask_dataservice Dataset, got {type(dataset).__name__}")
+    if compression not in ("AUTO", None):
+        raise ValueError(f"compression must be 'AUTO' or None, got {compression!r}")
+    if isinstance(dataset, DistributedDataset):
+        raise TypeError("dataset already reads from the data service; register its source pipeline")
+    try:
+        pipeline = cloudpickle.dumps(dataset)
+    except Exception as e:
+        raise TypeError(
+            f"the dataset cannot be pickled, so it cannot run on workers: {type(e).__name__}: {e}. "
+            "Functions in a pipeline must be picklable by cloudpickle (no open files, locks, "
+            "sockets or clients in their closures)"
+        ) from e
+    if dataset.splittable:
+        splits_list = dataset.splits()
+        splits = cloudpickle.dumps(splits_list)
+        num_splits = len(splits_list)
+    else:
+        splits, num_splits = b"", -1
+    fingerprint = dataset_id or dataset.fingerprint()
+    client = _client_for(service)
+    _ensure_installed(client)
+
+    async def go():
+        return await client.scheduler.dataservice_register_dataset(
+            fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
+            compression=compression,
+        )
+
+    return raise_for_status(_run(client, go), "dataset registration")["dataset_id"]
+
+
+# ---------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReadSpec:
+    address: str
+    dataset_id: int
+    processing_mode: int
+    job_name: str | None
+    consumer_index: int | None
+    num_consumers: int | None
+    max_outstanding_requests: int | None
+    target_workers: str
+    cross_trainer_cache: CrossTrainerCache | None
+
+
+class ServiceSource(Op):
+    """A source op that streams elements of a registered dataset from the service."""
+
+    name = "from_dataset_id"
+    is_source = True
+    splittable = False
+    file_based = False
+
+    def __init__(self, spec: _ReadSpec):
+        self.spec = spec
+        # How many times this object started reading a named job (its repetition).
+        self._repetitions = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"spec": self.spec}
+
+    def __setstate__(self, state):
+        self.spec = state["spec"]
+        self._repetitions = 0
+        self._lock = threading.Lock()
+
+    def params(self):
+        return (dataclasses.astuple(self.spec),)
+
+    def cardinality(self):
+        return UNKNOWN
+
+    def why_not(self) -> str:
+        return "the dataset already reads from the data service"
+
+    def iterate(self, ctx: IterContext) -> Iterator:
+        with self._lock:
+            repetition = self._repetitions
+            if self.spec.job_name is not None:
+                self._repetitions += 1
+        return _read(self.spec, repetition)
+
+
+class DistributedDataset(Dataset):
+    """A dataset that reads from the data service (see :func:`from_dataset_id`).
+
+    Iterate it like any ``Dataset``; each iteration reads one pass of its job. Further
+    transformations (``.map``, ``.batch``, ``.prefetch``...) run locally, on the consumer.
+    """
+
+    __slots__ = ()
+
+    @property
+    def dataset_id(self) -> int:
+        return self.source.spec.dataset_id
+
+    @property
+    def processing_mode(self) -> ShardingPolicy:
+        return ShardingPolicy(self.source.spec.processing_mode)
+
+    @property
+    def job_name(self) -> str | None:
+        return self.source.spec.job_name
+
+
+def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int, element_spec: Any = None,
+                    job_name: str | None = None, consumer_index: int | None = None,
+                    num_consumers: int | None = None, max_outstanding_requests: int | None = None,
+                    data_transfer_protocol: str | None = None, cross_trainer_cache: Any = None,
+                    target_workers: str = "AUTO") -> DistributedDataset:
+    """A dataset that reads the registered dataset ``dataset_id`` from the service.
+
+    Parameters
+    ----------
+    processing_mode
+        A :class:`ShardingPolicy` (or its name), or ``"parallel_epochs"`` (OFF) /
+        ``"distributed_epoch"`` (DYNAMIC).
+    service
+        A ``distributed.Client`` or the scheduler's address.
+    dataset_id
+        From :func:`register_dataset`.
+    job_name
+        Consumers using the same name share one job (they split its elements between them);
+        without a name every iteration is a private job.
+    max_outstanding_requests
+        Batches buffered on the consumer before reading pauses (default: config
+        ``dataservice.client.max-outstanding-batches``).
+    element_spec, data_transfer_protocol
+        Accepted for compatibility with tf.data service; not needed here.
+    """
+    mode = parse_processing_mode(processing_mode)
+    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int):
+        raise TypeError(f"dataset_id must be an int, got {type(dataset_id).__name__} {dataset_id!r:.40}")
+    if job_name is not None and (not isinstance(job_name, str) or not job_name):
+        raise ValueError(f"job_name must be a non-empty string or None, got {job_name!r}")
+    if (consumer_index is None) != (num_consumers is None):
+        raise ValueError("consumer_index and num_consumers must be given together, or neither")
+    if consumer_index is not None or cross_trainer_cache is not None:
+        raise NotImplementedError(
+            "coordinated reads (consumer_index/num_consumers) and the cross-trainer cache are "
+            "not supported yet by dask_dataservice"
+        )
+    if max_outstanding_requests is not None and (
+        isinstance(max_outstanding_requests, bool) or not isinstance(max_outstanding_requests, int)
+        or max_outstanding_requests < 1
+    ):
+        raise ValueError(f"max_outstanding_requests must be a positive int, got {max_outstanding_requests!r}")
+    target = str(target_workers).upper()
+    if target not in ("AUTO", "ANY", "LOCAL"):
+        raise ValueError(f"target_workers must be 'AUTO', 'ANY' or 'LOCAL', got {target_workers!r}")
+    address = _service_address(service)
+    if isinstance(service, Client):
+        _client_for(service)  # remember it, so iteration in this process reuses it
+    spec = _ReadSpec(address, dataset_id, int(mode), job_name, consumer_index, num_consumers,
+                     max_outstanding_requests, target, cross_trainer_cache)
+    return DistributedDataset(ServiceSource(spec))
+
+
+def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
+               consumer_index: int | None = None, num_consumers: int | None = None,
+               max_outstanding_requests: int | None = None, data_transfer_protocol: str | None = None,
+               compression: str | None = "AUTO", cross_trainer_cache: Any = None,
+               target_workers: str = "AUTO"):
+    """A transformation that moves a pipeline onto the data service.
+
+    Use with ``Dataset.apply``: ``ds.apply(distribute("distributed_epoch", client))``
+    registers ``ds`` and returns a :class:`DistributedDataset` reading it.
+    """
+    parse_processing_mode(processing_mode)
+    _service_address(service)
+
+    def _apply(dataset: Dataset) -> DistributedDataset:
+        dataset_id = register_dataset(service, dataset, compression=compression)
+        return from_dataset_id(
+            processing_mode, service, dataset_id, job_name=job_name, consumer_index=consumer_index,
+            num_consumers=num_consumers, max_outstanding_requests=max_outstanding_requests,
+            cross_trainer_cache=cross_trainer_cache, target_workers=target_workers,
+        )
+
+    return _apply
+
+
+# ---------------------------------------------------------------------------------------
+# the reader
+# ---------------------------------------------------------------------------------------
+
+_END = object()
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class _Channel:
+    """Batches from the event loop to the user's thread, bounded in batches.
+
+    The loop side awaits space; the thread side wakes it only when it is waiting.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._size = 0
+        self._capacity = capacity
+        self._loop = loop
+        self._space = asyncio.Event()
+        self._lock = threading.Lock()
+        self._want_space = False
+
+    async def put(self, item: Any) -> None:
+        while True:
+            with self._lock:
+                if self._size < self._capacity:
+                    self._size += 1
+                    self._q.put(item)
+                    return
+                self._want_space = True
+                self._space.clear()
+            await self._space.wait()
+
+    def put_nowait(self, item: Any) -> None:
+        with self._lock:
+            self._size += 1
+            self._q.put(item)
+
+    def get(self) -> Any:
+        item = self._q.get()
+        with self._lock:
+            self._size -= 1
+            wake = self._want_space
+            self._want_space = False
+        if wake:
+            self._loop.call_soon_threadsafe(self._space.set)
+        return item
+
+
+class _IterationReader:
+    """Reads one iteration: heartbeats with the dispatcher, one fetch loop per task."""
+
+    def __init__(self, client: Client, spec: _ReadSpec, iteration_id: int, client_id: int,
+                 channel: _Channel):
+        self.client = client
+        self.spec = spec
+        self.iteration_id = iteration_id
+        self.client_id = client_id
+        self.channel = channel
+        self.fetchers: dict[int, asyncio.Task] = {}
+        self.lost: dict[int, bool] = {}
+        self.task_done = asyncio.Event()
+        self.stopped = False
+        self.max_elements = int(config.get("client.request-elements"))
+        self.max_bytes = config.get_bytes("client.request-bytes")
+        self.long_poll = config.get_seconds("client.long-poll")
+        self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
+
+    async def run(self, view: dict) -> None:
+        try:
+            self._update_tasks(view)
+            while not self.stopped:
+                if view.get("garbage_collected"):
+                    raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
+                if view["finished"] and all(f.done() for f in self.fetchers.values()):
+                    break
+                self.task_done.clear()
+                if self.fetchers and all(f.done() for f in self.fetchers.values()):
+                    # every known task ended: the dispatcher already knows, ask at once
+                    pass
+                else:
+                    try:
+                        await asyncio.wait_for(self.task_done.wait(), self.heartbeat_interval)
+                    except TimeoutError:
+                        pass
+                view = raise_for_status(
+                    await self.client.scheduler.dataservice_client_heartbeat(
+                        iteration_client_id=self.client_id),
+                    "client heartbeat",
+                )
+                self._update_tasks(view)
+                if self.fetchers and all(f.done() for f in self.fetchers.values()) \
+                        and not view["finished"]:
+                    # tasks ended but the dispatcher has not seen all of them yet (lost
+                    # workers, or new tasks being created): wait a little before asking again
+                    await asyncio.sleep(min(0.01, self.heartbeat_interval))
+            for f in self.fetchers.values():
+                if f.done() and not f.cancelled() and f.exception() is not None:
+                    raise f.exception()
+            self.channel.put_nowait(_END)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self.channel.put_nowait(_Failure(e))
+        finally:
+            self.stop()
+
+    def _update_tasks(self, view: dict) -> None:
+        for task_id, address, status in view["tasks"]:
+            if status == "lost":
+                self.lost[task_id] = True
+            elif task_id not in self.fetchers:
+                self.fetchers[task_id] = asyncio.ensure_future(self._fetch(task_id, address))
+
+    async def _fetch(self, task_id: int, address: str) -> None:
+        rpc = self.client.rpc(address)
+        try:
+            while not self.stopped:
+                try:
+                    resp = await rpc.dataservice_get_elements(
+                        task_id=task_id, max_elements=self.max_elements, max_bytes=self.max_bytes,
+                        wait=self.long_poll,
+                    )
+                except (TimeoutError, OSError) as e:
+                    logger.info("dataservice: lost task %s on %s: %r", task_id, address, e)
+                    return
+                if resp is None:
+                    raise DataServiceError(f"worker {address} does not run the data service")
+                if resp.get("status") != "OK":
+                    raise_for_status(resp, "element request")
+                batch = resp.get("elements")
+                if batch is not None:
+                    await self.channel.put(batch.items)
+                elif resp.get("end_of_sequence"):
+                    return
+                elif resp.get("unknown") and self.lost.get(task_id):
+                    return  # its worker left (and came back without it)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the first error ends the iteration
+            if not self.stopped:
+                self.stopped = True
+                self.channel.put_nowait(_Failure(e))
+            raise
+        finally:
+            self.task_done.set()
+
+    def stop(self) -> None:
+        self.stopped = True
+        for f in self.fetchers.values():
+            if not f.done():
+                f.cancel()
+
+
+def _read(spec: _ReadSpec, repetition: int) -> Iterator:
+    """Generator: one pass over a job of the service."""
+    client = _client_for(spec.address)
+    _ensure_installed(client)
+    capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
+
+    async def start():
+        job = raise_for_status(await client.scheduler.dataservice_get_or_create_job(
+            dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
+            job_name=spec.job_name, target_workers=spec.target_workers,
+        ), "job creation")
+        view = raise_for_status(await client.scheduler.dataservice_get_or_create_iteration(
+            job_id=job["job_id"], repetition=repetition,
+        ), "iteration creation")
+        channel = _Channel(asyncio.get_running_loop(), capacity)
+        reader = _IterationReader(client, spec, view["iteration_id"], view["iteration_client_id"],
+                                  channel)
+        reader.future = asyncio.ensure_future(reader.run(view))
+        return reader
+
+    reader = _run(client, start)
+    try:
+        get = reader.channel.get
+        while True:
+            item = get()
+            if item is _END:
+                return
+            if type(item) is _Failure:
+                exc = item.exc
+                item.exc = None
+                raise exc
+            yield from item
+    finally:
+        _close_reader(client, reader)
+
+
+def _close_reader(client: Client, reader: _IterationReader) -> None:
+    async def close():
+        reader.stop()
+        if not reader.future.done():
+            reader.future.cancel()
+        try:
+            await client.scheduler.dataservice_release_iteration_client(
+                iteration_client_id=reader.client_id)
+        except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
+            logger.debug("dataservice: release failed: %r", e)
+
+    try:
+        client.loop.add_callback(close)
+    except Exception:  # noqa: BLE001 - the client is closed
+        pass

@@ -1,0 +1,434 @@
+"""DispatcherPlugin: the tf.data service dispatcher as a Dask scheduler plugin.
+
+Responsibilities
+----------------
+- Own the :class:`~dask_dataservice.service.state.DispatcherState` and change it only by
+  building update records: validate → (journal, in fault-tolerant mode) → apply.
+- Serve the ``dataservice_*`` RPC handlers: dataset registration, jobs and iterations,
+  the DYNAMIC split cursor, task reconciliation with data workers, client heartbeats.
+- Push task assignments to data workers (stream op ``dataservice-tasks``) as soon as they
+  exist, and reconcile on every worker heartbeat so that a lost message is repaired.
+- Liveness: release clients that stopped sending heartbeats, garbage-collect iterations
+  with no clients (anonymous ones at once, named ones after ``job-gc-timeout``), and mark
+  the tasks of departed workers lost (their splits in flight are never handed out again).
+
+No user code runs here: datasets arrive as opaque bytes with their splits enumerated on
+the client, and every handler does O(1) work, apart from heartbeats (O(tasks of the
+caller)) and garbage collection (O(tasks of the collected iteration)).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+from .. import config
+from ._core import ShardingPolicy, error_message, parse_processing_mode
+from ._exceptions import (
+    DataServiceError,
+    DatasetNotFoundError,
+    IterationNotFoundError,
+    JobNotFoundError,
+    TaskNotFoundError,
+    WorkerNotFoundError,
+)
+from .state import (
+    AcquireIterationClient,
+    ClientHeartbeat,
+    CreateIteration,
+    CreateJob,
+    CreateTask,
+    DispatcherState,
+    FinishTask,
+    GarbageCollectIteration,
+    ProduceSplit,
+    RegisterDataset,
+    RegisterWorker,
+    ReleaseIterationClient,
+    RemoveWorker,
+    Update,
+)
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dataservice-dispatcher"
+
+#: Policies served so far; the static ones arrive with the fixed-worker-list support.
+_SUPPORTED_MODES = {ShardingPolicy.OFF, ShardingPolicy.DYNAMIC}
+
+
+def _now_micros() -> int:
+    return int(time.time() * 1_000_000)
+
+
+class DispatcherPlugin(SchedulerPlugin):
+    """The dispatcher (see the module docstring).
+
+    Parameters
+    ----------
+    job_gc_timeout
+        Seconds a named job's iteration may have no clients before it is removed
+        (default: config ``dataservice.dispatcher.job-gc-timeout``).
+    client_timeout
+        Seconds without a heartbeat after which a client is released
+        (default: ``dataservice.dispatcher.client-timeout``).
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, job_gc_timeout: float | None = None, client_timeout: float | None = None):
+        self.job_gc_timeout = job_gc_timeout
+        self.client_timeout = client_timeout
+        self.state = DispatcherState()
+
+    # Lifecycle
+    ###########
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.state = DispatcherState()
+        if self.job_gc_timeout is None:
+            self.job_gc_timeout = config.get_seconds("dispatcher.job-gc-timeout")
+        if self.client_timeout is None:
+            self.client_timeout = config.get_seconds("dispatcher.client-timeout")
+        self._excluded_resources = tuple(config.get("dispatcher.worker-resource-excluded") or ())
+        logger.info(
+            "dataservice dispatcher started without fault-tolerant mode: its state will not "
+            "survive a restart of the scheduler"
+        )
+        handlers = {
+            "dataservice_register_dataset": self.register_dataset,
+            "dataservice_get_dataset": self.get_dataset,
+            "dataservice_get_or_create_job": self.get_or_create_job,
+            "dataservice_get_or_create_iteration": self.get_or_create_iteration,
+            "dataservice_client_heartbeat": self.client_heartbeat,
+            "dataservice_release_iteration_client": self.release_iteration_client,
+            "dataservice_get_split": self.get_split,
+            "dataservice_finish_task": self.finish_task,
+            "dataservice_worker_heartbeat": self.worker_heartbeat,
+            "dataservice_state": self.state_summary,
+        }
+        scheduler.handlers.update(handlers)
+        self._handler_names = tuple(handlers)
+        scheduler.extensions["dataservice"] = self
+        # Every worker that joins gets the data-worker half (as P2P does for its plugin).
+        from distributed.protocol.pickle import dumps
+
+        from .worker import PLUGIN_NAME as WORKER_PLUGIN
+        from .worker import DataWorkerPlugin
+
+        if WORKER_PLUGIN not in scheduler.worker_plugins:
+            await scheduler.register_worker_plugin(
+                None, dumps(DataWorkerPlugin()), name=WORKER_PLUGIN, idempotent=True
+            )
+        interval_ms = config.get_seconds("dispatcher.gc-interval") * 1000
+        pc = PeriodicCallback(self._gc, interval_ms)
+        scheduler.periodic_callbacks["dataservice-gc"] = pc
+        pc.start()
+
+    async def close(self) -> None:
+        pc = self.scheduler.periodic_callbacks.pop("dataservice-gc", None)
+        if pc is not None:
+            pc.stop()
+        for name in getattr(self, "_handler_names", ()):
+            self.scheduler.handlers.pop(name, None)
+        self.scheduler.extensions.pop("dataservice", None)
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        try:
+            if self.state.worker(worker).registered:
+                self._apply(RemoveWorker(address=worker))
+        except WorkerNotFoundError:
+            pass
+
+    # The one way to change state
+    #############################
+    def _apply(self, update: Update) -> None:
+        """Validate and apply one update (fault-tolerant mode journals it in between)."""
+        self.state.check(update)
+        self.state.apply(update)
+
+    # Handlers: datasets, jobs, iterations
+    ######################################
+    def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
+                         num_splits: int, element_spec: bytes | None = None,
+                         metadata: dict | None = None, compression: str | None = None) -> dict:
+        try:
+            try:
+                dataset_id = self.state.dataset_by_fingerprint(fingerprint).dataset_id
+            except DatasetNotFoundError:
+                dataset_id = self.state.next_dataset_id()
+                self._apply(RegisterDataset(
+                    dataset_id=dataset_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
+                    splits=bytes(splits or b""), num_splits=int(num_splits),
+                    element_spec=element_spec, metadata=dict(metadata or {}),
+                    compression=compression,
+                ))
+            return {"status": "OK", "dataset_id": dataset_id}
+        except Exception as e:  # noqa: BLE001 - errors travel as values
+            return error_message(e)
+
+    def get_dataset(self, dataset_id: int) -> dict:
+        try:
+            ds = self.state.dataset(dataset_id)
+            return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
+                    "num_splits": ds.num_splits}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def get_or_create_job(self, dataset_id: int, processing_mode: Any, job_name: str | None = None,
+                          num_consumers: int | None = None, target_workers: str = "AUTO",
+                          cross_trainer_cache: bool = False) -> dict:
+        try:
+            mode = parse_processing_mode(processing_mode)
+            dataset = self.state.dataset(dataset_id)
+            if mode not in _SUPPORTED_MODES:
+                raise NotImplementedError(
+                    f"sharding policy {mode.name} is not supported yet by dask_dataservice; "
+                    "use OFF or DYNAMIC"
+                )
+            if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
+                raise ValueError(
+                    f"dataset {dataset_id} cannot be read with DYNAMIC sharding: it has no "
+                    "splits (see Dataset.why_not_splittable())"
+                )
+            if job_name is not None:
+                try:
+                    job = self.state.job_by_name(job_name)
+                except JobNotFoundError:
+                    job = None
+                if job is not None:
+                    if job.dataset_id != dataset_id or job.processing_mode != mode.name:
+                        raise ValueError(
+                            f"job {job_name!r} already exists for dataset {job.dataset_id} with "
+                            f"processing mode {job.processing_mode}; it cannot be shared with "
+                            f"dataset {dataset_id} in mode {mode.name}"
+                        )
+                    return {"status": "OK", "job_id": job.job_id}
+            job_id = self.state.next_job_id()
+            self._apply(CreateJob(
+                job_id=job_id, job_name=job_name, dataset_id=dataset_id,
+                processing_mode=mode.name, num_consumers=num_consumers,
+                target_workers=str(target_workers).upper(),
+                cross_trainer_cache=bool(cross_trainer_cache),
+            ))
+            return {"status": "OK", "job_id": job_id}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def get_or_create_iteration(self, job_id: int, repetition: int = 0) -> dict:
+        try:
+            job = self.state.job(job_id)
+            try:
+                iteration = self.state.iteration_by_key(job_id, repetition)
+            except IterationNotFoundError:
+                iteration = None
+            if iteration is None:
+                iteration_id = self.state.next_iteration_id()
+                self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
+                                            repetition=repetition))
+                for worker in self.state.list_workers():
+                    self._create_task(iteration_id, worker.address, job)
+            else:
+                iteration_id = iteration.iteration_id
+                if iteration.garbage_collected:
+                    raise DataServiceError(
+                        f"iteration {iteration_id} of job {job_id} was garbage collected"
+                    )
+            client_id = self.state.next_iteration_client_id()
+            self._apply(AcquireIterationClient(
+                iteration_client_id=client_id, iteration_id=iteration_id, time_micros=_now_micros()
+            ))
+            return {"status": "OK", "iteration_id": iteration_id, "iteration_client_id": client_id,
+                    **self._iteration_view(iteration_id)}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def client_heartbeat(self, iteration_client_id: int) -> dict:
+        try:
+            client = self.state.iteration_client(iteration_client_id)
+            self._apply(ClientHeartbeat(iteration_client_id=iteration_client_id,
+                                        time_micros=_now_micros()))
+            return {"status": "OK", **self._iteration_view(client.iteration_id)}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def release_iteration_client(self, iteration_client_id: int) -> dict:
+        try:
+            self._release_client(iteration_client_id)
+            return {"status": "OK"}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    # Handlers: data workers
+    ########################
+    def get_split(self, iteration_id: int, task_id: int, repetition: int) -> dict:
+        """The next split index of a DYNAMIC iteration for ``task_id``, or None at the end."""
+        try:
+            cursor = self.state.split_cursor(iteration_id)
+            task = self.state.task(task_id)
+            if task.status != "active" or repetition < cursor.repetition:
+                return {"status": "OK", "split_index": None}
+            if repetition > cursor.repetition:
+                raise DataServiceError(
+                    f"task {task_id} asked for repetition {repetition} of iteration "
+                    f"{iteration_id}, which is only at repetition {cursor.repetition}"
+                )
+            finished = cursor.next_index >= cursor.num_splits
+            self._apply(ProduceSplit(
+                iteration_id=iteration_id, repetition=cursor.repetition, index=cursor.next_index,
+                task_id=task_id, finished=finished,
+            ))
+            return {"status": "OK", "split_index": None if finished else cursor.next_index}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def finish_task(self, task_id: int, error: bool = False) -> dict:
+        try:
+            task = self.state.task(task_id)
+            if task.status == "active":
+                self._apply(FinishTask(task_id=task_id))
+            return {"status": "OK"}
+        except TaskNotFoundError:
+            return {"status": "OK"}  # garbage collected meanwhile
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def worker_heartbeat(self, address: str, host: str, nthreads: int,
+                         active_tasks: list | tuple = (), finished_tasks: list | tuple = ()) -> dict:
+        """Register a data worker if needed and tell it which tasks to start and drop."""
+        try:
+            ws = self.scheduler.workers.get(address)
+            if ws is None:
+                return {"status": "OK", "new_tasks": [], "cancelled": list(active_tasks)}
+            try:
+                known = self.state.worker(address).registered
+            except WorkerNotFoundError:
+                known = False
+            if not known:
+                self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
+                                           resources=dict(ws.resources)))
+                for iteration in self.state.list_iterations():
+                    if iteration.status == "running":
+                        self._create_task(iteration.iteration_id, address,
+                                          self.state.job(iteration.job_id), push=False)
+            for tid in finished_tasks:
+                try:
+                    if self.state.task(tid).status == "active":
+                        self._apply(FinishTask(task_id=tid))
+                except TaskNotFoundError:
+                    pass
+            reported = set(active_tasks) | set(finished_tasks)
+            assigned = {t.task_id: t for t in self.state.tasks_for_worker(address)}
+            new_tasks = [self._task_def(t) for tid, t in assigned.items()
+                         if tid not in reported and t.status == "active"]
+            cancelled = [tid for tid in reported if not self._task_exists(tid)]
+            return {"status": "OK", "new_tasks": new_tasks, "cancelled": cancelled}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def state_summary(self) -> dict:
+        """A plain-data view of the dispatcher, for tests, dashboards and debugging."""
+        s = self.state
+        return {
+            "status": "OK",
+            "datasets": [d.dataset_id for d in s.list_datasets()],
+            "workers": sorted(w.address for w in s.list_workers()),
+            "jobs": {j.job_id: {"name": j.job_name, "dataset_id": j.dataset_id,
+                                "mode": j.processing_mode, "status": j.status}
+                     for j in s.list_jobs()},
+            "iterations": {
+                it.iteration_id: {
+                    "job_id": it.job_id, "repetition": it.repetition, "status": it.status,
+                    "num_clients": it.num_clients,
+                    "tasks": {} if it.garbage_collected else {
+                        t.task_id: [t.worker_address, t.status]
+                        for t in s.tasks_for_iteration(it.iteration_id)
+                    },
+                    "lost_splits": [list(x) for x in s.lost_splits(it.iteration_id)]
+                    if it.iteration_id in s._split_cursors else [],
+                }
+                for it in s.list_iterations()
+            },
+        }
+
+    # Internals
+    ###########
+    def _is_data_worker(self, address: str) -> bool:
+        ws = self.scheduler.workers.get(address)
+        return ws is not None and not any(ws.resources.get(r) for r in self._excluded_resources)
+
+    def _create_task(self, iteration_id: int, address: str, job, push: bool = True) -> None:
+        if not self._is_data_worker(address):
+            return
+        task_id = self.state.next_task_id()
+        self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address))
+        if push:
+            self.scheduler.worker_send(
+                address, {"op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
+                          "cancelled": []})
+
+    def _task_def(self, task) -> dict:
+        iteration = self.state.iteration(task.iteration_id)
+        job = self.state.job(iteration.job_id)
+        return {"task_id": task.task_id, "iteration_id": task.iteration_id, "job_id": job.job_id,
+                "dataset_id": job.dataset_id,
+                "processing_mode": int(ShardingPolicy[job.processing_mode])}
+
+    def _task_exists(self, task_id: int) -> bool:
+        try:
+            self.state.task(task_id)
+            return True
+        except TaskNotFoundError:
+            return False
+
+    def _iteration_view(self, iteration_id: int) -> dict:
+        iteration = self.state.iteration(iteration_id)
+        if iteration.garbage_collected:
+            return {"tasks": [], "finished": True, "garbage_collected": True}
+        tasks = [[t.task_id, t.worker_address, t.status]
+                 for t in self.state.tasks_for_iteration(iteration_id)]
+        return {"tasks": tasks, "finished": iteration.finished, "garbage_collected": False}
+
+    def _release_client(self, iteration_client_id: int) -> None:
+        client = self.state.iteration_client(iteration_client_id)
+        self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
+                                           time_micros=_now_micros()))
+        iteration = self.state.iteration(client.iteration_id)
+        job = self.state.job(iteration.job_id)
+        if job.job_name is None and iteration.num_clients == 0:
+            self._garbage_collect(iteration.iteration_id)
+
+    def _garbage_collect(self, iteration_id: int) -> None:
+        tasks = self.state.tasks_for_iteration(iteration_id)
+        self._apply(GarbageCollectIteration(iteration_id=iteration_id))
+        by_worker: dict[str, list[int]] = {}
+        for t in tasks:
+            by_worker.setdefault(t.worker_address, []).append(t.task_id)
+        for address, task_ids in by_worker.items():
+            if address in self.scheduler.workers:
+                self.scheduler.worker_send(
+                    address, {"op": "dataservice-tasks", "new_tasks": [], "cancelled": task_ids})
+
+    def _gc(self) -> None:
+        """Periodic: release silent clients, collect iterations nobody reads."""
+        try:
+            now = _now_micros()
+            timeout = int(self.client_timeout * 1_000_000)
+            for client in self.state.list_iteration_clients():
+                if now - client.last_seen_micros > timeout:
+                    logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
+                                client.iteration_client_id, (now - client.last_seen_micros) / 1e6)
+                    self._release_client(client.iteration_client_id)
+            gc_timeout = int(self.job_gc_timeout * 1_000_000)
+            for it in self.state.list_iterations():
+                if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
+                    continue
+                if now - it.last_client_released_micros >= gc_timeout:
+                    self._garbage_collect(it.iteration_id)
+        except Exception:  # noqa: BLE001 - a periodic callback must not die
+            logger.exception("dataservice: garbage collection failed")

@@ -1,0 +1,1015 @@
+"""Write-ahead journal of opaque byte records, with group commit and torn-tail repair.
+
+The dispatcher keeps its state in a pure state machine and, in fault-tolerant mode, appends
+every update to this journal *before* applying it; on restart it replays the journal. The
+journal does not know what a record means: a record is a ``bytes`` payload (the encoding of
+state updates lives elsewhere). This is TensorFlow's ``FileJournalWriter`` /
+``FileJournalReader`` (``tensorflow/core/data/service/journal.cc``) with two changes: many
+concurrent appends share one fsync (group commit), and a record torn by a crash at the end of
+the journal is cut off with a warning instead of failing the restart.
+
+Usage::
+
+    for payload in read_journal(work_dir):          # replay first (repairs a torn tail)
+        state.apply(decode(payload))
+    writer = JournalWriter.open(work_dir)           # then start a new segment
+    ...
+    await writer.append(encode(update))             # durable when this returns
+    state.apply(update)
+    ...
+    await writer.aclose()
+
+Directory layout
+----------------
+``work_dir`` holds one file per writer start, ``journal_<n>``, where ``<n>`` is a decimal
+number. This module writes ``<n>`` zero-padded to 8 digits (``journal_00000003``) so that
+``ls`` sorts them, but it parses any number of digits (``journal_3`` is the same segment
+number), matching the whole name against ``journal_(\\d+)``; other files are ignored. Two names
+with the same number are an error, and so is a gap in the numbering (a deleted segment).
+
+Every :meth:`JournalWriter.start` lists the directory and creates segment ``max(n) + 1`` (``0``
+in an empty directory) with ``O_EXCL``: a writer never appends to an older segment, so a crashed
+run's file is never written again. After creating the file it writes the segment header,
+fsyncs the file and fsyncs the directory, so the new name itself is durable.
+
+Segment format (all integers little-endian)
+-------------------------------------------
+A segment is a 16-byte header followed by zero or more records::
+
+    offset  size  field
+    0       8     magic            b"DDSJRNL\\x00"
+    8       4     version          u32, currently 1
+    12      4     header_crc       u32, masked CRC-32 of bytes 0..11
+
+Each record is a 12-byte header followed by the payload::
+
+    offset  size  field
+    0       4     length           u32, payload length in bytes (0 .. 2**32 - 1)
+    4       4     length_crc       u32, masked CRC-32 of the 4 bytes of ``length``
+    8       4     payload_crc      u32, masked CRC-32 of the payload
+    12      length payload         opaque bytes
+
+so the first record starts at byte 16 and record ``k + 1`` starts ``12 + length_k`` bytes after
+record ``k``. There is no padding and no footer.
+
+The checksum is the CRC-32 of :func:`zlib.crc32` (the IEEE/zlib polynomial, *not* CRC-32C;
+zlib is in the standard library and fast enough here). Like TFRecord and LevelDB, each stored
+CRC is *masked*, ``((crc >> 15) | (crc << 17)) + 0xA282EAD8 mod 2**32``, so that a payload that
+itself contains CRCs does not produce degenerate checksums, and so that all-zero bytes never
+form a valid header (the masked CRC of an empty payload is ``0xA282EAD8``, of a zero length
+``0x60BB2D61``). ``length_crc`` lets the reader reject a garbage length before trusting it to
+find the next record.
+
+Reading and damage
+------------------
+:func:`read_journal` replays all segments in number order. A segment of zero bytes (created,
+then the process died before the header was written) and a segment with only a header (a
+start that wrote nothing) are both fine anywhere.
+
+Damage at the **end of the last segment** that a crash can cause is a *torn tail*: the file
+ends inside a segment header or a record header, a record's length runs past the end of the
+file, the rest of the file from a record (or segment) header on is zero bytes (the file size
+was persisted before its data), or the final record fails its payload checksum and its
+bytes within some 512-byte sector are all zero (a sector that was never written). A torn tail
+was never acknowledged (appends return only after fsync, and fsync covers everything written
+before it), so it is safe to drop: the reader warns with :class:`JournalTornTailWarning`, naming the file and byte offset, and
+truncates the file to the end of the last good record (and fsyncs it), so that every later
+reader and writer sees the same journal. :meth:`JournalWriter.start` does the same check of
+the last segment before creating a new one, because once a newer segment exists the old tail
+would no longer be last.
+
+Anything else is :class:`JournalCorruptedError` (``.path``, ``.offset``, message naming both):
+a checksum mismatch on a record that is not the final one, any damage in a segment that is not
+the last, a bad segment magic or header checksum, an unknown version.
+
+.. warning::
+   The torn-tail rules assume that a crash leaves the unsynced end of the last segment as a
+   prefix of what was written, possibly followed by zeros. If a crash leaves a hole in the
+   *middle* of the last, never-acknowledged batch while later bytes of the same batch survive,
+   the reader reports corruption rather than guess; truncate the last segment by hand at the
+   reported offset after checking that the records after it were not acknowledged.
+
+Group commit
+------------
+:meth:`JournalWriter.append` frames the record and queues it at once (its position in the file
+is fixed when ``append`` is *called*), then returns a future that resolves after the record is
+fsync'd. A single flush task drains the queue: it takes everything queued, writes it with one
+``write`` and one ``fdatasync`` on the writer's own one-thread executor (never on the event
+loop), resolves those futures in record order, and repeats while appends keep arriving. So
+all appends made in one event-loop tick, and all appends made while an fsync is in progress,
+share one fsync. :class:`JournalWriterMetrics` counts records, fsyncs and bytes.
+
+Futures are resolved in record order, so tasks waiting on ``await writer.append(u)`` wake up
+in journal order; a caller that applies ``u`` right after the ``await`` (with no other
+``await`` in between) applies updates in the order they were journaled, which is the order
+replay will apply them.
+
+An I/O error while writing or syncing fails that batch's appends with the error and makes the
+writer unusable (:class:`JournalClosedError` on every later append): after a failed fsync the
+kernel may have dropped the dirty pages, so retrying could report success for data that is
+gone. Restart the writer; the next start repairs the torn tail.
+
+The writer is not thread-safe: call :meth:`~JournalWriter.append` from one event loop. A
+single process should own a journal directory at a time (``O_EXCL`` stops two writers from
+sharing a segment, but nothing else coordinates them), and :func:`read_journal` must not run
+while any writer is appending to that directory: it would take the batch being written for a
+torn tail and cut it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import struct
+import sys
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+from dask_dataservice.service._exceptions import DataServiceError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_RECORD_SIZE",
+    "JournalClosedError",
+    "JournalCorruptedError",
+    "JournalError",
+    "JournalRecord",
+    "JournalTornTailWarning",
+    "JournalWriter",
+    "JournalWriterMetrics",
+    "encode_record",
+    "list_segments",
+    "read_journal",
+    "scan_journal",
+    "segment_path",
+]
+
+#: First 8 bytes of every segment.
+MAGIC = b"DDSJRNL\x00"
+#: Format version written in (and required of) every segment header.
+FORMAT_VERSION = 1
+#: Largest payload a record can hold (the length field is a u32).
+MAX_RECORD_SIZE = 0xFFFF_FFFF
+
+_SEGMENT_HEADER = struct.Struct("<8sII")  # magic, version, header_crc
+_RECORD_HEADER = struct.Struct("<III")  # length, length_crc, payload_crc
+_LENGTH = struct.Struct("<I")
+_SEGMENT_RE = re.compile(r"journal_(\d+)")
+_SEGMENT_DIGITS = 8
+_MASK_DELTA = 0xA282_EAD8
+_SECTOR = 512
+_READ_BUFFER = 1 << 20
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+class JournalError(DataServiceError):
+    """Base class of the journal's errors (a :class:`RuntimeError`)."""
+
+
+class JournalCorruptedError(JournalError):
+    """The journal is damaged somewhere a crash cannot explain.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The segment file (or, for a missing segment, the file that follows the gap).
+    offset : int
+        Byte offset in ``path`` of the damaged record or header.
+    reason : str
+        What is wrong, e.g. ``"payload checksum mismatch (...)"``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"journal {self.path} is corrupted at byte offset {offset}: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.offset, self.reason)
+
+
+class JournalClosedError(JournalError):
+    """The writer is closed, or failed after an I/O error, and accepts no more records."""
+
+
+class JournalTornTailWarning(UserWarning):
+    """The last segment ended in a torn record, which was dropped (and, by default, cut off).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The segment file.
+    offset : int
+        Byte offset of the torn record: the journal now ends here.
+    size : int
+        Size of the file before the repair.
+    reason : str
+        How the record was torn.
+    repaired : bool
+        Whether the file was truncated to ``offset``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        offset: int,
+        size: int,
+        reason: str,
+        repaired: bool,
+    ) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.size = size
+        self.reason = reason
+        self.repaired = repaired
+        action = "truncated the file to" if repaired else "ignoring everything from"
+        super().__init__(
+            f"journal {self.path} ends in a torn record at byte offset {offset} "
+            f"(file size {size}): {reason}; {action} byte offset {offset} "
+            f"({size - offset} bytes dropped)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.path, self.offset, self.size, self.reason, self.repaired)
+
+
+# --------------------------------------------------------------------------------------------
+# Framing
+
+
+def _masked_crc(data: bytes | memoryview) -> int:
+    crc = zlib.crc32(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFF_FFFF) + _MASK_DELTA) & 0xFFFF_FFFF
+
+
+def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
+    if type(payload) is bytes:
+        return payload
+    if isinstance(payload, str):
+        raise TypeError("journal payloads are bytes; encode the str first")
+    # Copy mutable buffers now, so that a later change by the caller cannot alter the record.
+    return bytes(memoryview(payload))
+
+
+def _frame(payload: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:
+    body = _as_bytes(payload)
+    length = len(body)
+    if length > MAX_RECORD_SIZE:
+        raise ValueError(f"journal record of {length} bytes exceeds {MAX_RECORD_SIZE} bytes")
+    header = _RECORD_HEADER.pack(length, _masked_crc(_LENGTH.pack(length)), _masked_crc(body))
+    return header, body
+
+
+def encode_record(payload: bytes | bytearray | memoryview) -> bytes:
+    """Return the on-disk bytes of one record: the 12-byte header followed by ``payload``.
+
+    Parameters
+    ----------
+    payload : bytes-like
+        The record's contents, at most :data:`MAX_RECORD_SIZE` bytes.
+
+    Returns
+    -------
+    bytes
+        ``length | length_crc | payload_crc | payload`` (see the module docstring).
+    """
+    header, body = _frame(payload)
+    return header + body
+
+
+def _segment_header() -> bytes:
+    head = _SEGMENT_HEADER.pack(MAGIC, FORMAT_VERSION, 0)[:12]
+    return head + _LENGTH.pack(_masked_crc(head))
+
+
+# --------------------------------------------------------------------------------------------
+# File system helpers
+
+
+def _sync(fd: int) -> None:
+    """Make everything written to ``fd`` durable (data and the size needed to read it)."""
+    if sys.platform == "darwin":  # pragma: no cover - fsync does not flush the drive on macOS
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+    elif hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover
+        os.fsync(fd)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory so that entries created in it survive a crash (POSIX only)."""
+    if os.name == "nt":  # pragma: no cover - directories cannot be opened on Windows
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and missing parents, fsyncing each parent that gained an entry."""
+    missing = []
+    p = path.absolute()
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            pass
+        _sync_dir(d.parent)
+    if not path.is_dir():
+        raise NotADirectoryError(f"journal work_dir {path} is not a directory")
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _truncate(path: Path, length: int) -> None:
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_BINARY", 0))
+    try:
+        os.ftruncate(fd, length)
+        _sync(fd)
+    finally:
+        os.close(fd)
+
+
+def segment_path(work_dir: str | os.PathLike[str], number: int) -> Path:
+    """Return the path this module gives segment ``number`` (``journal_`` + 8+ digits).
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory.
+    number : int
+        The segment number.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    return Path(work_dir) / f"journal_{number:0{_SEGMENT_DIGITS}d}"
+
+
+def list_segments(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """List the segments in ``work_dir`` as ``(number, path)`` pairs, in number order.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing directory has no segments.
+
+    Returns
+    -------
+    list of (int, pathlib.Path)
+
+    Raises
+    ------
+    JournalCorruptedError
+        If two files name the same segment number (``journal_7`` and ``journal_007``).
+    """
+    work_dir = Path(work_dir)
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(work_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        m = _SEGMENT_RE.fullmatch(entry.name)
+        if m is None or not entry.is_file():
+            continue
+        number = int(m.group(1))
+        if number in found:
+            raise JournalCorruptedError(
+                entry.path,
+                0,
+                f"segment number {number} is used by both {found[number].name} and {entry.name}",
+            )
+        found[number] = Path(entry.path)
+    return sorted(found.items())
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+class JournalRecord(NamedTuple):
+    """One record read back from the journal, with where it was found."""
+
+    #: The segment file.
+    path: Path
+    #: Byte offset of the record's header in ``path``.
+    offset: int
+    #: The payload.
+    payload: bytes
+
+
+def _rest_is_zero(f: BinaryIO) -> bool:
+    while chunk := f.read(_READ_BUFFER):
+        if chunk.count(0) != len(chunk):
+            return False
+    return True
+
+
+def _has_zero_sector(offset: int, data: bytes) -> bool:
+    """Whether ``data`` (at file ``offset``) has a piece between sector boundaries that is all zero.
+
+    A write torn by a crash leaves whole sectors unwritten, which read back as zeros
+    (etcd's WAL decoder uses the same test, ``isTornEntry``).
+    """
+    view = memoryview(data)
+    start = 0
+    while start < len(view):
+        end = min(len(view), (offset + start) // _SECTOR * _SECTOR + _SECTOR - offset)
+        piece = view[start:end]
+        if piece.tobytes().count(0) == len(piece):
+            return True
+        start = end
+    return False
+
+
+class _Torn(NamedTuple):
+    offset: int
+    size: int
+    reason: str
+
+
+def _scan_segment(
+    path: Path, *, is_last: bool, repair: bool, next_path: Path | None
+) -> Iterator[JournalRecord]:
+    """Yield the records of one segment, handling damage as the module docstring describes."""
+    torn: _Torn | None = None
+
+    def damaged(offset: int, reason: str, tearable: bool) -> _Torn:
+        if tearable and is_last:
+            return _Torn(offset, size, reason)
+        if tearable:
+            reason += (
+                "; a torn record is only allowed at the end of the last segment, "
+                f"and {next_path} follows"
+            )
+        raise JournalCorruptedError(path, offset, reason)
+
+    with open(path, "rb", buffering=_READ_BUFFER) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        head = f.read(_SEGMENT_HEADER.size)
+        if len(head) < _SEGMENT_HEADER.size:
+            torn = damaged(0, f"truncated segment header ({len(head)} of 16 bytes)", True)
+        else:
+            magic, version, header_crc = _SEGMENT_HEADER.unpack(head)
+            if magic != MAGIC or header_crc != _masked_crc(head[:12]):
+                what = (
+                    f"bad magic {magic!r} (expected {MAGIC!r})"
+                    if magic != MAGIC
+                    else "segment header checksum mismatch"
+                )
+                zero = head.count(0) == len(head) and _rest_is_zero(f)
+                if zero:
+                    what = "segment header and everything after it are zero bytes"
+                torn = damaged(0, what, zero)
+            elif version != FORMAT_VERSION:
+                raise JournalCorruptedError(
+                    path,
+                    8,
+                    f"unsupported journal format version {version} (this is {FORMAT_VERSION})",
+                )
+        offset = _SEGMENT_HEADER.size
+        while torn is None and offset < size:
+            remaining = size - offset
+            header = f.read(_RECORD_HEADER.size)
+            if len(header) < _RECORD_HEADER.size:
+                torn = damaged(offset, f"truncated record header ({len(header)} of 12 bytes)", True)
+                break
+            length, length_crc, payload_crc = _RECORD_HEADER.unpack(header)
+            if length_crc != _masked_crc(header[:4]):
+                zero = header.count(0) == len(header) and _rest_is_zero(f)
+                what = (
+                    "record header and everything after it are zero bytes"
+                    if zero
+                    else f"record header checksum mismatch (garbage length {length})"
+                )
+                torn = damaged(offset, what, zero)
+                break
+            end = offset + _RECORD_HEADER.size + length
+            if end > size:
+                torn = damaged(
+                    offset,
+                    f"truncated record: {length}-byte payload needs {end - offset} bytes, "
+                    f"{remaining} left in the file",
+                    True,
+                )
+                break
+            payload = f.read(length)
+            if len(payload) < length:  # the file shrank while we read it
+                torn = damaged(
+                    offset, f"truncated payload ({len(payload)} of {length} bytes)", True
+                )
+                break
+            actual = _masked_crc(payload)
+            if actual != payload_crc:
+                final = end == size
+                tearable = final and _has_zero_sector(offset, header + payload)
+                what = (
+                    f"payload checksum mismatch in the {length}-byte payload at bytes "
+                    f"{offset + _RECORD_HEADER.size}..{end - 1} "
+                    f"(stored 0x{payload_crc:08x}, computed 0x{actual:08x})"
+                )
+                if tearable:
+                    what += ", with an all-zero sector (unwritten when the process crashed)"
+                torn = damaged(offset, what, tearable)
+                break
+            yield JournalRecord(path, offset, payload)
+            offset = end
+
+    if torn is not None:
+        if repair:
+            _truncate(path, torn.offset)
+        warnings.warn(
+            JournalTornTailWarning(path, torn.offset, torn.size, torn.reason, repair),
+            stacklevel=4,
+        )
+
+
+def scan_journal(
+    work_dir: str | os.PathLike[str], *, repair: bool = True
+) -> Iterator[JournalRecord]:
+    """Yield every record of every segment in order, with its file and offset.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing or empty directory is an empty journal.
+    repair : bool, default True
+        Truncate a torn tail off the last segment (and fsync it). With ``False`` the torn
+        record is skipped and warned about but the file is left as it is (for read-only tools).
+
+    Yields
+    ------
+    JournalRecord
+        ``(path, offset, payload)``.
+
+    Raises
+    ------
+    JournalCorruptedError
+        On damage a crash cannot explain (see the module docstring). Records before the
+        damage have already been yielded.
+
+    Warns
+    -----
+    JournalTornTailWarning
+        When the last segment ends in a torn record; the file name and offset are in the message.
+
+    Notes
+    -----
+    The directory is listed when iteration starts. The repair happens when the iteration
+    reaches the torn record; stopping early leaves the file as it is.
+    """
+    segments = list_segments(work_dir)
+    for (prev, _), (number, path) in zip(segments, segments[1:], strict=False):
+        if number != prev + 1:
+            raise JournalCorruptedError(
+                path,
+                0,
+                f"segment {number} follows segment {prev}: segment(s) "
+                f"{prev + 1}..{number - 1} are missing",
+            )
+    for i, (_, path) in enumerate(segments):
+        is_last = i == len(segments) - 1
+        next_path = None if is_last else segments[i + 1][1]
+        yield from _scan_segment(path, is_last=is_last, repair=repair, next_path=next_path)
+
+
+def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
+    """Yield the payload of every record of every segment, in the order they were appended.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing or empty directory is an empty journal.
+    repair : bool, default True
+        Truncate a torn tail off the last segment; see :func:`scan_journal`.
+
+    Yields
+    ------
+    bytes
+
+    Raises
+    ------
+    JournalCorruptedError
+        On damage a crash cannot explain; the message names the file and byte offset.
+
+    Warns
+    -----
+    JournalTornTailWarning
+        When the last segment ends in a torn record.
+    """
+    for record in scan_journal(work_dir, repair=repair):
+        yield record.payload
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+@dataclass(slots=True)
+class JournalWriterMetrics:
+    """Counters of one :class:`JournalWriter` (its segment header is not counted).
+
+    ``records_per_fsync`` is the group-commit factor: 1.0 means one fsync per record.
+    """
+
+    #: Records written and fsync'd.
+    records_written: int = 0
+    #: fsyncs (``fdatasync``) of the segment after writing records.
+    fsyncs: int = 0
+    #: Bytes of records (12-byte headers plus payloads) written.
+    bytes_written: int = 0
+    #: The most records written by one write + fsync.
+    max_batch_records: int = 0
+    #: Seconds spent in write + fsync, summed over batches.
+    sync_seconds: float = 0.0
+    #: Names of the threads that ran the fsyncs (the event loop thread must not be one).
+    sync_thread_names: set[str] = field(default_factory=set)
+
+    @property
+    def records_per_fsync(self) -> float:
+        """Mean records per fsync (0.0 before the first fsync)."""
+        return self.records_written / self.fsyncs if self.fsyncs else 0.0
+
+
+class JournalWriter:
+    """Appends records to a new segment of a journal directory, durably, with group commit.
+
+    Use :meth:`open` (or the constructor, then :meth:`start`). Each start creates a new
+    segment ``journal_<max + 1>``; see the module docstring for the format.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory, created (with its parents) if missing.
+    repair_tail : bool, default True
+        Before creating the new segment, check the current last segment and truncate a torn
+        tail off it (warning :class:`JournalTornTailWarning`). Without this, a torn tail would
+        become corruption once the new segment exists. Raises :class:`JournalCorruptedError`
+        if that segment is corrupted, so a broken journal fails at start.
+
+    Examples
+    --------
+    >>> writer = JournalWriter.open(work_dir)            # doctest: +SKIP
+    >>> await writer.append(b"update 1")                 # doctest: +SKIP
+    >>> writer.metrics.records_per_fsync                 # doctest: +SKIP
+    """
+
+    def __init__(self, work_dir: str | os.PathLike[str], *, repair_tail: bool = True) -> None:
+        #: The journal directory.
+        self.work_dir = Path(work_dir)
+        #: This writer's segment file (``None`` until started).
+        self.path: Path | None = None
+        #: This writer's segment number (``None`` until started).
+        self.segment: int | None = None
+        #: Counters; safe to read at any time.
+        self.metrics = JournalWriterMetrics()
+        self._repair_tail = repair_tail
+        self._fd = -1
+        self._io: ThreadPoolExecutor | None = None
+        # Held while writing + syncing, so append_sync from another thread and the executor
+        # never interleave bytes.
+        self._file_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        # The queue of the flush task: record pieces (header, payload, header, ...) and one
+        # future per record, both in call order. Touched only on the event loop thread.
+        self._pending: list[bytes] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._flush_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, work_dir: str | os.PathLike[str], *, repair_tail: bool = True) -> JournalWriter:
+        """Create a writer and :meth:`start` it.
+
+        Parameters
+        ----------
+        work_dir : str or os.PathLike
+            The journal directory, created if missing.
+        repair_tail : bool, default True
+            See :class:`JournalWriter`.
+
+        Returns
+        -------
+        JournalWriter
+        """
+        writer = cls(work_dir, repair_tail=repair_tail)
+        writer.start()
+        return writer
+
+    def start(self) -> None:
+        """Create the directory if needed and a new, durable, empty segment.
+
+        This does blocking I/O (a few fsyncs, and reading the previous last segment when
+        ``repair_tail``); from a coroutine, run it in a thread.
+
+        Raises
+        ------
+        JournalError
+            If the writer was already started.
+        JournalCorruptedError
+            If ``repair_tail`` and the current last segment is corrupted.
+        FileExistsError
+            If another writer created the same segment at the same time.
+        """
+        if self._started:
+            raise JournalError(f"journal writer for {self.work_dir} was already started")
+        self._started = True
+        _make_dirs(self.work_dir)
+        segments = list_segments(self.work_dir)
+        if segments and self._repair_tail:
+            for _ in _scan_segment(segments[-1][1], is_last=True, repair=True, next_path=None):
+                pass
+        number = segments[-1][0] + 1 if segments else 0
+        path = segment_path(self.work_dir, number)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+        fd = os.open(path, flags, 0o644)
+        try:
+            _write_all(fd, _segment_header())
+            _sync(fd)
+            _sync_dir(self.work_dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.path = path
+        self.segment = number
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="dds-journal")
+
+    @property
+    def closed(self) -> bool:
+        """Whether the writer no longer accepts records (closed, closing or failed)."""
+        return self._closed or self._failure is not None
+
+    def close(self) -> None:
+        """Close the segment file and shut down the I/O thread. Idempotent.
+
+        Records whose ``append`` already returned are durable. Records queued but not yet
+        being written fail with :class:`JournalClosedError`; a batch being written when
+        ``close`` is called is finished first (this blocks for at most one write + fsync).
+        Prefer :meth:`aclose` from a coroutine, which lets every queued record be written.
+
+        Raises
+        ------
+        JournalError
+            If called from a thread other than the event loop's while appends are queued.
+        """
+        self._check_loop_alive()
+        if self._waiters and threading.get_ident() != self._loop_thread:
+            raise JournalError(
+                "JournalWriter.close() was called from another thread while appends are queued "
+                "on the event loop; call `await writer.aclose()` on the loop instead"
+            )
+        self._closed = True
+        self._fail_waiters(
+            JournalClosedError(
+                f"journal writer for {self.path} was closed before this record was written"
+            )
+        )
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None
+        with self._file_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    async def aclose(self) -> None:
+        """Stop accepting records, wait until every queued record is durable, then :meth:`close`."""
+        self._closed = True
+        task = self._flush_task
+        if task is not None:
+            await asyncio.wait([task])
+        self.close()
+
+    def __enter__(self) -> JournalWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> JournalWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = (
+            "failed"
+            if self._failure is not None
+            else "closed"
+            if self._closed
+            else "open"
+            if self._started
+            else "not started"
+        )
+        m = self.metrics
+        return (
+            f"<JournalWriter {self.path or self.work_dir} {state}: "
+            f"{m.records_written} records, {m.fsyncs} fsyncs>"
+        )
+
+    # -- appending --------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        task = self._flush_task
+        return bool(self._waiters) or (task is not None and not task.done())
+
+    def _check_loop_alive(self) -> None:
+        # Records queued on an event loop that was closed before the flush task ran (e.g.
+        # ``asyncio.run`` returned without awaiting them) may or may not have been written.
+        if self._waiters and self._loop is not None and self._loop.is_closed():
+            self._failure = JournalClosedError(
+                f"the event loop closed while {len(self._waiters)} record(s) were queued; "
+                "they may or may not have been written"
+            )
+            self._fail_waiters(self._failure)
+            task, self._flush_task = self._flush_task, None
+            if task is not None and not task.done():
+                task.get_coro().close()  # it can never run; avoid "never awaited" at GC
+
+    def _check_writable(self) -> None:
+        self._check_loop_alive()
+        if self._failure is not None:
+            raise JournalClosedError(
+                f"journal writer for {self.path} has failed and accepts no more records "
+                f"({self._failure!r}); restart it"
+            ) from self._failure
+        if self._closed:
+            raise JournalClosedError(f"journal writer for {self.path} is closed")
+        if self._fd < 0:
+            raise JournalError(f"journal writer for {self.work_dir} was not started; call start()")
+
+    def append(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[None]:
+        """Queue a record and return a future that resolves once it is durable.
+
+        Must be called on the event loop's thread. The record's place in the file is fixed
+        now, by this call, not when the future is awaited. Cancelling the wait does not
+        withdraw the record.
+
+        Parameters
+        ----------
+        payload : bytes-like
+            The record (copied if mutable), at most :data:`MAX_RECORD_SIZE` bytes.
+
+        Returns
+        -------
+        asyncio.Future
+            Resolves to ``None`` after the record is written and fsync'd; fails with the
+            ``OSError`` if writing or syncing its batch failed, or :class:`JournalClosedError`
+            if the writer was closed (or failed) before the record was written.
+
+        Raises
+        ------
+        JournalClosedError
+            If the writer is closed or has failed.
+        TypeError, ValueError
+            If ``payload`` is not bytes-like or is too large.
+        RuntimeError
+            If there is no running event loop, or the writer has queued records on another one.
+        """
+        self._check_writable()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            if self._busy():
+                raise RuntimeError("JournalWriter.append() called from a second event loop")
+            self._loop = loop
+            self._loop_thread = threading.get_ident()
+        header, body = _frame(payload)
+        future: asyncio.Future[None] = loop.create_future()
+        self._pending.append(header)
+        self._pending.append(body)
+        self._waiters.append(future)
+        if self._flush_task is None or self._flush_task.done():
+            # Started on the next tick, so every append of this tick joins the first batch.
+            self._flush_task = loop.create_task(self._flush(), name=f"journal-flush-{self.path}")
+        return future
+
+    def append_sync(self, payload: bytes | bytearray | memoryview) -> None:
+        """Write one record and fsync it, on the calling thread (for tests and tools).
+
+        Parameters
+        ----------
+        payload : bytes-like
+            The record, at most :data:`MAX_RECORD_SIZE` bytes.
+
+        Raises
+        ------
+        JournalClosedError
+            If the writer is closed or has failed.
+        JournalError
+            If asynchronous appends are still in flight (writing now would reorder records).
+        OSError
+            If the write or fsync fails; the writer is then unusable.
+        """
+        self._check_writable()
+        if self._busy():
+            raise JournalError(
+                "append_sync() while asynchronous appends are in flight would reorder records; "
+                "await them first"
+            )
+        header, body = _frame(payload)
+        try:
+            self._write_batch([header, body], 1)
+        except BaseException as exc:
+            self._failure = exc
+            raise
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiters and self._io is not None:
+                pieces, waiters = self._pending, self._waiters
+                self._pending, self._waiters = [], []
+                try:
+                    await loop.run_in_executor(self._io, self._write_batch, pieces, len(waiters))
+                except (Exception, asyncio.CancelledError) as exc:
+                    cancelled = isinstance(exc, asyncio.CancelledError)
+                    error: BaseException = exc
+                    if cancelled:
+                        error = JournalClosedError(
+                            f"journal writer for {self.path}: the flush task was cancelled "
+                            "while writing; these records may or may not be durable"
+                        )
+                    # After a failed write or fsync the file's contents are unknown: stop here.
+                    self._failure = error
+                    for future in waiters:
+                        if not future.done():
+                            future.set_exception(error)
+                    self._fail_waiters(
+                        JournalClosedError(
+                            f"journal writer for {self.path} failed before this record was "
+                            f"written ({error!r})"
+                        )
+                    )
+                    if cancelled:
+                        raise
+                    return  # reported through the futures
+                # In record order, so that waiting tasks wake up in journal order.
+                for future in waiters:
+                    if not future.done():
+                        future.set_result(None)
+        finally:
+            self._flush_task = None
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        waiters, self._waiters, self._pending = self._waiters, [], []
+        for future in waiters:
+            if not future.done():
+                try:
+                    future.set_exception(exc)
+                except RuntimeError:  # its event loop is closed; nobody can be waiting
+                    pass
+
+    def _write_batch(self, pieces: list[bytes], count: int) -> None:
+        """Write and fsync one batch (on the I/O thread, or the caller's for append_sync)."""
+        data = pieces[0] + pieces[1] if len(pieces) == 2 else b"".join(pieces)
+        with self._file_lock:
+            if self._fd < 0:
+                raise JournalClosedError(f"journal writer for {self.path} is closed")
+            start = time.perf_counter()
+            _write_all(self._fd, data)
+            _sync(self._fd)
+            elapsed = time.perf_counter() - start
+            m = self.metrics
+            m.records_written += count
+            m.fsyncs += 1
+            m.bytes_written += len(data)
+            m.sync_seconds += elapsed
+            if count > m.max_batch_records:
+                m.max_batch_records = count
+            m.sync_thread_names.add(threading.current_thread().name)

@@ -1,0 +1,246 @@
+"""tf.data service's server classes, as Dask servers with the plugins installed.
+
+``DispatchServer`` is a Dask scheduler carrying the dispatcher plugin; ``WorkerServer`` is a
+Dask worker carrying the data-worker plugin. Each runs on its own event loop in a background
+thread of this process, like tf.data's in-process servers:
+
+>>> dispatcher = DispatchServer()                                     # doctest: +SKIP
+>>> worker = WorkerServer(WorkerConfig(dispatcher.target.split("://")[1]))  # doctest: +SKIP
+
+For production, run ``dask scheduler --preload dask_dataservice`` and ``dask worker
+--preload dask_dataservice`` (or any Dask deployment) instead: these classes are a
+convenience and a drop-in for code written against tf.data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["DispatcherConfig", "DispatchServer", "WorkerConfig", "WorkerServer"]
+
+
+@dataclasses.dataclass
+class DispatcherConfig:
+    """Configuration of a :class:`DispatchServer` (tf.data's field names).
+
+    Parameters
+    ----------
+    port
+        Port to listen on; 0 picks a free one.
+    protocol
+        ``"tcp"`` (tf.data's ``"grpc"`` is accepted as an alias).
+    work_dir, fault_tolerant_mode
+        Journal directory and whether to journal state updates (fault tolerance).
+    worker_addresses
+        The fixed worker list that static sharding policies need.
+    job_gc_check_interval_ms, job_gc_timeout_ms, client_timeout_ms
+        Liveness and garbage collection (defaults from ``dataservice.dispatcher.*``).
+    host
+        Interface to listen on (default 127.0.0.1).
+    """
+
+    port: int = 0
+    protocol: str | None = None
+    work_dir: str | None = None
+    fault_tolerant_mode: bool = False
+    worker_addresses: list[str] | None = None
+    job_gc_check_interval_ms: int | None = None
+    job_gc_timeout_ms: int | None = None
+    client_timeout_ms: int | None = None
+    worker_timeout_ms: int | None = None
+    host: str = "127.0.0.1"
+
+
+@dataclasses.dataclass
+class WorkerConfig:
+    """Configuration of a :class:`WorkerServer` (tf.data's field names).
+
+    Parameters
+    ----------
+    dispatcher_address
+        ``host:port`` (or ``tcp://host:port``) of the dispatcher.
+    worker_address, port, protocol
+        Where this worker listens (default: 127.0.0.1, a free port, tcp).
+    heartbeat_interval_ms
+        How often the worker reconciles its tasks with the dispatcher.
+    nthreads, resources, name
+        Passed to the Dask worker.
+    """
+
+    dispatcher_address: str
+    worker_address: str | None = None
+    port: int = 0
+    protocol: str | None = None
+    heartbeat_interval_ms: int | None = None
+    dispatcher_timeout_ms: int | None = None
+    data_transfer_protocol: str | None = None
+    data_transfer_address: str | None = None
+    nthreads: int = 1
+    resources: dict[str, float] | None = None
+    name: str | None = None
+
+
+def _protocol(protocol: str | None) -> str:
+    if protocol in (None, "", "grpc", "tcp"):
+        return "tcp"
+    if protocol in ("tls", "grpc+tls"):
+        return "tls"
+    raise ValueError(f"protocol must be 'tcp' (or 'grpc'), got {protocol!r}")
+
+
+class _BackgroundServer:
+    """Runs a Dask server on an event loop in a daemon thread of this process."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self.server: Any = None
+
+    def _start(self, make: Callable[[], Awaitable[Any]], timeout: float = 30) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=self._name, daemon=True)
+        self._thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Block until the server is stopped (from another thread, or by a signal)."""
+        self._stopped.wait(timeout)
+
+    def stop(self, timeout: float = 30) -> None:
+        """Close the server and its event loop (idempotent)."""
+        if self._loop is None or self._stopped.is_set():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.close(), self._loop).result(timeout)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+            self._loop.close()
+            self._stopped.set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __del__(self):
+        try:
+            self.stop(timeout=5)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class DispatchServer(_BackgroundServer):
+    """A data-service dispatcher: a Dask scheduler with the dispatcher plugin.
+
+    Parameters
+    ----------
+    config
+        A :class:`DispatcherConfig` (default: all defaults).
+    start
+        Start at once (default), or call :meth:`start` later.
+    """
+
+    def __init__(self, config: DispatcherConfig | None = None, start: bool = True):
+        super().__init__("dds-dispatcher")
+        self.config = config or DispatcherConfig()
+        if not isinstance(self.config, DispatcherConfig):
+            raise TypeError(f"config must be a DispatcherConfig, got {type(self.config).__name__}")
+        if self.config.fault_tolerant_mode and not self.config.work_dir:
+            raise ValueError("fault_tolerant_mode=True needs a work_dir for the journal")
+        self._protocol = _protocol(self.config.protocol)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the scheduler and its dispatcher plugin."""
+        if self.server is not None:
+            return
+        cfg = self.config
+
+        async def make():
+            from distributed import Scheduler
+
+            from .dispatcher import DispatcherPlugin
+
+            scheduler = Scheduler(
+                host=cfg.host, port=cfg.port, protocol=self._protocol, dashboard_address=None,
+                dashboard=False, validate=False,
+            )
+            scheduler.add_plugin(DispatcherPlugin(
+                job_gc_timeout=None if cfg.job_gc_timeout_ms is None else cfg.job_gc_timeout_ms / 1000,
+                client_timeout=None if cfg.client_timeout_ms is None else cfg.client_timeout_ms / 1000,
+            ))
+            await scheduler
+            return scheduler
+
+        self._start(make)
+
+    @property
+    def target(self) -> str:
+        """The address clients and workers use, e.g. ``tcp://127.0.0.1:8786``."""
+        return self.server.address
+
+    @property
+    def _address(self) -> str:
+        return self.target.split("://", 1)[1]
+
+
+class WorkerServer(_BackgroundServer):
+    """A data-service worker: a Dask worker with the data-worker plugin.
+
+    Parameters
+    ----------
+    config
+        A :class:`WorkerConfig` naming the dispatcher.
+    start
+        Start at once (default), or call :meth:`start` later.
+    """
+
+    def __init__(self, config: WorkerConfig, start: bool = True):
+        super().__init__("dds-worker")
+        if not isinstance(config, WorkerConfig):
+            raise TypeError(f"config must be a WorkerConfig, got {type(config).__name__}")
+        if not config.dispatcher_address:
+            raise ValueError("WorkerConfig.dispatcher_address is required")
+        self.config = config
+        self._protocol = _protocol(config.protocol)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the worker and connect it to the dispatcher."""
+        if self.server is not None:
+            return
+        cfg = self.config
+        address = cfg.dispatcher_address
+        if "://" not in address:
+            address = f"{self._protocol}://{address}"
+
+        async def make():
+            from distributed import Worker
+
+            from .worker import DataWorkerPlugin
+
+            host = cfg.worker_address.rsplit(":", 1)[0] if cfg.worker_address else "127.0.0.1"
+            worker = Worker(
+                address, nthreads=cfg.nthreads, host=host, port=cfg.port, protocol=self._protocol,
+                dashboard=False, resources=cfg.resources, name=cfg.name,
+                plugins={DataWorkerPlugin()},
+            )
+            await worker
+            return worker
+
+        self._start(make)
+
+    @property
+    def worker_address(self) -> str:
+        """This worker's address."""
+        return self.server.address

@@ -1,0 +1,460 @@
+"""DataWorkerPlugin: runs data-service tasks on a Dask worker.
+
+Responsibilities
+----------------
+- Register with the dispatcher and reconcile tasks with it (``dataservice_worker_heartbeat``:
+  "these are my tasks" → "start these, drop those"), and start tasks the dispatcher pushes
+  (stream op ``dataservice-tasks``) at once.
+- Run each task's pipeline in a thread of its own (never on the event loop, never in the
+  worker's task executor) into a byte- and count-bounded :class:`ElementBuffer`.
+- Serve ``dataservice_get_elements``: as many buffered elements as fit a count and byte
+  budget in one reply, numpy buffers as zero-copy frames; hold the request open briefly
+  when the buffer is empty (long poll).
+- Under DYNAMIC sharding, feed the pipeline splits from the dispatcher through
+  :class:`DispatcherSplitProvider`, which asks for the next split while the current one is
+  read.
+
+End of sequence is served only after the dispatcher has acknowledged the task as finished,
+so a consumer that sees every task end can ask the dispatcher once and trust its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import cloudpickle
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+from distributed.utils import run_in_executor_with_context
+
+from .. import config
+from ..data.splits import SplitProvider
+from ..data.structure import nbytes
+from ._core import ElementBatch, ShardingPolicy, error_message, raise_for_status
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dataservice-worker"
+
+
+def worker_host(address: str) -> str:
+    """The host part of a worker address (``tcp://10.0.0.5:1234`` → ``10.0.0.5``)."""
+    hostport = address.split("://", 1)[-1]
+    return hostport.rsplit(":", 1)[0].strip("[]") if ":" in hostport else hostport
+
+
+class TaskCancelled(Exception):
+    """Internal: the task was cancelled while its pipeline ran."""
+
+
+class ElementBuffer:
+    """Elements produced by a task's thread and served to consumers by the event loop.
+
+    The producer blocks when the buffer holds ``max_bytes`` or ``max_elements``; consumers
+    never block the loop: :meth:`get` waits on an asyncio event that the producer sets only
+    when a consumer is waiting, so a busy stream costs no cross-thread wake-ups.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int):
+        self._loop = loop
+        self._items: deque = deque()
+        self._sizes: deque = deque()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._max_elements = max_elements
+        self._cond = threading.Condition()
+        self._event = asyncio.Event()
+        self._waiting = False
+        self._closed = False
+        #: Set by the producer thread when the pipeline ended (or failed).
+        self.produced_all = False
+        #: Set on the loop once the dispatcher knows the task finished.
+        self.end_visible = False
+        self.error: BaseException | None = None
+        self.produced = 0
+
+    # -- producer thread ---------------------------------------------------------------
+    def put(self, x: Any) -> None:
+        size = nbytes(x)
+        with self._cond:
+            while (self._bytes >= self._max_bytes or len(self._items) >= self._max_elements) \
+                    and not self._closed:
+                self._cond.wait(0.5)
+            if self._closed:
+                raise TaskCancelled
+            self._items.append(x)
+            self._sizes.append(size)
+            self._bytes += size
+            self.produced += 1
+            if self._waiting:
+                self._waiting = False
+                self._loop.call_soon_threadsafe(self._event.set)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self.error = error
+            self.produced_all = True
+
+    # -- event loop --------------------------------------------------------------------
+    def wake(self) -> None:
+        self._event.set()
+
+    def take(self, max_elements: int, max_bytes: int) -> list:
+        """Pop up to ``max_elements`` / about ``max_bytes`` of elements (never blocks)."""
+        with self._cond:
+            out = []
+            taken = 0
+            items, sizes = self._items, self._sizes
+            while items and len(out) < max_elements and (taken < max_bytes or not out):
+                size = sizes.popleft()
+                out.append(items.popleft())
+                taken += size
+            if out:
+                self._bytes -= taken
+                self._cond.notify()
+            elif not self.end_visible and not self._closed:
+                self._waiting = True
+                self._event.clear()
+            return out
+
+    async def wait(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._sizes.clear()
+            self._bytes = 0
+            self._cond.notify_all()
+        self._event.set()
+
+    @property
+    def empty(self) -> bool:
+        return not self._items
+
+
+class DispatcherSplitProvider(SplitProvider):
+    """Serves a DYNAMIC task's source the splits the dispatcher hands out.
+
+    Runs in the task's thread. It keeps one request ahead: when it returns split ``k`` it has
+    already asked for split ``k+1``, so the round trip hides behind reading split ``k``.
+    A split it has been given but not yet returned counts as *in flight* at the dispatcher
+    and is lost (never re-issued) if this worker dies: at-most-once visitation.
+    """
+
+    def __init__(self, runner: TaskRunner, splits: list):
+        self._runner = runner
+        self._splits = splits
+        self.repetition = 0
+        self._pending = None
+
+    @property
+    def num_splits(self) -> int:
+        return len(self._splits)
+
+    def _request(self):
+        return asyncio.run_coroutine_threadsafe(
+            self._runner.plugin._get_split(self._runner.task, self.repetition), self._runner.loop
+        )
+
+    def get_next(self):
+        fut = self._pending if self._pending is not None else self._request()
+        self._pending = None
+        while True:
+            if self._runner.cancelled:
+                fut.cancel()
+                raise TaskCancelled
+            try:
+                index = fut.result(timeout=0.5)
+                break
+            except TimeoutError:
+                continue
+        if index is None:
+            return None
+        self._pending = self._request()
+        return self._splits[index]
+
+    def reset(self) -> None:
+        self.repetition += 1
+
+
+class TaskRunner:
+    """One task: a pipeline running in its own thread into an :class:`ElementBuffer`."""
+
+    def __init__(self, plugin: DataWorkerPlugin, task: dict, dataset, splits: list | None):
+        self.plugin = plugin
+        self.task = task
+        self.task_id: int = task["task_id"]
+        self.loop = plugin.loop
+        self.dataset = dataset
+        self.splits = splits
+        self.cancelled = False
+        self.buffer = ElementBuffer(
+            self.loop, config.get_bytes("worker.buffer-bytes"), int(config.get("worker.buffer-elements"))
+        )
+        self.thread = threading.Thread(
+            target=self._run, name=f"dds-task-{self.task_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _iterator(self):
+        mode = ShardingPolicy(self.task["processing_mode"])
+        if mode == ShardingPolicy.DYNAMIC:
+            return self.dataset.iterate(DispatcherSplitProvider(self, self.splits))
+        return iter(self.dataset)
+
+    def _run(self) -> None:
+        error = None
+        it = None
+        try:
+            it = self._iterator()
+            put = self.buffer.put
+            for x in it:
+                put(x)
+        except TaskCancelled:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the consumers
+            error = e
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001
+                    pass
+            self.buffer.finish(error)
+            if not self.cancelled:
+                try:
+                    self.loop.call_soon_threadsafe(self.plugin._task_produced_all, self)
+                except RuntimeError:  # loop closed: the worker is shutting down
+                    pass
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.buffer.close()
+
+
+class DataWorkerPlugin(WorkerPlugin):
+    """The data service's half on each Dask worker (see the module docstring)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self):
+        self.tasks: dict[int, TaskRunner] = {}
+        self.finished_tasks: set[int] = set()
+
+    async def setup(self, worker) -> None:
+        self.worker = worker
+        self.loop = asyncio.get_running_loop()
+        self.tasks = {}
+        self.finished_tasks = set()
+        self._datasets: dict[int, tuple[Any, list | None]] = {}
+        self._dataset_locks: dict[int, asyncio.Lock] = {}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dds-worker-io")
+        self._closing = False
+        self._task_arrived = asyncio.Event()
+        worker.handlers["dataservice_get_elements"] = self.get_elements
+        worker.handlers["dataservice_worker_state"] = self.worker_state
+        worker.stream_handlers["dataservice-tasks"] = self.tasks_changed
+        worker.extensions["dataservice"] = self
+        self.is_data_worker = not any(
+            worker.state.total_resources.get(r) for r in config.get("dispatcher.worker-resource-excluded") or ()
+        )
+        self._heartbeat_task = None
+        if self.is_data_worker:
+            self._heartbeat_task = asyncio.ensure_future(self._heartbeat_loop())
+
+    async def teardown(self, worker) -> None:
+        self._closing = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+        for runner in list(self.tasks.values()):
+            if runner is not None:
+                runner.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for name in ("dataservice_get_elements", "dataservice_worker_state"):
+            worker.handlers.pop(name, None)
+        # Keep a no-op stream handler: an unknown stream op would break the scheduler stream.
+        worker.stream_handlers["dataservice-tasks"] = _ignore
+        worker.extensions.pop("dataservice", None)
+
+    # Handlers
+    ##########
+    async def get_elements(self, task_id: int, max_elements: int = 4096,
+                           max_bytes: int = 32 << 20, wait: float = 1.0) -> dict:
+        """Up to ``max_elements`` buffered elements of a task, or end of sequence."""
+        runner = self.tasks.get(task_id)
+        if runner is None:
+            if task_id in self.finished_tasks:
+                return {"status": "OK", "elements": None, "end_of_sequence": True}
+            # The consumer learnt of the task from the dispatcher before the task reached
+            # this worker (or its dataset is still loading): wait for it a little.
+            deadline = self.loop.time() + min(wait, 0.5)
+            while self.tasks.get(task_id) is None and task_id not in self.finished_tasks:
+                remaining = deadline - self.loop.time()
+                if remaining <= 0:
+                    return {"status": "OK", "elements": None, "end_of_sequence": False,
+                            "unknown": task_id not in self.tasks}
+                try:
+                    await asyncio.wait_for(self._task_arrived.wait(), remaining)
+                except TimeoutError:
+                    pass
+            runner = self.tasks.get(task_id)
+            if runner is None:
+                return {"status": "OK", "elements": None, "end_of_sequence": True}
+        buf = runner.buffer
+        items = buf.take(max_elements, max_bytes)
+        if not items and not buf.end_visible and not runner.cancelled:
+            await buf.wait(wait)
+            items = buf.take(max_elements, max_bytes)
+        if items:
+            return {"status": "OK", "elements": to_serialize(ElementBatch(items)), "end_of_sequence": False}
+        if buf.end_visible:
+            if buf.error is not None:
+                return error_message(buf.error)
+            return {"status": "OK", "elements": None, "end_of_sequence": True}
+        return {"status": "OK", "elements": None, "end_of_sequence": runner.cancelled}
+
+    def worker_state(self) -> dict:
+        return {
+            "status": "OK",
+            "is_data_worker": self.is_data_worker,
+            "tasks": {
+                tid: {"produced": r.buffer.produced, "buffered": len(r.buffer._items),
+                      "produced_all": r.buffer.produced_all, "end_visible": r.buffer.end_visible}
+                for tid, r in self.tasks.items() if r is not None
+            },
+            "finished_tasks": sorted(self.finished_tasks),
+        }
+
+    def tasks_changed(self, new_tasks=(), cancelled=()) -> None:
+        """Stream handler: the dispatcher assigned or cancelled tasks. Never raises."""
+        try:
+            self._apply_tasks(new_tasks, cancelled)
+        except Exception:  # noqa: BLE001 - a raising stream handler disconnects the worker
+            logger.exception("dataservice: could not apply task changes")
+
+    # Internals
+    ###########
+    def _apply_tasks(self, new_tasks, cancelled) -> None:
+        for task_id in cancelled:
+            runner = self.tasks.pop(task_id, None)
+            if runner is not None:
+                runner.cancel()
+            self.finished_tasks.add(task_id)
+        for task in new_tasks:
+            tid = task["task_id"]
+            if tid in self.tasks or tid in self.finished_tasks:
+                continue
+            self.tasks[tid] = None  # reserve while the dataset definition loads
+            asyncio.ensure_future(self._start_task(dict(task)))
+
+    async def _start_task(self, task: dict) -> None:
+        tid = task["task_id"]
+        try:
+            dataset, splits = await self._get_dataset(task["dataset_id"])
+            if self._closing or tid not in self.tasks:
+                return
+            runner = TaskRunner(self, task, dataset, splits)
+            self.tasks[tid] = runner
+            runner.start()
+            self._signal_task_arrived()
+        except Exception as e:  # noqa: BLE001 - reported to consumers through the task
+            logger.warning("dataservice: task %s could not start: %r", tid, e)
+            runner = TaskRunner(self, task, None, None)
+            self.tasks[tid] = runner
+            runner.buffer.finish(e)
+            self._signal_task_arrived()
+            self._task_produced_all(runner)
+
+    def _signal_task_arrived(self) -> None:
+        event, self._task_arrived = self._task_arrived, asyncio.Event()
+        event.set()
+
+    async def _get_dataset(self, dataset_id: int):
+        cached = self._datasets.get(dataset_id)
+        if cached is not None:
+            return cached
+        lock = self._dataset_locks.setdefault(dataset_id, asyncio.Lock())
+        async with lock:
+            if dataset_id in self._datasets:
+                return self._datasets[dataset_id]
+            resp = raise_for_status(
+                await self.worker.scheduler.dataservice_get_dataset(dataset_id=dataset_id),
+                "dataset lookup",
+            )
+            # Unpickling runs user code (cloudpickled functions): keep it off the loop.
+            dataset, splits = await run_in_executor_with_context(
+                self._executor, _load_dataset, resp["pipeline"], resp["splits"]
+            )
+            self._datasets[dataset_id] = (dataset, splits)
+            return dataset, splits
+
+    async def _get_split(self, task: dict, repetition: int):
+        resp = raise_for_status(
+            await self.worker.scheduler.dataservice_get_split(
+                iteration_id=task["iteration_id"], task_id=task["task_id"], repetition=repetition
+            ),
+            "split request",
+        )
+        return resp["split_index"]
+
+    def _task_produced_all(self, runner: TaskRunner) -> None:
+        asyncio.ensure_future(self._finish_task(runner))
+
+    async def _finish_task(self, runner: TaskRunner) -> None:
+        """Tell the dispatcher the task finished, then let consumers see the end."""
+        try:
+            await self.worker.scheduler.dataservice_finish_task(
+                task_id=runner.task_id, error=runner.buffer.error is not None
+            )
+        except Exception as e:  # noqa: BLE001 - the heartbeat reports it again
+            logger.info("dataservice: finish_task(%s) failed: %r", runner.task_id, e)
+        runner.buffer.end_visible = True
+        runner.buffer.wake()
+
+    async def _heartbeat_loop(self) -> None:
+        interval = config.get_seconds("worker.heartbeat-interval")
+        while not self._closing:
+            try:
+                await self._heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the dispatcher may be restarting
+                logger.debug("dataservice heartbeat failed: %r", e)
+            await asyncio.sleep(interval)
+
+    async def _heartbeat(self) -> None:
+        w = self.worker
+        active = [tid for tid, r in self.tasks.items() if r is None or not r.buffer.end_visible]
+        done = [tid for tid, r in self.tasks.items() if r is not None and r.buffer.end_visible]
+        resp = await w.scheduler.dataservice_worker_heartbeat(
+            address=w.address, host=worker_host(w.address) if ":" in w.address else socket.gethostname(),
+            nthreads=w.state.nthreads, active_tasks=active, finished_tasks=done,
+        )
+        if resp is None:  # the dispatcher is not installed (yet)
+            return
+        raise_for_status(resp, "worker heartbeat")
+        self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
+
+
+def _ignore(**kwargs) -> None:
+    return None
+
+
+def _load_dataset(pipeline: bytes, splits: bytes | None):
+    dataset = cloudpickle.loads(pipeline)
+    return dataset, (cloudpickle.loads(splits) if splits else None)

@@ -1,0 +1,1137 @@
+"""Pure tests of :mod:`dask_dataservice.service.state`: no cluster, no I/O, no sleeps.
+
+Small helpers build one update each and apply it (like TensorFlow's dispatcher_state_test);
+tests then check the accessors. Illegal updates must raise a typed error and leave
+``snapshot()`` unchanged. A hypothesis state machine checks that replaying the encoded
+journal always rebuilds an equal state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from dask_dataservice.service._exceptions import (
+    DataServiceError,
+    DatasetNotFoundError,
+    IllegalUpdateError,
+    IterationClientNotFoundError,
+    IterationNotFoundError,
+    JobNameInUseError,
+    JobNotFoundError,
+    StaleEpochError,
+    TaskNotFoundError,
+    WorkerNotFoundError,
+)
+from dask_dataservice.service.state import (
+    ITERATION_ACCEPTS,
+    JOB_ACCEPTS,
+    TASK_TRANSITIONS,
+    UPDATE_TYPES,
+    WORKER_ACCEPTS,
+    AckSplits,
+    AcquireIterationClient,
+    ClientHeartbeat,
+    CreateIteration,
+    CreateJob,
+    CreateTask,
+    DispatcherState,
+    FinishTask,
+    GarbageCollectIteration,
+    ProduceSplit,
+    RegisterDataset,
+    RegisterWorker,
+    ReleaseIterationClient,
+    RemoveWorker,
+    decode_update,
+    encode_update,
+    replay,
+)
+
+W1 = "tcp://10.0.0.1:4001"
+W2 = "tcp://10.0.0.2:4002"
+
+
+@pytest.fixture
+def state():
+    """An empty DispatcherState, validated after the test."""
+    state = DispatcherState()
+    yield state
+    state.validate_state()
+
+
+# -- helpers: build one update, apply it, return the new id ------------------------------------
+
+
+def register_dataset(state, fingerprint="fp", num_splits=3, **kwargs):
+    dataset_id = state.next_dataset_id()
+    state.apply(
+        RegisterDataset(
+            dataset_id=dataset_id,
+            fingerprint=fingerprint,
+            pipeline=b"pickled-pipeline",
+            splits=b"split-blob",
+            num_splits=num_splits,
+            **kwargs,
+        )
+    )
+    return dataset_id
+
+
+def register_worker(state, address=W1, host="10.0.0.1"):
+    state.apply(RegisterWorker(address=address, host=host, nthreads=2))
+    return address
+
+
+def create_job(state, dataset_id, job_name=None, processing_mode="OFF", **kwargs):
+    job_id = state.next_job_id()
+    state.apply(
+        CreateJob(
+            job_id=job_id,
+            job_name=job_name,
+            dataset_id=dataset_id,
+            processing_mode=processing_mode,
+            **kwargs,
+        )
+    )
+    return job_id
+
+
+def create_iteration(state, job_id, repetition=0):
+    iteration_id = state.next_iteration_id()
+    state.apply(CreateIteration(iteration_id=iteration_id, job_id=job_id, repetition=repetition))
+    return iteration_id
+
+
+def create_task(state, iteration_id, address=W1):
+    task_id = state.next_task_id()
+    state.apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address))
+    return task_id
+
+
+def produce_split(state, iteration_id, task_id):
+    """Apply the one legal ProduceSplit for this task; return ``(repetition, index, finished)``."""
+    cursor = state.split_cursor(iteration_id)
+    finished = cursor.next_index == cursor.num_splits
+    state.apply(
+        ProduceSplit(
+            iteration_id=iteration_id,
+            repetition=cursor.repetition,
+            index=cursor.next_index,
+            task_id=task_id,
+            finished=finished,
+        )
+    )
+    return cursor.repetition, cursor.next_index, finished
+
+
+def acquire_client(state, iteration_id, time_micros=0):
+    client_id = state.next_iteration_client_id()
+    state.apply(
+        AcquireIterationClient(
+            iteration_client_id=client_id, iteration_id=iteration_id, time_micros=time_micros
+        )
+    )
+    return client_id
+
+
+def dynamic_iteration(state, num_splits=3, workers=(W1,)):
+    """A DYNAMIC iteration with one task per worker; returns ``(iteration_id, task_ids)``."""
+    for address in workers:
+        register_worker(state, address)
+    dataset_id = register_dataset(state, num_splits=num_splits)
+    job_id = create_job(state, dataset_id, processing_mode="DYNAMIC")
+    iteration_id = create_iteration(state, job_id)
+    return iteration_id, [create_task(state, iteration_id, address) for address in workers]
+
+
+def assert_refused(state, update, error, message=None):
+    """``update`` raises ``error`` (with exactly ``message``) and changes nothing."""
+    before = state.snapshot()
+    with pytest.raises(error) as info:
+        state.check(update)
+    assert state.snapshot() == before
+    with pytest.raises(error) as info:
+        state.apply(update)
+    assert state.snapshot() == before
+    if message is not None:
+        assert str(info.value) == message
+    return info.value
+
+
+# -- the error vocabulary ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cls, builtin",
+    [
+        (DatasetNotFoundError, KeyError),
+        (JobNotFoundError, KeyError),
+        (IterationNotFoundError, KeyError),
+        (IterationClientNotFoundError, KeyError),
+        (TaskNotFoundError, KeyError),
+        (WorkerNotFoundError, KeyError),
+        (JobNameInUseError, ValueError),
+        (IllegalUpdateError, RuntimeError),
+        (StaleEpochError, RuntimeError),
+    ],
+)
+def test_errors_match_builtins_and_read_plainly(cls, builtin):
+    error = cls("Job 5000 not found")
+    assert isinstance(error, DataServiceError)
+    assert isinstance(error, builtin)
+    assert str(error) == "Job 5000 not found"  # not "'Job 5000 not found'" as KeyError would
+    restored = pickle.loads(pickle.dumps(error))
+    assert type(restored) is cls and str(restored) == "Job 5000 not found"
+
+
+# -- ids and empty state ------------------------------------------------------------------------
+
+
+def test_fresh_state_counters_start_at_distinct_bases(state):
+    assert (
+        state.next_dataset_id(),
+        state.next_iteration_id(),
+        state.next_iteration_client_id(),
+        state.next_task_id(),
+        state.next_job_id(),
+    ) == (1000, 2000, 3000, 4000, 5000)
+    assert state.list_datasets() == state.list_jobs() == state.list_workers() == []
+    assert state == DispatcherState()
+    assert repr(state) == (
+        "<DispatcherState: 0 datasets, 0 workers, 0 named jobs, 0 iterations, 0 tasks, 0 clients>"
+    )
+
+
+def test_ids_in_records_move_counters_and_are_never_reused(state):
+    state.apply(
+        RegisterDataset(dataset_id=1007, fingerprint="f", pipeline=b"", splits=b"", num_splits=-1)
+    )
+    assert state.next_dataset_id() == 1008
+    assert_refused(
+        state,
+        RegisterDataset(dataset_id=1007, fingerprint="g", pipeline=b"", splits=b"", num_splits=-1),
+        IllegalUpdateError,
+        "RegisterDataset: dataset id 1007 is not fresh (the next dataset id is 1008)",
+    )
+    assert_refused(
+        state,
+        CreateJob(job_id=17, job_name=None, dataset_id=1007, processing_mode="OFF"),
+        IllegalUpdateError,
+        "CreateJob: job id 17 is not fresh (the next job id is 5000)",
+    )
+
+
+# -- datasets ---------------------------------------------------------------------------------
+
+
+def test_register_dataset(state):
+    dataset_id = register_dataset(
+        state, "fp1", num_splits=4, element_spec=b"spec", metadata={"k": [1, 2]}, compression="AUTO"
+    )
+    dataset = state.dataset(dataset_id)
+    assert (dataset.dataset_id, dataset.fingerprint, dataset.num_splits) == (1000, "fp1", 4)
+    assert (dataset.pipeline, dataset.splits, dataset.element_spec) == (
+        b"pickled-pipeline",
+        b"split-blob",
+        b"spec",
+    )
+    assert dataset.metadata == {"k": [1, 2]} and dataset.compression == "AUTO"
+    assert dataset.splittable
+    assert state.dataset_by_fingerprint("fp1") == dataset
+    assert state.list_datasets() == [dataset]
+
+
+def test_accessors_return_detached_copies(state):
+    dataset_id = register_dataset(state, metadata={"k": [1]})
+    register_worker(state)
+    before = state.snapshot()
+    dataset = state.dataset(dataset_id)
+    dataset.metadata["k"].append(2)
+    dataset.num_splits = 99
+    worker = state.worker(W1)
+    worker.resources["ps"] = 1.0
+    worker.registered = False
+    assert state.snapshot() == before
+    assert state.dataset(dataset_id).metadata == {"k": [1]}
+
+
+def test_same_fingerprint_is_refused(state):
+    register_dataset(state, "fp")
+    assert_refused(
+        state,
+        RegisterDataset(
+            dataset_id=state.next_dataset_id(),
+            fingerprint="fp",
+            pipeline=b"",
+            splits=b"",
+            num_splits=1,
+        ),
+        IllegalUpdateError,
+        "RegisterDataset: fingerprint 'fp' is already registered as dataset 1000",
+    )
+
+
+def test_bad_num_splits_is_refused(state):
+    assert_refused(
+        state,
+        RegisterDataset(dataset_id=1000, fingerprint="f", pipeline=b"", splits=b"", num_splits=-2),
+        IllegalUpdateError,
+        "RegisterDataset: num_splits must be >= 0, or -1 if not splittable; got -2",
+    )
+
+
+def test_unknown_dataset_errors(state):
+    with pytest.raises(DatasetNotFoundError) as info:
+        state.dataset(1000)
+    assert str(info.value) == "Dataset 1000 not found"
+    with pytest.raises(KeyError) as info:
+        state.dataset_by_fingerprint("nope")
+    assert str(info.value) == "Dataset with fingerprint 'nope' not found"
+
+
+def test_metadata_is_normalised_to_plain_data():
+    update = RegisterDataset(
+        dataset_id=1000,
+        fingerprint="f",
+        pipeline=b"",
+        splits=b"",
+        num_splits=0,
+        metadata={"shape": (2, 3), "nested": {"t": (1,)}},
+    )
+    assert update.metadata == {"shape": [2, 3], "nested": {"t": [1]}}
+    assert decode_update(encode_update(update)) == update
+    with pytest.raises(TypeError, match="must be plain data"):
+        RegisterDataset(
+            dataset_id=1000, fingerprint="f", pipeline=b"", splits=b"", num_splits=0,
+            metadata={"s": {1, 2}},
+        )
+    with pytest.raises(TypeError, match="must have str keys"):
+        RegisterDataset(
+            dataset_id=1000, fingerprint="f", pipeline=b"", splits=b"", num_splits=0,
+            metadata={1: "x"},
+        )
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+def test_register_remove_and_reregister_worker(state):
+    state.apply(
+        RegisterWorker(address=W1, host="h1", nthreads=4, resources={"gpu": 1}, tags=["a"])
+    )
+    worker = state.worker(W1)
+    assert (worker.host, worker.nthreads, worker.resources, worker.tags) == (
+        "h1",
+        4,
+        {"gpu": 1.0},
+        ("a",),
+    )
+    assert worker.registered and worker.status == "registered"
+    state.apply(RemoveWorker(address=W1))
+    assert state.worker(W1).registered is False
+    assert state.list_workers() == []
+    assert [w.address for w in state.list_workers(include_departed=True)] == [W1]
+    assert state.tasks_for_worker(W1) == []
+    state.apply(RegisterWorker(address=W1, host="h1b", nthreads=1))
+    assert state.worker(W1).registered and state.worker(W1).host == "h1b"
+
+
+def test_illegal_worker_updates(state):
+    assert_refused(
+        state,
+        RemoveWorker(address=W1),
+        WorkerNotFoundError,
+        f"Worker {W1!r} not found",
+    )
+    register_worker(state)
+    assert_refused(
+        state,
+        RegisterWorker(address=W1, host="h", nthreads=1),
+        IllegalUpdateError,
+        f"RegisterWorker: worker {W1!r} is registered",
+    )
+    state.apply(RemoveWorker(address=W1))
+    assert_refused(
+        state, RemoveWorker(address=W1), IllegalUpdateError, f"RemoveWorker: worker {W1!r} is departed"
+    )
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+def test_create_named_and_anonymous_jobs(state):
+    dataset_id = register_dataset(state)
+    named = create_job(
+        state,
+        dataset_id,
+        job_name="shared",
+        processing_mode="DYNAMIC",
+        num_consumers=2,
+        target_workers="LOCAL",
+        cross_trainer_cache=True,
+    )
+    anonymous = create_job(state, dataset_id)
+    job = state.job_by_name("shared")
+    assert job.job_id == named == 5000
+    assert (job.processing_mode, job.num_consumers, job.target_workers, job.cross_trainer_cache) == (
+        "DYNAMIC",
+        2,
+        "LOCAL",
+        True,
+    )
+    assert state.job(anonymous).job_name is None and anonymous == 5001
+    assert [j.job_id for j in state.list_jobs()] == [5000, 5001]
+    assert state.job(named).status == "live"
+
+
+def test_job_name_in_use(state):
+    dataset_id = register_dataset(state)
+    create_job(state, dataset_id, job_name="shared")
+    error = assert_refused(
+        state,
+        CreateJob(job_id=5001, job_name="shared", dataset_id=dataset_id, processing_mode="OFF"),
+        JobNameInUseError,
+        "Job name 'shared' is in use by job 5000",
+    )
+    assert isinstance(error, ValueError)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"processing_mode": "distributed_epoch"}, "processing_mode must be one of"),
+        ({"target_workers": "SOME"}, "target_workers must be one of"),
+        ({"dataset_id": 1001, "processing_mode": "DYNAMIC"}, "DYNAMIC sharding needs splits"),
+        ({"job_name": "j", "num_consumers": 0}, "num_consumers must be >= 1 or None, got 0"),
+        ({"num_consumers": 2}, "coordinated reads (num_consumers) need a job_name"),
+        ({"cross_trainer_cache": True}, "cross_trainer_cache needs a job_name"),
+        ({"job_name": ""}, "job_name must be a non-empty string or None"),
+    ],
+)
+def test_illegal_create_job(state, changes, message):
+    register_dataset(state, "splittable", num_splits=2)
+    register_dataset(state, "not-splittable", num_splits=-1)
+    fields = dict(job_id=5000, job_name=None, dataset_id=1000, processing_mode="OFF")
+    error = assert_refused(state, CreateJob(**(fields | changes)), IllegalUpdateError)
+    assert str(error).startswith("CreateJob: ") and message in str(error)
+
+
+def test_unknown_job_errors(state):
+    with pytest.raises(JobNotFoundError) as info:
+        state.job(5000)
+    assert str(info.value) == "Job 5000 not found"
+    with pytest.raises(JobNotFoundError) as info:
+        state.job_by_name("j")
+    assert str(info.value) == "Job named 'j' not found"
+    assert_refused(
+        state,
+        CreateJob(job_id=5000, job_name=None, dataset_id=1000, processing_mode="OFF"),
+        DatasetNotFoundError,
+        "Dataset 1000 not found",
+    )
+
+
+# -- iterations -------------------------------------------------------------------------------
+
+
+def test_named_job_has_an_iteration_per_repetition(state):
+    job_id = create_job(state, register_dataset(state), job_name="shared")
+    first = create_iteration(state, job_id, repetition=0)
+    second = create_iteration(state, job_id, repetition=1)
+    assert (first, second) == (2000, 2001)
+    assert state.iteration_by_key(job_id, 1).iteration_id == second
+    iteration = state.iteration(first)
+    assert (iteration.job_id, iteration.repetition, iteration.status) == (job_id, 0, "running")
+    assert (iteration.num_clients, iteration.last_client_released_micros) == (0, None)
+    assert state.job(job_id).num_iterations == 2
+    assert [i.iteration_id for i in state.list_iterations()] == [first, second]
+    assert_refused(
+        state,
+        CreateIteration(iteration_id=2002, job_id=job_id, repetition=1),
+        IllegalUpdateError,
+        f"CreateIteration: job {job_id} already has iteration {second} for repetition 1",
+    )
+    assert_refused(
+        state,
+        CreateIteration(iteration_id=2002, job_id=job_id, repetition=-1),
+        IllegalUpdateError,
+        "CreateIteration: repetition must be >= 0, got -1",
+    )
+
+
+def test_anonymous_job_has_exactly_one_iteration(state):
+    job_id = create_job(state, register_dataset(state))
+    message = f"CreateIteration: anonymous job {job_id} has exactly one iteration, with repetition 0"
+    assert_refused(state, CreateIteration(2000, job_id, 1), IllegalUpdateError, message)
+    create_iteration(state, job_id)
+    assert_refused(state, CreateIteration(2001, job_id, 0), IllegalUpdateError, message)
+
+
+def test_unknown_iteration_errors(state):
+    with pytest.raises(IterationNotFoundError) as info:
+        state.iteration(2000)
+    assert str(info.value) == "Iteration 2000 not found"
+    with pytest.raises(IterationNotFoundError) as info:
+        state.iteration_by_key(5000, 0)
+    assert str(info.value) == "Iteration of job 5000 for repetition 0 not found"
+    assert_refused(state, CreateIteration(2000, 5000), JobNotFoundError, "Job 5000 not found")
+    for accessor in (state.tasks_for_iteration, state.lost_splits, state.splits_in_flight):
+        with pytest.raises(IterationNotFoundError):
+            accessor(2000)
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+def test_create_tasks(state):
+    register_worker(state, W1)
+    register_worker(state, W2)
+    iteration_id = create_iteration(state, create_job(state, register_dataset(state)))
+    t1 = create_task(state, iteration_id, W1)
+    t2 = create_task(state, iteration_id, W2)
+    assert (t1, t2) == (4000, 4001)
+    assert [t.task_id for t in state.tasks_for_iteration(iteration_id)] == [t1, t2]
+    assert [t.task_id for t in state.tasks_for_worker(W2)] == [t2]
+    task = state.task(t1)
+    assert (task.iteration_id, task.worker_address, task.status) == (iteration_id, W1, "active")
+    assert state.iteration(iteration_id).num_tasks == 2
+    assert_refused(
+        state,
+        CreateTask(4002, iteration_id, W1),
+        IllegalUpdateError,
+        f"CreateTask: worker {W1!r} already runs task {t1} of iteration {iteration_id}",
+    )
+
+
+def test_illegal_create_task(state):
+    iteration_id = create_iteration(state, create_job(state, register_dataset(state)))
+    assert_refused(state, CreateTask(4000, 2001, W1), IterationNotFoundError, "Iteration 2001 not found")
+    assert_refused(state, CreateTask(4000, iteration_id, W1), WorkerNotFoundError, f"Worker {W1!r} not found")
+    register_worker(state)
+    state.apply(RemoveWorker(W1))
+    assert_refused(
+        state, CreateTask(4000, iteration_id, W1), IllegalUpdateError, f"CreateTask: worker {W1!r} is departed"
+    )
+
+
+def test_finish_task_finishes_iteration_when_all_tasks_finish(state):
+    register_worker(state, W1)
+    register_worker(state, W2)
+    iteration_id = create_iteration(state, create_job(state, register_dataset(state)))
+    t1 = create_task(state, iteration_id, W1)
+    t2 = create_task(state, iteration_id, W2)
+    state.apply(FinishTask(t1))
+    assert state.task(t1).finished and state.tasks_for_worker(W1) == []
+    assert state.iteration(iteration_id).finished is False
+    state.apply(FinishTask(t2))
+    assert state.iteration(iteration_id).status == "finished"
+    assert_refused(state, FinishTask(t1), IllegalUpdateError, f"FinishTask: task {t1} is finished")
+    assert_refused(state, FinishTask(4999), TaskNotFoundError, "Task 4999 not found")
+    # A finished iteration takes no new tasks, but clients may still join it.
+    register_worker(state, "tcp://late:1")
+    assert_refused(
+        state,
+        CreateTask(4002, iteration_id, "tcp://late:1"),
+        IllegalUpdateError,
+        f"CreateTask: iteration {iteration_id} is finished",
+    )
+    acquire_client(state, iteration_id)
+
+
+def test_lost_tasks_count_as_done_only_once_a_task_finished(state):
+    register_worker(state, W1)
+    register_worker(state, W2)
+    iteration_id = create_iteration(state, create_job(state, register_dataset(state)))
+    t1 = create_task(state, iteration_id, W1)
+    t2 = create_task(state, iteration_id, W2)
+    state.apply(RemoveWorker(W1))
+    assert state.task(t1).status == "lost"
+    assert_refused(state, FinishTask(t1), IllegalUpdateError, f"FinishTask: task {t1} is lost")
+    state.apply(RemoveWorker(W2))
+    # Every task is lost and none finished: keep running, so a new worker can take over.
+    assert state.iteration(iteration_id).status == "running"
+    register_worker(state, W1)
+    t3 = create_task(state, iteration_id, W1)
+    state.apply(FinishTask(t3))
+    iteration = state.iteration(iteration_id)
+    assert (iteration.num_tasks, iteration.num_finished_tasks, iteration.num_lost_tasks) == (3, 1, 2)
+    assert iteration.finished
+    assert state.task(t2).lost
+
+
+# -- split cursor -------------------------------------------------------------------------------
+
+
+def test_split_cursor_walks_splits_then_repetitions(state):
+    iteration_id, [task_id] = dynamic_iteration(state, num_splits=3)
+    produced = [produce_split(state, iteration_id, task_id) for _ in range(9)]
+    assert produced == [
+        (0, 0, False), (0, 1, False), (0, 2, False), (0, 3, True),
+        (1, 0, False), (1, 1, False), (1, 2, False), (1, 3, True),
+        (2, 0, False),
+    ]  # fmt: skip
+    cursor = state.split_cursor(iteration_id)
+    assert (cursor.repetition, cursor.next_index, cursor.num_splits) == (2, 1, 3)
+
+
+def test_empty_splittable_dataset_ends_at_once(state):
+    iteration_id, [task_id] = dynamic_iteration(state, num_splits=0)
+    assert produce_split(state, iteration_id, task_id) == (0, 0, True)
+    assert_refused(
+        state,
+        ProduceSplit(iteration_id, 1, 0, task_id, finished=False),
+        IllegalUpdateError,
+        "ProduceSplit: all 0 splits were handed out; finished must be True",
+    )
+
+
+def test_produce_split_preconditions(state):
+    iteration_id, [t1, t2] = dynamic_iteration(state, num_splits=2, workers=(W1, W2))
+    produce_split(state, iteration_id, t1)
+    produce_split(state, iteration_id, t1)
+    produce_split(state, iteration_id, t2)  # end of repetition 0
+    error = assert_refused(
+        state,
+        ProduceSplit(iteration_id, 0, 2, t2, finished=True),
+        StaleEpochError,
+        f"ProduceSplit: repetition 0 of iteration {iteration_id} is stale; "
+        "the split cursor is at repetition 1",
+    )
+    assert not isinstance(error, IllegalUpdateError)
+    assert_refused(
+        state,
+        ProduceSplit(iteration_id, 2, 0, t2),
+        IllegalUpdateError,
+        f"ProduceSplit: repetition 2 is ahead of the split cursor of iteration {iteration_id} "
+        "(repetition 1)",
+    )
+    assert_refused(
+        state,
+        ProduceSplit(iteration_id, 1, 1, t2),
+        IllegalUpdateError,
+        "ProduceSplit: split index 1 is not the next index 0",
+    )
+    assert_refused(
+        state,
+        ProduceSplit(iteration_id, 1, 0, t2, finished=True),
+        IllegalUpdateError,
+        "ProduceSplit: finished=True but 2 of 2 splits of repetition 1 remain",
+    )
+    assert_refused(state, ProduceSplit(iteration_id, 1, 0, 4999), TaskNotFoundError, "Task 4999 not found")
+    state.apply(FinishTask(t1))
+    assert_refused(
+        state, ProduceSplit(iteration_id, 1, 0, t1), IllegalUpdateError, f"ProduceSplit: task {t1} is finished"
+    )
+
+
+def test_produce_split_needs_a_dynamic_iteration_and_its_own_task(state):
+    register_worker(state)
+    dataset_id = register_dataset(state)
+    off_iteration = create_iteration(state, create_job(state, dataset_id))
+    off_task = create_task(state, off_iteration)
+    dyn_iteration = create_iteration(state, create_job(state, dataset_id, processing_mode="DYNAMIC"))
+    assert_refused(
+        state,
+        ProduceSplit(off_iteration, 0, 0, off_task),
+        IllegalUpdateError,
+        f"ProduceSplit: iteration {off_iteration} is not DYNAMIC and has no split cursor",
+    )
+    assert_refused(
+        state,
+        ProduceSplit(dyn_iteration, 0, 0, off_task),
+        IllegalUpdateError,
+        f"ProduceSplit: task {off_task} belongs to iteration {off_iteration}, not {dyn_iteration}",
+    )
+    with pytest.raises(DataServiceError) as info:
+        state.split_cursor(off_iteration)
+    assert str(info.value) == (
+        f"Iteration {off_iteration} has no split cursor: its processing mode is 'OFF'"
+    )
+    assert state.lost_splits(off_iteration) == () and state.splits_in_flight(off_iteration) == {}
+
+
+# -- splits in flight, acknowledgements and lost splits ------------------------------------------
+
+
+def test_splits_in_flight_and_acks(state):
+    iteration_id, [t1, t2] = dynamic_iteration(state, num_splits=5, workers=(W1, W2))
+    for task_id in (t1, t1, t2, t1):
+        produce_split(state, iteration_id, task_id)
+    assert state.splits_in_flight(iteration_id) == {(0, 0): t1, (0, 1): t1, (0, 3): t1, (0, 2): t2}
+    assert state.task_splits(t1) == ((0, 0), (0, 1), (0, 3))
+    state.apply(AckSplits(t1, 0, 1))
+    assert state.task_splits(t1) == ((0, 3),)
+    assert_refused(
+        state,
+        AckSplits(t1, 0, 1),
+        IllegalUpdateError,
+        f"AckSplits: task {t1} holds no split at or before (0, 1)",
+    )
+    state.apply(AckSplits(t1, 0, 4))  # a bound past the last split held acks everything held
+    assert state.task_splits(t1) == ()
+    state.apply(FinishTask(t2))  # a finished pipeline is done with its splits
+    assert state.splits_in_flight(iteration_id) == {}
+    assert_refused(state, AckSplits(t2, 0, 2), IllegalUpdateError, f"AckSplits: task {t2} is finished")
+
+
+def test_remove_worker_loses_its_splits_in_flight_at_most_once(state):
+    iteration_id, [t1, t2] = dynamic_iteration(state, num_splits=6, workers=(W1, W2))
+    for task_id in (t1, t2, t1, t2, t1):
+        produce_split(state, iteration_id, task_id)
+    state.apply(AckSplits(t1, 0, 0))  # t1 finished split 0; it still holds 2 and 4
+    state.apply(RemoveWorker(W1))
+    assert state.lost_splits(iteration_id) == ((0, 2), (0, 4))
+    assert state.task(t1).status == "lost"
+    assert state.splits_in_flight(iteration_id) == {(0, 1): t2, (0, 3): t2}
+    # The cursor never moves back: the lost splits are not handed out again.
+    handed_out = [produce_split(state, iteration_id, t2) for _ in range(2)]
+    assert handed_out == [(0, 5, False), (0, 6, True)]
+    assert state.lost_splits(iteration_id) == ((0, 2), (0, 4))
+    assert_refused(state, AckSplits(t1, 0, 4), IllegalUpdateError, f"AckSplits: task {t1} is lost")
+
+
+# -- iteration clients ---------------------------------------------------------------------------
+
+
+def test_iteration_clients(state):
+    iteration_id = create_iteration(state, create_job(state, register_dataset(state), "shared"))
+    c1 = acquire_client(state, iteration_id, time_micros=10)
+    c2 = acquire_client(state, iteration_id, time_micros=11)
+    assert (c1, c2) == (3000, 3001)
+    assert state.iteration(iteration_id).num_clients == 2
+    state.apply(ClientHeartbeat(c1, time_micros=50))
+    client = state.iteration_client(c1)
+    assert (client.iteration_id, client.acquired_micros, client.last_seen_micros) == (
+        iteration_id,
+        10,
+        50,
+    )
+    state.apply(ReleaseIterationClient(c1, time_micros=60))
+    iteration = state.iteration(iteration_id)
+    assert (iteration.num_clients, iteration.last_client_released_micros) == (1, 60)
+    assert [c.iteration_client_id for c in state.list_iteration_clients()] == [c2]
+    message = f"Iteration client {c1} not found"
+    assert_refused(state, ReleaseIterationClient(c1, 70), IterationClientNotFoundError, message)
+    assert_refused(state, ClientHeartbeat(c1, 70), IterationClientNotFoundError, message)
+    with pytest.raises(KeyError):
+        state.iteration_client(c1)
+    assert_refused(
+        state,
+        ClientHeartbeat(c2, -1),
+        IllegalUpdateError,
+        "ClientHeartbeat: time_micros must be >= 0, got -1",
+    )
+
+
+# -- garbage collection --------------------------------------------------------------------------
+
+
+def test_garbage_collect_iteration_frees_the_job_name(state):
+    register_worker(state)
+    dataset_id = register_dataset(state)
+    job_id = create_job(state, dataset_id, job_name="shared")
+    rep0 = create_iteration(state, job_id, 0)
+    rep1 = create_iteration(state, job_id, 1)
+    task_id = create_task(state, rep0)
+    client_id = acquire_client(state, rep0)
+    assert_refused(
+        state,
+        GarbageCollectIteration(rep0),
+        IllegalUpdateError,
+        f"GarbageCollectIteration: iteration {rep0} still has 1 client(s)",
+    )
+    state.apply(ReleaseIterationClient(client_id, 5))
+    state.apply(GarbageCollectIteration(rep0))
+    iteration = state.iteration(rep0)
+    assert iteration.garbage_collected and iteration.finished
+    with pytest.raises(TaskNotFoundError):
+        state.task(task_id)
+    assert state.tasks_for_iteration(rep0) == [] and state.tasks_for_worker(W1) == []
+    assert state.job_by_name("shared").job_id == job_id  # rep1 is still live
+    assert_refused(
+        state, AcquireIterationClient(3001, rep0, 6), IllegalUpdateError,
+        f"AcquireIterationClient: iteration {rep0} is garbage_collected",
+    )
+    assert_refused(
+        state, GarbageCollectIteration(rep0), IllegalUpdateError,
+        f"GarbageCollectIteration: iteration {rep0} is garbage_collected",
+    )
+    state.apply(GarbageCollectIteration(rep1))
+    assert state.job(job_id).status == "garbage_collected"
+    with pytest.raises(JobNotFoundError):
+        state.job_by_name("shared")
+    assert_refused(
+        state, CreateIteration(state.next_iteration_id(), job_id, 2), IllegalUpdateError,
+        f"CreateIteration: job {job_id} is garbage_collected",
+    )
+    new_job = create_job(state, dataset_id, job_name="shared")
+    assert state.job_by_name("shared").job_id == new_job != job_id
+
+
+def test_garbage_collect_drops_splits_in_flight(state):
+    iteration_id, [task_id] = dynamic_iteration(state)
+    produce_split(state, iteration_id, task_id)
+    state.apply(GarbageCollectIteration(iteration_id))
+    assert state.splits_in_flight(iteration_id) == {}
+    assert state.snapshot()["splits_in_flight"] == {}
+    assert state.tasks_for_worker(W1) == []
+
+
+# -- apply/check contract, lifecycle tables, validation --------------------------------------------
+
+
+def test_unknown_update_type_is_refused(state):
+    assert_refused(state, object(), IllegalUpdateError, "Unknown update type 'object'")
+
+
+def test_records_check_field_types():
+    with pytest.raises(TypeError, match=r"FinishTask.task_id must be int, got '4000'"):
+        FinishTask("4000")
+    with pytest.raises(TypeError, match=r"ProduceSplit.index must be int"):
+        ProduceSplit(2000, 0, True, 4000)
+    with pytest.raises(TypeError, match=r"CreateJob.job_name must be str or NoneType, got 3"):
+        CreateJob(5000, 3, 1000, "OFF")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FinishTask(4000).task_id = 4001
+
+
+def test_lifecycle_tables_cover_the_statuses_and_updates():
+    assert set(TASK_TRANSITIONS) == {"active", "finished", "lost"}
+    assert set(ITERATION_ACCEPTS) == {"running", "finished", "garbage_collected"}
+    assert set(JOB_ACCEPTS) == {"live", "garbage_collected"}
+    assert set(WORKER_ACCEPTS) == {"unknown", "registered", "departed"}
+    for after in TASK_TRANSITIONS.values():
+        assert set(after.values()) <= set(TASK_TRANSITIONS) | {"removed"}
+    tables = [*TASK_TRANSITIONS.values(), *ITERATION_ACCEPTS.values(), *JOB_ACCEPTS.values()]
+    assert set().union(*tables, *WORKER_ACCEPTS.values()) <= set(UPDATE_TYPES)
+
+
+def test_validate_state_catches_a_drifted_index():
+    state = DispatcherState()
+    job_id = create_job(state, register_dataset(state), job_name="shared")
+    state.validate_state()
+    state._jobs_by_name["other"] = job_id  # what the Rules forbid
+    with pytest.raises(AssertionError, match="job name 'other' indexes job 5000 wrongly"):
+        state.validate_state()
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+EXAMPLES = [
+    RegisterDataset(1000, "fp", b"\x80pickle", b"\x00splits", 7, b"spec", {"a": [1, 2.5, None]}, "AUTO"),
+    RegisterWorker(W1, "10.0.0.1", 4, {"ps": 1.0}, ("x", "y")),
+    RemoveWorker(W1),
+    CreateJob(5000, "shared", 1000, "DYNAMIC", 2, "LOCAL", True),
+    CreateIteration(2000, 5000, 3),
+    CreateTask(4000, 2000, W1),
+    FinishTask(4000),
+    ProduceSplit(2000, 1, 6, 4000, True),
+    AckSplits(4000, 1, 5),
+    AcquireIterationClient(3000, 2000, 1_700_000_000_000_000),
+    ReleaseIterationClient(3000, 1_700_000_000_000_001),
+    ClientHeartbeat(3000, 1_700_000_000_000_002),
+    GarbageCollectIteration(2000),
+]
+
+
+def test_examples_cover_every_update_type():
+    assert [type(u) for u in EXAMPLES] == list(UPDATE_TYPES)
+
+
+@pytest.mark.parametrize("update", EXAMPLES, ids=lambda u: type(u).__name__)
+def test_encode_decode_round_trip(update):
+    data = encode_update(update)
+    name, fields = msgpack.unpackb(data, raw=False)  # plain data, readable without our classes
+    assert name == type(update).__name__
+    assert set(fields) == {f.name for f in dataclasses.fields(update)}
+    decoded = decode_update(data)
+    assert type(decoded) is type(update) and decoded == update
+
+
+def test_decode_fills_defaults_for_fields_older_records_lack():
+    data = msgpack.packb(["CreateJob", {"job_id": 5000, "job_name": None, "dataset_id": 1000,
+                                        "processing_mode": "OFF"}])
+    assert decode_update(data) == CreateJob(5000, None, 1000, "OFF", None, "AUTO", False)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"\xc1", "Cannot decode update: "),
+        (msgpack.packb({"a": 1}), "Cannot decode update: expected [type_name, fields]"),
+        (msgpack.packb(["Pickle", {}]), "Cannot decode update: unknown update type 'Pickle'"),
+        (msgpack.packb(["FinishTask", {"task_id": 1, "x": 2}]), "Cannot decode FinishTask: unknown fields ['x']"),
+        (msgpack.packb(["FinishTask", {}]), "Cannot decode FinishTask: "),
+        (msgpack.packb(["FinishTask", {"task_id": "1"}]), "Cannot decode FinishTask: FinishTask.task_id must be int"),
+    ],
+)
+def test_decode_refuses_malformed_records(data, message):
+    with pytest.raises(IllegalUpdateError) as info:
+        decode_update(data)
+    assert str(info.value).startswith(message)
+
+
+def test_encode_refuses_non_records():
+    with pytest.raises(TypeError, match="Not an update record"):
+        encode_update({"task_id": 1})
+
+
+def test_replay_of_a_scenario_equals_the_state(state):
+    journal = []
+    original_apply = state.apply
+
+    def apply_and_journal(update):
+        original_apply(update)
+        journal.append(encode_update(update))
+
+    state.apply = apply_and_journal
+    iteration_id, [t1, t2] = dynamic_iteration(state, num_splits=2, workers=(W1, W2))
+    client_id = acquire_client(state, iteration_id, 1)
+    produce_split(state, iteration_id, t1)
+    produce_split(state, iteration_id, t2)
+    state.apply(RemoveWorker(W1))
+    produce_split(state, iteration_id, t2)
+    state.apply(FinishTask(t2))
+    state.apply(ReleaseIterationClient(client_id, 9))
+    state.apply(GarbageCollectIteration(iteration_id))
+    del state.apply
+    restored = replay(decode_update(record) for record in journal)
+    assert len(journal) == 15
+    assert restored == state
+    assert restored.snapshot()["lost_splits"] == {iteration_id: [(0, 0)]}
+    assert restored.next_task_id() == state.next_task_id() == 4002
+    restored.apply(RegisterDataset(1001, "other", b"", b"", -1))
+    assert restored != state
+
+
+# -- stateful property test: replay(journal) == state ------------------------------------------------
+
+ADDRESSES = ["tcp://w0:1", "tcp://w1:1", "tcp://w2:1"]
+
+
+class DispatcherStateMachine(RuleBasedStateMachine):
+    """Random updates against one state and its journal.
+
+    Rules mostly build legal updates from what the state holds (so that runs reach split
+    cursors, lost splits and garbage collection) and sometimes name a bogus id or a wrong
+    cursor position; ``offer`` then checks the update is refused and changes nothing.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.state = DispatcherState()
+        self.journal: list[bytes] = []
+        self.clock = 0
+
+    # -- helpers
+
+    def offer(self, update):
+        """Apply ``update`` if legal (and journal it); else check it raises and changes nothing."""
+        before = self.state.snapshot()
+        try:
+            self.state.check(update)
+        except DataServiceError as e:
+            with pytest.raises(type(e)):
+                self.state.apply(update)
+            assert self.state.snapshot() == before
+            return False
+        self.state.apply(update)
+        self.journal.append(encode_update(update))
+        return True
+
+    def tick(self, data):
+        self.clock += data.draw(st.integers(0, 1000))
+        return self.clock
+
+    def pick(self, data, candidates, bogus):
+        """Usually one of ``candidates``; sometimes (or when there are none) ``bogus``."""
+        if candidates and data.draw(st.integers(0, 9)) < 8:
+            return data.draw(st.sampled_from(candidates))
+        return bogus
+
+    def iterations(self, *statuses):
+        return [i for i in self.state.list_iterations() if i.status in statuses]
+
+    def active_tasks(self, dynamic_only=False):
+        return [
+            task
+            for iteration in self.iterations("running")
+            if not dynamic_only or self.state.job(iteration.job_id).processing_mode == "DYNAMIC"
+            for task in self.state.tasks_for_iteration(iteration.iteration_id)
+            if task.status == "active"
+        ]
+
+    # -- rules
+
+    @initialize()
+    def start(self):
+        for address in ADDRESSES[:2]:
+            assert self.offer(RegisterWorker(address, "host", 2))
+        assert self.offer(RegisterDataset(1000, "splits", b"p", b"s", 3))
+        assert self.offer(RegisterDataset(1001, "no-splits", b"p", b"", -1))
+
+    @rule(data=st.data())
+    def start_iteration(self, data):
+        """What the dispatcher does for a client: get or create the job, an iteration, tasks."""
+        state = self.state
+        job_name = data.draw(st.sampled_from([None, "x", "y"]))
+        live = {job.job_name: job for job in state.list_jobs() if job.status == "live"}
+        if job_name is not None and job_name in live:
+            job_id = live[job_name].job_id
+        else:
+            dataset = data.draw(st.sampled_from(state.list_datasets()))
+            modes = ["DYNAMIC", "DYNAMIC", "OFF"] if dataset.splittable else ["OFF", "HINT"]
+            job_id = state.next_job_id()
+            job = CreateJob(job_id, job_name, dataset.dataset_id, data.draw(st.sampled_from(modes)))
+            assert self.offer(job)
+        repetitions = [i.repetition for i in state.list_iterations() if i.job_id == job_id]
+        iteration_id = state.next_iteration_id()
+        assert self.offer(CreateIteration(iteration_id, job_id, max(repetitions, default=-1) + 1))
+        for worker in state.list_workers():
+            assert self.offer(CreateTask(state.next_task_id(), iteration_id, worker.address))
+
+    @rule(fingerprint=st.sampled_from("abc"), num_splits=st.integers(-1, 3), fresh=st.booleans())
+    def register_dataset(self, fingerprint, num_splits, fresh):
+        dataset_id = self.state.next_dataset_id() - (not fresh)
+        self.offer(RegisterDataset(dataset_id, fingerprint, b"p", b"s", num_splits, None, {"n": [1]}))
+
+    @rule(address=st.sampled_from(ADDRESSES), nthreads=st.integers(1, 4))
+    def register_worker(self, address, nthreads):
+        self.offer(RegisterWorker(address, "host", nthreads, {"cpu": nthreads}, ("t",)))
+
+    @rule(address=st.sampled_from(ADDRESSES))
+    def remove_worker(self, address):
+        self.offer(RemoveWorker(address))
+
+    @rule(data=st.data())
+    def create_job(self, data):
+        state = self.state
+        job_name = data.draw(st.sampled_from([None, None, "x", "y"]))
+        self.offer(
+            CreateJob(
+                job_id=state.next_job_id(),
+                job_name=job_name,
+                dataset_id=self.pick(
+                    data, [d.dataset_id for d in state.list_datasets()], state.next_dataset_id()
+                ),
+                processing_mode=data.draw(st.sampled_from(["DYNAMIC", "DYNAMIC", "OFF", "FILE"])),
+                num_consumers=data.draw(st.sampled_from([None, None, 2])) if job_name else None,
+                target_workers=data.draw(st.sampled_from(["AUTO", "ANY"])),
+                cross_trainer_cache=job_name is not None and data.draw(st.booleans()),
+            )
+        )
+
+    @rule(data=st.data())
+    def create_iteration(self, data):
+        live = [job for job in self.state.list_jobs() if job.status == "live"]
+        job_id = self.pick(data, [job.job_id for job in live], self.state.next_job_id())
+        repetition = data.draw(st.integers(0, 2))
+        if job_id in self.state.snapshot()["jobs"] and data.draw(st.booleans()):
+            repetition = self.state.job(job_id).num_iterations  # the usual next repetition
+        self.offer(CreateIteration(self.state.next_iteration_id(), job_id, repetition))
+
+    @rule(data=st.data())
+    def create_task(self, data):
+        running = [i.iteration_id for i in self.iterations("running")]
+        iteration_id = self.pick(data, running, self.state.next_iteration_id())
+        address = data.draw(st.sampled_from(ADDRESSES))
+        self.offer(CreateTask(self.state.next_task_id(), iteration_id, address))
+
+    @rule(data=st.data())
+    def finish_task(self, data):
+        tasks = [t.task_id for t in self.active_tasks()]
+        self.offer(FinishTask(self.pick(data, tasks, data.draw(st.sampled_from([4000, 1])))))
+
+    @rule(data=st.data(), times=st.integers(1, 4))
+    def produce_splits(self, data, times):
+        tasks = self.active_tasks(dynamic_only=True)
+        if not tasks:
+            return
+        task = data.draw(st.sampled_from(tasks))
+        for _ in range(times):
+            cursor = self.state.split_cursor(task.iteration_id)
+            finished = cursor.next_index == cursor.num_splits
+            update = ProduceSplit(
+                task.iteration_id, cursor.repetition, cursor.next_index, task.task_id, finished
+            )
+            assert self.offer(update)
+        # And one that is usually wrong: stale or future repetition, wrong index or flag.
+        cursor = self.state.split_cursor(task.iteration_id)
+        self.offer(
+            ProduceSplit(
+                task.iteration_id,
+                cursor.repetition + data.draw(st.integers(-1, 1)),
+                cursor.next_index + data.draw(st.integers(-1, 1)),
+                task.task_id,
+                data.draw(st.booleans()),
+            )
+        )
+
+    @rule(data=st.data())
+    def ack_splits(self, data):
+        tasks = self.active_tasks(dynamic_only=True)
+        holding = [t.task_id for t in tasks if self.state.task_splits(t.task_id)]
+        if not holding:
+            return
+        task_id = data.draw(st.sampled_from(holding))
+        repetition, index = data.draw(st.sampled_from(self.state.task_splits(task_id)))
+        self.offer(AckSplits(task_id, repetition, index + data.draw(st.integers(-1, 1))))
+
+    @rule(data=st.data())
+    def worker_dies_holding_splits(self, data):
+        tasks = self.active_tasks(dynamic_only=True)
+        holding = [t for t in tasks if self.state.task_splits(t.task_id)]
+        if not holding:
+            return
+        task = data.draw(st.sampled_from(holding))
+        held = self.state.task_splits(task.task_id)
+        assert self.offer(RemoveWorker(task.worker_address))
+        assert set(held) <= set(self.state.lost_splits(task.iteration_id))
+        assert self.state.task(task.task_id).status == "lost"
+        assert self.state.task_splits(task.task_id) == ()
+
+    @rule(data=st.data())
+    def acquire_client(self, data):
+        iterations = [i.iteration_id for i in self.iterations("running", "finished")]
+        iteration_id = self.pick(data, iterations, self.state.next_iteration_id())
+        client_id = self.state.next_iteration_client_id() - data.draw(st.sampled_from([0, 0, 1]))
+        self.offer(AcquireIterationClient(client_id, iteration_id, self.tick(data)))
+
+    @rule(data=st.data(), release=st.booleans())
+    def release_or_heartbeat(self, data, release):
+        clients = [c.iteration_client_id for c in self.state.list_iteration_clients()]
+        client_id = self.pick(data, clients, self.state.next_iteration_client_id())
+        kind = ReleaseIterationClient if release else ClientHeartbeat
+        self.offer(kind(client_id, self.tick(data)))
+
+    @rule(data=st.data(), release_first=st.booleans())
+    def garbage_collect(self, data, release_first):
+        iterations = [i.iteration_id for i in self.state.list_iterations()]
+        iteration_id = self.pick(data, iterations, self.state.next_iteration_id())
+        if release_first:
+            for client in self.state.list_iteration_clients():
+                if client.iteration_id == iteration_id:
+                    assert self.offer(ReleaseIterationClient(client.iteration_client_id, self.tick(data)))
+        self.offer(GarbageCollectIteration(iteration_id))
+
+    @invariant()
+    def replay_of_the_journal_equals_the_state(self):
+        self.state.validate_state()
+        restored = replay(decode_update(record) for record in self.journal)
+        assert restored == self.state
+
+
+DispatcherStateMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestDispatcherStateMachine = DispatcherStateMachine.TestCase
