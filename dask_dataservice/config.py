@@ -24,9 +24,27 @@ with open(_fn) as _f:
 dask.config.update_defaults(_defaults)
 
 
+_MISSING = object()
+
+
+def _default(key: str) -> Any:
+    node: Any = _defaults["dataservice"]
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
 def get(key: str, default: Any = None) -> Any:
-    """``dask.config.get("dataservice." + key)``."""
-    return dask.config.get(f"dataservice.{key}", default=default)
+    """``dask.config.get("dataservice." + key)``, falling back to the packaged default.
+
+    The fallback matters where dask's config was reset after import (test harnesses do).
+    """
+    value = dask.config.get(f"dataservice.{key}", default=_MISSING)
+    if value is _MISSING:
+        value = _default(key)
+    return default if value is _MISSING else value
 
 
 def get_seconds(key: str) -> float:

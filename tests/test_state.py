@@ -15,7 +15,13 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from dask_dataservice.service._exceptions import (
     DataServiceError,
@@ -309,12 +315,20 @@ def test_metadata_is_normalised_to_plain_data():
     assert decode_update(encode_update(update)) == update
     with pytest.raises(TypeError, match="must be plain data"):
         RegisterDataset(
-            dataset_id=1000, fingerprint="f", pipeline=b"", splits=b"", num_splits=0,
+            dataset_id=1000,
+            fingerprint="f",
+            pipeline=b"",
+            splits=b"",
+            num_splits=0,
             metadata={"s": {1, 2}},
         )
     with pytest.raises(TypeError, match="must have str keys"):
         RegisterDataset(
-            dataset_id=1000, fingerprint="f", pipeline=b"", splits=b"", num_splits=0,
+            dataset_id=1000,
+            fingerprint="f",
+            pipeline=b"",
+            splits=b"",
+            num_splits=0,
             metadata={1: "x"},
         )
 
@@ -323,9 +337,7 @@ def test_metadata_is_normalised_to_plain_data():
 
 
 def test_register_remove_and_reregister_worker(state):
-    state.apply(
-        RegisterWorker(address=W1, host="h1", nthreads=4, resources={"gpu": 1}, tags=["a"])
-    )
+    state.apply(RegisterWorker(address=W1, host="h1", nthreads=4, resources={"gpu": 1}, tags=["a"]))
     worker = state.worker(W1)
     assert (worker.host, worker.nthreads, worker.resources, worker.tags) == (
         "h1",
@@ -359,7 +371,10 @@ def test_illegal_worker_updates(state):
     )
     state.apply(RemoveWorker(address=W1))
     assert_refused(
-        state, RemoveWorker(address=W1), IllegalUpdateError, f"RemoveWorker: worker {W1!r} is departed"
+        state,
+        RemoveWorker(address=W1),
+        IllegalUpdateError,
+        f"RemoveWorker: worker {W1!r} is departed",
     )
 
 
@@ -380,7 +395,12 @@ def test_create_named_and_anonymous_jobs(state):
     anonymous = create_job(state, dataset_id)
     job = state.job_by_name("shared")
     assert job.job_id == named == 5000
-    assert (job.processing_mode, job.num_consumers, job.target_workers, job.cross_trainer_cache) == (
+    assert (
+        job.processing_mode,
+        job.num_consumers,
+        job.target_workers,
+        job.cross_trainer_cache,
+    ) == (
         "DYNAMIC",
         2,
         "LOCAL",
@@ -468,7 +488,9 @@ def test_named_job_has_an_iteration_per_repetition(state):
 
 def test_anonymous_job_has_exactly_one_iteration(state):
     job_id = create_job(state, register_dataset(state))
-    message = f"CreateIteration: anonymous job {job_id} has exactly one iteration, with repetition 0"
+    message = (
+        f"CreateIteration: anonymous job {job_id} has exactly one iteration, with repetition 0"
+    )
     assert_refused(state, CreateIteration(2000, job_id, 1), IllegalUpdateError, message)
     create_iteration(state, job_id)
     assert_refused(state, CreateIteration(2001, job_id, 0), IllegalUpdateError, message)
@@ -512,12 +534,19 @@ def test_create_tasks(state):
 
 def test_illegal_create_task(state):
     iteration_id = create_iteration(state, create_job(state, register_dataset(state)))
-    assert_refused(state, CreateTask(4000, 2001, W1), IterationNotFoundError, "Iteration 2001 not found")
-    assert_refused(state, CreateTask(4000, iteration_id, W1), WorkerNotFoundError, f"Worker {W1!r} not found")
+    assert_refused(
+        state, CreateTask(4000, 2001, W1), IterationNotFoundError, "Iteration 2001 not found"
+    )
+    assert_refused(
+        state, CreateTask(4000, iteration_id, W1), WorkerNotFoundError, f"Worker {W1!r} not found"
+    )
     register_worker(state)
     state.apply(RemoveWorker(W1))
     assert_refused(
-        state, CreateTask(4000, iteration_id, W1), IllegalUpdateError, f"CreateTask: worker {W1!r} is departed"
+        state,
+        CreateTask(4000, iteration_id, W1),
+        IllegalUpdateError,
+        f"CreateTask: worker {W1!r} is departed",
     )
 
 
@@ -561,7 +590,11 @@ def test_lost_tasks_count_as_done_only_once_a_task_finished(state):
     t3 = create_task(state, iteration_id, W1)
     state.apply(FinishTask(t3))
     iteration = state.iteration(iteration_id)
-    assert (iteration.num_tasks, iteration.num_finished_tasks, iteration.num_lost_tasks) == (3, 1, 2)
+    assert (iteration.num_tasks, iteration.num_finished_tasks, iteration.num_lost_tasks) == (
+        3,
+        1,
+        2,
+    )
     assert iteration.finished
     assert state.task(t2).lost
 
@@ -624,10 +657,15 @@ def test_produce_split_preconditions(state):
         IllegalUpdateError,
         "ProduceSplit: finished=True but 2 of 2 splits of repetition 1 remain",
     )
-    assert_refused(state, ProduceSplit(iteration_id, 1, 0, 4999), TaskNotFoundError, "Task 4999 not found")
+    assert_refused(
+        state, ProduceSplit(iteration_id, 1, 0, 4999), TaskNotFoundError, "Task 4999 not found"
+    )
     state.apply(FinishTask(t1))
     assert_refused(
-        state, ProduceSplit(iteration_id, 1, 0, t1), IllegalUpdateError, f"ProduceSplit: task {t1} is finished"
+        state,
+        ProduceSplit(iteration_id, 1, 0, t1),
+        IllegalUpdateError,
+        f"ProduceSplit: task {t1} is finished",
     )
 
 
@@ -636,7 +674,9 @@ def test_produce_split_needs_a_dynamic_iteration_and_its_own_task(state):
     dataset_id = register_dataset(state)
     off_iteration = create_iteration(state, create_job(state, dataset_id))
     off_task = create_task(state, off_iteration)
-    dyn_iteration = create_iteration(state, create_job(state, dataset_id, processing_mode="DYNAMIC"))
+    dyn_iteration = create_iteration(
+        state, create_job(state, dataset_id, processing_mode="DYNAMIC")
+    )
     assert_refused(
         state,
         ProduceSplit(off_iteration, 0, 0, off_task),
@@ -678,7 +718,9 @@ def test_splits_in_flight_and_acks(state):
     assert state.task_splits(t1) == ()
     state.apply(FinishTask(t2))  # a finished pipeline is done with its splits
     assert state.splits_in_flight(iteration_id) == {}
-    assert_refused(state, AckSplits(t2, 0, 2), IllegalUpdateError, f"AckSplits: task {t2} is finished")
+    assert_refused(
+        state, AckSplits(t2, 0, 2), IllegalUpdateError, f"AckSplits: task {t2} is finished"
+    )
 
 
 def test_remove_worker_loses_its_splits_in_flight_at_most_once(state):
@@ -756,11 +798,15 @@ def test_garbage_collect_iteration_frees_the_job_name(state):
     assert state.tasks_for_iteration(rep0) == [] and state.tasks_for_worker(W1) == []
     assert state.job_by_name("shared").job_id == job_id  # rep1 is still live
     assert_refused(
-        state, AcquireIterationClient(3001, rep0, 6), IllegalUpdateError,
+        state,
+        AcquireIterationClient(3001, rep0, 6),
+        IllegalUpdateError,
         f"AcquireIterationClient: iteration {rep0} is garbage_collected",
     )
     assert_refused(
-        state, GarbageCollectIteration(rep0), IllegalUpdateError,
+        state,
+        GarbageCollectIteration(rep0),
+        IllegalUpdateError,
         f"GarbageCollectIteration: iteration {rep0} is garbage_collected",
     )
     state.apply(GarbageCollectIteration(rep1))
@@ -768,7 +814,9 @@ def test_garbage_collect_iteration_frees_the_job_name(state):
     with pytest.raises(JobNotFoundError):
         state.job_by_name("shared")
     assert_refused(
-        state, CreateIteration(state.next_iteration_id(), job_id, 2), IllegalUpdateError,
+        state,
+        CreateIteration(state.next_iteration_id(), job_id, 2),
+        IllegalUpdateError,
         f"CreateIteration: job {job_id} is garbage_collected",
     )
     new_job = create_job(state, dataset_id, job_name="shared")
@@ -825,7 +873,9 @@ def test_validate_state_catches_a_drifted_index():
 # -- encoding ---------------------------------------------------------------------------------------
 
 EXAMPLES = [
-    RegisterDataset(1000, "fp", b"\x80pickle", b"\x00splits", 7, b"spec", {"a": [1, 2.5, None]}, "AUTO"),
+    RegisterDataset(
+        1000, "fp", b"\x80pickle", b"\x00splits", 7, b"spec", {"a": [1, 2.5, None]}, "AUTO"
+    ),
     RegisterWorker(W1, "10.0.0.1", 4, {"ps": 1.0}, ("x", "y")),
     RemoveWorker(W1),
     CreateJob(5000, "shared", 1000, "DYNAMIC", 2, "LOCAL", True),
@@ -856,8 +906,12 @@ def test_encode_decode_round_trip(update):
 
 
 def test_decode_fills_defaults_for_fields_older_records_lack():
-    data = msgpack.packb(["CreateJob", {"job_id": 5000, "job_name": None, "dataset_id": 1000,
-                                        "processing_mode": "OFF"}])
+    data = msgpack.packb(
+        [
+            "CreateJob",
+            {"job_id": 5000, "job_name": None, "dataset_id": 1000, "processing_mode": "OFF"},
+        ]
+    )
     assert decode_update(data) == CreateJob(5000, None, 1000, "OFF", None, "AUTO", False)
 
 
@@ -867,9 +921,15 @@ def test_decode_fills_defaults_for_fields_older_records_lack():
         (b"\xc1", "Cannot decode update: "),
         (msgpack.packb({"a": 1}), "Cannot decode update: expected [type_name, fields]"),
         (msgpack.packb(["Pickle", {}]), "Cannot decode update: unknown update type 'Pickle'"),
-        (msgpack.packb(["FinishTask", {"task_id": 1, "x": 2}]), "Cannot decode FinishTask: unknown fields ['x']"),
+        (
+            msgpack.packb(["FinishTask", {"task_id": 1, "x": 2}]),
+            "Cannot decode FinishTask: unknown fields ['x']",
+        ),
         (msgpack.packb(["FinishTask", {}]), "Cannot decode FinishTask: "),
-        (msgpack.packb(["FinishTask", {"task_id": "1"}]), "Cannot decode FinishTask: FinishTask.task_id must be int"),
+        (
+            msgpack.packb(["FinishTask", {"task_id": "1"}]),
+            "Cannot decode FinishTask: FinishTask.task_id must be int",
+        ),
     ],
 )
 def test_decode_refuses_malformed_records(data, message):
@@ -968,6 +1028,11 @@ class DispatcherStateMachine(RuleBasedStateMachine):
             if task.status == "active"
         ]
 
+    def holding_tasks(self):
+        return [
+            t for t in self.active_tasks(dynamic_only=True) if self.state.task_splits(t.task_id)
+        ]
+
     # -- rules
 
     @initialize()
@@ -1000,7 +1065,9 @@ class DispatcherStateMachine(RuleBasedStateMachine):
     @rule(fingerprint=st.sampled_from("abc"), num_splits=st.integers(-1, 3), fresh=st.booleans())
     def register_dataset(self, fingerprint, num_splits, fresh):
         dataset_id = self.state.next_dataset_id() - (not fresh)
-        self.offer(RegisterDataset(dataset_id, fingerprint, b"p", b"s", num_splits, None, {"n": [1]}))
+        self.offer(
+            RegisterDataset(dataset_id, fingerprint, b"p", b"s", num_splits, None, {"n": [1]})
+        )
 
     @rule(address=st.sampled_from(ADDRESSES), nthreads=st.integers(1, 4))
     def register_worker(self, address, nthreads):
@@ -1049,12 +1116,10 @@ class DispatcherStateMachine(RuleBasedStateMachine):
         tasks = [t.task_id for t in self.active_tasks()]
         self.offer(FinishTask(self.pick(data, tasks, data.draw(st.sampled_from([4000, 1])))))
 
+    @precondition(lambda self: self.active_tasks(dynamic_only=True))
     @rule(data=st.data(), times=st.integers(1, 4))
     def produce_splits(self, data, times):
-        tasks = self.active_tasks(dynamic_only=True)
-        if not tasks:
-            return
-        task = data.draw(st.sampled_from(tasks))
+        task = data.draw(st.sampled_from(self.active_tasks(dynamic_only=True)))
         for _ in range(times):
             cursor = self.state.split_cursor(task.iteration_id)
             finished = cursor.next_index == cursor.num_splits
@@ -1074,23 +1139,17 @@ class DispatcherStateMachine(RuleBasedStateMachine):
             )
         )
 
+    @precondition(holding_tasks)
     @rule(data=st.data())
     def ack_splits(self, data):
-        tasks = self.active_tasks(dynamic_only=True)
-        holding = [t.task_id for t in tasks if self.state.task_splits(t.task_id)]
-        if not holding:
-            return
-        task_id = data.draw(st.sampled_from(holding))
+        task_id = data.draw(st.sampled_from(self.holding_tasks())).task_id
         repetition, index = data.draw(st.sampled_from(self.state.task_splits(task_id)))
         self.offer(AckSplits(task_id, repetition, index + data.draw(st.integers(-1, 1))))
 
+    @precondition(holding_tasks)
     @rule(data=st.data())
     def worker_dies_holding_splits(self, data):
-        tasks = self.active_tasks(dynamic_only=True)
-        holding = [t for t in tasks if self.state.task_splits(t.task_id)]
-        if not holding:
-            return
-        task = data.draw(st.sampled_from(holding))
+        task = data.draw(st.sampled_from(self.holding_tasks()))
         held = self.state.task_splits(task.task_id)
         assert self.offer(RemoveWorker(task.worker_address))
         assert set(held) <= set(self.state.lost_splits(task.iteration_id))
@@ -1118,7 +1177,9 @@ class DispatcherStateMachine(RuleBasedStateMachine):
         if release_first:
             for client in self.state.list_iteration_clients():
                 if client.iteration_id == iteration_id:
-                    assert self.offer(ReleaseIterationClient(client.iteration_client_id, self.tick(data)))
+                    assert self.offer(
+                        ReleaseIterationClient(client.iteration_client_id, self.tick(data))
+                    )
         self.offer(GarbageCollectIteration(iteration_id))
 
     @invariant()
@@ -1129,7 +1190,7 @@ class DispatcherStateMachine(RuleBasedStateMachine):
 
 
 DispatcherStateMachine.TestCase.settings = settings(
-    max_examples=100,
+    max_examples=150,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

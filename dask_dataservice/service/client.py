@@ -208,7 +208,8 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
             "Functions in a pipeline must be picklable by cloudpickle (no open files, locks, "
             "sockets or clients in their closures)"
         ) from e
-    if dataset.splittable:
+    why_not = dataset.why_not_splittable()
+    if why_not is None:
         splits_list = dataset.splits()
         splits = cloudpickle.dumps(splits_list)
         num_splits = len(splits_list)
@@ -221,7 +222,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
     async def go():
         return await client.scheduler.dataservice_register_dataset(
             fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
-            compression=compression,
+            compression=compression, metadata={"why_not_splittable": why_not},
         )
 
     return raise_for_status(_run(client, go), "dataset registration")["dataset_id"]
@@ -369,10 +370,12 @@ def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
     Use with ``Dataset.apply``: ``ds.apply(distribute("distributed_epoch", client))``
     registers ``ds`` and returns a :class:`DistributedDataset` reading it.
     """
-    parse_processing_mode(processing_mode)
+    mode = parse_processing_mode(processing_mode)
     _service_address(service)
 
     def _apply(dataset: Dataset) -> DistributedDataset:
+        if mode == ShardingPolicy.DYNAMIC:
+            dataset.check_splittable()  # say why now, before anything is sent
         dataset_id = register_dataset(service, dataset, compression=compression)
         return from_dataset_id(
             processing_mode, service, dataset_id, job_name=job_name, consumer_index=consumer_index,

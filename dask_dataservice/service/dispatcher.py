@@ -192,9 +192,9 @@ class DispatcherPlugin(SchedulerPlugin):
                     "use OFF or DYNAMIC"
                 )
             if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
+                reason = dataset.metadata.get("why_not_splittable") or "it has no splits"
                 raise ValueError(
-                    f"dataset {dataset_id} cannot be read with DYNAMIC sharding: it has no "
-                    "splits (see Dataset.why_not_splittable())"
+                    f"dataset {dataset_id} cannot be read with DYNAMIC sharding: {reason}"
                 )
             if job_name is not None:
                 try:

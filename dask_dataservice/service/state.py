@@ -276,7 +276,9 @@ class RegisterWorker(_Record):
         resources = {}
         for key, value in self.resources.items():
             if not isinstance(key, str) or isinstance(value, bool):
-                raise TypeError(f"RegisterWorker.resources must map str to float, got {key!r}: {value!r}")
+                raise TypeError(
+                    f"RegisterWorker.resources must map str to float, got {key!r}: {value!r}"
+                )
             resources[key] = float(value)
         object.__setattr__(self, "resources", resources)
         if not all(isinstance(tag, str) for tag in self.tags):
@@ -594,8 +596,7 @@ def _field_spec(hint: Any) -> tuple[tuple[type, ...], bool]:
 #: ``{record class: [(field name, accepted types, reject bool)]}``.
 _FIELD_SPECS: Final[dict[type, list[tuple[str, tuple[type, ...], bool]]]] = {
     cls: [
-        (f.name, *_field_spec(typing.get_type_hints(cls)[f.name]))
-        for f in dataclasses.fields(cls)
+        (f.name, *_field_spec(typing.get_type_hints(cls)[f.name])) for f in dataclasses.fields(cls)
     ]
     for cls in UPDATE_TYPES
 }
@@ -715,8 +716,10 @@ TASK_TRANSITIONS: Final[dict[str, dict[type, str]]] = {
     "lost": {GarbageCollectIteration: "removed"},
 }
 
-#: ``{iteration status: update types it accepts}``. ``running -> finished`` is derived from the
-#: tasks (see the theory of operation); ``-> garbage_collected`` is GarbageCollectIteration.
+#: ``{iteration status: update types naming the iteration that it accepts}``. (Updates that
+#: name one of its tasks are governed by ``TASK_TRANSITIONS``; an active task implies a running
+#: iteration.) ``running -> finished`` is derived from the tasks (see the theory of operation);
+#: ``-> garbage_collected`` is GarbageCollectIteration.
 ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
     "running": frozenset(
         {CreateTask, ProduceSplit, AcquireIterationClient, GarbageCollectIteration}
@@ -1318,8 +1321,12 @@ class DispatcherState:
         for name, counter, base, ids in (
             ("dataset", self._next_dataset_id, DATASET_ID_BASE, self._datasets),
             ("iteration", self._next_iteration_id, ITERATION_ID_BASE, self._iterations),
-            ("iteration client", self._next_iteration_client_id, ITERATION_CLIENT_ID_BASE,
-             self._iteration_clients),
+            (
+                "iteration client",
+                self._next_iteration_client_id,
+                ITERATION_CLIENT_ID_BASE,
+                self._iteration_clients,
+            ),
             ("task", self._next_task_id, TASK_ID_BASE, self._tasks),
             ("job", self._next_job_id, JOB_ID_BASE, self._jobs),
         ):
@@ -1329,8 +1336,13 @@ class DispatcherState:
 
         # Datasets and the fingerprint index are a bijection.
         for dataset_id, dataset in self._datasets.items():
-            _invariant(dataset.dataset_id == dataset_id, f"dataset {dataset_id} stored under another id")
-            _invariant(dataset.num_splits >= -1, f"dataset {dataset_id} has num_splits {dataset.num_splits}")
+            _invariant(
+                dataset.dataset_id == dataset_id, f"dataset {dataset_id} stored under another id"
+            )
+            _invariant(
+                dataset.num_splits >= -1,
+                f"dataset {dataset_id} has num_splits {dataset.num_splits}",
+            )
             _invariant(
                 self._dataset_by_fingerprint.get(dataset.fingerprint) == dataset_id,
                 f"dataset {dataset_id} missing from the fingerprint index",
@@ -1342,13 +1354,16 @@ class DispatcherState:
 
         # Workers: tasks_by_worker has exactly the registered ones.
         for address, worker in self._workers.items():
-            _invariant(worker.address == address, f"worker {address!r} stored under another address")
+            _invariant(
+                worker.address == address, f"worker {address!r} stored under another address"
+            )
             _invariant(
                 (address in self._tasks_by_worker) == worker.registered,
                 f"worker {address!r}: registered={worker.registered} but index disagrees",
             )
         _invariant(
-            self._tasks_by_worker.keys() <= self._workers.keys(), "tasks_by_worker has unknown workers"
+            self._tasks_by_worker.keys() <= self._workers.keys(),
+            "tasks_by_worker has unknown workers",
         )
         for address, by_iteration in self._tasks_by_worker.items():
             for iteration_id, task_id in by_iteration.items():
@@ -1377,7 +1392,9 @@ class DispatcherState:
                 f"job {job_id}: garbage_collected flag disagrees with its iteration counts",
             )
             if job.job_name is None:
-                _invariant(job.num_iterations <= 1, f"anonymous job {job_id} has several iterations")
+                _invariant(
+                    job.num_iterations <= 1, f"anonymous job {job_id} has several iterations"
+                )
             else:
                 _invariant(
                     (self._jobs_by_name.get(job.job_name) == job_id) != job.garbage_collected,
@@ -1395,7 +1412,10 @@ class DispatcherState:
         num_live = dict.fromkeys(self._jobs, 0)
         num_clients = dict.fromkeys(self._iterations, 0)
         for client_id, client in self._iteration_clients.items():
-            _invariant(client.iteration_client_id == client_id, f"client {client_id} stored under another id")
+            _invariant(
+                client.iteration_client_id == client_id,
+                f"client {client_id} stored under another id",
+            )
             iteration = self._iterations.get(client.iteration_id)
             _invariant(
                 iteration is not None and not iteration.garbage_collected,
@@ -1403,13 +1423,19 @@ class DispatcherState:
             )
             num_clients[client.iteration_id] += 1
         for iteration_id, iteration in self._iterations.items():
-            _invariant(iteration.iteration_id == iteration_id, f"iteration {iteration_id} stored under another id")
+            _invariant(
+                iteration.iteration_id == iteration_id,
+                f"iteration {iteration_id} stored under another id",
+            )
             job = self._jobs.get(iteration.job_id)
-            _invariant(job is not None, f"iteration {iteration_id} of unknown job {iteration.job_id}")
+            _invariant(
+                job is not None, f"iteration {iteration_id} of unknown job {iteration.job_id}"
+            )
             num_iterations[iteration.job_id] += 1
             num_live[iteration.job_id] += not iteration.garbage_collected
             _invariant(
-                self._iterations_by_key.get((iteration.job_id, iteration.repetition)) == iteration_id,
+                self._iterations_by_key.get((iteration.job_id, iteration.repetition))
+                == iteration_id,
                 f"iteration {iteration_id} missing from the key index",
             )
             if job.job_name is None:
@@ -1445,7 +1471,8 @@ class DispatcherState:
                 f"iteration {iteration_id}: finished={iteration.finished} disagrees with its tasks",
             )
         _invariant(
-            len(self._iterations_by_key) == len(self._iterations), "key index has unknown iterations"
+            len(self._iterations_by_key) == len(self._iterations),
+            "key index has unknown iterations",
         )
         for job_id, job in self._jobs.items():
             _invariant(
@@ -1461,7 +1488,9 @@ class DispatcherState:
 
         # Tasks and their iteration index.
         for iteration_id, task_ids in self._tasks_by_iteration.items():
-            _invariant(iteration_id in self._iterations, f"task index of unknown iteration {iteration_id}")
+            _invariant(
+                iteration_id in self._iterations, f"task index of unknown iteration {iteration_id}"
+            )
             for task_id in task_ids:
                 task = self._tasks.get(task_id)
                 _invariant(
@@ -1502,17 +1531,24 @@ class DispatcherState:
                 )
         for task_id, held in self._splits_in_flight.items():
             task = self._tasks.get(task_id)
-            _invariant(task is not None and task.status == "active", f"task {task_id} holds splits but is not active")
+            _invariant(
+                task is not None and task.status == "active",
+                f"task {task_id} holds splits but is not active",
+            )
             _invariant(len(held) > 0, f"task {task_id} has an empty in-flight entry")
             _invariant(list(held) == sorted(set(held)), f"task {task_id}'s splits not ascending")
             cursor = self._split_cursors.get(task.iteration_id)
-            _invariant(cursor is not None, f"task {task_id} holds splits of a non-DYNAMIC iteration")
+            _invariant(
+                cursor is not None, f"task {task_id} holds splits of a non-DYNAMIC iteration"
+            )
             _invariant(
                 held[-1] < (cursor.repetition, cursor.next_index),
                 f"task {task_id} holds a split that was not handed out yet",
             )
             handed_out = seen[task.iteration_id]
-            _invariant(not handed_out.intersection(held), f"task {task_id} holds a split twice handed out")
+            _invariant(
+                not handed_out.intersection(held), f"task {task_id} holds a split twice handed out"
+            )
             handed_out.update(held)
 
     # -- lookups that raise the typed errors --------------------------------------------------
@@ -1589,7 +1625,9 @@ class DispatcherState:
         self._check_fresh(u, "dataset", u.dataset_id, self._next_dataset_id)
         existing = self._dataset_by_fingerprint.get(u.fingerprint)
         if existing is not None:
-            _illegal(u, f"fingerprint {u.fingerprint!r} is already registered as dataset {existing}")
+            _illegal(
+                u, f"fingerprint {u.fingerprint!r} is already registered as dataset {existing}"
+            )
         if u.num_splits < -1:
             _illegal(u, f"num_splits must be >= 0, or -1 if not splittable; got {u.num_splits}")
 
@@ -1603,9 +1641,15 @@ class DispatcherState:
         self._check_fresh(u, "job", u.job_id, self._next_job_id)
         dataset = self._get_dataset(u.dataset_id)
         if u.processing_mode not in PROCESSING_MODES:
-            _illegal(u, f"processing_mode must be one of {sorted(PROCESSING_MODES)}, got {u.processing_mode!r}")
+            _illegal(
+                u,
+                f"processing_mode must be one of {sorted(PROCESSING_MODES)}, got {u.processing_mode!r}",
+            )
         if u.target_workers not in TARGET_WORKERS:
-            _illegal(u, f"target_workers must be one of {sorted(TARGET_WORKERS)}, got {u.target_workers!r}")
+            _illegal(
+                u,
+                f"target_workers must be one of {sorted(TARGET_WORKERS)}, got {u.target_workers!r}",
+            )
         if u.processing_mode == "DYNAMIC" and not dataset.splittable:
             _illegal(u, f"DYNAMIC sharding needs splits, and dataset {u.dataset_id} has none")
         if u.num_consumers is not None and u.num_consumers < 1:
@@ -1633,7 +1677,9 @@ class DispatcherState:
             _illegal(u, f"anonymous job {u.job_id} has exactly one iteration, with repetition 0")
         existing = self._iterations_by_key.get((u.job_id, u.repetition))
         if existing is not None:
-            _illegal(u, f"job {u.job_id} already has iteration {existing} for repetition {u.repetition}")
+            _illegal(
+                u, f"job {u.job_id} already has iteration {existing} for repetition {u.repetition}"
+            )
 
     def _check_create_task(self, u: CreateTask) -> None:
         self._check_fresh(u, "task", u.task_id, self._next_task_id)
@@ -1657,7 +1703,10 @@ class DispatcherState:
             _illegal(u, f"iteration {u.iteration_id} is not DYNAMIC and has no split cursor")
         task = self._get_task(u.task_id)
         if task.iteration_id != u.iteration_id:
-            _illegal(u, f"task {u.task_id} belongs to iteration {task.iteration_id}, not {u.iteration_id}")
+            _illegal(
+                u,
+                f"task {u.task_id} belongs to iteration {task.iteration_id}, not {u.iteration_id}",
+            )
         self._require_task(task, u)
         if u.repetition < cursor.repetition:
             raise StaleEpochError(
@@ -1689,7 +1738,9 @@ class DispatcherState:
             _illegal(u, f"task {u.task_id} holds no split at or before ({u.repetition}, {u.index})")
 
     def _check_acquire_iteration_client(self, u: AcquireIterationClient) -> None:
-        self._check_fresh(u, "iteration client", u.iteration_client_id, self._next_iteration_client_id)
+        self._check_fresh(
+            u, "iteration client", u.iteration_client_id, self._next_iteration_client_id
+        )
         self._check_time(u, u.time_micros)
         self._require_iteration(self._get_iteration(u.iteration_id), u)
 

@@ -265,6 +265,8 @@ class DataWorkerPlugin(WorkerPlugin):
         self._dataset_locks: dict[int, asyncio.Lock] = {}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dds-worker-io")
         self._closing = False
+        #: Counters for tests and dashboards: tasks finished, elements they produced.
+        self.stats = {"tasks_finished": 0, "elements_produced": 0}
         self._task_arrived = asyncio.Event()
         worker.handlers["dataservice_get_elements"] = self.get_elements
         worker.handlers["dataservice_worker_state"] = self.worker_state
@@ -425,6 +427,8 @@ class DataWorkerPlugin(WorkerPlugin):
             logger.info("dataservice: finish_task(%s) failed: %r", runner.task_id, e)
         runner.buffer.end_visible = True
         runner.buffer.wake()
+        self.stats["tasks_finished"] += 1
+        self.stats["elements_produced"] += runner.buffer.produced
 
     async def _heartbeat_loop(self) -> None:
         interval = config.get_seconds("worker.heartbeat-interval")

@@ -1,0 +1,411 @@
+"""The data service on real Dask clusters: OFF and DYNAMIC sharding, jobs, errors.
+
+Clusters are in-process (``gen_cluster``, tcp between the servers) unless a test kills a
+worker, which needs Nanny processes. The blocking client API runs in a thread
+(``asyncio.to_thread``) because the test's event loop is the client's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Nanny, Worker
+from distributed.utils_test import gen_cluster
+
+import dask_dataservice as dds
+from dask_dataservice.service._core import ShardingPolicy
+from dask_dataservice.service._exceptions import DatasetNotFoundError
+from dask_dataservice.service.client import _install_async
+from dask_dataservice.service.dispatcher import PLUGIN_NAME, DispatcherPlugin
+from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def read(ds):
+    return await asyncio.to_thread(list, ds)
+
+
+async def distribute(ds, mode, c, **kwargs):
+    return await asyncio.to_thread(ds.apply, dds.distribute(mode, c, **kwargs))
+
+
+async def poll(cond, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def assert_dispatcher_cleanup(s, timeout=5.0):
+    """Every iteration garbage collected and no task left on the dispatcher."""
+    plugin = s.plugins[PLUGIN_NAME]
+
+    def clean():
+        its = plugin.state.list_iterations()
+        return all(it.garbage_collected for it in its if it.num_clients == 0) and not any(
+            it.num_clients for it in its
+        )
+
+    await poll(clean, timeout, "dispatcher cleanup")
+
+
+async def assert_worker_cleanup(*workers, timeout=5.0):
+    def clean():
+        return all(not w.extensions["dataservice"].tasks for w in workers)
+
+    await poll(clean, timeout, "worker cleanup")
+    for w in workers:
+        await poll(lambda w=w: not any(t.name.startswith("dds-task") for t in threading.enumerate()),
+                   timeout, "task threads to exit")
+
+
+# ---------------------------------------------------------------------------------------
+# installation
+# ---------------------------------------------------------------------------------------
+
+
+@gen_cluster(client=True)
+async def test_installation_wires_handlers(c, s, a, b):
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    assert isinstance(plugin, DispatcherPlugin)
+    assert s.handlers["dataservice_get_split"] == plugin.get_split
+    assert s.handlers["dataservice_register_dataset"] == plugin.register_dataset
+    assert s.handlers["dataservice_worker_heartbeat"] == plugin.worker_heartbeat
+    for w in (a, b):
+        ext = w.extensions["dataservice"]
+        assert w.plugins[WORKER_PLUGIN] is ext
+        assert w.handlers["dataservice_get_elements"] == ext.get_elements
+        assert w.stream_handlers["dataservice-tasks"] == ext.tasks_changed
+    # both workers registered with the dispatcher by themselves
+    await poll(lambda: len(plugin.state.list_workers()) == 2, what="worker registration")
+    # installing again changes nothing
+    await _install_async(c)
+    assert s.plugins[PLUGIN_NAME] is plugin
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1, {"resources": {"ps": 1}})])
+async def test_parameter_servers_run_no_data_tasks(c, s, a, ps):
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: len(plugin.state.list_workers()) == 1, what="registration")
+    assert [w.address for w in plugin.state.list_workers()] == [a.address]
+    ds = await distribute(dds.Dataset.range(100), "parallel_epochs", c)
+    assert sorted(await read(ds)) == list(range(100))  # one copy: only `a` produces
+
+
+# ---------------------------------------------------------------------------------------
+# OFF and DYNAMIC
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nworkers", [1, 2, 3])
+def test_off_every_worker_produces_everything(nworkers):
+    @gen_cluster(client=True, nthreads=[("", 1)] * nworkers)
+    async def run(c, s, *workers):
+        ds = await distribute(dds.Dataset.range(1000), ShardingPolicy.OFF, c)
+        out = await read(ds)
+        assert collections.Counter(out) == collections.Counter(
+            {i: nworkers for i in range(1000)}
+        )
+        await assert_dispatcher_cleanup(s)
+        await assert_worker_cleanup(*workers)
+
+    run()
+
+
+@pytest.mark.parametrize("nworkers", [1, 2, 3])
+def test_dynamic_exactly_once(nworkers):
+    @gen_cluster(client=True, nthreads=[("", 1)] * nworkers)
+    async def run(c, s, *workers):
+        ds = await distribute(dds.Dataset.range(10_000).map(lambda x: x * 3), "distributed_epoch", c)
+        out = await read(ds)
+        assert len(out) == 10_000
+        assert sorted(out) == [3 * i for i in range(10_000)]
+        # the splits really were spread over the workers
+        if nworkers > 1:
+            producing = [w for w in workers if w.extensions["dataservice"].stats["elements_produced"]]
+            assert len(producing) == nworkers
+        await assert_dispatcher_cleanup(s)
+        await assert_worker_cleanup(*workers)
+
+    run()
+
+
+@gen_cluster(client=True)
+async def test_dynamic_repeat_k_times(c, s, a, b):
+    ds = await distribute(dds.Dataset.range(2000).repeat(3), "distributed_epoch", c)
+    out = await read(ds)
+    assert collections.Counter(out) == collections.Counter({i: 3 for i in range(2000)})
+
+
+@gen_cluster(client=True)
+async def test_dynamic_arrays_and_structures(c, s, a, b):
+    x = np.arange(3000, dtype="f4").reshape(1000, 3)
+    labels = np.arange(1000)
+    ds = await distribute(
+        dds.Dataset.from_tensor_slices({"x": x, "y": labels}).batch(7), "distributed_epoch", c
+    )
+    out = await read(ds)
+    ys = np.concatenate([b["y"] for b in out])
+    assert sorted(ys.tolist()) == list(range(1000))
+    for batch in out:
+        np.testing.assert_array_equal(batch["x"], x[batch["y"]])
+
+
+@gen_cluster(client=True)
+async def test_dynamic_refuses_unsplittable_dataset_with_reason(c, s, a, b):
+    gen = dds.Dataset.from_generator(lambda: iter(range(10)))
+    with pytest.raises(dds.NotSplittableError, match="from_generator.*has no splits"):
+        await distribute(gen, "distributed_epoch", c)
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, gen)
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id)
+    with pytest.raises(ValueError, match="cannot be read with DYNAMIC sharding.*from_generator"):
+        await read(ds)
+    # ... while OFF reads it fine: arbitrary Python runs on the workers
+    ds = dds.from_dataset_id("parallel_epochs", c, dataset_id)
+    assert sorted(await read(ds)) == sorted(list(range(10)) * 2)
+
+
+# ---------------------------------------------------------------------------------------
+# jobs
+# ---------------------------------------------------------------------------------------
+
+
+@gen_cluster(client=True)
+async def test_register_same_pipeline_same_id(c, s, a, b):
+    i1 = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10).map(lambda x: x + 1))
+    i2 = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10).map(lambda x: x + 1))
+    i3 = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(11))
+    assert i1 == i2 != i3
+
+
+@gen_cluster(client=True)
+async def test_named_job_shared_by_two_consumers(c, s, a, b):
+    GATE.clear()
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(20_000).map(slow))
+    ds1 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="shared")
+    ds2 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="shared")
+    f1, f2 = asyncio.ensure_future(read(ds1)), asyncio.ensure_future(read(ds2))
+    plugin = s.plugins[PLUGIN_NAME]
+    # both consumers joined the one iteration before the data flows
+    await poll(lambda: [it.num_clients for it in plugin.state.list_iterations()] == [2],
+               what="two clients on one iteration")
+    GATE.set()
+    out1, out2 = await asyncio.gather(f1, f2)
+    assert out1 and out2, "both consumers should get part of the job"
+    assert sorted(out1 + out2) == list(range(20_000))
+    assert len([j for j in plugin.state.list_jobs() if j.job_name == "shared"]) == 1
+
+
+@gen_cluster(client=True)
+async def test_named_job_next_iteration_is_next_repetition(c, s, a, b):
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(500))
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="epochs")
+    assert sorted(await read(ds)) == list(range(500))
+    assert sorted(await read(ds)) == list(range(500))
+    plugin = s.plugins[PLUGIN_NAME]
+    its = [it for it in plugin.state.list_iterations()]
+    assert sorted(it.repetition for it in its) == [0, 1]
+    assert len({it.job_id for it in its}) == 1
+
+
+@gen_cluster(client=True)
+async def test_anonymous_jobs_are_private(c, s, a, b):
+    ds = await distribute(dds.Dataset.range(3000), "distributed_epoch", c)
+    out1, out2 = await asyncio.gather(read(ds), read(ds))
+    assert sorted(out1) == list(range(3000))
+    assert sorted(out2) == list(range(3000))
+    plugin = s.plugins[PLUGIN_NAME]
+    assert len(plugin.state.list_jobs()) == 2
+
+
+@gen_cluster(client=True, client_kwargs={}, nthreads=[("", 1), ("", 1)])
+async def test_two_clients_two_jobs_at_once(c, s, a, b):
+    from distributed import Client
+
+    async with Client(s.address, asynchronous=True) as c2:
+        ds1 = await distribute(dds.Dataset.range(5000), "distributed_epoch", c)
+        ds2 = await distribute(dds.Dataset.range(5000, 9000), "parallel_epochs", c2)
+        out1, out2 = await asyncio.gather(read(ds1), read(ds2))
+    assert sorted(out1) == list(range(5000))
+    assert collections.Counter(out2) == collections.Counter({i: 2 for i in range(5000, 9000)})
+
+
+@gen_cluster(client=True)
+async def test_dataset_iterated_again_and_transformed_locally(c, s, a, b):
+    ds = await distribute(dds.Dataset.range(100), "distributed_epoch", c)
+    local = ds.map(lambda x: -x).filter(lambda x: x % 2 == 0).prefetch(4)
+    assert sorted(await read(local)) == sorted(-x for x in range(100) if x % 2 == 0)
+    assert sorted(await read(ds)) == list(range(100))
+
+
+# ---------------------------------------------------------------------------------------
+# workers joining and leaving
+# ---------------------------------------------------------------------------------------
+
+
+GATE = threading.Event()
+
+
+def slow(x):
+    """Blocks element 50 until GATE is set (module level: pickled by reference, in process)."""
+    if x == 50:
+        GATE.wait(10)
+    return x
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_worker_joins_mid_job(c, s, a):
+    GATE.clear()
+    gate = GATE
+
+    ds_dyn = await distribute(dds.Dataset.range(4000).map(slow), "distributed_epoch", c)
+    ds_off = await distribute(dds.Dataset.range(300).map(slow), "parallel_epochs", c)
+    fut_dyn = asyncio.ensure_future(read(ds_dyn))
+    fut_off = asyncio.ensure_future(read(ds_off))
+    plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: sum(1 for it in plugin.state.list_iterations() if it.status == "running") == 2,
+               what="both iterations running")
+    async with Worker(s.address, nthreads=1) as w2:
+        def registered():
+            try:
+                return len(plugin.state.tasks_for_worker(w2.address)) == 2
+            except KeyError:
+                return False
+
+        await poll(registered, what="the new worker's tasks")
+        gate.set()
+        out_dyn, out_off = await asyncio.gather(fut_dyn, fut_off)
+        # DYNAMIC: exactly once, with the new worker taking splits; OFF: the newcomer
+        # produced the whole dataset too, from the start
+        assert sorted(out_dyn) == list(range(4000))
+        assert collections.Counter(out_off) == collections.Counter({i: 2 for i in range(300)})
+        assert w2.extensions["dataservice"].stats["elements_produced"] >= 300
+
+
+@pytest.mark.slow
+@gen_cluster(client=True, Worker=Nanny, nthreads=[("", 1), ("", 1)], timeout=60,
+             config={"distributed.scheduler.allowed-failures": 0})
+async def test_worker_killed_dynamic_at_most_once(c, s, a, b):
+    n = 20_000
+    ds_source = dds.Dataset.range(n)
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds_source)
+    splits = await asyncio.to_thread(ds_source.splits)
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id)
+    # slow the pipeline down so the kill lands mid-epoch
+    it_future = asyncio.ensure_future(read(ds.map(lambda x: x)))
+    plugin = s.plugins[PLUGIN_NAME]
+    victim = a.worker_address
+
+    def produced_some():
+        its = [i for i in plugin.state.list_iterations() if i.status == "running"]
+        if not its:
+            return False
+        cur = plugin.state.split_cursor(its[0].iteration_id)
+        return cur.next_index >= 10
+
+    await poll(produced_some, what="some splits produced")
+    await a.process.process.kill()
+    out = await asyncio.wait_for(it_future, 30)
+    counts = collections.Counter(out)
+    assert max(counts.values()) == 1, "an element arrived twice"
+    missing = set(range(n)) - set(out)
+    it = [i for i in plugin.state.list_iterations()][0]
+    lost = plugin.state.lost_splits(it.iteration_id)
+    lost_elements = set()
+    for _, index in lost:
+        sp = splits[index]
+        lost_elements.update(range(sp.start, sp.stop))
+    assert missing <= lost_elements, "lost elements must come from splits held by the dead worker"
+    assert victim not in s.workers
+
+
+# ---------------------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------------------
+
+
+class PipelineBoom(ValueError):
+    pass
+
+
+def _explode(x):
+    if x == 77:
+        raise PipelineBoom(f"bad element {x}")
+    return x
+
+
+@gen_cluster(client=True)
+async def test_user_error_reaches_consumer_with_type_and_traceback(c, s, a, b):
+    ds = await distribute(dds.Dataset.range(1000).map(_explode), "distributed_epoch", c)
+    with pytest.raises(PipelineBoom, match="bad element 77") as info:
+        await read(ds)
+    tb = "".join(__import__("traceback").format_exception(info.value))
+    assert "_explode" in tb  # the remote frame of the user's function
+    assert any("Dataset.map" in note for note in getattr(info.value, "__notes__", []))
+    await assert_dispatcher_cleanup(s)
+
+
+@gen_cluster(client=True)
+async def test_unknown_dataset_id(c, s, a, b):
+    await _install_async(c)
+    ds = dds.from_dataset_id("parallel_epochs", c, 4242)
+    with pytest.raises(DatasetNotFoundError, match="4242"):
+        await read(ds)
+
+
+@gen_cluster(client=True)
+async def test_bad_arguments(c, s, a, b):
+    with pytest.raises(ValueError, match="processing_mode must be one of"):
+        dds.from_dataset_id("sideways", c, 1000)
+    with pytest.raises(TypeError, match="service must be a distributed.Client or a scheduler address"):
+        dds.from_dataset_id("parallel_epochs", 42, 1000)
+    with pytest.raises(TypeError, match="dataset_id must be an int"):
+        dds.from_dataset_id("parallel_epochs", c, "1000")
+    with pytest.raises(ValueError, match="consumer_index and num_consumers"):
+        dds.from_dataset_id("parallel_epochs", c, 1000, consumer_index=0)
+    with pytest.raises(ValueError, match="target_workers"):
+        dds.from_dataset_id("parallel_epochs", c, 1000, target_workers="NEAR")
+    with pytest.raises(TypeError, match="must be a dask_dataservice Dataset"):
+        await asyncio.to_thread(dds.register_dataset, c, [1, 2, 3])
+
+
+@gen_cluster(client=True)
+async def test_unpicklable_function_is_refused_at_registration(c, s, a, b):
+    lock = threading.Lock()
+    ds = dds.Dataset.range(10).map(lambda x: (lock, x)[1])
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        await asyncio.to_thread(dds.register_dataset, c, ds)
+
+
+def test_dead_scheduler_gives_clear_error():
+    with pytest.raises(dds.service._exceptions.DataServiceError, match="cannot reach the data service"):
+        dds.register_dataset("tcp://127.0.0.1:1", dds.Dataset.range(3))
+
+
+@gen_cluster(client=True)
+async def test_end_of_sequence_is_prompt(c, s, a, b):
+    ds = await distribute(dds.Dataset.range(10), "distributed_epoch", c)
+    await read(ds)  # warm up: the dataset definition is cached on the workers now
+
+    def timed():
+        it = iter(ds)
+        t0 = time.perf_counter()
+        first = next(it)
+        t1 = time.perf_counter()
+        rest = list(it)
+        t2 = time.perf_counter()
+        return first, rest, t1 - t0, t2 - t1
+
+    first, rest, to_first, to_end = await asyncio.to_thread(timed)
+    assert sorted([first, *rest]) == list(range(10))
+    # generous bounds (CI machines are noisy); the benchmark measures the real figures
+    assert to_end < 0.5, to_end
