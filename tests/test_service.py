@@ -387,7 +387,9 @@ async def test_unpicklable_function_is_refused_at_registration(c, s, a, b):
 
 
 def test_dead_scheduler_gives_clear_error():
-    with pytest.raises(dds.service._exceptions.DataServiceError, match="cannot reach the data service"):
+    import dask
+
+    with dask.config.set({"dataservice.client.connect-timeout": "1s"}), pytest.raises(dds.service._exceptions.DataServiceError, match="cannot reach the data service"):
         dds.register_dataset("tcp://127.0.0.1:1", dds.Dataset.range(3))
 
 

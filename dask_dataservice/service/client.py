@@ -16,6 +16,7 @@ from that channel, so a ``next()`` costs no round trip.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import logging
 import queue
@@ -69,6 +70,8 @@ class CrossTrainerCache:
 # ---------------------------------------------------------------------------------------
 
 _CLIENTS: dict[str, Client] = {}
+#: Clients this module opened itself (closed at exit or by close_clients()).
+_OWN_CLIENTS: dict[str, Client] = {}
 _CLIENTS_LOCK = threading.Lock()
 _INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -86,6 +89,17 @@ def _service_address(service: Any) -> str:
     raise TypeError(
         "service must be a distributed.Client or a scheduler address such as "
         f"'tcp://host:8786', got {type(service).__name__} {service!r:.60}"
+    )
+
+
+def _check_not_on_event_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"{what} blocks, and was called from a running event loop (that would deadlock); call it "
+        "from a thread instead, e.g. await asyncio.to_thread(...)"
     )
 
 
@@ -111,13 +125,34 @@ def _client_for(service: Any) -> Client:
     except ValueError:
         client = None
     if client is None:
+        _check_not_on_event_loop("connecting to the data service")
         try:
-            client = Client(address, set_as_default=False, timeout="10s")
+            client = Client(address, set_as_default=False,
+                            timeout=config.get_seconds("client.connect-timeout"))
         except OSError as e:
             raise DataServiceError(f"cannot reach the data service at {address}: {e}") from e
+        with _CLIENTS_LOCK:
+            _OWN_CLIENTS[address] = client
     with _CLIENTS_LOCK:
         _CLIENTS[address] = client
     return client
+
+
+def close_clients() -> None:
+    """Close the clients this module opened for scheduler addresses (also done at exit)."""
+    with _CLIENTS_LOCK:
+        own = list(_OWN_CLIENTS.items())
+        _OWN_CLIENTS.clear()
+        for address, _ in own:
+            _CLIENTS.pop(address, None)
+    for _, client in own:
+        try:
+            client.close(timeout=5)
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+
+
+atexit.register(close_clients)
 
 
 def _run(client: Client, coro_fn, *args, **kwargs):
@@ -216,6 +251,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
     else:
         splits, num_splits = b"", -1
     fingerprint = dataset_id or dataset.fingerprint()
+    _check_not_on_event_loop("register_dataset()")
     client = _client_for(service)
     _ensure_installed(client)
 
@@ -478,21 +514,22 @@ class _IterationReader:
                         await asyncio.wait_for(self.task_done.wait(), self.heartbeat_interval)
                     except TimeoutError:
                         pass
-                view = raise_for_status(
-                    await self.client.scheduler.dataservice_client_heartbeat(
-                        iteration_client_id=self.client_id),
-                    "client heartbeat",
-                )
+                try:
+                    resp = await self.client.scheduler.dataservice_client_heartbeat(
+                        iteration_client_id=self.client_id)
+                except (OSError, asyncio.TimeoutError) as e:
+                    raise DataServiceError(
+                        f"lost contact with the data service at {self.spec.address}: {e!r}"
+                    ) from e
+                view = raise_for_status(resp, "client heartbeat")
                 self._update_tasks(view)
                 if self.fetchers and all(f.done() for f in self.fetchers.values()) \
                         and not view["finished"]:
                     # tasks ended but the dispatcher has not seen all of them yet (lost
                     # workers, or new tasks being created): wait a little before asking again
                     await asyncio.sleep(min(0.01, self.heartbeat_interval))
-            for f in self.fetchers.values():
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    raise f.exception()
-            self.channel.put_nowait(_END)
+            if not self.stopped:
+                self.channel.put_nowait(_END)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
@@ -519,8 +556,9 @@ class _IterationReader:
                 except (TimeoutError, OSError) as e:
                     logger.info("dataservice: lost task %s on %s: %r", task_id, address, e)
                     return
-                if resp is None:
-                    raise DataServiceError(f"worker {address} does not run the data service")
+                if resp is None or resp.get("closing"):  # the worker is shutting down
+                    logger.info("dataservice: task %s on %s: worker closing", task_id, address)
+                    return
                 if resp.get("status") != "OK":
                     raise_for_status(resp, "element request")
                 batch = resp.get("elements")
@@ -536,7 +574,6 @@ class _IterationReader:
             if not self.stopped:
                 self.stopped = True
                 self.channel.put_nowait(_Failure(e))
-            raise
         finally:
             self.task_done.set()
 

@@ -349,8 +349,7 @@ class DispatcherPlugin(SchedulerPlugin):
                         t.task_id: [t.worker_address, t.status]
                         for t in s.tasks_for_iteration(it.iteration_id)
                     },
-                    "lost_splits": [list(x) for x in s.lost_splits(it.iteration_id)]
-                    if it.iteration_id in s._split_cursors else [],
+                    "lost_splits": [list(x) for x in s.lost_splits(it.iteration_id)],
                 }
                 for it in s.list_iterations()
             },

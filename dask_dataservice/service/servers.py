@@ -171,7 +171,7 @@ class DispatchServer(_BackgroundServer):
             from .dispatcher import DispatcherPlugin
 
             scheduler = Scheduler(
-                host=cfg.host, port=cfg.port, protocol=self._protocol, dashboard_address=None,
+                host=cfg.host, port=cfg.port, protocol=self._protocol, dashboard_address=":0",
                 dashboard=False, validate=False,
             )
             scheduler.add_plugin(DispatcherPlugin(

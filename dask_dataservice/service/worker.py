@@ -287,8 +287,9 @@ class DataWorkerPlugin(WorkerPlugin):
             if runner is not None:
                 runner.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for name in ("dataservice_get_elements", "dataservice_worker_state"):
-            worker.handlers.pop(name, None)
+        # Requests may still be in flight: answer them "closing" rather than "unknown op".
+        worker.handlers["dataservice_get_elements"] = _closing_get_elements
+        worker.handlers.pop("dataservice_worker_state", None)
         # Keep a no-op stream handler: an unknown stream op would break the scheduler stream.
         worker.stream_handlers["dataservice-tasks"] = _ignore
         worker.extensions.pop("dataservice", None)
@@ -453,6 +454,10 @@ class DataWorkerPlugin(WorkerPlugin):
             return
         raise_for_status(resp, "worker heartbeat")
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
+
+
+def _closing_get_elements(**kwargs) -> dict:
+    return {"status": "OK", "elements": None, "end_of_sequence": False, "closing": True}
 
 
 def _ignore(**kwargs) -> None:
