@@ -341,12 +341,29 @@ class CpuMeter:
                 out[name] = t.user + t.system
         return out
 
+    @staticmethod
+    def _machine() -> tuple[float, float]:
+        """(busy, steal) CPU seconds of the whole machine so far."""
+        import psutil
+
+        t = psutil.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        return sum(t) - idle, getattr(t, "steal", 0.0)
+
     def start(self) -> None:
+        self.m0 = self._machine()
         self.t0 = self._read()
 
     def stop(self) -> dict[str, float]:
         t1 = self._read()
-        return {k: round(t1[k] - self.t0[k], 3) for k in t1 if k in self.t0}
+        m1 = self._machine()
+        out = {k: round(t1[k] - self.t0[k], 3) for k in t1 if k in self.t0}
+        # CPU that other processes of the machine used meanwhile (noise on a shared box)
+        ours = sum(out.values())
+        out["other_processes"] = round(max(0.0, m1[0] - self.m0[0] - ours), 3)
+        if m1[1] - self.m0[1] > 0:
+            out["steal"] = round(m1[1] - self.m0[1], 3)
+        return out
 
 
 # Measuring
@@ -672,6 +689,7 @@ def describe(args, sizes: dict, runs: int) -> dict:
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_GiB": mem,
                     "os": platform.platform()},
         "cores": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "contention": (f"{os.cpu_count()} cores shared by the client (this process), the "
                        "scheduler and 1-2 single-threaded worker processes"),
         "versions": {"python": platform.python_version(), "numpy": np.__version__,

@@ -26,6 +26,10 @@ from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
 pytestmark = pytest.mark.timeout(60)
 
+#: Blocks pipelines in tests (module level: functions using it pickle by reference and run
+#: in this process, since gen_cluster workers are in-process).
+GATE = threading.Event()
+
 
 async def read(ds):
     return await asyncio.to_thread(list, ds)
@@ -190,9 +194,11 @@ async def test_register_same_pipeline_same_id(c, s, a, b):
 @gen_cluster(client=True)
 async def test_named_job_shared_by_two_consumers(c, s, a, b):
     GATE.clear()
-    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(20_000).map(slow))
-    ds1 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="shared")
-    ds2 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="shared")
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(20_000).map(gated))
+    ds1 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="shared",
+                              max_outstanding_requests=1)
+    ds2 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="shared",
+                              max_outstanding_requests=1)
     f1, f2 = asyncio.ensure_future(read(ds1)), asyncio.ensure_future(read(ds2))
     plugin = s.plugins[PLUGIN_NAME]
     # both consumers joined the one iteration before the data flows
@@ -252,13 +258,16 @@ async def test_dataset_iterated_again_and_transformed_locally(c, s, a, b):
 # ---------------------------------------------------------------------------------------
 
 
-GATE = threading.Event()
-
-
 def slow(x):
     """Blocks element 50 until GATE is set (module level: pickled by reference, in process)."""
     if x == 50:
         GATE.wait(10)
+    return x
+
+
+def gated(x):
+    """Blocks every element until GATE is set."""
+    GATE.wait(10)
     return x
 
 

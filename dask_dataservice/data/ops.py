@@ -605,8 +605,20 @@ class Interleave(Unary):
         end_of_input = False
         index = 0  # the slot being read
         taken = 0  # elements taken from it in this visit
+        # Parallel: empty slots are refilled at once, in the order they emptied (so that every
+        # open slot reads ahead). The sequential cycle refills them in that same order when it
+        # comes back to them, so both give the same elements in the same order.
+        to_fill = deque(range(n)) if parallel else None
         try:
             while num_open or not end_of_input:
+                while to_fill and not end_of_input:
+                    try:
+                        x = next(outer)
+                    except StopIteration:
+                        end_of_input = True
+                        break
+                    slots[to_fill.popleft()] = self._open(x, ctx, parallel)
+                    num_open += 1
                 inner = slots[index]
                 if inner is not None:
                     try:
@@ -615,13 +627,15 @@ class Interleave(Unary):
                         slots[index] = None
                         num_open -= 1
                         _close(inner)
+                        if to_fill is not None:
+                            to_fill.append(index)
                         index, taken = (index + 1) % n, 0
                         continue
                     taken += 1
                     if taken == block:
                         index, taken = (index + 1) % n, 0
                     yield y
-                elif not end_of_input:
+                elif not end_of_input and not parallel:
                     try:
                         x = next(outer)
                     except StopIteration:
