@@ -77,6 +77,8 @@ GiB = 1 << 30
 ELEMENT_FLOATS = 262_144  # 1 MiB of float32
 W3_TARGET_MS = 5.0
 WORKLOADS = ("W1", "W1b", "W2", "W3", "W4")
+#: What --profile profiles (one extra read each, after the measured ones).
+PROFILED = {("W1", "DYNAMIC"), ("W2", "DYNAMIC"), ("W3", "DYNAMIC")}
 
 #: name -> (target text, predicate on the value, tf.data service 2.21 on this machine)
 TARGETS: dict[tuple, tuple[str, Callable[[float], bool], object]] = {
@@ -465,8 +467,7 @@ class Bench:
             rec["ms_per_element_local"] = round(1000 / local["value"], 2)
         self._target(rec, (name, mode, workers) if target else None)
         emit(rec)
-        if self.args.profile and (name, mode, workers) in (("W1", "DYNAMIC", 2), ("W2", "DYNAMIC", 2),
-                                                           ("W2", "DYNAMIC", 1)):
+        if self.args.profile and (name, mode) in PROFILED:
             self.profile(f"{name} {mode} {workers}w", sds, consume)
 
     def w3_scaling(self) -> None:
@@ -786,6 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.close()
         note(f"done in {time.perf_counter() - t_start:.1f} s")
+    emit({"summary": True, "seconds": round(time.perf_counter() - t_start, 1),
+          "targets_missed": MISSED, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]})
     if MISSED:
         note(f"targets missed: {'; '.join(MISSED)}")
         if args.check:

@@ -1,17 +1,33 @@
 """The ``dask-dataservice`` command line.
 
+Subcommands:
+
+``demo``
+    A synthetic click-through input pipeline, streamed through the data service of an
+    embedded ``LocalCluster`` (or of an existing cluster with ``--scheduler``), or run in this
+    process with ``--local``.
+``scheduler`` / ``worker``
+    ``dask scheduler`` / ``dask worker`` with ``--preload dask_dataservice``: the way to run
+    the data service from a shell. Every other option is passed on to Dask.
+``version``
+    The installed version (``--verbose``: and those of the main dependencies).
+
 Subcommands are registered with :func:`command`: each is a function that receives the
 parsed :class:`argparse.Namespace` and returns an exit code, plus an optional function that
-adds its arguments to its sub-parser. Adding a subcommand (``scheduler``, ``worker``, a
-cluster ``demo``) is one decorated function and nothing else::
+adds its arguments to its sub-parser. Adding a subcommand is one decorated function and
+nothing else::
 
-    def _scheduler_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--port", type=int, default=8786)
+    def _hello_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--name", default="world")
 
-    @command("scheduler", help="start a Dask scheduler with the dispatcher", args=_scheduler_args)
-    def _scheduler(args: argparse.Namespace) -> int:
-        ...
+    @command("hello", help="say hello", args=_hello_args)
+    def _hello(args: argparse.Namespace) -> int:
+        print(f"hello {args.name}")
         return 0
+
+A subcommand registered with ``passthrough=True`` also accepts options it does not know;
+they arrive, in order, as ``args.passthrough`` (``scheduler`` and ``worker`` hand them to
+Dask).
 
 Heavy imports (numpy, the pipeline library, distributed) happen inside the subcommand, so
 ``dask-dataservice --help`` and ``dask-dataservice version`` stay fast.
@@ -20,13 +36,19 @@ Heavy imports (numpy, the pipeline library, distributed) happen inside the subco
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import logging
+import os
+import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["main", "command"]
+__all__ = ["main", "command", "make_click_dataset", "dask_command"]
 
 PROG = "dask-dataservice"
 DIST_NAME = "dask-dataservice"
@@ -38,6 +60,7 @@ class _Command:
     help: str
     run: Callable[[argparse.Namespace], int]
     args: Callable[[argparse.ArgumentParser], None] | None
+    passthrough: bool = False
 
 
 #: ``{name: _Command}`` in registration order; this is the order ``--help`` lists them in.
@@ -49,13 +72,18 @@ def command(
     *,
     help: str,
     args: Callable[[argparse.ArgumentParser], None] | None = None,
+    passthrough: bool = False,
 ) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
-    """Register ``fn(args) -> exit code`` as the subcommand ``name``."""
+    """Register ``fn(args) -> exit code`` as the subcommand ``name``.
+
+    With ``passthrough=True`` the subcommand also accepts arguments it does not define; they
+    are collected, in order, in ``args.passthrough`` instead of being an error.
+    """
 
     def register(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         if name in _COMMANDS:
             raise ValueError(f"subcommand {name!r} is registered twice")
-        _COMMANDS[name] = _Command(name=name, help=help, run=fn, args=args)
+        _COMMANDS[name] = _Command(name=name, help=help, run=fn, args=args, passthrough=passthrough)
         return fn
 
     return register
@@ -68,26 +96,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in _COMMANDS.values():
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(
+            cmd.name,
+            help=cmd.help,
+            description=cmd.help,
+            # a pass-through command must not take ``--pre`` for one of its own options
+            allow_abbrev=not cmd.passthrough,
+        )
         if cmd.args is not None:
             cmd.args(p)
-        p.set_defaults(_run=cmd.run)
+        p.set_defaults(_run=cmd.run, _passthrough=cmd.passthrough)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     run = getattr(args, "_run", None)
+    if extra and not getattr(args, "_passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if run is None:
         parser.print_help(sys.stderr)
         return 2
+    args.passthrough = list(extra)
     try:
         return int(run(args) or 0)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except UsageError as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+class UsageError(Exception):
+    """Options that parse but do not make sense together (exit code 2)."""
 
 
 # Helpers
@@ -197,13 +241,35 @@ class Progress:
         self.close()
 
 
+def _say(args: argparse.Namespace, message: str) -> None:
+    """A status line on stderr, unless ``--quiet``."""
+    if not getattr(args, "quiet", False):
+        print(f"demo: {message}", file=sys.stderr, flush=True)
+
+
 # demo
 ######
+#
+# The demo is a chain of stages, each a function of the parsed arguments:
+#
+#   _demo_cluster   a distributed.Client: an embedded LocalCluster, or --scheduler ADDRESS
+#   _demo_input     the click-through pipeline, moved onto the data service
+#   _consume        the consumer: iterates the input and counts rows (the "trainer")
+#
+# Parameter-server training slots in as another stage between the input and the report: it
+# gets the same client (its workers carry the `ps` resource, which the data service already
+# leaves alone) and consumes the dataset `_demo_input` returns instead of `_consume`.
 
 #: Shape of the synthetic click-through data, loosely after the Criteo display-ads layout.
 _DENSE_FEATURES = 13
 _SPARSE_FEATURES = 26
 _VOCAB_SIZE = 100_000
+#: Rows are generated in blocks of at most this many; a block is the unit of work.
+_MAX_BLOCK_ROWS = 4096
+#: ... and of at least this many, unless the dataset is smaller.
+_MIN_BLOCK_ROWS = 256
+#: Data workers of the embedded cluster when ``--workers`` is not given.
+DEFAULT_WORKERS = 2
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -230,66 +296,292 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="show Dask's and the data service's log messages, and the dispatcher's state",
+    )
+    where = p.add_argument_group("where the pipeline runs")
+    where.add_argument(
+        "--local",
+        action="store_true",
+        help="run the pipeline in this process, without Dask or the data service",
+    )
+    where.add_argument(
+        "--mode",
+        choices=("dynamic", "off"),
+        type=str.lower,
+        default=None,
+        help="sharding policy: 'dynamic' hands each worker splits of the source, so every "
+        "example is produced once; 'off' has every worker produce the whole dataset "
+        "(default: dynamic)",
+    )
+    where.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=f"worker processes of the embedded LocalCluster, one thread each "
+        f"(default: {DEFAULT_WORKERS})",
+    )
+    where.add_argument(
+        "--processes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the embedded cluster's workers as processes (default), or as threads of "
+        "this process with --no-processes (starts faster, but shares one GIL)",
+    )
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="use the Dask cluster at ADDRESS (e.g. tcp://127.0.0.1:8786) instead of starting one",
+    )
+
+
+def _block_rows(n: int) -> int:
+    """Rows per generated block: about 64 blocks, each between 256 and 4096 rows."""
+    return max(1, min(n, max(_MIN_BLOCK_ROWS, min(_MAX_BLOCK_ROWS, -(-n // 64)))))
+
+
+def _click_block(index: int, *, n: int, block_rows: int, seed: int) -> dict:
+    """Rows ``[index * block_rows, ...)`` of the synthetic dataset, as a dict of columns.
+
+    Each block has its own generator, seeded by ``(seed, index)``, so a block is the same
+    whichever process makes it, and in whatever order.
+    """
+    import numpy as np
+
+    start = index * block_rows
+    rows = min(block_rows, n - start)
+    rng = np.random.default_rng([seed, index])
+    return {
+        "dense": rng.lognormal(mean=1.0, sigma=1.5, size=(rows, _DENSE_FEATURES)).astype(np.float32),
+        "sparse": rng.integers(0, 2**31 - 1, size=(rows, _SPARSE_FEATURES), dtype=np.int64),
+        "label": (rng.random(rows) < 0.03).astype(np.int8),
+    }
+
+
+def _preprocess(batch: dict) -> dict:
+    import numpy as np
+
+    return {
+        "dense": np.log1p(batch["dense"]),
+        "sparse": batch["sparse"] % _VOCAB_SIZE,
+        "label": batch["label"].astype(np.float32),
+    }
 
 
 def make_click_dataset(
     n: int, *, batch_size: int = 256, shuffle_buffer: int = 10_000, seed: int = 0
 ):
-    """A synthetic click-through pipeline: slices → shuffle → batch → preprocess → prefetch.
+    """A synthetic click-through pipeline: generate → shuffle → batch → preprocess → prefetch.
 
     Each example is a dict with ``dense`` (13 float32 features, log-normal like counts),
     ``sparse`` (26 categorical ids) and ``label`` (0/1, about 3% positives). Batches come out
     with ``dense`` log-transformed and ``sparse`` hashed into ``_VOCAB_SIZE`` buckets.
-    """
-    import numpy as np
 
+    The examples are generated where the pipeline runs, a block of rows at a time from a
+    ``Dataset.range`` of block indices, so the pipeline is small to ship and splittable: under
+    DYNAMIC sharding the dispatcher hands out block indices and each data worker generates,
+    shuffles, batches and preprocesses the blocks it is given.
+    """
     from dask_dataservice.data import AUTOTUNE, Dataset
 
-    rng = np.random.default_rng(seed)
-    columns = {
-        "dense": rng.lognormal(mean=1.0, sigma=1.5, size=(n, _DENSE_FEATURES)).astype(np.float32),
-        "sparse": rng.integers(0, 2**31 - 1, size=(n, _SPARSE_FEATURES), dtype=np.int64),
-        "label": (rng.random(n) < 0.03).astype(np.int8),
-    }
-
-    def preprocess(batch):
-        return {
-            "dense": np.log1p(batch["dense"]),
-            "sparse": batch["sparse"] % _VOCAB_SIZE,
-            "label": batch["label"].astype(np.float32),
-        }
-
+    block_rows = _block_rows(n)
+    blocks = -(-n // block_rows)
+    make_block = functools.partial(_click_block, n=n, block_rows=block_rows, seed=seed)
     return (
-        Dataset.from_tensor_slices(columns)
+        Dataset.range(blocks)
+        .map(make_block)
+        .flat_map(Dataset.from_tensor_slices)  # one dict per example
         .shuffle(shuffle_buffer, seed=seed)
         .batch(batch_size)
-        .map(preprocess, num_parallel_calls=AUTOTUNE)
+        .map(_preprocess, num_parallel_calls=AUTOTUNE)
         .prefetch(2)
     )
 
 
-@command("demo", help="run a synthetic click-through input pipeline locally", args=_demo_args)
+@command(
+    "demo",
+    help="stream a synthetic click-through input pipeline through the data service",
+    args=_demo_args,
+)
 def _demo(args: argparse.Namespace) -> int:
-    n = args.elements
-    ds = make_click_dataset(
-        n, batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed
-    )
-    if not args.quiet:
-        print(
-            f"demo: {n} examples -> shuffle({args.shuffle_buffer}) -> batch({args.batch_size})"
-            " -> map(preprocess) -> prefetch(2)",
-            file=sys.stderr,
-        )
+    if args.local:
+        given = [o for o, v in (("--mode", args.mode), ("--workers", args.workers),
+                                ("--scheduler", args.scheduler)) if v is not None]
+        if given:
+            raise UsageError(f"--local runs without Dask; it cannot be used with {', '.join(given)}")
+    elif args.scheduler is not None and args.workers is not None:
+        raise UsageError("--workers sizes the embedded cluster; it cannot be used with --scheduler")
 
-    count, batches, elapsed = _consume(ds, n, quiet=args.quiet)
-    if count != n:
-        print(f"demo: expected {n} elements, the pipeline produced {count}", file=sys.stderr)
+    n = args.elements
+    _say(
+        args,
+        f"{n} examples -> shuffle({args.shuffle_buffer}) -> batch({args.batch_size})"
+        " -> map(preprocess) -> prefetch(2)",
+    )
+    if args.local:
+        ds = _demo_dataset(args)
+        count, batches, elapsed = _consume(ds, n, quiet=args.quiet)
+        copies = 1
+    else:
+        count, batches, elapsed, copies = _demo_service(args)
+
+    if count != n * copies:
+        print(f"demo: expected {n * copies} elements, the pipeline produced {count}", file=sys.stderr)
         return 1
     rate = count / elapsed if elapsed > 0 else float("inf")
+    _say(args, f"{batches} batches of up to {args.batch_size}")
     print(f"demo: {count} elements in {elapsed:.2f} s ({rate:.0f} elements/s)")
-    if not args.quiet:
-        print(f"demo: {batches} batches of up to {args.batch_size}", file=sys.stderr)
     return 0
+
+
+def _demo_dataset(args: argparse.Namespace):
+    return make_click_dataset(
+        args.elements, batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed
+    )
+
+
+def _demo_service(args: argparse.Namespace) -> tuple[int, int, float, int]:
+    """The demo on a cluster; returns ``(rows, batches, seconds, copies)``.
+
+    ``copies`` is how many times the dataset was produced: 1 under DYNAMIC sharding, the
+    number of data workers under OFF.
+    """
+    import dask_dataservice as dds
+
+    mode = dds.ShardingPolicy[(args.mode or "dynamic").upper()]
+    with _demo_logging(args.verbose), _demo_cluster(args) as client:
+        workers = _wait_for_data_workers(client, args)
+        _say(args, f"{workers} data worker{'s' if workers != 1 else ''}, sharding policy {mode.name}")
+        copies = 1 if mode == dds.ShardingPolicy.DYNAMIC else workers
+        start = time.perf_counter()
+        ds = _demo_input(args, client, mode)
+        count, batches, _ = _consume(ds, args.elements * copies, quiet=args.quiet)
+        elapsed = time.perf_counter() - start
+        if mode == dds.ShardingPolicy.OFF and count % args.elements == 0:
+            # workers may have joined or left an external cluster meanwhile
+            copies = count // args.elements
+        if args.verbose:
+            _print_dispatcher_state(client)
+        _say(args, "shutting down" if args.scheduler is None else "disconnecting")
+    return count, batches, elapsed, copies
+
+
+def _demo_input(args: argparse.Namespace, client: Any, mode: Any):
+    """The click-through pipeline, registered with the data service and read from it."""
+    import dask_dataservice as dds
+
+    processing_mode = "distributed_epoch" if mode == dds.ShardingPolicy.DYNAMIC else "parallel_epochs"
+    return _demo_dataset(args).apply(dds.distribute(processing_mode, client))
+
+
+@contextlib.contextmanager
+def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
+    """A connected ``distributed.Client``, closed (with its embedded cluster) on exit."""
+    from distributed import Client, LocalCluster
+
+    if args.scheduler is not None:
+        address = args.scheduler if "://" in args.scheduler else f"tcp://{args.scheduler}"
+        try:
+            client = Client(address, timeout="10s", set_as_default=False)
+        except OSError as e:
+            raise UsageError(f"cannot connect to the scheduler at {address}: {e}") from None
+        with client:
+            _say(args, f"connected to {address}")
+            yield client
+        return
+
+    nworkers = args.workers or DEFAULT_WORKERS
+    t0 = time.perf_counter()
+    cluster = LocalCluster(
+        n_workers=nworkers,
+        threads_per_worker=1,
+        processes=args.processes,
+        host="127.0.0.1",
+        protocol="tcp://",  # also for --no-processes, which would pick inproc://
+        dashboard_address=None,
+        # the scheduler serves HTTP (health, metrics) even without a dashboard: keep it on
+        # loopback and off the default port, which another cluster may hold
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        worker_dashboard_address=None,
+        silence_logs=False if args.verbose else logging.WARNING,
+    )
+    with cluster, Client(cluster, set_as_default=False) as client:
+        kind = "processes" if args.processes else "threads"
+        _say(
+            args,
+            f"LocalCluster at {cluster.scheduler_address}: {nworkers} worker {kind} x 1 thread, "
+            f"up in {time.perf_counter() - t0:.2f} s",
+        )
+        yield client
+
+
+def _wait_for_data_workers(client: Any, args: argparse.Namespace, timeout: float = 30.0) -> int:
+    """Install the data service and wait until the data workers registered; return how many.
+
+    The embedded cluster waits for all ``--workers``; an external one for at least one
+    worker, and then for every worker without an excluded resource (parameter servers) for
+    a little while.
+    """
+    import dask_dataservice as dds
+    from dask_dataservice import config
+
+    dds.install(client)
+    deadline = time.monotonic() + timeout
+    if args.scheduler is None:
+        want = args.workers or DEFAULT_WORKERS
+    else:
+        excluded = tuple(config.get("dispatcher.worker-resource-excluded") or ())
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        want = max(1, sum(1 for w in workers
+                          if not any((w.get("resources") or {}).get(r) for r in excluded)))
+    registered: list = []
+    while True:
+        registered = client.sync(client.scheduler.dataservice_state)["workers"]
+        if len(registered) >= want:
+            return len(registered)
+        if time.monotonic() > deadline:
+            if registered:
+                return len(registered)
+            raise UsageError(f"no data worker registered with the data service in {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def _print_dispatcher_state(client: Any) -> None:
+    state = client.sync(client.scheduler.dataservice_state)
+    its = state["iterations"].values()
+    print(
+        f"demo: dispatcher: {len(state['datasets'])} dataset(s), {len(state['jobs'])} job(s), "
+        f"{len(its)} iteration(s), data workers {', '.join(state['workers'])}",
+        file=sys.stderr,
+    )
+
+
+@contextlib.contextmanager
+def _demo_logging(verbose: bool) -> Iterator[None]:
+    """Quiet Dask in this process (WARNING and up) unless verbose; then show ours too."""
+    dist = logging.getLogger("distributed")
+    ours = logging.getLogger("dask_dataservice")
+    saved = dist.level, ours.level
+    handler = None
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+    else:
+        dist.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        dist.setLevel(saved[0])
+        ours.setLevel(saved[1])
+        if handler is not None:
+            ours.removeHandler(handler)
 
 
 def _consume(ds, total: int, *, quiet: bool) -> tuple[int, int, float]:
@@ -309,6 +601,85 @@ def _consume(ds, total: int, *, quiet: bool) -> tuple[int, int, float]:
                 batches += 1
                 bar.update(rows)
     return count, batches, time.perf_counter() - start
+
+
+# scheduler, worker
+###################
+
+#: The module each Dask command runs as (``python -m ...``), so no ``dask`` on PATH is needed.
+_DASK_MODULES = {
+    "scheduler": "distributed.cli.dask_scheduler",
+    "worker": "distributed.cli.dask_worker",
+}
+PRELOAD = "dask_dataservice"
+
+
+def dask_command(kind: str, dask_args: Sequence[str] = ()) -> list[str]:
+    """The command line that starts a Dask ``kind`` (``"scheduler"`` or ``"worker"``) with
+    the data service preloaded: ``python -m distributed.cli.dask_<kind> --preload
+    dask_dataservice *dask_args`` (the preload is not repeated if ``dask_args`` has it).
+    """
+    module = _DASK_MODULES[kind]
+    args = list(dask_args)
+    preloads = {v for k, v in zip(args, args[1:], strict=False) if k == "--preload"}
+    preloads |= {a.split("=", 1)[1] for a in args if a.startswith("--preload=")}
+    preload = [] if PRELOAD in preloads else ["--preload", PRELOAD]
+    return [sys.executable, "-m", module, *preload, *args]
+
+
+def _dask_args(kind: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the Dask command line instead of running it",
+        )
+        p.epilog = (
+            f"Every other argument is passed on to `dask {kind}` (see `python -m "
+            f"{_DASK_MODULES[kind]} --help`), e.g. "
+            + (
+                "--host 127.0.0.1 --port 8786 --scheduler-file FILE."
+                if kind == "scheduler"
+                else "tcp://HOST:8786 --nthreads 4, or --scheduler-file FILE."
+            )
+        )
+
+    return add
+
+
+def _run_dask(kind: str, args: argparse.Namespace) -> int:
+    cmd = dask_command(kind, args.passthrough)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "nt":  # pragma: no cover - no exec on Windows: run it as a child
+        return subprocess.call(cmd)
+    os.execv(cmd[0], cmd)  # the Dask process takes over this one: same pid, same signals
+    return 1  # pragma: no cover
+
+
+@command(
+    "scheduler",
+    help="start a Dask scheduler with the data service's dispatcher "
+    "(dask scheduler --preload dask_dataservice)",
+    args=_dask_args("scheduler"),
+    passthrough=True,
+)
+def _scheduler(args: argparse.Namespace) -> int:
+    return _run_dask("scheduler", args)
+
+
+@command(
+    "worker",
+    help="start a Dask worker with the data service's worker plugin "
+    "(dask worker SCHEDULER --preload dask_dataservice)",
+    args=_dask_args("worker"),
+    passthrough=True,
+)
+def _worker(args: argparse.Namespace) -> int:
+    return _run_dask("worker", args)
 
 
 # version

@@ -300,11 +300,13 @@ def test_with_shard_hint_in_every_branch_and_arguments():
 # ------------------------------------------------------------------------------------------
 
 FINGERPRINT_SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json, sys, threading
     import numpy as np
     from dask_dataservice.data import Dataset, AUTOTUNE
 
     SCALE = int(sys.argv[1])  # a module global that one pipeline reads
+    LOCK = threading.Lock()  # globals that cannot be hashed by value
+    MIXED = {"lock": [threading.Lock()], "n": 3}
 
     def scaled(x):
         return x * SCALE
@@ -330,6 +332,7 @@ FINGERPRINT_SCRIPT = textwrap.dedent('''
         "words": pipeline(words=("1", "2", "4")).fingerprint(),
         "batch": pipeline().unbatch().batch(9).fingerprint(),
         "global": Dataset.range(5).map(scaled).fingerprint(),
+        "process-specific globals": Dataset.range(5).map(lambda x: (x, LOCK, MIXED)).fingerprint(),
         "data": Dataset.from_tensor_slices(np.arange(5.0)).fingerprint(),
         "data2": Dataset.from_tensor_slices(np.arange(5.0) + 1).fingerprint(),
     }

@@ -216,7 +216,7 @@ def test_no_deadlock_when_consumer_stops_while_producer_is_blocked_on_a_full_buf
         it = iter(counting_source(counter).prefetch(1))
         assert next(it) == 0
         # infinite input, buffer of one: the producer ends up blocked on the full buffer
-        wait_until(lambda: counter[0] >= 3, what="the producer to fill the buffer")
+        wait_until(lambda c=counter: c[0] >= 3, what="the producer to fill the buffer")
         if close == "close":
             it.close()
         else:

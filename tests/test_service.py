@@ -420,3 +420,16 @@ async def test_end_of_sequence_is_prompt(c, s, a, b):
     assert sorted([first, *rest]) == list(range(10))
     # generous bounds (CI machines are noisy); the benchmark measures the real figures
     assert to_end < 0.5, to_end
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_one_worker_keeps_pipeline_order(c, s, a):
+    """Several requests are in flight per task, but a task's elements arrive in order."""
+    import dask
+
+    with dask.config.set({"dataservice.client.request-elements": 7,
+                          "dataservice.client.requests-per-task": 4}):
+        ds = await distribute(dds.Dataset.range(20_000), "parallel_epochs", c)
+        assert await read(ds) == list(range(20_000))
+        ds = await distribute(dds.Dataset.range(5_000), "distributed_epoch", c)
+        assert await read(ds) == list(range(5_000))

@@ -119,22 +119,42 @@ def _global_names(code: types.CodeType) -> list[str]:
     return names
 
 
-#: Global values hashed by value; anything else is hashed by its type name only, so that an
-#: unrelated global (a client, a lock) cannot make the fingerprint depend on the process.
-_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
-                frozenset, np.ndarray, np.generic, types.FunctionType, types.ModuleType,
-                types.BuiltinFunctionType, type, Op)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic)
+_CONTAINERS = (tuple, list, dict, set, frozenset)
+_CODE_LIKE = (types.FunctionType, types.ModuleType, types.BuiltinFunctionType, type, Op)
+
+
+def _is_plain_data(x: Any, depth: int = 0) -> bool:
+    """Scalars, strings, numeric arrays and containers of them (nothing process-specific)."""
+    if depth > 20:
+        return False
+    if isinstance(x, _PLAIN):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype != object
+    if isinstance(x, dict):
+        return all(_is_plain_data(k, depth + 1) and _is_plain_data(v, depth + 1)
+                   for k, v in x.items())
+    if isinstance(x, _CONTAINERS):
+        return all(_is_plain_data(v, depth + 1) for v in x)
+    return False
 
 
 def _feed_globals(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
-    """The module globals ``fn`` reads (a constant, a helper function): part of its meaning."""
+    """The module globals ``fn`` reads (a constant, a table, a helper function).
+
+    Plain data, functions, modules, classes and datasets are hashed by value; any other
+    global (a client, a lock, a cache of objects) by its type only, so that it cannot make the
+    fingerprint depend on the process.
+    """
     g = fn.__globals__
     for name in sorted(set(_global_names(fn.__code__))):
         if name not in g:
             continue  # an attribute name, a builtin, or not defined yet
         value = g[name]
         h.update(b"global:" + name.encode())
-        if isinstance(value, _VALUE_TYPES) or (hasattr(value, "_op") and isinstance(value._op, Op)):
+        if (isinstance(value, _CODE_LIKE) or _is_plain_data(value)
+                or (hasattr(value, "_op") and isinstance(value._op, Op))):
             _feed(h, value, seen, depth + 1)
         else:
             h.update(b"type:" + type(value).__module__.encode() + type(value).__qualname__.encode())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import dataclasses
 import logging
 import queue
@@ -495,6 +496,7 @@ class _IterationReader:
         self.max_elements = int(config.get("client.request-elements"))
         self.max_bytes = config.get_bytes("client.request-bytes")
         self.long_poll = config.get_seconds("client.long-poll")
+        self.depth = max(1, int(config.get("client.requests-per-task")))
         self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
 
     async def run(self, view: dict) -> None:
@@ -517,7 +519,7 @@ class _IterationReader:
                 try:
                     resp = await self.client.scheduler.dataservice_client_heartbeat(
                         iteration_client_id=self.client_id)
-                except (OSError, asyncio.TimeoutError) as e:
+                except (TimeoutError, OSError) as e:
                     raise DataServiceError(
                         f"lost contact with the data service at {self.spec.address}: {e!r}"
                     ) from e
@@ -545,14 +547,20 @@ class _IterationReader:
                 self.fetchers[task_id] = asyncio.ensure_future(self._fetch(task_id, address))
 
     async def _fetch(self, task_id: int, address: str) -> None:
+        """Read one task: keep ``requests-per-task`` requests in flight, take them in order."""
         rpc = self.client.rpc(address)
+        pending: collections.deque = collections.deque()
+        seq = 0
         try:
             while not self.stopped:
-                try:
-                    resp = await rpc.dataservice_get_elements(
+                while len(pending) < self.depth:
+                    pending.append(asyncio.ensure_future(rpc.dataservice_get_elements(
                         task_id=task_id, max_elements=self.max_elements, max_bytes=self.max_bytes,
-                        wait=self.long_poll,
-                    )
+                        wait=self.long_poll, consumer=self.client_id, seq=seq,
+                    )))
+                    seq += 1
+                try:
+                    resp = await pending.popleft()
                 except (TimeoutError, OSError) as e:
                     logger.info("dataservice: lost task %s on %s: %r", task_id, address, e)
                     return
@@ -575,6 +583,8 @@ class _IterationReader:
                 self.stopped = True
                 self.channel.put_nowait(_Failure(e))
         finally:
+            for f in pending:
+                f.cancel()
             self.task_done.set()
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
+import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 from distributed.utils import run_in_executor_with_context
@@ -80,21 +81,27 @@ class ElementBuffer:
         self.produced = 0
 
     # -- producer thread ---------------------------------------------------------------
-    def put(self, x: Any) -> None:
-        size = nbytes(x)
+    def put_many(self, items: list) -> None:
+        """Add elements (producer thread); blocks while the buffer is full."""
+        sizes = [_element_size(x) for x in items]
         with self._cond:
             while (self._bytes >= self._max_bytes or len(self._items) >= self._max_elements) \
                     and not self._closed:
                 self._cond.wait(0.5)
             if self._closed:
                 raise TaskCancelled
-            self._items.append(x)
-            self._sizes.append(size)
-            self._bytes += size
-            self.produced += 1
+            self._items.extend(items)
+            self._sizes.extend(sizes)
+            self._bytes += sum(sizes)
+            self.produced += len(items)
             if self._waiting:
                 self._waiting = False
                 self._loop.call_soon_threadsafe(self._event.set)
+
+    @property
+    def consumer_waiting(self) -> bool:
+        """True while a request waits for elements (the producer should hand over at once)."""
+        return self._waiting
 
     def finish(self, error: BaseException | None = None) -> None:
         with self._cond:
@@ -220,9 +227,20 @@ class TaskRunner:
         it = None
         try:
             it = self._iterator()
-            put = self.buffer.put
+            buf = self.buffer
+            put_many = buf.put_many
+            chunk: list = []
+            append = chunk.append
+            # Hand elements over in chunks (one lock round per chunk), but at once when a
+            # consumer is waiting, so a slow pipeline's first element is not held back.
             for x in it:
-                put(x)
+                append(x)
+                if len(chunk) >= 256 or buf._waiting:
+                    put_many(chunk)
+                    chunk = []
+                    append = chunk.append
+            if chunk:
+                put_many(chunk)
         except TaskCancelled:
             pass
         except BaseException as e:  # noqa: BLE001 - handed to the consumers
@@ -244,6 +262,29 @@ class TaskRunner:
     def cancel(self) -> None:
         self.cancelled = True
         self.buffer.close()
+
+
+class _Turns:
+    """Runs requests numbered 0, 1, 2, ... one after the other, in number order."""
+
+    def __init__(self):
+        self.next = 0
+        self._waiters: dict[int, asyncio.Future] = {}
+
+    async def wait_turn(self, seq: int, timeout: float) -> None:
+        if seq <= self.next:
+            return
+        fut = self._waiters[seq] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:  # an earlier request never came: go on rather than hang
+            self._waiters.pop(seq, None)
+
+    def done(self, seq: int) -> None:
+        self.next = max(self.next, seq + 1)
+        fut = self._waiters.pop(self.next, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
 
 class DataWorkerPlugin(WorkerPlugin):
@@ -268,6 +309,8 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0}
         self._task_arrived = asyncio.Event()
+        #: ``{(task_id, consumer): _Turns}``: the order in which a consumer's requests run.
+        self._order: dict[tuple[int, int | None], _Turns] = {}
         worker.handlers["dataservice_get_elements"] = self.get_elements
         worker.handlers["dataservice_worker_state"] = self.worker_state
         worker.stream_handlers["dataservice-tasks"] = self.tasks_changed
@@ -297,8 +340,26 @@ class DataWorkerPlugin(WorkerPlugin):
     # Handlers
     ##########
     async def get_elements(self, task_id: int, max_elements: int = 4096,
-                           max_bytes: int = 32 << 20, wait: float = 1.0) -> dict:
-        """Up to ``max_elements`` buffered elements of a task, or end of sequence."""
+                           max_bytes: int = 32 << 20, wait: float = 1.0,
+                           consumer: int | None = None, seq: int | None = None) -> dict:
+        """Up to ``max_elements`` buffered elements of a task, or end of sequence.
+
+        A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
+        elements in the order it sent them, so a task's elements arrive in order.
+        """
+        if seq is None:
+            return await self._get_elements(task_id, max_elements, max_bytes, wait)
+        key = (task_id, consumer)
+        order = self._order.get(key)
+        if order is None:
+            order = self._order[key] = _Turns()
+        await order.wait_turn(seq, timeout=wait + 10)
+        try:
+            return await self._get_elements(task_id, max_elements, max_bytes, wait)
+        finally:
+            order.done(seq)
+
+    async def _get_elements(self, task_id, max_elements, max_bytes, wait) -> dict:
         runner = self.tasks.get(task_id)
         if runner is None:
             if task_id in self.finished_tasks:
@@ -358,6 +419,8 @@ class DataWorkerPlugin(WorkerPlugin):
             if runner is not None:
                 runner.cancel()
             self.finished_tasks.add(task_id)
+            for key in [k for k in self._order if k[0] == task_id]:
+                del self._order[key]
         for task in new_tasks:
             tid = task["task_id"]
             if tid in self.tasks or tid in self.finished_tasks:
@@ -454,6 +517,18 @@ class DataWorkerPlugin(WorkerPlugin):
             return
         raise_for_status(resp, "worker heartbeat")
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
+
+
+_SCALARS = (int, float, bool, complex)
+
+
+def _element_size(x: Any) -> int:
+    t = type(x)
+    if t is np.ndarray:
+        return x.nbytes
+    if t in _SCALARS or isinstance(x, np.generic):
+        return 8
+    return nbytes(x)
 
 
 def _closing_get_elements(**kwargs) -> dict:
