@@ -580,6 +580,12 @@ def _p90(vals: list[float]) -> float:
 ################################################################################
 
 
+def _package_path() -> str:
+    import dask_dataservice
+
+    return dask_dataservice.__file__
+
+
 def _sampler_start(interval: float = 0.002, dask_worker=None, dask_scheduler=None):
     import collections
     import sys as _sys
@@ -684,6 +690,12 @@ def describe(args, sizes: dict, runs: int) -> dict:
                                 "dask_dataservice"], cwd=repo, text=True, capture_output=True,
                                timeout=5).stdout.split("\n")
         dirty = [line[3:] for line in dirty if line.strip()]
+    import hashlib
+
+    pkg = Path(dds.__file__).parent
+    digest = hashlib.sha1()
+    for f in sorted((pkg / "service").glob("*.py")) + [pkg / "dataservice.yaml"]:
+        digest.update(f.read_bytes())
     return {
         "run": "benchmarks/service.py",
         "quick": args.quick,
@@ -696,7 +708,8 @@ def describe(args, sizes: dict, runs: int) -> dict:
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "dask": dask.__version__, "distributed": distributed.__version__,
                      "dask_dataservice": dds.__version__, "package_path": dds.__file__,
-                     "git_commit": commit, "modified_package_files": dirty},
+                     "git_commit": commit, "modified_package_files": dirty,
+                     "service_sources_sha1": digest.hexdigest()[:12]},
         "config": dict(dask.config.get("dataservice.client"), **{
             f"worker.{k}": v for k, v in dask.config.get("dataservice.worker").items()}),
         "cluster": "dask scheduler + dask worker --nthreads 1 --no-nanny processes, "
@@ -749,6 +762,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         cluster.add_worker()
+        paths = set(cluster.client.run(_package_path).values())
+        if paths != {dds.__file__}:
+            note(f"the workers import dask_dataservice from {paths}, this process from {dds.__file__}")
         note(f"1 worker up after {time.perf_counter() - t_start:.1f} s")
         # 1 worker
         if "W1" in only:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from dask_dataservice.data import AUTOTUNE, INFINITE, UNKNOWN, Dataset, readers
 
-FAST = settings(max_examples=30, deadline=None)
+FAST = settings(max_examples=60, deadline=None)
 
 
 def py(x):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dask_dataservice.data import UNKNOWN, Dataset, FileSplit, IndexRange, readers
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = settings(max_examples=60, deadline=None)
 
 
 def py(x):

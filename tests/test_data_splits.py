@@ -26,7 +26,7 @@ from dask_dataservice.data import (
     readers,
 )
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = settings(max_examples=60, deadline=None)
 
 
 def py(x):

@@ -433,3 +433,22 @@ async def test_one_worker_keeps_pipeline_order(c, s, a):
         assert await read(ds) == list(range(20_000))
         ds = await distribute(dds.Dataset.range(5_000), "distributed_epoch", c)
         assert await read(ds) == list(range(5_000))
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_endless_repeat_keeps_in_flight_splits_bounded(c, s, a):
+    ds = await distribute(dds.Dataset.range(100).repeat(), "distributed_epoch", c)
+    plugin = s.plugins[PLUGIN_NAME]
+    n_splits = len(dds.Dataset.range(100).splits())
+
+    it = iter(ds)
+    out = await asyncio.to_thread(lambda: [next(it) for _ in range(100 * 12)])
+    assert collections.Counter(out) == collections.Counter({i: 12 for i in range(100)})
+    iteration = [i for i in plugin.state.list_iterations() if i.status == "running"][0]
+    task = plugin.state.tasks_for_iteration(iteration.iteration_id)[0]
+    await poll(lambda: len(plugin.state.task_splits(task.task_id)) <= 3 * n_splits,
+               what="old repetitions acknowledged")
+    # the iteration was long past repetition 3, and only the last few remain in flight
+    assert plugin.state.split_cursor(iteration.iteration_id).repetition >= 10
+    await asyncio.to_thread(it.close)
+    await assert_dispatcher_cleanup(s)

@@ -214,7 +214,12 @@ class Dataset:
         return Dataset(ops.FlatMap(self._op, map_func))
 
     def prefetch(self, buffer_size: int) -> Dataset:
-        """Run the pipeline so far in a background thread, ``buffer_size`` elements ahead."""
+        """Run the pipeline so far in a background thread, ``buffer_size`` elements ahead.
+
+        ``AUTOTUNE`` is 64 elements; 0 turns prefetching off. The thread and the consumer
+        each hold at most ``buffer_size`` elements (they hand over a buffer at a time), and
+        the thread stops as soon as the iterator is closed or dropped.
+        """
         return Dataset(ops.Prefetch(self._op, buffer_size))
 
     def enumerate(self, start: int = 0) -> Dataset:

@@ -37,6 +37,7 @@ from ._exceptions import (
     WorkerNotFoundError,
 )
 from .state import (
+    AckSplits,
     AcquireIterationClient,
     ClientHeartbeat,
     CreateIteration,
@@ -109,6 +110,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_release_iteration_client": self.release_iteration_client,
             "dataservice_get_split": self.get_split,
             "dataservice_finish_task": self.finish_task,
+            "dataservice_ack_splits": self.ack_splits,
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
         }
@@ -284,6 +286,18 @@ class DispatcherPlugin(SchedulerPlugin):
                 task_id=task_id, finished=finished,
             ))
             return {"status": "OK", "split_index": None if finished else cursor.next_index}
+        except Exception as e:  # noqa: BLE001
+            return error_message(e)
+
+    def ack_splits(self, task_id: int, repetition: int) -> dict:
+        """A task is done with every split it holds of ``repetition`` and before."""
+        try:
+            held = self.state.task_splits(task_id)
+            if held and held[0][0] <= repetition:
+                self._apply(AckSplits(task_id=task_id, repetition=repetition, index=2**62))
+            return {"status": "OK"}
+        except TaskNotFoundError:
+            return {"status": "OK"}
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 

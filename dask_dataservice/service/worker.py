@@ -193,6 +193,14 @@ class DispatcherSplitProvider(SplitProvider):
 
     def reset(self) -> None:
         self.repetition += 1
+        if self.repetition >= 2:
+            # Splits two repetitions back have left the pipeline (short of a shuffle buffer
+            # holding more than a whole repetition): stop counting them as in flight, so an
+            # endless repeat() does not grow the dispatcher's in-flight set forever.
+            asyncio.run_coroutine_threadsafe(
+                self._runner.plugin._ack_splits(self._runner.task, self.repetition - 2),
+                self._runner.loop,
+            )
 
 
 class TaskRunner:
@@ -477,6 +485,13 @@ class DataWorkerPlugin(WorkerPlugin):
             "split request",
         )
         return resp["split_index"]
+
+    async def _ack_splits(self, task: dict, repetition: int) -> None:
+        try:
+            await self.worker.scheduler.dataservice_ack_splits(
+                task_id=task["task_id"], repetition=repetition)
+        except Exception as e:  # noqa: BLE001 - only bookkeeping is lost
+            logger.debug("dataservice: ack_splits failed: %r", e)
 
     def _task_produced_all(self, runner: TaskRunner) -> None:
         asyncio.ensure_future(self._finish_task(runner))
