@@ -511,10 +511,11 @@ def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
         silence_logs=False if args.verbose else logging.WARNING,
     )
     with cluster, Client(cluster, set_as_default=False) as client:
-        kind = "processes" if args.processes else "threads"
+        plural = "" if nworkers == 1 else "es"
+        kind = f"worker process{plural}" if args.processes else f"in-process worker{plural[1:]}"
         _say(
             args,
-            f"LocalCluster at {cluster.scheduler_address}: {nworkers} worker {kind} x 1 thread, "
+            f"LocalCluster at {cluster.scheduler_address}: {nworkers} {kind} x 1 thread, "
             f"up in {time.perf_counter() - t0:.2f} s",
         )
         yield client

@@ -268,24 +268,33 @@ class DispatcherPlugin(SchedulerPlugin):
 
     # Handlers: data workers
     ########################
-    def get_split(self, iteration_id: int, task_id: int, repetition: int) -> dict:
-        """The next split index of a DYNAMIC iteration for ``task_id``, or None at the end."""
+    def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1) -> dict:
+        """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
+
+        ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
+        indices returned). O(count).
+        """
         try:
             cursor = self.state.split_cursor(iteration_id)
             task = self.state.task(task_id)
             if task.status != "active" or repetition < cursor.repetition:
-                return {"status": "OK", "split_index": None}
+                return {"status": "OK", "split_indices": [], "end_of_splits": True}
             if repetition > cursor.repetition:
                 raise DataServiceError(
                     f"task {task_id} asked for repetition {repetition} of iteration "
                     f"{iteration_id}, which is only at repetition {cursor.repetition}"
                 )
-            finished = cursor.next_index >= cursor.num_splits
-            self._apply(ProduceSplit(
-                iteration_id=iteration_id, repetition=cursor.repetition, index=cursor.next_index,
-                task_id=task_id, finished=finished,
-            ))
-            return {"status": "OK", "split_index": None if finished else cursor.next_index}
+            indices: list[int] = []
+            index, num_splits = cursor.next_index, cursor.num_splits
+            for _ in range(max(1, min(int(count), 1024))):
+                finished = index >= num_splits
+                self._apply(ProduceSplit(iteration_id=iteration_id, repetition=repetition,
+                                         index=index, task_id=task_id, finished=finished))
+                if finished:
+                    return {"status": "OK", "split_indices": indices, "end_of_splits": True}
+                indices.append(index)
+                index += 1
+            return {"status": "OK", "split_indices": indices, "end_of_splits": False}
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 

@@ -153,17 +153,24 @@ class ElementBuffer:
 class DispatcherSplitProvider(SplitProvider):
     """Serves a DYNAMIC task's source the splits the dispatcher hands out.
 
-    Runs in the task's thread. It keeps one request ahead: when it returns split ``k`` it has
-    already asked for split ``k+1``, so the round trip hides behind reading split ``k``.
-    A split it has been given but not yet returned counts as *in flight* at the dispatcher
-    and is lost (never re-issued) if this worker dies: at-most-once visitation.
+    Runs in the task's thread. It asks ahead: as soon as a batch of split indices arrives it
+    requests the next batch, so the round trip hides behind reading. The batch size adapts:
+    it doubles (up to ``MAX_BATCH``) whenever the source had to wait for a reply, so tiny
+    splits cost few round trips, while slow pipelines keep asking for one split at a time.
+    A split handed out but not yet finished counts as *in flight* at the dispatcher and is
+    lost (never re-issued) if this worker dies: at-most-once visitation.
     """
+
+    MAX_BATCH = 64
 
     def __init__(self, runner: TaskRunner, splits: list):
         self._runner = runner
         self._splits = splits
         self.repetition = 0
         self._pending = None
+        self._local: deque = deque()
+        self._ended = False
+        self._batch = 1
 
     @property
     def num_splits(self) -> int:
@@ -171,28 +178,38 @@ class DispatcherSplitProvider(SplitProvider):
 
     def _request(self):
         return asyncio.run_coroutine_threadsafe(
-            self._runner.plugin._get_split(self._runner.task, self.repetition), self._runner.loop
+            self._runner.plugin._get_splits(self._runner.task, self.repetition, self._batch),
+            self._runner.loop,
         )
 
-    def get_next(self):
-        fut = self._pending if self._pending is not None else self._request()
-        self._pending = None
+    def _wait(self, fut):
+        if not fut.done() and self._batch < self.MAX_BATCH:
+            self._batch *= 2  # we are waiting on the dispatcher: ask for more at once
         while True:
             if self._runner.cancelled:
                 fut.cancel()
                 raise TaskCancelled
             try:
-                index = fut.result(timeout=0.5)
-                break
+                return fut.result(timeout=0.5)
             except TimeoutError:
                 continue
-        if index is None:
-            return None
-        self._pending = self._request()
-        return self._splits[index]
+
+    def get_next(self):
+        while not self._local:
+            if self._ended:
+                return None
+            fut = self._pending if self._pending is not None else self._request()
+            self._pending = None
+            indices, ended = self._wait(fut)
+            self._local.extend(indices)
+            self._ended = ended
+            if not ended:
+                self._pending = self._request()
+        return self._splits[self._local.popleft()]
 
     def reset(self) -> None:
         self.repetition += 1
+        self._ended = False
         if self.repetition >= 2:
             # Splits two repetitions back have left the pipeline (short of a shuffle buffer
             # holding more than a whole repetition): stop counting them as in flight, so an
@@ -477,14 +494,15 @@ class DataWorkerPlugin(WorkerPlugin):
             self._datasets[dataset_id] = (dataset, splits)
             return dataset, splits
 
-    async def _get_split(self, task: dict, repetition: int):
+    async def _get_splits(self, task: dict, repetition: int, count: int):
         resp = raise_for_status(
             await self.worker.scheduler.dataservice_get_split(
-                iteration_id=task["iteration_id"], task_id=task["task_id"], repetition=repetition
+                iteration_id=task["iteration_id"], task_id=task["task_id"], repetition=repetition,
+                count=count,
             ),
             "split request",
         )
-        return resp["split_index"]
+        return resp["split_indices"], resp["end_of_splits"]
 
     async def _ack_splits(self, task: dict, repetition: int) -> None:
         try:
