@@ -454,7 +454,7 @@ def _demo_service(args: argparse.Namespace) -> tuple[int, int, float, int]:
     import dask_dataservice as dds
 
     mode = dds.ShardingPolicy[(args.mode or "dynamic").upper()]
-    with _demo_logging(args.verbose), _demo_cluster(args) as client:
+    with _sigterm_exits(), _demo_logging(args.verbose), _demo_cluster(args) as client:
         workers = _wait_for_data_workers(client, args)
         _say(args, f"{workers} data worker{'s' if workers != 1 else ''}, sharding policy {mode.name}")
         copies = 1 if mode == dds.ShardingPolicy.DYNAMIC else workers
@@ -482,7 +482,7 @@ def _demo_input(args: argparse.Namespace, client: Any, mode: Any):
 @contextlib.contextmanager
 def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
     """A connected ``distributed.Client``, closed (with its embedded cluster) on exit."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if args.scheduler is not None:
         address = args.scheduler if "://" in args.scheduler else f"tcp://{args.scheduler}"
@@ -497,7 +497,23 @@ def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
 
     nworkers = args.workers or DEFAULT_WORKERS
     t0 = time.perf_counter()
-    cluster = LocalCluster(
+    with _children_ignore_sigint():
+        cluster = _local_cluster(args, nworkers)
+    with cluster, Client(cluster, set_as_default=False) as client:
+        plural = "" if nworkers == 1 else "es"
+        kind = f"worker process{plural}" if args.processes else f"in-process worker{plural[1:]}"
+        _say(
+            args,
+            f"LocalCluster at {cluster.scheduler_address}: {nworkers} {kind} x 1 thread, "
+            f"up in {time.perf_counter() - t0:.2f} s",
+        )
+        yield client
+
+
+def _local_cluster(args: argparse.Namespace, nworkers: int):
+    from distributed import LocalCluster
+
+    return LocalCluster(
         n_workers=nworkers,
         threads_per_worker=1,
         processes=args.processes,
@@ -510,15 +526,48 @@ def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
         worker_dashboard_address=None,
         silence_logs=False if args.verbose else logging.WARNING,
     )
-    with cluster, Client(cluster, set_as_default=False) as client:
-        plural = "" if nworkers == 1 else "es"
-        kind = f"worker process{plural}" if args.processes else f"in-process worker{plural[1:]}"
-        _say(
-            args,
-            f"LocalCluster at {cluster.scheduler_address}: {nworkers} {kind} x 1 thread, "
-            f"up in {time.perf_counter() - t0:.2f} s",
-        )
-        yield client
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit(143)``, so the cluster is closed on the way out."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        print(f"{PROG}: terminated", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint() -> Iterator[None]:
+    """Start worker processes with SIGINT ignored (it survives their exec).
+
+    Ctrl-C on a terminal signals the whole process group: without this, each worker process
+    would raise KeyboardInterrupt wherever it is and print a traceback, while this process
+    closes the cluster anyway. Ctrl-C during the start itself is ignored.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _wait_for_data_workers(client: Any, args: argparse.Namespace, timeout: float = 30.0) -> int:

@@ -97,7 +97,8 @@ async def _poll(cond, timeout=5.0):
 def test_dispatcher_dies_mid_iteration_gives_clear_error():
     import dask
 
-    with dask.config.set({"dataservice.client.connect-timeout": "2s"}):
+    with dask.config.set({"dataservice.client.connect-timeout": "2s",
+                          "dataservice.client.dispatcher-timeout": "1s"}):
         _dispatcher_dies_mid_iteration()
 
 

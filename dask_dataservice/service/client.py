@@ -497,6 +497,7 @@ class _IterationReader:
         self.max_bytes = config.get_bytes("client.request-bytes")
         self.long_poll = config.get_seconds("client.long-poll")
         self.depth = max(1, int(config.get("client.requests-per-task")))
+        self.dispatcher_timeout = config.get_seconds("client.dispatcher-timeout")
         self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
 
     async def run(self, view: dict) -> None:
@@ -516,14 +517,7 @@ class _IterationReader:
                         await asyncio.wait_for(self.task_done.wait(), self.heartbeat_interval)
                     except TimeoutError:
                         pass
-                try:
-                    resp = await self.client.scheduler.dataservice_client_heartbeat(
-                        iteration_client_id=self.client_id)
-                except (TimeoutError, OSError) as e:
-                    raise DataServiceError(
-                        f"lost contact with the data service at {self.spec.address}: {e!r}"
-                    ) from e
-                view = raise_for_status(resp, "client heartbeat")
+                view = await self._heartbeat()
                 self._update_tasks(view)
                 if self.fetchers and all(f.done() for f in self.fetchers.values()) \
                         and not view["finished"]:
@@ -538,6 +532,32 @@ class _IterationReader:
             self.channel.put_nowait(_Failure(e))
         finally:
             self.stop()
+
+    async def _heartbeat(self) -> dict:
+        """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
+
+        A fault-tolerant dispatcher comes back with the same iteration (its journal holds
+        it), so the consumer keeps asking for up to ``client.dispatcher-timeout``.
+        """
+        deadline = None
+        while True:
+            try:
+                resp = await self.client.scheduler.dataservice_client_heartbeat(
+                    iteration_client_id=self.client_id)
+                if resp is not None:
+                    return raise_for_status(resp, "client heartbeat")
+                error: BaseException = RuntimeError("the dispatcher plugin is not installed")
+            except (TimeoutError, OSError) as e:
+                error = e
+            loop = asyncio.get_running_loop()
+            if deadline is None:
+                deadline = loop.time() + self.dispatcher_timeout
+                logger.info("dataservice: dispatcher unreachable (%r); retrying", error)
+            if loop.time() >= deadline or self.stopped:
+                raise DataServiceError(
+                    f"lost contact with the data service at {self.spec.address}: {error!r}"
+                ) from error
+            await asyncio.sleep(0.05)
 
     def _update_tasks(self, view: dict) -> None:
         for task_id, address, status in view["tasks"]:

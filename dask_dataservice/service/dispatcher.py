@@ -19,7 +19,10 @@ caller)) and garbage collection (O(tasks of the collected iteration)).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import os
 import time
 from typing import Any
 
@@ -52,6 +55,7 @@ from .state import (
     ReleaseIterationClient,
     RemoveWorker,
     Update,
+    encode_update,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,31 @@ PLUGIN_NAME = "dataservice-dispatcher"
 
 #: Policies served so far; the static ones arrive with the fixed-worker-list support.
 _SUPPORTED_MODES = {ShardingPolicy.OFF, ShardingPolicy.DYNAMIC}
+
+
+def _durable(method):
+    """Make a mutating handler reply only once its updates are in the journal.
+
+    The handler runs synchronously (validate → journal append → apply, with no other
+    handler in between); its reply then waits for the journal's group commit. Records are
+    made durable in order, so waiting for the newest covers every update the reply can
+    depend on: no client ever sees an effect that a crash could undo.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self, *args, **kwargs):
+        if self._closed:  # shutting down: callers retry against the next dispatcher
+            return {"status": "closing"}
+        reply = method(self, *args, **kwargs)
+        tail = self._journal_tail
+        if tail is not None:
+            try:
+                await asyncio.shield(tail)
+            except Exception as e:  # noqa: BLE001
+                return error_message(DataServiceError(f"the dispatcher's journal failed: {e!r}"))
+        return reply
+
+    return wrapper
 
 
 def _now_micros() -> int:
@@ -82,10 +111,19 @@ class DispatcherPlugin(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, job_gc_timeout: float | None = None, client_timeout: float | None = None):
+    def __init__(self, job_gc_timeout: float | None = None, client_timeout: float | None = None,
+                 fault_tolerant_mode: bool | None = None, work_dir: str | None = None):
         self.job_gc_timeout = job_gc_timeout
         self.client_timeout = client_timeout
+        self.fault_tolerant_mode = fault_tolerant_mode
+        self.work_dir = work_dir
         self.state = DispatcherState()
+        self._journal = None
+        self._journal_tail = None
+        self._journal_error: BaseException | None = None
+        #: Updates replayed from the journal at the last start.
+        self.recovered_updates = 0
+        self._closed = False
 
     # Lifecycle
     ###########
@@ -97,10 +135,27 @@ class DispatcherPlugin(SchedulerPlugin):
         if self.client_timeout is None:
             self.client_timeout = config.get_seconds("dispatcher.client-timeout")
         self._excluded_resources = tuple(config.get("dispatcher.worker-resource-excluded") or ())
-        logger.info(
-            "dataservice dispatcher started without fault-tolerant mode: its state will not "
-            "survive a restart of the scheduler"
-        )
+        if self.fault_tolerant_mode is None:
+            self.fault_tolerant_mode = bool(config.get("dispatcher.fault-tolerant-mode"))
+        if self.work_dir is None:
+            self.work_dir = config.get("dispatcher.work-dir")
+        self._journal = None
+        self._journal_tail = None
+        self._journal_error = None
+        self._closed = False
+        self._recovered_at = _now_micros()
+        if self.fault_tolerant_mode:
+            if not self.work_dir:
+                raise ValueError(
+                    "the dispatcher's fault-tolerant mode needs a work_dir for its journal "
+                    "(dataservice.dispatcher.work-dir)"
+                )
+            await self._recover()
+        else:
+            logger.info(
+                "dataservice dispatcher started without fault-tolerant mode: its state will not "
+                "survive a restart of the scheduler"
+            )
         handlers = {
             "dataservice_register_dataset": self.register_dataset,
             "dataservice_get_dataset": self.get_dataset,
@@ -132,15 +187,57 @@ class DispatcherPlugin(SchedulerPlugin):
         scheduler.periodic_callbacks["dataservice-gc"] = pc
         pc.start()
 
+    async def _recover(self) -> None:
+        """Replay the journal (before any handler is served), then open a new segment."""
+        from .journal import JournalWriter, read_journal
+        from .state import decode_update
+
+        work_dir = os.fspath(self.work_dir)
+
+        def replay() -> tuple[DispatcherState, int]:
+            state = DispatcherState()
+            n = 0
+            for record in read_journal(work_dir):
+                state.apply(decode_update(record))
+                n += 1
+            return state, n
+
+        loop = asyncio.get_running_loop()
+        self.state, self.recovered_updates = await loop.run_in_executor(None, replay)
+        self._journal = await loop.run_in_executor(None, JournalWriter.open, work_dir)
+        # Rebuild what is not journaled. Workers of the previous run are gone (a Dask worker
+        # does not outlive its scheduler): their tasks are lost, and so are the splits they
+        # held, which are never handed out again. Clients restart their liveness timers.
+        now = _now_micros()
+        for worker in self.state.list_workers():
+            self._apply(RemoveWorker(address=worker.address))
+        for client in self.state.list_iteration_clients():
+            self._apply(ClientHeartbeat(iteration_client_id=client.iteration_client_id,
+                                        time_micros=now))
+        if self._journal_tail is not None:
+            await self._journal_tail
+        logger.info(
+            "dataservice dispatcher recovered %d journaled updates from %s (%d datasets, %d jobs)",
+            self.recovered_updates, work_dir, len(self.state.list_datasets()),
+            len(self.state.list_jobs()),
+        )
+
     async def close(self) -> None:
+        self._closed = True
+        if self._journal is not None:
+            try:
+                await self._journal.aclose()
+            except Exception as e:  # noqa: BLE001 - closing anyway
+                logger.warning("dataservice: closing the journal failed: %r", e)
         pc = self.scheduler.periodic_callbacks.pop("dataservice-gc", None)
         if pc is not None:
             pc.stop()
-        for name in getattr(self, "_handler_names", ()):
-            self.scheduler.handlers.pop(name, None)
+        # Handlers stay installed: requests still in flight get answers, not "unknown op".
         self.scheduler.extensions.pop("dataservice", None)
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        if self._closed:  # the scheduler is shutting down: leave the journal as it is
+            return
         try:
             if self.state.worker(worker).registered:
                 self._apply(RemoveWorker(address=worker))
@@ -150,12 +247,34 @@ class DispatcherPlugin(SchedulerPlugin):
     # The one way to change state
     #############################
     def _apply(self, update: Update) -> None:
-        """Validate and apply one update (fault-tolerant mode journals it in between)."""
+        """Validate, journal (fault-tolerant mode) and apply one update.
+
+        The journal append only enqueues the record (its place in the journal is fixed now);
+        handlers wrapped in :func:`_durable` wait for it before replying.
+        """
+        if self._journal_error is not None:
+            raise DataServiceError(
+                f"the dispatcher's journal failed ({self._journal_error!r}); restart the "
+                "scheduler to recover from the journal"
+            )
         self.state.check(update)
+        if self._journal is not None:
+            tail = self._journal.append(encode_update(update))
+            tail.add_done_callback(self._journal_done)
+            self._journal_tail = tail
         self.state.apply(update)
+
+    def _journal_done(self, fut) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None and self._journal_error is None:
+            self._journal_error = exc
+            logger.critical("dataservice: the journal failed, refusing further updates: %r", exc)
 
     # Handlers: datasets, jobs, iterations
     ######################################
+    @_durable
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
                          metadata: dict | None = None, compression: str | None = None) -> dict:
@@ -182,6 +301,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def get_or_create_job(self, dataset_id: int, processing_mode: Any, job_name: str | None = None,
                           num_consumers: int | None = None, target_workers: str = "AUTO",
                           cross_trainer_cache: bool = False) -> dict:
@@ -222,6 +342,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def get_or_create_iteration(self, job_id: int, repetition: int = 0) -> dict:
         try:
             job = self.state.job(job_id)
@@ -250,6 +371,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def client_heartbeat(self, iteration_client_id: int) -> dict:
         try:
             client = self.state.iteration_client(iteration_client_id)
@@ -259,6 +381,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def release_iteration_client(self, iteration_client_id: int) -> dict:
         try:
             self._release_client(iteration_client_id)
@@ -268,6 +391,7 @@ class DispatcherPlugin(SchedulerPlugin):
 
     # Handlers: data workers
     ########################
+    @_durable
     def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1) -> dict:
         """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
 
@@ -298,6 +422,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def ack_splits(self, task_id: int, repetition: int) -> dict:
         """A task is done with every split it holds of ``repetition`` and before."""
         try:
@@ -310,6 +435,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def finish_task(self, task_id: int, error: bool = False) -> dict:
         try:
             task = self.state.task(task_id)
@@ -321,6 +447,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001
             return error_message(e)
 
+    @_durable
     def worker_heartbeat(self, address: str, host: str, nthreads: int,
                          active_tasks: list | tuple = (), finished_tasks: list | tuple = ()) -> dict:
         """Register a data worker if needed and tell it which tasks to start and drop."""
@@ -450,7 +577,9 @@ class DispatcherPlugin(SchedulerPlugin):
             for it in self.state.list_iterations():
                 if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
                     continue
-                if now - it.last_client_released_micros >= gc_timeout:
+                # after a restart, every timer starts again (nothing is collected early)
+                released = max(it.last_client_released_micros, self._recovered_at)
+                if now - released >= gc_timeout:
                     self._garbage_collect(it.iteration_id)
         except Exception:  # noqa: BLE001 - a periodic callback must not die
             logger.exception("dataservice: garbage collection failed")

@@ -177,6 +177,7 @@ class DispatchServer(_BackgroundServer):
             scheduler.add_plugin(DispatcherPlugin(
                 job_gc_timeout=None if cfg.job_gc_timeout_ms is None else cfg.job_gc_timeout_ms / 1000,
                 client_timeout=None if cfg.client_timeout_ms is None else cfg.client_timeout_ms / 1000,
+                fault_tolerant_mode=cfg.fault_tolerant_mode, work_dir=cfg.work_dir,
             ))
             await scheduler
             return scheduler
@@ -216,31 +217,99 @@ class WorkerServer(_BackgroundServer):
             self.start()
 
     def start(self) -> None:
-        """Start the worker and connect it to the dispatcher."""
+        """Start the worker and connect it to the dispatcher.
+
+        The worker is supervised: when its scheduler goes away (a Dask worker then closes
+        itself), a new worker starts at once, waits for the scheduler to come back and
+        registers again, so a restarted dispatcher gets its workers back by itself.
+        """
         if self.server is not None:
             return
         cfg = self.config
         address = cfg.dispatcher_address
         if "://" not in address:
             address = f"{self._protocol}://{address}"
+        host = cfg.worker_address.rsplit(":", 1)[0] if cfg.worker_address else "127.0.0.1"
+        kwargs = dict(nthreads=cfg.nthreads, host=host, port=cfg.port, protocol=self._protocol,
+                      dashboard=False, resources=cfg.resources, name=cfg.name)
 
         async def make():
-            from distributed import Worker
-
-            from .worker import DataWorkerPlugin
-
-            host = cfg.worker_address.rsplit(":", 1)[0] if cfg.worker_address else "127.0.0.1"
-            worker = Worker(
-                address, nthreads=cfg.nthreads, host=host, port=cfg.port, protocol=self._protocol,
-                dashboard=False, resources=cfg.resources, name=cfg.name,
-                plugins={DataWorkerPlugin()},
-            )
-            await worker
-            return worker
+            supervisor = WorkerSupervisor(address, **kwargs)
+            await supervisor.start()
+            return supervisor
 
         self._start(make)
 
     @property
+    def restarts(self) -> int:
+        """How many times the worker was restarted after losing its scheduler."""
+        return self.server.restarts
+
+    @property
     def worker_address(self) -> str:
-        """This worker's address."""
-        return self.server.address
+        """This worker's current address."""
+        return self.server.worker.address
+
+
+class WorkerSupervisor:
+    """Keeps a Dask worker with the data-worker plugin connected to a scheduler.
+
+    Dask workers do not reconnect to a restarted scheduler: they close themselves (see
+    dask/distributed#6361). The supervisor starts a fresh worker whenever the current one
+    closes for any reason but :meth:`close`; the new worker waits until the scheduler is
+    reachable again, then registers, and the dispatcher gives it tasks.
+    """
+
+    def __init__(self, scheduler_address: str, **worker_kwargs):
+        self.scheduler_address = scheduler_address
+        self.worker_kwargs = worker_kwargs
+        self.worker = None
+        self.restarts = 0
+        self._closing = False
+        self._task: asyncio.Task | None = None
+
+    def _new_worker(self):
+        from distributed import Worker
+
+        from .worker import DataWorkerPlugin
+
+        return Worker(self.scheduler_address, plugins={DataWorkerPlugin()}, **self.worker_kwargs)
+
+    async def start(self) -> WorkerSupervisor:
+        self.worker = self._new_worker()
+        await self.worker
+        self._task = asyncio.ensure_future(self._supervise())
+        return self
+
+    async def _supervise(self) -> None:
+        import logging
+
+        log = logging.getLogger(__name__)
+        while not self._closing:
+            await self.worker.finished()
+            if self._closing:
+                return
+            self.restarts += 1
+            log.info("dataservice: worker lost its scheduler; starting a new worker (restart %d)",
+                     self.restarts)
+            while not self._closing:
+                worker = self._new_worker()
+                try:
+                    await worker  # waits for the scheduler to be reachable again
+                    self.worker = worker
+                    break
+                except Exception as e:  # noqa: BLE001 - keep trying
+                    log.info("dataservice: worker restart failed (%r); retrying", e)
+                    await worker.close()
+                    await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self.worker is not None:
+            await self.worker.close()
+        if self._task is not None:
+            self._task.cancel()
+
+    @property
+    def address(self) -> str:
+        return self.worker.address

@@ -495,13 +495,27 @@ class DataWorkerPlugin(WorkerPlugin):
             return dataset, splits
 
     async def _get_splits(self, task: dict, repetition: int, count: int):
-        resp = raise_for_status(
-            await self.worker.scheduler.dataservice_get_split(
-                iteration_id=task["iteration_id"], task_id=task["task_id"], repetition=repetition,
-                count=count,
-            ),
-            "split request",
-        )
+        """Split indices from the dispatcher; waits out a dispatcher that is going away.
+
+        If the scheduler is closing (or unreachable), this worker is about to close too and
+        its tasks will be cancelled; failing the task instead would report a bogus error
+        to consumers.
+        """
+        while True:
+            try:
+                resp = await self.worker.scheduler.dataservice_get_split(
+                    iteration_id=task["iteration_id"], task_id=task["task_id"],
+                    repetition=repetition, count=count,
+                )
+            except OSError as e:
+                logger.info("dataservice: split request failed (%r); retrying", e)
+                resp = {"status": "closing"}
+            if resp is None or resp.get("status") != "closing":
+                break
+            if self._closing:
+                raise TaskCancelled
+            await asyncio.sleep(0.1)
+        resp = raise_for_status(resp, "split request")
         return resp["split_indices"], resp["end_of_splits"]
 
     async def _ack_splits(self, task: dict, repetition: int) -> None:
