@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 from distributed import Client
 
 import dask_dataservice as dds
-from dask_dataservice.service.state import replay, decode_update
 from dask_dataservice.service.journal import read_journal
+from dask_dataservice.service.state import decode_update, replay
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -112,9 +108,11 @@ def test_journal_replays_to_the_same_state(tmp_path):
 
 
 def test_fault_tolerant_mode_needs_work_dir():
-    from dask_dataservice.service.dispatcher import DispatcherPlugin
-    from distributed import Scheduler
     import asyncio
+
+    from distributed import Scheduler
+
+    from dask_dataservice.service.dispatcher import DispatcherPlugin
 
     async def go():
         s = Scheduler(dashboard_address=":0")

@@ -83,6 +83,10 @@ def _deserialize_batch(header: dict, frames: list) -> ElementBatch:
     return ElementBatch(pickle.loads(frames[0], buffers=frames[1:]))
 
 
+class DispatcherUnavailableError(ConnectionError):
+    """The dispatcher is shutting down (or restarting); retry against the next one."""
+
+
 def raise_for_status(response: Any, what: str = "request") -> dict:
     """Return ``response`` if it is OK; re-raise the remote exception it carries otherwise.
 
@@ -95,7 +99,10 @@ def raise_for_status(response: Any, what: str = "request") -> dict:
             "this cluster? (dds.install(client), or start the scheduler and workers with "
             "--preload dask_dataservice)"
         )
-    if response.get("status") == "OK":
+    status = response.get("status")
+    if status == "OK":
         return response
+    if status == "closing":
+        raise DispatcherUnavailableError(f"the dispatcher is shutting down ({what})")
     _, exc, tb = clean_exception(**response)
     raise exc.with_traceback(tb)
