@@ -479,6 +479,12 @@ class _Channel:
         return item
 
 
+def _done_future() -> asyncio.Future:
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut
+
+
 class _IterationReader:
     """Reads one iteration: heartbeats with the dispatcher, one fetch loop per task."""
 
@@ -541,8 +547,14 @@ class _IterationReader:
         """
         deadline = None
         while True:
+            scheduler = self.client.scheduler
+            if scheduler is None or self.client.status in ("closed", "closing"):
+                raise DataServiceError(
+                    f"lost contact with the data service at {self.spec.address}: the client "
+                    f"is {self.client.status} (it gave up reconnecting)"
+                )
             try:
-                resp = await self.client.scheduler.dataservice_client_heartbeat(
+                resp = await scheduler.dataservice_client_heartbeat(
                     iteration_client_id=self.client_id)
                 if resp is not None:
                     return raise_for_status(resp, "client heartbeat")
@@ -562,7 +574,13 @@ class _IterationReader:
     def _update_tasks(self, view: dict) -> None:
         for task_id, address, status in view["tasks"]:
             if status == "lost":
+                # its worker left: what it had buffered is gone, stop waiting on it
                 self.lost[task_id] = True
+                fetcher = self.fetchers.get(task_id)
+                if fetcher is not None and not fetcher.done():
+                    fetcher.cancel()
+                elif fetcher is None:
+                    self.fetchers[task_id] = _done_future()
             elif task_id not in self.fetchers:
                 self.fetchers[task_id] = asyncio.ensure_future(self._fetch(task_id, address))
 
