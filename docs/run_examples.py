@@ -20,17 +20,21 @@ import ast
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
     """``(first line number, code)`` of each ```` ```python ```` block of a Markdown file."""
     text = path.read_text(encoding="utf-8")
-    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in FENCE.finditer(text)]
+    return [
+        (text.count("\n", 0, m.start("code")) + 1, textwrap.dedent(m.group("code")))
+        for m in FENCE.finditer(text)
+    ]
 
 
 def run_page(path: Path, show: bool) -> None:

@@ -452,3 +452,37 @@ async def test_endless_repeat_keeps_in_flight_splits_bounded(c, s, a):
     assert plugin.state.split_cursor(iteration.iteration_id).repetition >= 10
     await asyncio.to_thread(it.close)
     await assert_dispatcher_cleanup(s)
+
+
+@gen_cluster(client=True)
+async def test_named_job_collected_after_gc_timeout_and_name_reused(c, s, a, b):
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    plugin.job_gc_timeout = 0.2
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(50))
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="gc-me")
+    assert sorted(await read(ds)) == list(range(50))
+    job = plugin.state.job_by_name("gc-me")
+    # kept for a while (another consumer may come back to the named job) ...
+    assert job.status == "live"
+    # ... then collected, and the name is free for a new job
+    await poll(lambda: plugin.state.job(job.job_id).status == "garbage_collected", what="job GC")
+    ds2 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="gc-me")
+    assert sorted(await read(ds2)) == list(range(50))
+    assert plugin.state.job_by_name("gc-me").job_id != job.job_id
+
+
+@gen_cluster(client=True)
+async def test_silent_client_is_released(c, s, a, b):
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    plugin.client_timeout = 0.3
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10**9))
+    job = await c.scheduler.dataservice_get_or_create_job(
+        dataset_id=dataset_id, processing_mode="DYNAMIC")
+    view = await c.scheduler.dataservice_get_or_create_iteration(job_id=job["job_id"])
+    it_id = view["iteration_id"]
+    assert plugin.state.iteration(it_id).num_clients == 1
+    # this client never sends a heartbeat: it is released, and the anonymous job collected
+    await poll(lambda: plugin.state.iteration(it_id).garbage_collected, what="release + GC")
+    await assert_worker_cleanup(a, b)

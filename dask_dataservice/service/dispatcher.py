@@ -144,6 +144,8 @@ class DispatcherPlugin(SchedulerPlugin):
         self._journal_error = None
         self._closed = False
         self._recovered_at = _now_micros()
+        #: Iterations of named jobs that lost their last client (candidates for GC).
+        self._idle_iterations: set[int] = set()
         if self.fault_tolerant_mode:
             if not self.work_dir:
                 raise ValueError(
@@ -214,6 +216,11 @@ class DispatcherPlugin(SchedulerPlugin):
         for client in self.state.list_iteration_clients():
             self._apply(ClientHeartbeat(iteration_client_id=client.iteration_client_id,
                                         time_micros=now))
+        self._idle_iterations = {
+            it.iteration_id for it in self.state.list_iterations()
+            if not it.garbage_collected and not it.num_clients
+            and it.last_client_released_micros is not None
+        }
         if self._journal_tail is not None:
             await self._journal_tail
         logger.info(
@@ -362,6 +369,7 @@ class DispatcherPlugin(SchedulerPlugin):
                     raise DataServiceError(
                         f"iteration {iteration_id} of job {job_id} was garbage collected"
                     )
+            self._idle_iterations.discard(iteration_id)
             client_id = self.state.next_iteration_client_id()
             self._apply(AcquireIterationClient(
                 iteration_client_id=client_id, iteration_id=iteration_id, time_micros=_now_micros()
@@ -549,10 +557,14 @@ class DispatcherPlugin(SchedulerPlugin):
                                            time_micros=_now_micros()))
         iteration = self.state.iteration(client.iteration_id)
         job = self.state.job(iteration.job_id)
-        if job.job_name is None and iteration.num_clients == 0:
-            self._garbage_collect(iteration.iteration_id)
+        if iteration.num_clients == 0:
+            if job.job_name is None:
+                self._garbage_collect(iteration.iteration_id)
+            else:
+                self._idle_iterations.add(iteration.iteration_id)
 
     def _garbage_collect(self, iteration_id: int) -> None:
+        self._idle_iterations.discard(iteration_id)
         tasks = self.state.tasks_for_iteration(iteration_id)
         self._apply(GarbageCollectIteration(iteration_id=iteration_id))
         by_worker: dict[str, list[int]] = {}
@@ -574,8 +586,10 @@ class DispatcherPlugin(SchedulerPlugin):
                                 client.iteration_client_id, (now - client.last_seen_micros) / 1e6)
                     self._release_client(client.iteration_client_id)
             gc_timeout = int(self.job_gc_timeout * 1_000_000)
-            for it in self.state.list_iterations():
+            for iteration_id in list(self._idle_iterations):
+                it = self.state.iteration(iteration_id)
                 if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
+                    self._idle_iterations.discard(iteration_id)
                     continue
                 # after a restart, every timer starts again (nothing is collected early)
                 released = max(it.last_client_released_micros, self._recovered_at)
