@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import collections
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -124,3 +128,152 @@ def test_fault_tolerant_mode_needs_work_dir():
         await s.close()
 
     asyncio.run(go())
+
+
+# ---------------------------------------------------------------------------------------
+# real processes: SIGKILL the scheduler mid-epoch and start it again in place
+# ---------------------------------------------------------------------------------------
+
+
+def _slow_source(n):
+    """range(n) with about 0.2 ms of 'work' per element, so a kill lands mid-epoch.
+
+    The function is built here so that cloudpickle ships it by value: worker processes
+    cannot import this test module.
+    """
+
+    def pause(x):
+        import time
+
+        time.sleep(0.0002)
+        return x
+
+    return dds.Dataset.range(n).map(pause)
+
+
+class _Cluster:
+    """A fault-tolerant dispatcher process and supervised worker processes."""
+
+    def __init__(self, tmp_path, nworkers=2):
+        self.port = _free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.logs = tmp_path
+        self.env = dict(
+            os.environ,
+            DASK_DATASERVICE__DISPATCHER__FAULT_TOLERANT_MODE="True",
+            DASK_DATASERVICE__DISPATCHER__WORK_DIR=str(tmp_path / "journal"),
+            DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING="False",
+        )
+        self.starts = 0
+        self.scheduler = self._start_scheduler()
+        self.workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "dask_dataservice.service.supervise", self.address,
+                 "--host", "127.0.0.1"],
+                env=self.env, stdout=open(tmp_path / f"worker{i}.log", "w"),
+                stderr=subprocess.STDOUT,
+            )
+            for i in range(nworkers)
+        ]
+
+    def _start_scheduler(self):
+        self.starts += 1
+        return subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", str(self.port), "--dashboard-address", "127.0.0.1:0",
+             "--preload", "dask_dataservice"],
+            env=self.env, stdout=open(self.logs / f"scheduler{self.starts}.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill_and_restart_scheduler(self):
+        self.scheduler.send_signal(signal.SIGKILL)
+        self.scheduler.wait(10)
+        self.scheduler = self._start_scheduler()
+
+    def close(self):
+        for p in [*self.workers, self.scheduler]:
+            p.terminate()
+        for p in [*self.workers, self.scheduler]:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _lost_elements(state, splits):
+    lost = set()
+    for it in state["iterations"].values():
+        for _, index in it["lost_splits"]:
+            lost.update(range(splits[index].start, splits[index].stop))
+    return lost
+
+
+@pytest.mark.slow
+def test_sigkill_scheduler_mid_epoch_dynamic(tmp_path):
+    cluster = _Cluster(tmp_path)
+    try:
+        with Client(cluster.address, timeout="30s") as c:
+            _wait(lambda: len(_state(c)["workers"]) == 2, what="workers")
+            source = _slow_source(20_000)
+            dataset_id = dds.register_dataset(c, source)
+            ds = dds.from_dataset_id("distributed_epoch", c, dataset_id,
+                                     max_outstanding_requests=1)
+            it = iter(ds)
+            seen = [next(it) for _ in range(2_000)]
+            cluster.kill_and_restart_scheduler()
+            seen += list(it)  # the same iteration goes on against the new scheduler
+            state = _state(c)
+            assert len(state["workers"]) == 2, "the workers came back by themselves"
+    finally:
+        cluster.close()
+    counts = collections.Counter(seen)
+    assert max(counts.values()) == 1, "no element twice across the restart"
+    missing = set(range(20_000)) - set(seen)
+    lost = _lost_elements(state, dds.Dataset.range(20_000).splits())
+    assert missing <= lost, f"{len(missing - lost)} elements lost outside in-flight splits"
+    assert len(seen) >= 20_000 - len(lost)
+
+
+@pytest.mark.slow
+def test_sigkill_scheduler_named_job_two_consumers(tmp_path):
+    import threading
+
+    cluster = _Cluster(tmp_path)
+    try:
+        with Client(cluster.address, timeout="30s") as c:
+            _wait(lambda: len(_state(c)["workers"]) == 2, what="workers")
+            source = _slow_source(20_000)
+            dataset_id = dds.register_dataset(c, source)
+            outs: list[list] = [[], []]
+            started = threading.Barrier(3)
+            errors = []
+
+            def consume(i):
+                try:
+                    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id,
+                                             job_name="shared-ft", max_outstanding_requests=1)
+                    it = iter(ds)
+                    outs[i].append(next(it))
+                    started.wait(30)
+                    outs[i].extend(it)
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+                    started.abort()
+
+            threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            started.wait(30)
+            cluster.kill_and_restart_scheduler()
+            for t in threads:
+                t.join(60)
+            assert not errors, errors
+            state = _state(c)
+    finally:
+        cluster.close()
+    seen = outs[0] + outs[1]
+    assert max(collections.Counter(seen).values()) == 1, "no element twice across the restart"
+    missing = set(range(20_000)) - set(seen)
+    assert missing <= _lost_elements(state, dds.Dataset.range(20_000).splits())
+    assert len([j for j in state["jobs"].values() if j["name"] == "shared-ft"]) == 1
