@@ -125,13 +125,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except UsageError as e:
+    except CommandError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
 
 
-class UsageError(Exception):
+class CommandError(Exception):
+    """A failure a subcommand explains in one line: no traceback, exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(CommandError):
     """Options that parse but do not make sense together (exit code 2)."""
+
+    exit_code = 2
 
 
 # Helpers
@@ -485,11 +493,14 @@ def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
     from distributed import Client
 
     if args.scheduler is not None:
+        from dask_dataservice import config
+
         address = args.scheduler if "://" in args.scheduler else f"tcp://{args.scheduler}"
+        timeout = config.get_seconds("client.connect-timeout")
         try:
-            client = Client(address, timeout="10s", set_as_default=False)
+            client = Client(address, timeout=timeout, set_as_default=False)
         except OSError as e:
-            raise UsageError(f"cannot connect to the scheduler at {address}: {e}") from None
+            raise CommandError(f"cannot connect to the scheduler at {address}: {e}") from None
         with client:
             _say(args, f"connected to {address}")
             yield client
@@ -573,9 +584,9 @@ def _children_ignore_sigint() -> Iterator[None]:
 def _wait_for_data_workers(client: Any, args: argparse.Namespace, timeout: float = 30.0) -> int:
     """Install the data service and wait until the data workers registered; return how many.
 
-    The embedded cluster waits for all ``--workers``; an external one for at least one
-    worker, and then for every worker without an excluded resource (parameter servers) for
-    a little while.
+    For the embedded cluster: all ``--workers``. For an external one: every worker without an
+    excluded resource (parameter servers are not data workers). After ``timeout`` seconds it
+    goes on with the workers registered by then, and fails if there are none.
     """
     import dask_dataservice as dds
     from dask_dataservice import config
@@ -597,7 +608,7 @@ def _wait_for_data_workers(client: Any, args: argparse.Namespace, timeout: float
         if time.monotonic() > deadline:
             if registered:
                 return len(registered)
-            raise UsageError(f"no data worker registered with the data service in {timeout:.0f} s")
+            raise CommandError(f"no data worker registered with the data service in {timeout:.0f} s")
         time.sleep(0.02)
 
 
@@ -662,6 +673,8 @@ _DASK_MODULES = {
     "worker": "distributed.cli.dask_worker",
 }
 PRELOAD = "dask_dataservice"
+#: ``worker --supervise`` runs this module instead of ``dask worker``.
+_SUPERVISE_MODULE = "dask_dataservice.service.supervise"
 
 
 def dask_command(kind: str, dask_args: Sequence[str] = ()) -> list[str]:
@@ -682,15 +695,26 @@ def _dask_args(kind: str) -> Callable[[argparse.ArgumentParser], None]:
         p.add_argument(
             "--dry-run",
             action="store_true",
-            help="print the Dask command line instead of running it",
+            help="print the command line instead of running it",
         )
+        if kind == "worker":
+            p.add_argument(
+                "--supervise",
+                action="store_true",
+                help="run a supervised data worker instead (python -m "
+                f"{_SUPERVISE_MODULE} SCHEDULER [--nthreads N] [--host H] [--name N] "
+                "[--resources R] [--memory-limit M]): when its scheduler goes away it starts a "
+                "new worker, which registers again once the scheduler is back (for a "
+                "fault-tolerant dispatcher restarted in place)",
+            )
         p.epilog = (
             f"Every other argument is passed on to `dask {kind}` (see `python -m "
             f"{_DASK_MODULES[kind]} --help`), e.g. "
             + (
                 "--host 127.0.0.1 --port 8786 --scheduler-file FILE."
                 if kind == "scheduler"
-                else "tcp://HOST:8786 --nthreads 4, or --scheduler-file FILE."
+                else "tcp://HOST:8786 --nthreads 4, or --scheduler-file FILE; with --supervise, "
+                "to the supervisor."
             )
         )
 
@@ -698,7 +722,10 @@ def _dask_args(kind: str) -> Callable[[argparse.ArgumentParser], None]:
 
 
 def _run_dask(kind: str, args: argparse.Namespace) -> int:
-    cmd = dask_command(kind, args.passthrough)
+    if getattr(args, "supervise", False):
+        cmd = [sys.executable, "-m", _SUPERVISE_MODULE, *args.passthrough]
+    else:
+        cmd = dask_command(kind, args.passthrough)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
@@ -706,7 +733,7 @@ def _run_dask(kind: str, args: argparse.Namespace) -> int:
     sys.stderr.flush()
     if os.name == "nt":  # pragma: no cover - no exec on Windows: run it as a child
         return subprocess.call(cmd)
-    os.execv(cmd[0], cmd)  # the Dask process takes over this one: same pid, same signals
+    os.execv(cmd[0], cmd)  # the new program takes over this process: same pid, same signals
     return 1  # pragma: no cover
 
 

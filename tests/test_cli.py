@@ -201,6 +201,18 @@ def test_demo_rejects_conflicting_options(argv, message, capsys):
     assert message in err
 
 
+def test_demo_unreachable_scheduler_is_a_one_line_error(capsys):
+    import dask
+
+    with dask.config.set({"dataservice.client.connect-timeout": "0.5s"}):
+        rc = main(["demo", "--scheduler", "127.0.0.1:1", "--elements", "10"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert out == ""
+    assert "error: cannot connect to the scheduler at tcp://127.0.0.1:1" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "argv", [["--elements", "0"], ["--elements", "-5"], ["--elements", "ten"], ["--mode", "sideways"],
              ["--workers", "0"], ["--bogus"]]
@@ -233,6 +245,12 @@ def test_dry_run_prints_the_dask_command(capsys):
     assert shlex.split(out) == cli.dask_command(
         "worker", ["tcp://127.0.0.1:8786", "--nthreads", "2", "--no-nanny"]
     )
+    assert main(["worker", "--supervise", "--dry-run", "tcp://127.0.0.1:8786", "--nthreads", "2"]) == 0
+    out, _ = capsys.readouterr()
+    assert shlex.split(out) == [
+        sys.executable, "-m", "dask_dataservice.service.supervise", "tcp://127.0.0.1:8786",
+        "--nthreads", "2",
+    ]
 
 
 def test_unknown_options_are_refused_by_commands_without_passthrough():
@@ -317,17 +335,19 @@ def test_scheduler_and_worker_commands(servers, tmp_path, capsys):
     )
     address = _scheduler_address(scheduler_file, scheduler)
     assert address.startswith("tcp://127.0.0.1:")
-    # the scheduler address as an argument, the worker in a nanny (dask's default)
+    # the scheduler address as an argument, the worker in a nanny (dask's default) ...
     worker = servers.start(exe, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
                            "--no-dashboard")
+    # ... and a supervised one
+    supervised = servers.start(exe, "worker", "--supervise", address, "--host", "127.0.0.1")
     with Client(address, timeout="20s", set_as_default=False) as client:
-        client.wait_for_workers(1, timeout=30)
+        client.wait_for_workers(2, timeout=30)
         # the dispatcher came with the scheduler: it answers before anyone installed anything
         state = client.sync(client.scheduler.dataservice_state)
         assert state["status"] == "OK"
-        workers = _data_workers(client, 1)
+        workers = _data_workers(client, 2)
         assert client.run(lambda dask_worker: "dataservice" in dask_worker.extensions) == {
-            workers[0]: True
+            w: True for w in workers
         }
         ds = dds.Dataset.range(1000).map(lambda x: 2 * x).apply(
             dds.distribute("distributed_epoch", client)
@@ -340,6 +360,7 @@ def test_scheduler_and_worker_commands(servers, tmp_path, capsys):
         assert int(_last_line(out)["n"]) == 3000, err
 
     assert "Stopping worker" in servers.stop(worker)
+    servers.stop(supervised)
     assert "End scheduler" in servers.stop(scheduler)
 
 

@@ -563,15 +563,14 @@ def test_finish_task_finishes_iteration_when_all_tasks_finish(state):
     assert state.iteration(iteration_id).status == "finished"
     assert_refused(state, FinishTask(t1), IllegalUpdateError, f"FinishTask: task {t1} is finished")
     assert_refused(state, FinishTask(4999), TaskNotFoundError, "Task 4999 not found")
-    # A finished iteration takes no new tasks, but clients may still join it.
-    register_worker(state, "tcp://late:1")
-    assert_refused(
-        state,
-        CreateTask(4002, iteration_id, "tcp://late:1"),
-        IllegalUpdateError,
-        f"CreateTask: iteration {iteration_id} is finished",
-    )
+    # Clients may still join a finished iteration, and a new task (a late worker of a
+    # static-sharding job) reopens it.
     acquire_client(state, iteration_id)
+    register_worker(state, "tcp://late:1")
+    state.apply(CreateTask(4002, iteration_id, "tcp://late:1"))
+    assert state.iteration(iteration_id).status == "running"
+    state.apply(FinishTask(4002))
+    assert state.iteration(iteration_id).status == "finished"
 
 
 def test_lost_tasks_count_as_done_only_once_a_task_finished(state):

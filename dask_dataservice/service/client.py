@@ -259,7 +259,10 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
     async def go():
         return await client.scheduler.dataservice_register_dataset(
             fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
-            compression=compression, metadata={"why_not_splittable": why_not},
+            compression=compression, metadata={
+                "why_not_splittable": why_not, "file_based": dataset.is_file_based,
+                "cardinality": dataset.cardinality(), "has_shard_hint": dataset.has_shard_hint,
+            },
         )
 
     return raise_for_status(_run(client, go), "dataset registration")["dataset_id"]
@@ -468,8 +471,8 @@ class _Channel:
             self._size += 1
             self._q.put(item)
 
-    def get(self) -> Any:
-        item = self._q.get()
+    def get(self, timeout: float | None = None) -> Any:
+        item = self._q.get(timeout=timeout)
         with self._lock:
             self._size -= 1
             wake = self._want_space
@@ -656,7 +659,14 @@ def _read(spec: _ReadSpec, repetition: int) -> Iterator:
     try:
         get = reader.channel.get
         while True:
-            item = get()
+            try:
+                item = get(timeout=1.0)
+            except queue.Empty:
+                if reader.future.done():  # the reader ended without a word (cancelled)
+                    raise DataServiceError(
+                        "the data service reader stopped unexpectedly (was the client closed?)"
+                    ) from None
+                continue
             if item is _END:
                 return
             if type(item) is _Failure:

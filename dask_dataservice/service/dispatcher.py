@@ -30,6 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
+from ..data._base import INFINITE, UNKNOWN
 from ._core import ShardingPolicy, error_message, parse_processing_mode
 from ._exceptions import (
     DataServiceError,
@@ -62,8 +63,9 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dataservice-dispatcher"
 
-#: Policies served so far; the static ones arrive with the fixed-worker-list support.
-_SUPPORTED_MODES = {ShardingPolicy.OFF, ShardingPolicy.DYNAMIC}
+#: Static sharding policies: they need a fixed list of workers (``worker_addresses``).
+_STATIC_MODES = {ShardingPolicy.FILE, ShardingPolicy.DATA, ShardingPolicy.FILE_OR_DATA,
+                 ShardingPolicy.HINT}
 
 
 def _durable(method):
@@ -91,6 +93,10 @@ def _durable(method):
     return wrapper
 
 
+def _cardinality_name(n) -> str:
+    return {INFINITE: "INFINITE", UNKNOWN: "UNKNOWN", None: "UNKNOWN"}.get(n, str(n))
+
+
 def _now_micros() -> int:
     return int(time.time() * 1_000_000)
 
@@ -112,11 +118,15 @@ class DispatcherPlugin(SchedulerPlugin):
     idempotent = True
 
     def __init__(self, job_gc_timeout: float | None = None, client_timeout: float | None = None,
-                 fault_tolerant_mode: bool | None = None, work_dir: str | None = None):
+                 fault_tolerant_mode: bool | None = None, work_dir: str | None = None,
+                 worker_addresses: list[str] | None = None):
         self.job_gc_timeout = job_gc_timeout
         self.client_timeout = client_timeout
         self.fault_tolerant_mode = fault_tolerant_mode
         self.work_dir = work_dir
+        #: The fixed worker list of static sharding: addresses (``tcp://h:p`` or ``h:p``) or
+        #: Dask worker names; a worker's index in it is its shard index.
+        self.worker_addresses = list(worker_addresses) if worker_addresses else None
         self.state = DispatcherState()
         self._journal = None
         self._journal_tail = None
@@ -139,6 +149,8 @@ class DispatcherPlugin(SchedulerPlugin):
             self.fault_tolerant_mode = bool(config.get("dispatcher.fault-tolerant-mode"))
         if self.work_dir is None:
             self.work_dir = config.get("dispatcher.work-dir")
+        if self.worker_addresses is None and config.get("dispatcher.worker-addresses"):
+            self.worker_addresses = list(config.get("dispatcher.worker-addresses"))
         self._journal = None
         self._journal_tail = None
         self._journal_error = None
@@ -315,22 +327,36 @@ class DispatcherPlugin(SchedulerPlugin):
         try:
             mode = parse_processing_mode(processing_mode)
             dataset = self.state.dataset(dataset_id)
-            if mode not in _SUPPORTED_MODES:
-                raise NotImplementedError(
-                    f"sharding policy {mode.name} is not supported yet by dask_dataservice; "
-                    "use OFF or DYNAMIC"
-                )
-            if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
-                reason = dataset.metadata.get("why_not_splittable") or "it has no splits"
-                raise ValueError(
-                    f"dataset {dataset_id} cannot be read with DYNAMIC sharding: {reason}"
-                )
+            mode = self._check_mode(mode, dataset)
+            if num_consumers is not None:
+                if job_name is None:
+                    raise ValueError("coordinated reads (num_consumers) need a job_name")
+                if dataset.metadata.get("cardinality") != INFINITE:
+                    raise ValueError(
+                        "coordinated reads need an infinite dataset (end the pipeline with "
+                        f".repeat()); dataset {dataset_id} has cardinality "
+                        f"{_cardinality_name(dataset.metadata.get('cardinality'))}"
+                    )
+            if cross_trainer_cache:
+                if job_name is None:
+                    raise ValueError("the cross-trainer cache needs a job_name")
+                if dataset.metadata.get("cardinality") != INFINITE:
+                    raise ValueError(
+                        "the cross-trainer cache needs an infinite dataset (end the pipeline "
+                        f"with .repeat()); dataset {dataset_id} has cardinality "
+                        f"{_cardinality_name(dataset.metadata.get('cardinality'))}"
+                    )
             if job_name is not None:
                 try:
                     job = self.state.job_by_name(job_name)
                 except JobNotFoundError:
                     job = None
                 if job is not None:
+                    if job.num_consumers != num_consumers:
+                        raise ValueError(
+                            f"job {job_name!r} was created with num_consumers="
+                            f"{job.num_consumers}, not {num_consumers}"
+                        )
                     if job.dataset_id != dataset_id or job.processing_mode != mode.name:
                         raise ValueError(
                             f"job {job_name!r} already exists for dataset {job.dataset_id} with "
@@ -471,9 +497,14 @@ class DispatcherPlugin(SchedulerPlugin):
                 self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
                                            resources=dict(ws.resources)))
                 for iteration in self.state.list_iterations():
-                    if iteration.status == "running":
-                        self._create_task(iteration.iteration_id, address,
-                                          self.state.job(iteration.job_id), push=False)
+                    if iteration.status == "garbage_collected":
+                        continue
+                    job = self.state.job(iteration.job_id)
+                    if iteration.status == "running" or (
+                        ShardingPolicy[job.processing_mode] in _STATIC_MODES
+                        and not self._iteration_view(iteration.iteration_id)["finished"]
+                    ):
+                        self._create_task(iteration.iteration_id, address, job, push=False)
             for tid in finished_tasks:
                 try:
                     if self.state.task(tid).status == "active":
@@ -522,6 +553,9 @@ class DispatcherPlugin(SchedulerPlugin):
     def _create_task(self, iteration_id: int, address: str, job, push: bool = True) -> None:
         if not self._is_data_worker(address):
             return
+        if ShardingPolicy[job.processing_mode] in _STATIC_MODES and \
+                self._worker_index(address) is None:
+            return  # not one of the fixed workers
         task_id = self.state.next_task_id()
         self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address))
         if push:
@@ -532,9 +566,61 @@ class DispatcherPlugin(SchedulerPlugin):
     def _task_def(self, task) -> dict:
         iteration = self.state.iteration(task.iteration_id)
         job = self.state.job(iteration.job_id)
+        mode = ShardingPolicy[job.processing_mode]
+        index = self._worker_index(task.worker_address) if mode in _STATIC_MODES else None
         return {"task_id": task.task_id, "iteration_id": task.iteration_id, "job_id": job.job_id,
-                "dataset_id": job.dataset_id,
-                "processing_mode": int(ShardingPolicy[job.processing_mode])}
+                "dataset_id": job.dataset_id, "processing_mode": int(mode),
+                "worker_index": index,
+                "num_workers": len(self.worker_addresses) if index is not None else None,
+                "num_consumers": job.num_consumers,
+                "cross_trainer_cache": job.cross_trainer_cache}
+
+    # Static sharding
+    #################
+    def _check_mode(self, mode: ShardingPolicy, dataset) -> ShardingPolicy:
+        """Validate a processing mode for a dataset; FILE_OR_DATA resolves to FILE or DATA."""
+        if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
+            reason = dataset.metadata.get("why_not_splittable") or "it has no splits"
+            raise ValueError(
+                f"dataset {dataset.dataset_id} cannot be read with DYNAMIC sharding: {reason}"
+            )
+        if mode not in _STATIC_MODES:
+            return mode
+        if not self.worker_addresses:
+            raise ValueError(
+                f"sharding policy {mode.name} needs a fixed list of workers: start the "
+                "dispatcher with DispatcherConfig(worker_addresses=[...]) (or the config "
+                "key dataservice.dispatcher.worker-addresses)"
+            )
+        file_based = bool(dataset.metadata.get("file_based"))
+        if mode == ShardingPolicy.FILE_OR_DATA:
+            mode = ShardingPolicy.FILE if file_based else ShardingPolicy.DATA
+        if mode == ShardingPolicy.FILE:
+            if not file_based:
+                raise ValueError(
+                    f"FILE sharding needs a dataset read from files (list_files or "
+                    f"from_files); dataset {dataset.dataset_id} is not; use DATA or FILE_OR_DATA"
+                )
+            if dataset.num_splits < len(self.worker_addresses):
+                raise ValueError(
+                    f"FILE sharding: dataset {dataset.dataset_id} has {dataset.num_splits} "
+                    f"files, fewer than the {len(self.worker_addresses)} workers; every worker "
+                    "needs at least one file (use DATA sharding, or fewer workers)"
+                )
+        return mode
+
+    def _worker_index(self, address: str) -> int | None:
+        """A worker's position in ``worker_addresses`` (by address, host:port, or name)."""
+        if not self.worker_addresses:
+            return None
+        ws = self.scheduler.workers.get(address)
+        keys = {address, address.split("://", 1)[-1]}
+        if ws is not None and ws.name is not None:
+            keys.add(str(ws.name))
+        for i, entry in enumerate(self.worker_addresses):
+            if str(entry) in keys:
+                return i
+        return None
 
     def _task_exists(self, task_id: int) -> bool:
         try:
@@ -547,9 +633,17 @@ class DispatcherPlugin(SchedulerPlugin):
         iteration = self.state.iteration(iteration_id)
         if iteration.garbage_collected:
             return {"tasks": [], "finished": True, "garbage_collected": True}
-        tasks = [[t.task_id, t.worker_address, t.status]
-                 for t in self.state.tasks_for_iteration(iteration_id)]
-        return {"tasks": tasks, "finished": iteration.finished, "garbage_collected": False}
+        task_list = self.state.tasks_for_iteration(iteration_id)
+        tasks = [[t.task_id, t.worker_address, t.status] for t in task_list]
+        finished = iteration.finished
+        job = self.state.job(iteration.job_id)
+        if finished and ShardingPolicy[job.processing_mode] in _STATIC_MODES:
+            # static sharding: done only when every listed worker finished its shard
+            done = {self._worker_index(t.worker_address) for t in task_list
+                    if t.status == "finished"}
+            finished = done >= set(range(len(self.worker_addresses)))
+        return {"tasks": tasks, "finished": finished, "garbage_collected": False,
+                "processing_mode": job.processing_mode, "num_consumers": job.num_consumers}
 
     def _release_client(self, iteration_client_id: int) -> None:
         client = self.state.iteration_client(iteration_client_id)

@@ -178,6 +178,7 @@ class DispatchServer(_BackgroundServer):
                 job_gc_timeout=None if cfg.job_gc_timeout_ms is None else cfg.job_gc_timeout_ms / 1000,
                 client_timeout=None if cfg.client_timeout_ms is None else cfg.client_timeout_ms / 1000,
                 fault_tolerant_mode=cfg.fault_tolerant_mode, work_dir=cfg.work_dir,
+                worker_addresses=cfg.worker_addresses,
             ))
             await scheduler
             return scheduler

@@ -67,6 +67,7 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 #              active --RemoveWorker--> lost          (its worker left; never finishes)
 #              any    --GarbageCollectIteration--> removed from the state
 #   iteration  running --(derived)--> finished --GarbageCollectIteration--> garbage_collected
+#              finished --CreateTask--> running   (a late worker of a static-sharding job)
 #              ``finished`` is recomputed by every mutator that touches a task: at least one
 #              task finished and every task is finished or lost. While all tasks are lost and
 #              none finished the iteration keeps running, so a new worker can take it over.
@@ -724,7 +725,9 @@ ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
     "running": frozenset(
         {CreateTask, ProduceSplit, AcquireIterationClient, GarbageCollectIteration}
     ),
-    "finished": frozenset({AcquireIterationClient, GarbageCollectIteration}),
+    # CreateTask reopens a finished iteration: under static sharding an iteration is only
+    # done once every listed worker ran its shard, and a listed worker may join late.
+    "finished": frozenset({CreateTask, AcquireIterationClient, GarbageCollectIteration}),
     "garbage_collected": frozenset(),
 }
 

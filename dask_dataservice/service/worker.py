@@ -35,13 +35,25 @@ from distributed.protocol import to_serialize
 from distributed.utils import run_in_executor_with_context
 
 from .. import config
-from ..data.splits import SplitProvider
+from ..data.splits import ListSplitProvider, SplitProvider
 from ..data.structure import nbytes
 from ._core import ElementBatch, ShardingPolicy, error_message, raise_for_status
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dataservice-worker"
+
+_local = threading.local()
+
+
+def current_task() -> dict | None:
+    """The data-service task whose pipeline runs in this thread, or None.
+
+    A dict with ``task_id``, ``iteration_id``, ``job_id``, ``dataset_id``,
+    ``processing_mode`` and, under static sharding, ``worker_index`` / ``num_workers``.
+    Pipeline functions may use it, e.g. to seed per-worker randomness.
+    """
+    return getattr(_local, "task", None)
 
 
 def worker_host(address: str) -> str:
@@ -243,13 +255,23 @@ class TaskRunner:
 
     def _iterator(self):
         mode = ShardingPolicy(self.task["processing_mode"])
+        ds = self.dataset
         if mode == ShardingPolicy.DYNAMIC:
-            return self.dataset.iterate(DispatcherSplitProvider(self, self.splits))
-        return iter(self.dataset)
+            return ds.iterate(DispatcherSplitProvider(self, self.splits))
+        index, n = self.task.get("worker_index"), self.task.get("num_workers")
+        if mode == ShardingPolicy.FILE:
+            # this worker's files: every n-th, from its index (each repetition again)
+            return ds.iterate(ListSplitProvider(self.splits[index::n]))
+        if mode == ShardingPolicy.DATA:
+            return iter(ds.shard(n, index))
+        if mode == ShardingPolicy.HINT:
+            return iter(ds.with_shard_hint(n, index) if ds.has_shard_hint else ds)
+        return iter(ds)
 
     def _run(self) -> None:
         error = None
         it = None
+        _local.task = dict(self.task)
         try:
             it = self._iterator()
             buf = self.buffer

@@ -1,0 +1,40 @@
+"""The error vocabulary of parameter-server training.
+
+Every error raised on purpose is a :class:`ParameterServerError`; each also derives from the
+builtin a caller would naturally catch (``KeyError``, ``ValueError``, ``ConnectionError``).
+The errors pickle, so a parameter server can send one back as a value.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ParameterServerError",
+    "VariableNotFoundError",
+    "ParameterServerUnavailableError",
+    "CheckpointMismatchError",
+    "ShapeMismatchError",
+]
+
+
+class ParameterServerError(RuntimeError):
+    """Base class of every error parameter-server training raises on purpose."""
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would quote the message; keep it plain.
+        return BaseException.__str__(self)
+
+
+class VariableNotFoundError(ParameterServerError, KeyError):
+    """A parameter server holds no shard under this key."""
+
+
+class ParameterServerUnavailableError(ParameterServerError, ConnectionError):
+    """A parameter server could not be reached (it died or is shutting down)."""
+
+
+class ShapeMismatchError(ParameterServerError, ValueError):
+    """An update does not fit the shape or the rows of the variable it targets."""
+
+
+class CheckpointMismatchError(ParameterServerError, ValueError):
+    """A checkpoint does not fit the objects it is restored into."""

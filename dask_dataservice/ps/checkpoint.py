@@ -1,0 +1,208 @@
+"""Checkpoint: save and restore variables and optimizer slots as a zarr group.
+
+Layout of a checkpoint directory (a zarr v3 group)::
+
+    zarr.json                         attributes: format, save_counter, and per variable its
+                                      shape, dtype, shard row offsets and slot names
+    variables/<name>/shard_<i>/value  one array per saved shard (written by its PS)
+    variables/<name>/shard_<i>/slots/<optimizer>/<slot>
+
+Each parameter server writes the shards it holds, all PSs in parallel; the coordinator
+creates the groups first and writes the attributes last, so a checkpoint whose attributes
+are there is complete. One array per shard keeps one writer per chunk (div shards differ by
+a row, so one logical array would make two PSs share chunks). Because the row offsets are
+stored, any row range can be read back: :meth:`Checkpoint.restore` works onto a different
+number of parameter servers and shards than at save time (each new shard reads the pieces
+of the saved shards that overlap its rows). A checkpoint that does not fit (a variable
+missing, another shape or dtype) raises :class:`CheckpointMismatchError` naming the variable
+and both shapes, before anything is changed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import zarr
+from zarr.storage import LocalStore
+
+from . import _transport
+from ._exceptions import CheckpointMismatchError
+from .optimizers import Optimizer
+from .variables import ShardedVariable, Variable
+
+__all__ = ["Checkpoint"]
+
+FORMAT = "dask_dataservice.ps.checkpoint/1"
+
+
+def _flatten(objects: dict) -> dict[str, Variable | ShardedVariable]:
+    out: dict[str, Variable | ShardedVariable] = {}
+
+    def walk(prefix: str, obj: Any) -> None:
+        if isinstance(obj, Variable | ShardedVariable):
+            out[prefix] = obj
+        elif isinstance(obj, Optimizer) or obj is None:
+            return  # slots are saved beside their variables
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}/{k}", v)
+        elif isinstance(obj, list | tuple):
+            for i, v in enumerate(obj):
+                walk(f"{prefix}/{i}", v)
+        elif hasattr(obj, "variables"):
+            walk(prefix, list(obj.variables))
+        else:
+            raise TypeError(f"Checkpoint cannot save {prefix!r} of type {type(obj).__name__}")
+
+    for name, obj in objects.items():
+        walk(name, obj)
+    return out
+
+
+def _layout(var) -> tuple[list[Variable], list[int] | None]:
+    if isinstance(var, ShardedVariable):
+        return var.variables, var.offsets
+    return [var], ([0, var.shape[0]] if var.shape else None)
+
+
+def _group(name: str, i: int) -> str:
+    return f"variables/{quote(name, safe='')}/shard_{i}"
+
+
+class Checkpoint:
+    """Groups variables under names: ``Checkpoint(model=..., emb=table, step=step_var)``.
+
+    Values may be variables, sharded variables, dicts/lists of them, objects with a
+    ``variables`` attribute, or optimizers (their slots are saved with the variables).
+    """
+
+    def __init__(self, **objects: Any):
+        self._objects = objects
+        #: Number of times :meth:`save` ran (restored from the checkpoint).
+        self.save_counter = 0
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write a checkpoint to directory ``path`` (replaced if it exists); returns the path."""
+        path = os.fspath(path)
+        variables = _flatten(self._objects)
+        client = _client_of(variables)
+        store = LocalStore(path)
+        root = zarr.open_group(store, mode="w")
+        meta: dict[str, dict] = {}
+        per_ps: dict[str, list] = {}
+        local: list[tuple[str, Variable]] = []
+        for name, var in variables.items():
+            shards, offsets = _layout(var)
+            meta[name] = {"shape": list(var.shape), "dtype": np.dtype(var.dtype).str,
+                          "offsets": offsets, "slots": {}}
+            for i, v in enumerate(shards):
+                group = _group(name, i)
+                root.require_group(group)
+                if v.ps_address is None:
+                    local.append((group, v))
+                else:
+                    per_ps.setdefault(v.ps_address, []).append({"key": v.key, "group": group})
+        for group, v in local:
+            zarr.create_array(store, name=f"{group}/value", data=v.read_value(),
+                              chunks=v.shape, overwrite=True, compressors=None)
+        replies = _transport.call_many(
+            [(a, "ps_save", {"path": path, "items": items}) for a, items in per_ps.items()],
+            client) if per_ps else []
+        slot_names: dict[str, dict] = {}
+        for reply in replies:
+            slot_names.update(reply["slots"])
+        for name, var in variables.items():
+            shards, _ = _layout(var)
+            merged: dict[str, set] = {}
+            for i in range(len(shards)):
+                for opt, names in slot_names.get(_group(name, i), {}).items():
+                    merged.setdefault(opt, set()).update(names)
+            meta[name]["slots"] = {o: sorted(n) for o, n in merged.items()}
+        self.save_counter += 1
+        root.attrs.update({"format": FORMAT, "save_counter": self.save_counter, "variables": meta})
+        return path
+
+    write = save
+
+    def restore(self, path: str | os.PathLike) -> Checkpoint:
+        """Load every variable of this Checkpoint from ``path`` (any sharding at save time)."""
+        path = os.fspath(path)
+        try:
+            root = zarr.open_group(LocalStore(path, read_only=True), mode="r")
+            attrs = dict(root.attrs)
+        except (FileNotFoundError, zarr.errors.NodeNotFoundError) as e:
+            raise FileNotFoundError(f"no checkpoint at {path}") from e
+        if attrs.get("format") != FORMAT:
+            raise CheckpointMismatchError(
+                f"{path} is not a complete dask_dataservice checkpoint (format "
+                f"{attrs.get('format')!r}, expected {FORMAT!r})")
+        saved = attrs["variables"]
+        variables = _flatten(self._objects)
+        # Validate everything before changing anything.
+        for name, var in variables.items():
+            if name not in saved:
+                raise CheckpointMismatchError(
+                    f"variable {name!r} (shape {tuple(var.shape)}) is not in checkpoint {path}; "
+                    f"it holds {sorted(saved)}")
+            s = saved[name]
+            if tuple(s["shape"]) != tuple(var.shape):
+                raise CheckpointMismatchError(
+                    f"variable {name!r} has shape {tuple(var.shape)} but checkpoint {path} "
+                    f"saved it with shape {tuple(s['shape'])}")
+            if np.dtype(s["dtype"]) != np.dtype(var.dtype):
+                raise CheckpointMismatchError(
+                    f"variable {name!r} has dtype {np.dtype(var.dtype)} but checkpoint {path} "
+                    f"saved it with dtype {np.dtype(s['dtype'])}")
+        client = _client_of(variables)
+        calls = []
+        for name, var in variables.items():
+            s = saved[name]
+            shards, offsets = _layout(var)
+            old = s["offsets"]
+            for i, v in enumerate(shards):
+                if offsets is None or old is None:
+                    pieces = [(_group(name, 0), 0, 0, 0)]
+                else:
+                    a, b = offsets[i], offsets[i + 1]
+                    pieces = []
+                    for j, (sa, sb) in enumerate(zip(old, old[1:], strict=False)):
+                        lo, hi = max(a, sa), min(b, sb)
+                        if lo < hi:
+                            pieces.append((_group(name, j), lo - sa, hi - sa, lo - a))
+                if v.ps_address is None:
+                    _restore_local(path, v, pieces)
+                else:
+                    calls.append((v.ps_address, "ps_restore",
+                                  {"path": path, "key": v.key, "pieces": pieces,
+                                   "slots": s.get("slots") or {}}))
+        _transport.call_many(calls, client)
+        self.save_counter = int(attrs.get("save_counter", 0))
+        return self
+
+    read = restore
+
+    def __repr__(self) -> str:
+        return f"<dds.Checkpoint {sorted(self._objects)} save_counter={self.save_counter}>"
+
+
+def _client_of(variables: dict):
+    for var in variables.values():
+        for v in var.variables:
+            if v._client is not None:
+                return v._client
+    return None
+
+
+def _restore_local(path: str, v: Variable, pieces: list) -> None:
+    store = LocalStore(path, read_only=True)
+    value = np.empty(v.shape, dtype=v.dtype)
+    for group, start, stop, dst in pieces:
+        arr = zarr.open_array(store, path=f"{group}/value", mode="r")
+        if v.shape:
+            value[dst:dst + stop - start] = arr[start:stop]
+        else:
+            value[...] = arr[...]
+    v.assign(value)

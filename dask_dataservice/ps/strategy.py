@@ -1,0 +1,273 @@
+"""ParameterServerStrategy: variables on parameter servers, functions on training workers.
+
+Roles come from Dask worker resources: workers with ``dataservice.ps.resource`` (default
+``ps``) are parameter servers (PS); the others train (or, when any worker has
+``dataservice.ps.worker-resource``, only those); the process holding the client is the
+coordinator. Like TensorFlow, at least one PS and one training worker are required::
+
+    strategy = dds.ParameterServerStrategy(client, variable_partitioner=
+        dds.partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2))
+    with strategy.scope():
+        w = dds.Variable(np.zeros(10, "f4"), name="w")           # on PS 0
+        emb = dds.Variable(lambda shape, dtype, partition_offset: np.zeros(shape, dtype),
+                           shape=(100_000, 16), dtype="f4", name="emb")   # ShardedVariable
+
+Placement is round-robin: each variable, and each shard of a partitioned variable, goes to
+the next PS in turn. Partitioning follows TensorFlow: the partitioner decides the number of
+shards of axis 0 (rank-0 variables are never partitioned), rows are dealt out with the
+"div" strategy, and a callable ``initial_value`` given with ``shape`` and ``dtype`` is
+called on each PS for its own partition only. An array ``initial_value`` (or a callable
+without ``shape``/``dtype``) is built whole on the coordinator and sliced, and a warning
+says so when the variable is large (``dataservice.ps.large-variable-elements``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import secrets
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import numpy as np
+from distributed import Client
+
+from .. import config
+from . import _transport
+from .partitioners import check_partitions, div_offsets
+from .server import ParameterServerPlugin
+from .variables import ShardedVariable, Variable, _wire, current_strategy
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParameterServerStrategy", "cluster_roles"]
+
+_INEFFICIENT_INIT = (
+    "Large variable {name!r} is partitioned but was built whole on the coordinator and then "
+    "sliced into its shards. To build each shard on its parameter server instead, give "
+    "`shape` and `dtype` and a callable `initial_value(shape, dtype, partition_offset)`."
+)
+
+
+def cluster_roles(client: Client) -> tuple[list[str], list[str]]:
+    """``(ps_addresses, worker_addresses)`` of the cluster, each sorted by worker name."""
+    info = client.sync(client.scheduler.identity)
+    return _roles(info.get("workers", {}))
+
+
+def _names(client: Client) -> dict[str, str]:
+    info = client.sync(client.scheduler.identity)
+    return {a: str(w.get("name", "")) for a, w in info.get("workers", {}).items()}
+
+
+def _roles(workers: dict) -> tuple[list[str], list[str]]:
+    ps_res, worker_res = config.get("ps.resource"), config.get("ps.worker-resource")
+
+    def key(addr):
+        return (str(workers[addr].get("name", "")), addr)
+
+    ps = sorted((a for a, w in workers.items() if (w.get("resources") or {}).get(ps_res)), key=key)
+    rest = [a for a in workers if a not in ps]
+    tagged = [a for a in rest if (workers[a].get("resources") or {}).get(worker_res)]
+    return ps, sorted(tagged or rest, key=key)
+
+
+class ParameterServerStrategy:
+    """Parameter-server training on a Dask cluster (``tf.distribute.ParameterServerStrategy``).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client of the cluster; this process becomes the coordinator.
+    variable_partitioner : callable, optional
+        ``partitioner(shape, dtype) -> [k, 1, ...]`` (see :mod:`.partitioners`). ``None``:
+        variables are not partitioned.
+    """
+
+    def __init__(self, client: Client, variable_partitioner=None):
+        if not isinstance(client, Client):
+            raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
+        if client.asynchronous:
+            raise TypeError("ParameterServerStrategy needs a synchronous Client (its API blocks)")
+        self._client = client
+        self._variable_partitioner = variable_partitioner
+        ps, workers = cluster_roles(client)
+        if len(ps) < 1:
+            raise ValueError(
+                f"There must be at least one ps: no worker has the {config.get('ps.resource')!r} "
+                "resource (start one with `dask worker --resources ps=1`).")
+        if len(workers) < 1:
+            raise ValueError("There must be at least one worker: every worker is a parameter server.")
+        self._ps = ps
+        names = _names(client)
+        #: Worker names of the parameter servers: a PS restarted by its nanny keeps its name.
+        self._ps_names = [names[a] for a in ps]
+        self._uid = secrets.token_hex(4)
+        self._variable_count = 0
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._cluster_coordinator = None
+        #: Every variable created in scope, in creation order (checkpoints use them).
+        self._variables: list[Variable | ShardedVariable] = []
+        from .coordinator import TrainingWorkerPlugin
+
+        client.register_plugin(ParameterServerPlugin())
+        client.register_plugin(TrainingWorkerPlugin())
+        _transport.set_default_client(client)
+        logger.info("ParameterServerStrategy: %d parameter servers, %d workers", len(ps), len(workers))
+
+    # -- cluster -------------------------------------------------------------------------
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    @property
+    def ps_addresses(self) -> list[str]:
+        """The parameter servers, in placement order (task 0, 1, ...)."""
+        return list(self._ps)
+
+    @property
+    def worker_addresses(self) -> list[str]:
+        """The training workers now (they may come and go)."""
+        return cluster_roles(self._client)[1]
+
+    @property
+    def num_ps(self) -> int:
+        return len(self._ps)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_addresses)
+
+    @property
+    def variable_partitioner(self):
+        return self._variable_partitioner
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return 1
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[ParameterServerStrategy]:
+        """Variables created in this context are placed on the parameter servers."""
+        token = current_strategy.set(self)
+        try:
+            yield self
+        finally:
+            current_strategy.reset(token)
+
+    def run(self, fn, args=(), kwargs=None):
+        """Run ``fn`` here (one replica per worker); use it inside scheduled functions."""
+        return fn(*args, **(kwargs or {}))
+
+    def reconnect(self, timeout: float = 30.0) -> dict[str, str]:
+        """Point every variable at the current address of its parameter server.
+
+        A PS whose process restarted (under a nanny) comes back with the same worker name at
+        a new address; with ``dataservice.ps.work-dir`` set it reloads the shards it flushed.
+        Waits up to ``timeout`` seconds for every PS to be back; returns ``{old: new}``.
+        """
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            by_name = {n: a for a, n in _names(self._client).items()}
+            if all(n in by_name for n in self._ps_names):
+                break
+            if time.monotonic() > deadline:
+                missing = [n for n in self._ps_names if n not in by_name]
+                raise TimeoutError(f"parameter servers {missing} did not come back")
+            time.sleep(0.05)
+        moved = {old: by_name[n] for old, n in zip(self._ps, self._ps_names, strict=True)
+                 if by_name[n] != old}
+        with self._lock:
+            self._ps = [by_name[n] for n in self._ps_names]
+            for var in self._variables:
+                for v in var.variables:
+                    v._address = self._ps[v._ps_index]
+        return moved
+
+    def flush(self) -> dict:
+        """Write every PS's working copies to its zarr store; ``{ps address: keys written}``."""
+        replies = _transport.call_many([(a, "ps_flush", {}) for a in self._ps], self._client)
+        return {a: list(r["written"]) for a, r in zip(self._ps, replies, strict=True)}
+
+    # -- variable creation -------------------------------------------------------------------
+    def _next_ps(self) -> int:
+        with self._lock:
+            i = self._variable_count % len(self._ps)
+            self._variable_count += 1
+            return i
+
+    def _create_variable(self, initial_value=None, trainable=True, name=None, dtype=None,
+                         shape=None, **kwargs):
+        name = name or "Variable"
+        if initial_value is None:
+            raise ValueError("initial_value must be given to create a variable in scope")
+        init_from_fn = callable(initial_value)
+        if init_from_fn and (shape is None or dtype is None):
+            init_from_fn = False
+            initial_value = initial_value()
+        if init_from_fn:
+            shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+            value = None
+        else:
+            value = np.asarray(initial_value, dtype=dtype)
+            if shape is not None and value.shape != tuple(shape):
+                raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
+            shape, dtype = value.shape, value.dtype
+        num = 1
+        if self._variable_partitioner is not None and len(shape) > 0:
+            num = check_partitions(self._variable_partitioner(shape=shape, dtype=dtype))
+        if num == 1:
+            var = self._create_shards(name, [0, shape[0]] if shape else None, shape, dtype,
+                                      trainable, initial_value, value, partitioned=False)[0]
+        else:
+            offsets = div_offsets(shape[0], min(num, shape[0]))
+            if value is not None:
+                self._warn_if_large(name, shape)
+            shards = self._create_shards(name, offsets, shape, dtype, trainable, initial_value,
+                                         value, partitioned=True)
+            var = ShardedVariable(shards, name=name)
+        with self._lock:
+            self._variables.append(var)
+        return var
+
+    def _warn_if_large(self, name, shape) -> None:
+        if math.prod(shape) > float(config.get("ps.large-variable-elements")):
+            warnings.warn(_INEFFICIENT_INIT.format(name=name), UserWarning, stacklevel=4)
+
+    def _create_shards(self, name, offsets, shape, dtype, trainable, initial_value, value,
+                       partitioned: bool) -> list[Variable]:
+        n = next(self._ids)
+        pieces = [(0, None)] if offsets is None else list(zip(offsets, offsets[1:], strict=False))
+        init = cloudpickle.dumps(initial_value) if value is None else None
+        handles, calls = [], []
+        for i, (a, b) in enumerate(pieces):
+            ps_index = self._next_ps()
+            address = self._ps[ps_index]
+            part_name = f"{name}/part_{i}" if partitioned else name
+            key = f"{self._uid}/{n}/{part_name}"
+            part_shape = tuple(shape) if b is None else (b - a, *shape[1:])
+            kw: dict[str, Any] = {"key": key, "shape": list(part_shape), "dtype": dtype.str,
+                                  "offset": a, "full_shape": list(shape)}
+            if value is None:
+                kw["init"] = init
+            else:
+                kw["value"] = _wire(value if b is None else value[a:b])
+            calls.append((address, "ps_create", kw))
+            handles.append(Variable._remote(part_name, part_shape, dtype, trainable, address, key,
+                                            ps_index, self._client))
+        replies = _transport.call_many(calls, self._client)
+        if partitioned and any(r.get("sliced") for r in replies):
+            self._warn_if_large(name, shape)
+        return handles
+
+    def __repr__(self) -> str:
+        return (f"<dds.ParameterServerStrategy ps={self._ps} "
+                f"partitioner={self._variable_partitioner!r}>")

@@ -1,0 +1,540 @@
+"""``Variable`` and ``ShardedVariable``: small picklable handles to values on parameter servers.
+
+Created inside ``strategy.scope()``, a ``Variable`` lives on one parameter server (PS), and a
+partitioned one is a :class:`ShardedVariable` whose shards are ``Variable`` s placed
+round-robin over the PSs. Outside any scope a ``Variable`` holds its value right here, in
+the process that made it (the coordinator), like a TensorFlow variable outside
+``strategy.scope()``.
+
+A handle carries only names, shape, dtype and PS addresses, so it pickles into scheduled
+functions for free. Its methods talk to the PS directly (see :mod:`._transport`):
+
+- ``read_value()`` / ``numpy()`` / ``np.asarray(v)``: the whole value;
+- ``assign``, ``assign_add``, ``assign_sub``: whole-value updates (they return the handle);
+- ``gather(ids)`` (alias ``sparse_read``): rows, e.g. an embedding lookup. A sharded
+  variable sends one request per shard that holds any of the ids, all in parallel, asking
+  each distinct row once, and reassembles the rows in the order of ``ids``;
+- ``scatter_add``, ``scatter_sub``, ``scatter_update`` (``ids, updates`` or an
+  :class:`~.optimizers.IndexedSlices`): row updates. Duplicate ids accumulate for add/sub;
+  for update the last occurrence wins.
+
+Updates made inside a scheduled function are tagged with the function's id and a sequence
+number, so a PS applies each at most once even when the function is re-run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any
+
+import numpy as np
+from distributed.protocol import to_serialize
+
+from . import _transport
+from ._exceptions import ShapeMismatchError
+from .optimizers import IndexedSlices
+
+__all__ = ["Variable", "ShardedVariable"]
+
+#: The strategy whose ``scope()`` is active in this context (set by ParameterServerStrategy).
+current_strategy: contextvars.ContextVar = contextvars.ContextVar("dds_ps_strategy", default=None)
+
+
+#: Arrays up to this many bytes travel inline in the message (msgpack) rather than as a
+#: frame of their own: for a scalar that halves the cost of an update.
+_INLINE_BYTES = 256
+
+
+def _wire(x) -> Any:
+    x = np.asarray(x)
+    if x.nbytes <= _INLINE_BYTES and x.dtype.kind in "biuf":
+        return {"__a": x.tolist(), "dtype": x.dtype.str}
+    if not x.flags.c_contiguous:
+        x = x.copy(order="C")
+    return to_serialize(x)
+
+
+class Variable:
+    """A variable: on a parameter server when created in ``strategy.scope()``, else local.
+
+    Parameters follow ``tf.Variable``: ``initial_value`` (an array, or a callable, called
+    as ``initial_value(shape=, dtype=, partition_offset=)`` on the PS when ``shape`` and
+    ``dtype`` are given), ``trainable``, ``name``, ``dtype``, ``shape``.
+    """
+
+    def __new__(cls, initial_value: Any = None, trainable: bool = True, name: str | None = None,
+                dtype: Any = None, shape: Any = None, **kwargs):
+        strategy = current_strategy.get()
+        if cls is Variable and strategy is not None and initial_value is not None:
+            return strategy._create_variable(initial_value=initial_value, trainable=trainable,
+                                             name=name, dtype=dtype, shape=shape, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, initial_value: Any = None, trainable: bool = True, name: str | None = None,
+                 dtype: Any = None, shape: Any = None, **kwargs):
+        if getattr(self, "_ready", False):  # built by a strategy in __new__
+            return
+        if initial_value is None:
+            raise ValueError("initial_value must be given")
+        if callable(initial_value):
+            try:
+                initial_value = initial_value(shape=shape, dtype=dtype) if shape is not None \
+                    else initial_value()
+            except TypeError:
+                initial_value = initial_value()
+        value = np.array(initial_value, dtype=dtype, copy=True)
+        if shape is not None and value.shape != tuple(shape):
+            raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
+        self._init_handle(name or "Variable", value.shape, value.dtype, trainable,
+                          address=None, key=None, ps_index=None)
+        self._local = value
+        self._lock = threading.Lock()
+
+    # -- construction (strategy) -----------------------------------------------------------
+    @classmethod
+    def _remote(cls, name: str, shape, dtype, trainable: bool, address: str, key: str,
+                ps_index: int, client=None) -> Variable:
+        self = object.__new__(cls)
+        self._init_handle(name, tuple(shape), np.dtype(dtype), trainable, address, key, ps_index)
+        self._local = None
+        self._lock = None
+        self._client = client
+        return self
+
+    def _init_handle(self, name, shape, dtype, trainable, address, key, ps_index):
+        self._name = name
+        self._shape = tuple(int(d) for d in shape)
+        self._dtype = np.dtype(dtype)
+        self._trainable = bool(trainable)
+        self._address = address
+        self._key = key
+        self._ps_index = ps_index
+        self._client = None
+        self._ready = True
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_client", None)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._client = None
+        self._lock = threading.Lock() if self._local is not None else None
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def trainable(self) -> bool:
+        return self._trainable
+
+    @property
+    def ps_address(self) -> str | None:
+        """The Dask address of the parameter server holding this variable (None: local)."""
+        return self._address
+
+    @property
+    def device(self) -> str:
+        """TensorFlow-style placement: ``/job:ps/replica:0/task:<i>/device:CPU:0`` or ``""``."""
+        if self._address is None:
+            return ""
+        return f"/job:ps/replica:0/task:{self._ps_index}/device:CPU:0"
+
+    @property
+    def key(self) -> str | None:
+        """The shard key on the PS."""
+        return self._key
+
+    @property
+    def variables(self) -> list[Variable]:
+        return [self]
+
+    def __repr__(self) -> str:
+        where = f" on {self._address}" if self._address else ""
+        return f"<dds.Variable {self._name!r} shape={self._shape} dtype={self._dtype}{where}>"
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a scalar variable")
+        return self._shape[0]
+
+    # -- reads -----------------------------------------------------------------------------
+    def read_value(self) -> np.ndarray:
+        """The current value, as a new numpy array."""
+        if self._local is not None:
+            with self._lock:
+                return self._local.copy()
+        return _transport.call(self._address, "ps_read", self._client,
+                               {"key": self._key})["value"]
+
+    value = read_value
+    read = read_value
+    numpy = read_value
+
+    def __array__(self, dtype=None, copy=None):
+        v = self.read_value()
+        return v if dtype is None else v.astype(dtype)
+
+    def gather(self, ids) -> np.ndarray:
+        """Rows ``ids`` (any shape of ints): result shape ``ids.shape + shape[1:]``."""
+        return _gather([self], [0, self._rows()], self._shape, self._dtype, ids, self._client)
+
+    sparse_read = gather
+
+    # -- updates ---------------------------------------------------------------------------
+    def _update(self, op: str, value) -> Variable:
+        if self._local is not None:
+            val = np.asarray(value, dtype=self._dtype)
+            with self._lock:
+                if op == "assign":
+                    self._local[...] = val
+                elif op == "assign_add":
+                    self._local += val
+                else:
+                    self._local -= val
+            return self
+        arr = np.asarray(value, dtype=self._dtype)
+        if arr.shape != self._shape:
+            try:
+                fits = np.broadcast_shapes(arr.shape, self._shape) == self._shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ShapeMismatchError(f"shape {arr.shape} does not fit variable "
+                                         f"{self._name!r} of shape {self._shape}")
+        _transport.send_updates(
+            [(self._address, "ps_update",
+              {"key": self._key, "kind": op, "value": _wire(arr), **_transport.tag()})],
+            self._client, arr.nbytes)
+        return self
+
+    def assign(self, value, read_value: bool = True) -> Variable:
+        """Set the value (broadcast to the variable's shape); returns the variable."""
+        return self._update("assign", value)
+
+    def assign_add(self, delta, read_value: bool = True) -> Variable:
+        """Add ``delta`` to the value on its PS; returns the variable."""
+        return self._update("assign_add", delta)
+
+    def assign_sub(self, delta, read_value: bool = True) -> Variable:
+        """Subtract ``delta`` from the value on its PS; returns the variable."""
+        return self._update("assign_sub", delta)
+
+    def scatter_add(self, ids, updates=None) -> Variable:
+        """Add ``updates[i]`` to row ``ids[i]`` (duplicates accumulate)."""
+        _scatter([self], [0, self._rows()], self._shape, self._dtype, "add", ids, updates,
+                 self._client)
+        return self
+
+    def scatter_sub(self, ids, updates=None) -> Variable:
+        _scatter([self], [0, self._rows()], self._shape, self._dtype, "sub", ids, updates,
+                 self._client)
+        return self
+
+    def scatter_update(self, ids, updates=None) -> Variable:
+        """Set row ``ids[i]`` to ``updates[i]`` (for a duplicate id the last one wins)."""
+        _scatter([self], [0, self._rows()], self._shape, self._dtype, "update", ids, updates,
+                 self._client)
+        return self
+
+    def _rows(self) -> int:
+        if not self._shape:
+            raise TypeError(f"variable {self._name!r} is a scalar: it has no rows")
+        return self._shape[0]
+
+
+class ShardedVariable:
+    """A variable partitioned along axis 0 into ``variables`` (one per shard, in row order).
+
+    It behaves as one variable of the full ``shape``: reads concatenate the shards, and
+    ``gather`` / ``scatter_*`` route each id to the shard that holds its row.
+    """
+
+    def __init__(self, variables: list[Variable], name: str | None = None):
+        if not variables:
+            raise ValueError("a ShardedVariable needs at least one variable")
+        first = variables[0]
+        for v in variables:
+            if v.dtype != first.dtype or v.shape[1:] != first.shape[1:] or not v.shape:
+                raise ValueError("all shards must share dtype and the shape of axes 1..n, "
+                                 f"got {[(v.shape, str(v.dtype)) for v in variables]}")
+        self._variables = list(variables)
+        self._offsets = [0]
+        for v in variables:
+            self._offsets.append(self._offsets[-1] + v.shape[0])
+        self._name = name or first.name.rsplit("/part_", 1)[0]
+        self._shape = (self._offsets[-1], *first.shape[1:])
+        self._dtype = first.dtype
+
+    @property
+    def variables(self) -> list[Variable]:
+        """The shards, in row order."""
+        return list(self._variables)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def trainable(self) -> bool:
+        return self._variables[0].trainable
+
+    @property
+    def offsets(self) -> list[int]:
+        """Row boundaries of the shards: ``len(variables) + 1`` ints from 0 to ``shape[0]``."""
+        return list(self._offsets)
+
+    def __len__(self) -> int:
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        return (f"<dds.ShardedVariable {self._name!r} shape={self._shape} dtype={self._dtype} "
+                f"shards={[v.shape[0] for v in self._variables]}>")
+
+    def _client(self):
+        return self._variables[0]._client
+
+    def read_value(self) -> np.ndarray:
+        """The whole value: every shard read in parallel, concatenated."""
+        if self._variables[0]._local is not None:
+            return np.concatenate([v.read_value() for v in self._variables])
+        replies = _transport.call_many(
+            [(v._address, "ps_read", {"key": v._key}) for v in self._variables], self._client())
+        return np.concatenate([r["value"] for r in replies])
+
+    value = read_value
+    read = read_value
+    numpy = read_value
+
+    def __array__(self, dtype=None, copy=None):
+        v = self.read_value()
+        return v if dtype is None else v.astype(dtype)
+
+    def _update(self, op: str, value) -> ShardedVariable:
+        arr = np.asarray(value, dtype=self._dtype)
+        if self._variables[0]._local is not None:
+            full = np.broadcast_to(arr, self._shape)
+            for v, a, b in zip(self._variables, self._offsets, self._offsets[1:], strict=False):
+                v._update(op, full[a:b])
+            return self
+        tag = _transport.tag()
+        calls = []
+        if arr.ndim == 0:
+            for v in self._variables:
+                calls.append((v._address, "ps_update", {"key": v._key, "kind": op,
+                                                        "value": _wire(arr), **tag}))
+        else:
+            try:
+                full = np.broadcast_to(arr, self._shape)
+            except ValueError:
+                raise ValueError(f"cannot {op} a value of shape {arr.shape} to variable "
+                                 f"{self._name!r} of shape {self._shape}") from None
+            for v, a, b in zip(self._variables, self._offsets, self._offsets[1:], strict=False):
+                calls.append((v._address, "ps_update", {"key": v._key, "kind": op,
+                                                        "value": _wire(full[a:b]), **tag}))
+        _transport.send_updates(calls, self._client(), arr.nbytes)
+        return self
+
+    def assign(self, value, read_value: bool = True) -> ShardedVariable:
+        return self._update("assign", value)
+
+    def assign_add(self, delta, read_value: bool = True) -> ShardedVariable:
+        return self._update("assign_add", delta)
+
+    def assign_sub(self, delta, read_value: bool = True) -> ShardedVariable:
+        return self._update("assign_sub", delta)
+
+    def gather(self, ids) -> np.ndarray:
+        """Rows ``ids``: one parallel request per shard holding any id, reassembled in order."""
+        return _gather(self._variables, self._offsets, self._shape, self._dtype, ids,
+                       self._client())
+
+    sparse_read = gather
+
+    def scatter_add(self, ids, updates=None) -> ShardedVariable:
+        _scatter(self._variables, self._offsets, self._shape, self._dtype, "add", ids, updates,
+                 self._client())
+        return self
+
+    def scatter_sub(self, ids, updates=None) -> ShardedVariable:
+        _scatter(self._variables, self._offsets, self._shape, self._dtype, "sub", ids, updates,
+                 self._client())
+        return self
+
+    def scatter_update(self, ids, updates=None) -> ShardedVariable:
+        _scatter(self._variables, self._offsets, self._shape, self._dtype, "update", ids,
+                 updates, self._client())
+        return self
+
+
+# ---------------------------------------------------------------------------------------
+# row routing shared by Variable and ShardedVariable
+# ---------------------------------------------------------------------------------------
+
+
+def _flat_ids(ids, rows: int, name: str) -> tuple[np.ndarray, tuple]:
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        if ids.size == 0:
+            ids = ids.astype(np.int64)
+        else:
+            raise TypeError(f"ids must be integers, got dtype {ids.dtype}")
+    flat = ids.reshape(-1).astype(np.int64, copy=False)
+    if flat.size and (flat.min() < 0 or flat.max() >= rows):
+        bad = flat[(flat < 0) | (flat >= rows)][0]
+        raise IndexError(f"id {int(bad)} is out of range [0, {rows}) for variable {name!r}")
+    return flat, ids.shape
+
+
+class _Plan:
+    """Where the rows of ``flat`` ids live: each distinct id once, grouped by shard.
+
+    ``uniq`` is the sorted distinct ids and ``inverse`` maps each id to its position in
+    ``uniq``; since ``uniq`` is sorted, each shard owns one contiguous range of it.
+    """
+
+    __slots__ = ("uniq", "inverse", "parts")
+
+    def __init__(self, flat: np.ndarray, offsets: list[int]):
+        if flat.size > 1 and bool(np.all(flat[1:] > flat[:-1])):
+            self.uniq, self.inverse = flat, None  # already sorted and distinct
+        else:
+            self.uniq, self.inverse = np.unique(flat, return_inverse=True)
+        bounds = np.searchsorted(self.uniq, offsets)
+        #: ``[(shard, start, stop, shard-local ids)]`` for shards holding any id.
+        self.parts = [(i, int(a), int(b), self.uniq[a:b] - offsets[i])
+                      for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)) if b > a]
+
+    def expand(self, rows: np.ndarray) -> np.ndarray:
+        """Rows per distinct id → rows per requested id."""
+        return rows if self.inverse is None else rows[self.inverse]
+
+    def combine(self, rows: np.ndarray, how: str) -> np.ndarray:
+        """Rows per requested id → rows per distinct id (summed, or the last one)."""
+        inv = self.inverse
+        if inv is None:
+            return rows
+        if self.uniq.size == inv.size:
+            out = np.empty((self.uniq.size, *rows.shape[1:]), dtype=rows.dtype)
+            out[inv] = rows
+            return out
+        if how == "last":  # repeated fancy assignment keeps the last value
+            last = np.empty(self.uniq.size, dtype=np.intp)
+            last[inv] = np.arange(inv.size)
+            return rows[last]
+        order = np.argsort(inv, kind="stable")
+        starts = np.r_[0, np.cumsum(np.bincount(inv, minlength=self.uniq.size))[:-1]]
+        return np.add.reduceat(rows[order], starts, axis=0)
+
+
+def _gather(variables, offsets, shape, dtype, ids, client) -> np.ndarray:
+    name = variables[0].name
+    flat, ids_shape = _flat_ids(ids, offsets[-1] if shape else 0, name)
+    row_shape = tuple(shape[1:])
+    plan = _Plan(flat, offsets)
+    rows = np.empty((plan.uniq.size, *row_shape), dtype=dtype)
+    if variables[0]._local is not None:
+        for s, a, b, local in plan.parts:
+            rows[a:b] = variables[s].read_value()[local]
+    else:
+        calls = [(variables[s]._address, "ps_gather", {"key": variables[s]._key, "ids": _wire(local)})
+                 for s, _, _, local in plan.parts]
+        for (_, a, b, _), reply in zip(plan.parts, _transport.call_many(calls, client), strict=True):
+            rows[a:b] = reply["value"]
+    return plan.expand(rows).reshape(ids_shape + row_shape)
+
+
+def _scatter(variables, offsets, shape, dtype, op, ids, updates, client) -> None:
+    if updates is None:
+        if not isinstance(ids, IndexedSlices):
+            raise TypeError("scatter_* takes (ids, updates) or one IndexedSlices")
+        ids, updates = ids.indices, ids.values
+    name = variables[0].name
+    flat, _ = _flat_ids(ids, offsets[-1] if shape else 0, name)
+    row_shape = tuple(shape[1:])
+    upd = np.asarray(updates, dtype=dtype)
+    try:
+        upd = np.broadcast_to(upd, (flat.size, *row_shape))
+    except ValueError:
+        raise ValueError(f"updates of shape {np.shape(updates)} do not fit {flat.size} rows of "
+                         f"variable {name!r} (row shape {row_shape})") from None
+    plan = _Plan(flat, offsets)
+    rows = plan.combine(upd, "last" if op == "update" else "sum")
+    if variables[0]._local is not None:
+        for s, a, b, local in plan.parts:
+            v = variables[s]
+            with v._lock:
+                if op == "add":
+                    v._local[local] += rows[a:b]
+                elif op == "sub":
+                    v._local[local] -= rows[a:b]
+                else:
+                    v._local[local] = rows[a:b]
+        return
+    tag = _transport.tag()
+    calls = [(variables[s]._address, "ps_scatter",
+              {"key": variables[s]._key, "kind": op, "ids": _wire(local),
+               "updates": _wire(rows[a:b]), **tag})
+             for s, a, b, local in plan.parts]
+    _transport.send_updates(calls, client, rows.nbytes)
+
+
+def _apply_many(config: dict, grads_and_vars: list) -> None:
+    """Send optimizer updates for ``[(grad, variable)]`` (see Optimizer.apply_gradients)."""
+    calls = []
+    client = None
+    nbytes = 0
+    for grad, var in grads_and_vars:
+        if grad is None:
+            continue
+        shards = var.variables
+        offsets = var.offsets if isinstance(var, ShardedVariable) else [0, var.shape[0] if var.shape else 0]
+        if shards[0]._local is not None:
+            raise ValueError(f"variable {var.name!r} is not on a parameter server (create it in "
+                             "strategy.scope() to use a server-side optimizer)")
+        client = client or shards[0]._client
+        tag = _transport.tag()
+        if isinstance(grad, IndexedSlices):
+            flat, _ = _flat_ids(grad.indices, offsets[-1], var.name)
+            rows = np.broadcast_to(np.asarray(grad.values, dtype=var.dtype),
+                                   (flat.size, *var.shape[1:]))
+            plan = _Plan(flat, offsets)
+            summed = plan.combine(rows, "sum")  # duplicate ids: gradients add up
+            for s, a, b, local in plan.parts:
+                v = shards[s]
+                calls.append((v._address, "ps_apply", {"key": v._key, "optimizer": config,
+                                                       "grad": _wire(summed[a:b]),
+                                                       "ids": _wire(local), **tag}))
+            nbytes += summed.nbytes
+        else:
+            g = np.asarray(grad, dtype=var.dtype)
+            if g.shape != tuple(var.shape):
+                raise ValueError(f"gradient of shape {g.shape} does not fit variable "
+                                 f"{var.name!r} of shape {var.shape}")
+            for v, a, b in zip(shards, offsets, offsets[1:], strict=False):
+                part = g if len(shards) == 1 else g[a:b]
+                calls.append((v._address, "ps_apply", {"key": v._key, "optimizer": config,
+                                                       "grad": _wire(part), **tag}))
+            nbytes += g.nbytes
+    _transport.send_updates(calls, client, nbytes)

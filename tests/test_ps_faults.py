@@ -1,0 +1,126 @@
+"""Worker and parameter-server deaths (Nanny processes, killed hard)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, Nanny
+from distributed.utils_test import gen_cluster
+
+import dask_dataservice as dds
+from dask_dataservice.ps._exceptions import ParameterServerError, ParameterServerUnavailableError
+
+pytestmark = pytest.mark.timeout(90)
+
+PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
+WK = ("127.0.0.1", 1)
+
+
+def _slow_step(counter, total, i):
+    """One training step: two updates, on two PSs."""
+    time.sleep(0.002)
+    counter.assign_add(1)
+    total.assign_add(i)
+    return i
+
+
+def _count_step(counter):
+    counter.assign_add(1)
+
+
+def test_worker_and_ps_deaths(tmp_path):
+    work_dir = str(tmp_path / "ps")
+
+    @gen_cluster(client=False, Worker=Nanny, nthreads=[PS, PS, WK, WK], timeout=80,
+                 config={"dataservice.ps.work-dir": work_dir})
+    async def run(s, n0, n1, n2, n3):
+        await _worker_and_ps_deaths(s, n0, n1, n2, n3)
+
+    run()
+
+
+async def _worker_and_ps_deaths(s, n0, n1, n2, n3):
+    """A training worker killed mid-training: training completes and each update is applied
+    exactly once. Then a PS killed: a clear error from join(), never a hang; restarted by its
+    nanny it reloads its flushed shards from work_dir, and training goes on."""
+    n_steps = 600
+    state = {}
+
+    def train(c):
+        strategy = dds.ParameterServerStrategy(c)
+        coord = dds.ClusterCoordinator(strategy)
+        with strategy.scope():
+            counter = dds.Variable(0, dtype="i8", name="counter")
+            total = dds.Variable(0, dtype="i8", name="total")
+        assert counter.ps_address != total.ps_address
+        state["strategy"], state["coord"] = strategy, coord
+        state["vars"] = counter, total
+        state["rvs"] = [coord.schedule(_slow_step, args=(counter, total, i))
+                        for i in range(n_steps)]
+        deadline = time.monotonic() + 30
+        while int(counter.numpy()) < n_steps // 4:  # mid-training
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    def finish(c):
+        coord = state["coord"]
+        counter, total = state["vars"]
+        coord.join()
+        assert [rv.fetch() for rv in state["rvs"]] == list(range(n_steps))
+        assert coord.stats["workers_lost"] >= 1 and coord.stats["requeued"] >= 1
+        # exactly once: the counter saw every step once, and the sum of step ids is exact
+        assert int(counter.numpy()) == n_steps
+        assert int(total.numpy()) == n_steps * (n_steps - 1) // 2
+        skipped = sum(c.sync(c.rpc(a).ps_info)["stats"]["skipped"]
+                      for a in state["strategy"].ps_addresses)
+        assert skipped >= 1  # re-run functions did reach the PS, which dropped their repeats
+
+    c = await asyncio.to_thread(Client, s.address, set_as_default=False)
+    try:
+        await asyncio.to_thread(train, c)
+        victim = n2.worker_address
+        await n2.process.process.kill()
+        while victim in s.workers:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(finish, c)
+
+        # a parameter server that dies: a clear error from join(), never a hang
+        coord, strategy = state["coord"], state["strategy"]
+        counter, total = state["vars"]
+        assert counter.ps_address == n0.worker_address
+        flushed = await asyncio.to_thread(strategy.flush)
+        assert flushed[n0.worker_address] == [counter.key]
+        old = n0.worker_address
+        await n0.process.process.kill()
+        started = time.monotonic()
+
+        def after_ps_death():
+            rvs = [coord.schedule(_count_step, args=(counter,)) for i in range(5)]
+            with pytest.raises(ParameterServerUnavailableError, match="unreachable"):
+                coord.join()
+            with pytest.raises(ParameterServerError):  # failed, or cancelled by a failure
+                rvs[0].fetch()
+
+        await asyncio.to_thread(after_ps_death)
+        assert time.monotonic() - started < 30
+
+        # restarted by its nanny under a new address, the PS reloads its shards
+        def after_restart():
+            moved = strategy.reconnect(timeout=30)
+            assert moved == {old: counter.ps_address}
+            assert int(counter.numpy()) == n_steps  # the flushed value
+            for _ in range(10):
+                coord.schedule(_count_step, args=(counter,))
+            coord.join()
+            assert int(counter.numpy()) == n_steps + 10
+            assert int(total.numpy()) == n_steps * (n_steps - 1) // 2
+            coord.shutdown()
+
+        await asyncio.to_thread(after_restart)
+        assert counter.ps_address != old
+        np.testing.assert_equal(len(state["rvs"]), n_steps)
+    finally:
+        await asyncio.to_thread(c.close)
