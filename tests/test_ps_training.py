@@ -175,6 +175,19 @@ async def test_per_worker_dataset_is_built_lazily_on_each_worker(s, p0, w0, w1):
         assert coord.schedule(step, args=(it2,)).fetch() == 0
         with pytest.raises(RuntimeError, match="inside a function scheduled"):
             next(it2)
+        # TensorFlow's spelling: a dataset function that takes an InputContext
+        seen_ctx = []
+
+        def dataset_fn_ctx(ctx):
+            seen_ctx.append(ctx.num_input_pipelines)
+            return dds.Dataset.range(3).map(lambda x: x + ctx.input_pipeline_id + 100)
+
+        it3 = iter(coord.create_per_worker_dataset(
+            strategy.distribute_datasets_from_function(dataset_fn_ctx)))
+        assert coord.schedule(step, args=(it3,)).fetch() == 100
+        it4 = iter(coord.create_per_worker_dataset(
+            strategy.experimental_distribute_dataset(dds.Dataset.range(7, 9))))
+        assert coord.schedule(step, args=(it4,)).fetch() == 7
 
     await in_thread(s, body)
 

@@ -66,6 +66,8 @@ async def test_installation_placement_and_local_variables(s, p0, p1, w0, w1):
             "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0",
             "/job:ps/replica:0/task:0/device:CPU:0"]
         assert [float(v.numpy()) for v in vs] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        # arithmetic reads the value, as a TensorFlow variable converts to a tensor
+        assert vs[3] * 2 == 6.0 and 1 + vs[1] == 2.0 and -vs[2] == -2.0 and float(vs[4]) == 4.0
         outside.assign_add(2.5)
         assert float(outside.numpy()) == 2.5
         return strategy
@@ -350,6 +352,33 @@ async def test_server_side_optimizers_match_reference(s, p0, p1, w0):
             optimizers[0].apply_gradients([(np.zeros(2), dds.Variable(np.zeros(2)))])
 
     await in_thread(s, body)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(ids=st.lists(st.integers(0, 49), max_size=60), cut=st.integers(1, 49),
+       seed=st.integers(0, 2**16))
+def test_row_routing_and_duplicate_sums(ids, cut, seed):
+    from dask_dataservice.ps.variables import _Plan
+
+    ids = np.array(ids, dtype=np.int64)
+    rows = np.random.default_rng(seed).integers(-9, 9, (ids.size, 2)).astype("f8")
+    offsets = [0, cut, 50]
+    plan = _Plan(ids, offsets)
+    assert np.array_equal(plan.uniq, np.unique(ids))
+    assert np.array_equal(plan.expand(plan.uniq), ids)
+    expected = np.zeros((plan.uniq.size, 2))
+    np.add.at(expected, np.searchsorted(plan.uniq, ids), rows)
+    np.testing.assert_array_equal(plan.combine(rows, "sum"), expected)
+    last = {int(i): r for i, r in zip(ids, rows, strict=True)}
+    got = plan.combine(rows, "last")
+    for k, i in enumerate(plan.uniq):
+        np.testing.assert_array_equal(got[k], last[int(i)])
+    for shard, a, b, local in plan.parts:  # each shard gets its own rows, shard-local
+        assert offsets[shard] <= plan.uniq[a] and plan.uniq[b - 1] < offsets[shard + 1]
+        np.testing.assert_array_equal(local + offsets[shard], plan.uniq[a:b])
+    u, summed = opt.dedupe_rows(ids, rows)
+    np.testing.assert_array_equal(u, plan.uniq)
+    np.testing.assert_array_equal(summed, expected)
 
 
 def test_optimizer_configs_round_trip():

@@ -13,7 +13,10 @@ not become tasks. Instead:
   pickled once), and sends it to the worker's ``ps_run_closures`` handler.
 - The worker (:class:`TrainingWorkerPlugin`) runs the batch in its runner thread, one
   closure after the other, and answers all results in one reply. Inside a closure,
-  variable handles talk to the parameter servers directly from that thread.
+  variable handles talk to the parameter servers directly from that thread, over one
+  ordered connection per PS: updates go out without waiting for their replies, reads wait
+  for theirs (see :mod:`._transport`). Before it answers, the runner waits for every update
+  of the batch to be acknowledged and fails any closure whose update failed.
 - A feeder whose request fails with a connection error lost its worker: the closures of
   the batch go back to the front of the queue and run on another worker (at-least-once, as
   TensorFlow). Updates carry the closure's id and a per-run sequence number, and a PS

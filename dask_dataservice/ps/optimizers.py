@@ -184,11 +184,18 @@ def dedupe_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
         return ids, rows
     order = np.argsort(ids, kind="stable")
     sids = ids[order]
-    starts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
     srows = rows[order]
-    if starts.size == ids.size:
+    first = np.empty(sids.size, dtype=bool)
+    first[0] = True
+    np.not_equal(sids[1:], sids[:-1], out=first[1:])
+    if first.all():
         return sids, srows
-    return sids[starts], np.add.reduceat(srows, starts, axis=0)
+    out = srows[first]
+    repeat = ~first
+    # the few repeated rows are added to their id's first row (np.add.at over all rows or
+    # np.add.reduceat is much slower when repeats are rare)
+    np.add.at(out, np.cumsum(first)[repeat] - 1, srows[repeat])
+    return sids[first], out
 
 
 def apply_dense(config: dict, value: np.ndarray, slots: dict, grad: np.ndarray) -> None:

@@ -45,7 +45,7 @@ from .variables import ShardedVariable, Variable, _wire, current_strategy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "cluster_roles"]
+__all__ = ["ParameterServerStrategy", "InputContext", "cluster_roles"]
 
 _INEFFICIENT_INIT = (
     "Large variable {name!r} is partitioned but was built whole on the coordinator and then "
@@ -75,6 +75,34 @@ def _roles(workers: dict) -> tuple[list[str], list[str]]:
     rest = [a for a in workers if a not in ps]
     tagged = [a for a in rest if (workers[a].get("resources") or {}).get(worker_res)]
     return ps, sorted(tagged or rest, key=key)
+
+
+class InputContext:
+    """What a ``dataset_fn`` learns about its input pipeline (TensorFlow's InputContext)."""
+
+    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
+                 num_replicas_in_sync: int = 1):
+        self.num_input_pipelines = num_input_pipelines
+        self.input_pipeline_id = input_pipeline_id
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ValueError(f"global batch size {global_batch_size} is not divisible by "
+                             f"{self.num_replicas_in_sync} replicas")
+        return global_batch_size // self.num_replicas_in_sync
+
+
+class _DatasetFromFunction:
+    """``dataset_fn(InputContext())``, called on each worker when its dataset is built."""
+
+    def __init__(self, dataset_fn):
+        self._dataset_fn = dataset_fn
+
+    def __call__(self):
+        # Each worker runs one input pipeline and there is one replica per worker, so
+        # every worker sees the same context (TensorFlow does the same).
+        return self._dataset_fn(InputContext())
 
 
 class ParameterServerStrategy:
@@ -160,6 +188,16 @@ class ParameterServerStrategy:
             yield self
         finally:
             current_strategy.reset(token)
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        """A dataset to build on each training worker: pass it to
+        ``ClusterCoordinator.create_per_worker_dataset``. ``dataset_fn(input_context)``
+        gets an :class:`InputContext` (one input pipeline per worker, as in TensorFlow)."""
+        return _DatasetFromFunction(dataset_fn)
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        """The same ``dataset`` on each training worker (see ``create_per_worker_dataset``)."""
+        return _DatasetFromFunction(lambda input_context: dataset)
 
     def run(self, fn, args=(), kwargs=None):
         """Run ``fn`` here (one replica per worker); use it inside scheduled functions."""

@@ -55,7 +55,60 @@ def _wire(x) -> Any:
     return to_serialize(x)
 
 
-class Variable:
+class _ValueOps:
+    """Arithmetic reads the value first, as a TensorFlow variable converts to a tensor.
+
+    ``v * 2``, ``x @ w``, ``-v``, ``v[3:5]`` each read the whole value from its PS (for an
+    embedding lookup use :meth:`gather`, which moves only the rows asked for).
+    """
+
+    def _v(self):
+        return self.read_value()
+
+    def __add__(self, o):
+        return self._v() + o
+
+    def __radd__(self, o):
+        return o + self._v()
+
+    def __sub__(self, o):
+        return self._v() - o
+
+    def __rsub__(self, o):
+        return o - self._v()
+
+    def __mul__(self, o):
+        return self._v() * o
+
+    def __rmul__(self, o):
+        return o * self._v()
+
+    def __truediv__(self, o):
+        return self._v() / o
+
+    def __rtruediv__(self, o):
+        return o / self._v()
+
+    def __matmul__(self, o):
+        return self._v() @ o
+
+    def __rmatmul__(self, o):
+        return o @ self._v()
+
+    def __neg__(self):
+        return -self._v()
+
+    def __getitem__(self, index):
+        return self._v()[index]
+
+    def __float__(self):
+        return float(self._v())
+
+    def __int__(self):
+        return int(self._v())
+
+
+class Variable(_ValueOps):
     """A variable: on a parameter server when created in ``strategy.scope()``, else local.
 
     Parameters follow ``tf.Variable``: ``initial_value`` (an array, or a callable, called
@@ -256,7 +309,7 @@ class Variable:
         return self._shape[0]
 
 
-class ShardedVariable:
+class ShardedVariable(_ValueOps):
     """A variable partitioned along axis 0 into ``variables`` (one per shard, in row order).
 
     It behaves as one variable of the full ``shape``: reads concatenate the shards, and
@@ -443,9 +496,25 @@ class _Plan:
             last = np.empty(self.uniq.size, dtype=np.intp)
             last[inv] = np.arange(inv.size)
             return rows[last]
-        order = np.argsort(inv, kind="stable")
-        starts = np.r_[0, np.cumsum(np.bincount(inv, minlength=self.uniq.size))[:-1]]
-        return np.add.reduceat(rows[order], starts, axis=0)
+        return _sum_duplicates(inv, rows)
+
+
+def _sum_duplicates(inverse: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Rows summed per group ``inverse`` (0..U-1): first rows copied, the few repeats added.
+
+    Faster than ``np.add.reduceat`` / ``np.add.at`` over all rows when repeats are rare.
+    """
+    order = np.argsort(inverse, kind="stable")
+    sinv = inverse[order]
+    srows = rows[order]
+    first = np.empty(sinv.size, dtype=bool)
+    first[0] = True
+    np.not_equal(sinv[1:], sinv[:-1], out=first[1:])
+    out = srows[first]
+    repeat = ~first
+    if repeat.any():
+        np.add.at(out, sinv[repeat], srows[repeat])
+    return out
 
 
 def _gather(variables, offsets, shape, dtype, ids, client) -> np.ndarray:

@@ -110,7 +110,9 @@ def _client_for(service: Any) -> Client:
         if service.status in ("closed", "closing"):
             raise DataServiceError("the distributed.Client given as service is closed")
         with _CLIENTS_LOCK:
-            _CLIENTS.setdefault(service.scheduler.address, service)
+            cached = _CLIENTS.get(service.scheduler.address)
+            if cached is None or cached.status in ("closed", "closing"):
+                _CLIENTS[service.scheduler.address] = service
         return service
     address = _service_address(service)
     with _CLIENTS_LOCK:
@@ -139,13 +141,13 @@ def _client_for(service: Any) -> Client:
     return client
 
 
-def close_clients() -> None:
-    """Close the clients this module opened for scheduler addresses (also done at exit)."""
+def close_clients(address: str | None = None) -> None:
+    """Close the clients this module opened (for one scheduler address, or all; also at exit)."""
     with _CLIENTS_LOCK:
-        own = list(_OWN_CLIENTS.items())
-        _OWN_CLIENTS.clear()
-        for address, _ in own:
-            _CLIENTS.pop(address, None)
+        own = [(a, c) for a, c in _OWN_CLIENTS.items() if address is None or a == address]
+        for a, _ in own:
+            _OWN_CLIENTS.pop(a, None)
+            _CLIENTS.pop(a, None)
     for _, client in own:
         try:
             client.close(timeout=5)
@@ -664,7 +666,8 @@ def _read(spec: _ReadSpec, repetition: int) -> Iterator:
             except queue.Empty:
                 if reader.future.done():  # the reader ended without a word (cancelled)
                     raise DataServiceError(
-                        "the data service reader stopped unexpectedly (was the client closed?)"
+                        f"lost contact with the data service at {spec.address}: the reader "
+                        f"stopped (client status: {client.status})"
                     ) from None
                 continue
             if item is _END:

@@ -119,11 +119,12 @@ class DispatcherPlugin(SchedulerPlugin):
 
     def __init__(self, job_gc_timeout: float | None = None, client_timeout: float | None = None,
                  fault_tolerant_mode: bool | None = None, work_dir: str | None = None,
-                 worker_addresses: list[str] | None = None):
+                 worker_addresses: list[str] | None = None, gc_interval: float | None = None):
         self.job_gc_timeout = job_gc_timeout
         self.client_timeout = client_timeout
         self.fault_tolerant_mode = fault_tolerant_mode
         self.work_dir = work_dir
+        self.gc_interval = gc_interval
         #: The fixed worker list of static sharding: addresses (``tcp://h:p`` or ``h:p``) or
         #: Dask worker names; a worker's index in it is its shard index.
         self.worker_addresses = list(worker_addresses) if worker_addresses else None
@@ -196,7 +197,7 @@ class DispatcherPlugin(SchedulerPlugin):
             await scheduler.register_worker_plugin(
                 None, dumps(DataWorkerPlugin()), name=WORKER_PLUGIN, idempotent=True
             )
-        interval_ms = config.get_seconds("dispatcher.gc-interval") * 1000
+        interval_ms = (self.gc_interval or config.get_seconds("dispatcher.gc-interval")) * 1000
         pc = PeriodicCallback(self._gc, interval_ms)
         scheduler.periodic_callbacks["dataservice-gc"] = pc
         pc.start()

@@ -39,6 +39,9 @@ class DispatcherConfig:
         The fixed worker list that static sharding policies need.
     job_gc_check_interval_ms, job_gc_timeout_ms, client_timeout_ms
         Liveness and garbage collection (defaults from ``dataservice.dispatcher.*``).
+    worker_timeout_ms
+        Accepted for compatibility and ignored: Dask's scheduler already notices a
+        departed worker (its comm closes, or ``distributed.scheduler.worker-ttl``).
     host
         Interface to listen on (default 127.0.0.1).
     """
@@ -67,6 +70,9 @@ class WorkerConfig:
         Where this worker listens (default: 127.0.0.1, a free port, tcp).
     heartbeat_interval_ms
         How often the worker reconciles its tasks with the dispatcher.
+    dispatcher_timeout_ms, data_transfer_protocol, data_transfer_address
+        Accepted for compatibility and ignored (a supervised worker waits for its
+        dispatcher indefinitely; elements travel over Dask's own comms).
     nthreads, resources, name
         Passed to the Dask worker.
     """
@@ -116,6 +122,11 @@ class _BackgroundServer:
         """Close the server and its event loop (idempotent)."""
         if self._loop is None or self._stopped.is_set():
             return
+        if isinstance(self, DispatchServer) and self.server is not None:
+            # clients this process opened for our address would only retry and log errors
+            from .client import close_clients
+
+            close_clients(self.server.address)
         try:
             asyncio.run_coroutine_threadsafe(self.server.close(), self._loop).result(timeout)
         finally:
@@ -175,6 +186,8 @@ class DispatchServer(_BackgroundServer):
                 dashboard=False, validate=False,
             )
             scheduler.add_plugin(DispatcherPlugin(
+                gc_interval=None if cfg.job_gc_check_interval_ms is None
+                else cfg.job_gc_check_interval_ms / 1000,
                 job_gc_timeout=None if cfg.job_gc_timeout_ms is None else cfg.job_gc_timeout_ms / 1000,
                 client_timeout=None if cfg.client_timeout_ms is None else cfg.client_timeout_ms / 1000,
                 fault_tolerant_mode=cfg.fault_tolerant_mode, work_dir=cfg.work_dir,
@@ -235,7 +248,9 @@ class WorkerServer(_BackgroundServer):
                       dashboard=False, resources=cfg.resources, name=cfg.name)
 
         async def make():
-            supervisor = WorkerSupervisor(address, **kwargs)
+            supervisor = WorkerSupervisor(address, heartbeat_interval=(
+                None if cfg.heartbeat_interval_ms is None else cfg.heartbeat_interval_ms / 1000
+            ), **kwargs)
             await supervisor.start()
             return supervisor
 
@@ -261,8 +276,10 @@ class WorkerSupervisor:
     reachable again, then registers, and the dispatcher gives it tasks.
     """
 
-    def __init__(self, scheduler_address: str, **worker_kwargs):
+    def __init__(self, scheduler_address: str, heartbeat_interval: float | None = None,
+                 **worker_kwargs):
         self.scheduler_address = scheduler_address
+        self.heartbeat_interval = heartbeat_interval
         self.worker_kwargs = worker_kwargs
         self.worker = None
         self.restarts = 0
@@ -274,7 +291,8 @@ class WorkerSupervisor:
 
         from .worker import DataWorkerPlugin
 
-        return Worker(self.scheduler_address, plugins={DataWorkerPlugin()}, **self.worker_kwargs)
+        plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
+        return Worker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
 
     async def start(self) -> WorkerSupervisor:
         self.worker = self._new_worker()

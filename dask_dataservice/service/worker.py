@@ -340,7 +340,10 @@ class DataWorkerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self):
+    def __init__(self, heartbeat_interval: float | None = None):
+        #: Seconds between reconciliations with the dispatcher (default: config
+        #: ``dataservice.worker.heartbeat-interval``).
+        self.heartbeat_interval = heartbeat_interval
         self.tasks: dict[int, TaskRunner] = {}
         self.finished_tasks: set[int] = set()
 
@@ -564,17 +567,23 @@ class DataWorkerPlugin(WorkerPlugin):
         self.stats["elements_produced"] += runner.buffer.produced
 
     async def _heartbeat_loop(self) -> None:
-        interval = config.get_seconds("worker.heartbeat-interval")
+        interval = self.heartbeat_interval or config.get_seconds("worker.heartbeat-interval")
+        delay = interval
         while not self._closing:
             try:
-                await self._heartbeat()
+                answered = await self._heartbeat()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the dispatcher may be restarting
                 logger.debug("dataservice heartbeat failed: %r", e)
-            await asyncio.sleep(interval)
+                answered = True
+            # No dispatcher on this scheduler (yet): back off, so that its log is not
+            # flooded with "no handler" lines. Installing the dispatcher re-sends this plugin
+            # to every worker, which restarts the heartbeat at once.
+            delay = interval if answered else min(30.0, max(delay, interval) * 2)
+            await asyncio.sleep(delay)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self) -> bool:
         w = self.worker
         active = [tid for tid, r in self.tasks.items() if r is None or not r.buffer.end_visible]
         done = [tid for tid, r in self.tasks.items() if r is not None and r.buffer.end_visible]
@@ -583,9 +592,10 @@ class DataWorkerPlugin(WorkerPlugin):
             nthreads=w.state.nthreads, active_tasks=active, finished_tasks=done,
         )
         if resp is None:  # the dispatcher is not installed (yet)
-            return
+            return False
         raise_for_status(resp, "worker heartbeat")
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
+        return True
 
 
 _SCALARS = (int, float, bool, complex)
