@@ -133,3 +133,38 @@ async def test_listed_worker_joining_later_gets_its_shard(c, s, a):
     assert {i: sorted(v) for i, v in by_worker(out).items()} == {0: [0, 2, 4, 6, 8], 1: [1, 3, 5, 7, 9]}
     assert all(w.address != "stranger" for w in plugin.state.list_workers()
                if plugin.state.tasks_for_worker(w.address))
+
+
+# ---------------------------------------------------------------------------------------
+# local reads: 127.0.0.2 stands for another machine
+# ---------------------------------------------------------------------------------------
+
+LOCAL_AND_REMOTE = [("127.0.0.1", 1), ("127.0.0.2", 1)]
+
+
+@gen_cluster(client=True, nthreads=LOCAL_AND_REMOTE)
+async def test_local_reads_only_local_worker(c, s, a, b):
+    assert a.address.startswith("tcp://127.0.0.1") and b.address.startswith("tcp://127.0.0.2")
+    ds = await distribute(dds.Dataset.range(50), "parallel_epochs", c, target_workers="LOCAL")
+    assert sorted(await read(ds)) == list(range(50))  # one copy: the local worker's
+    ds = await distribute(dds.Dataset.range(50), "parallel_epochs", c, target_workers="ANY")
+    assert sorted(await read(ds)) == sorted(list(range(50)) * 2)
+    # AUTO reads from every worker for OFF/DYNAMIC jobs
+    ds = await distribute(dds.Dataset.range(50), "parallel_epochs", c, target_workers="AUTO")
+    assert sorted(await read(ds)) == sorted(list(range(50)) * 2)
+
+
+@gen_cluster(client=True, nthreads=LOCAL_AND_REMOTE, config=FIXED)
+async def test_auto_reads_locally_under_static_sharding(c, s, a, b):
+    ds = await distribute(dds.Dataset.range(20).map(tag), "DATA", c, target_workers="AUTO")
+    out = await read(ds)
+    assert {i for i, _ in out} == {0}  # the local worker's shard only
+    assert sorted(x for _, x in out) == list(range(0, 20, 2))
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.2", 1)])
+async def test_local_without_local_worker_is_an_error(c, s, b):
+    ds = await distribute(dds.Dataset.range(5), "parallel_epochs", c, target_workers="LOCAL")
+    with pytest.raises(dds.service._exceptions.DataServiceError,
+                       match=r"target_workers='LOCAL', but no data worker .* on this host"):
+        await read(ds)

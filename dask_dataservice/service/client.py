@@ -35,6 +35,7 @@ from ..data import Dataset
 from ..data._base import UNKNOWN, IterContext, Op
 from ._core import ShardingPolicy, parse_processing_mode, raise_for_status
 from ._exceptions import DataServiceError
+from .worker import worker_host
 
 __all__ = [
     "ShardingPolicy",
@@ -484,6 +485,20 @@ class _Channel:
         return item
 
 
+_STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
+
+
+def _local_host(scheduler_address: str) -> str:
+    """This machine's address as seen on the route to the scheduler."""
+    from distributed.utils import get_ip
+
+    host = worker_host(scheduler_address)
+    try:
+        return get_ip(host)
+    except OSError:
+        return host
+
+
 def _done_future() -> asyncio.Future:
     fut = asyncio.get_running_loop().create_future()
     fut.set_result(None)
@@ -502,6 +517,10 @@ class _IterationReader:
         self.channel = channel
         self.fetchers: dict[int, asyncio.Task] = {}
         self.lost: dict[int, bool] = {}
+        #: Reading only the tasks on this host: done when they are (the others are
+        #: other consumers' business).
+        self.local_only = False
+        self.local_host = _local_host(spec.address)
         self.task_done = asyncio.Event()
         self.stopped = False
         self.max_elements = int(config.get("client.request-elements"))
@@ -517,7 +536,8 @@ class _IterationReader:
             while not self.stopped:
                 if view.get("garbage_collected"):
                     raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
-                if view["finished"] and all(f.done() for f in self.fetchers.values()):
+                all_done = all(f.done() for f in self.fetchers.values())
+                if all_done and (view["finished"] or (self.local_only and self.fetchers)):
                     break
                 self.task_done.clear()
                 if self.fetchers and all(f.done() for f in self.fetchers.values()):
@@ -576,8 +596,29 @@ class _IterationReader:
                 ) from error
             await asyncio.sleep(0.05)
 
+    def _select(self, view: dict) -> list:
+        """The tasks this consumer reads, by ``target_workers`` (see :func:`from_dataset_id`)."""
+        tasks = view["tasks"]
+        target = self.spec.target_workers
+        if target == "ANY" or not tasks:
+            return tasks
+        local = [t for t in tasks if worker_host(t[1]) == self.local_host]
+        if target == "LOCAL":
+            if not local:
+                hosts = sorted({worker_host(t[1]) for t in tasks})
+                raise DataServiceError(
+                    f"target_workers='LOCAL', but no data worker of this job runs on this "
+                    f"host ({self.local_host}); its workers are on {hosts}"
+                )
+            self.local_only = True
+            return local
+        if view.get("processing_mode") in _STATIC_NAMES and local:  # AUTO
+            self.local_only = True
+            return local
+        return tasks
+
     def _update_tasks(self, view: dict) -> None:
-        for task_id, address, status in view["tasks"]:
+        for task_id, address, status in self._select(view):
             if status == "lost":
                 # its worker left: what it had buffered is gone, stop waiting on it
                 self.lost[task_id] = True
