@@ -382,11 +382,18 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int, element
         raise ValueError(f"job_name must be a non-empty string or None, got {job_name!r}")
     if (consumer_index is None) != (num_consumers is None):
         raise ValueError("consumer_index and num_consumers must be given together, or neither")
-    if consumer_index is not None or cross_trainer_cache is not None:
+    if consumer_index is not None:
         raise NotImplementedError(
-            "coordinated reads (consumer_index/num_consumers) and the cross-trainer cache are "
-            "not supported yet by dask_dataservice"
+            "coordinated reads (consumer_index/num_consumers) are not supported yet"
         )
+    if cross_trainer_cache is not None:
+        if not isinstance(cross_trainer_cache, CrossTrainerCache):
+            raise TypeError(
+                "cross_trainer_cache must be a dds.CrossTrainerCache, got "
+                f"{type(cross_trainer_cache).__name__}"
+            )
+        if job_name is None:
+            raise ValueError("the cross-trainer cache needs a job_name (trainers share a job)")
     if max_outstanding_requests is not None and (
         isinstance(max_outstanding_requests, bool) or not isinstance(max_outstanding_requests, int)
         or max_outstanding_requests < 1
@@ -521,6 +528,8 @@ class _IterationReader:
         #: other consumers' business).
         self.local_only = False
         self.local_host = _local_host(spec.address)
+        cache = spec.cross_trainer_cache
+        self.trainer_id = cache.trainer_id if cache is not None else None
         self.task_done = asyncio.Event()
         self.stopped = False
         self.max_elements = int(config.get("client.request-elements"))
@@ -641,6 +650,7 @@ class _IterationReader:
                     pending.append(asyncio.ensure_future(rpc.dataservice_get_elements(
                         task_id=task_id, max_elements=self.max_elements, max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=seq,
+                        trainer_id=self.trainer_id,
                     )))
                     seq += 1
                 try:
@@ -688,6 +698,8 @@ def _read(spec: _ReadSpec, repetition: int) -> Iterator:
         job = raise_for_status(await client.scheduler.dataservice_get_or_create_job(
             dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
             job_name=spec.job_name, target_workers=spec.target_workers,
+            num_consumers=spec.num_consumers,
+            cross_trainer_cache=spec.cross_trainer_cache is not None,
         ), "job creation")
         view = raise_for_status(await client.scheduler.dataservice_get_or_create_iteration(
             job_id=job["job_id"], repetition=repetition,

@@ -92,6 +92,9 @@ class ElementBuffer:
         self.error: BaseException | None = None
         self.produced = 0
 
+    #: Elements the producer thread hands over at once (fewer when a consumer waits).
+    chunk_size = 256
+
     # -- producer thread ---------------------------------------------------------------
     def put_many(self, items: list) -> None:
         """Add elements (producer thread); blocks while the buffer is full."""
@@ -160,6 +163,89 @@ class ElementBuffer:
     @property
     def empty(self) -> bool:
         return not self._items
+
+
+class SlidingWindowCache(ElementBuffer):
+    """The cross-trainer cache of one task: a window of recent elements shared by trainers.
+
+    Every trainer (a ``trainer_id``) has its own cursor into the task's element sequence, so
+    trainers with different ids all see the same elements while the pipeline produces each
+    element once. Consumers with the *same* id share one cursor (they split the elements).
+    The window is bounded in bytes: the oldest elements are evicted when it is full, and a
+    trainer whose cursor fell out of the window skips ahead to the oldest element still
+    cached, so a slow trainer never holds back a fast one. Production is driven by demand:
+    the pipeline runs ahead of the fastest trainer by at most ``lookahead`` elements.
+    """
+
+    #: Elements the producer hands over at once (small: production follows demand closely).
+    chunk_size = 8
+
+    def __init__(self, loop, max_bytes: int, lookahead: int = 256):
+        super().__init__(loop, max_bytes=max_bytes, max_elements=2**62)
+        self._base = 0  # sequence number of self._items[0]
+        self._cursors: dict[str, int] = {}
+        self._lookahead = lookahead
+        #: Elements trainers skipped because they fell out of the window.
+        self.skipped = 0
+
+    def _head(self) -> int:
+        return self._base + len(self._items)
+
+    def _has_demand(self) -> bool:
+        """Produce only for the fastest trainer, and never so far ahead of it that the
+        window would evict elements it has not read yet."""
+        lead = max(self._cursors.values(), default=self._base)
+        ahead = self._head() - lead
+        if ahead >= self._lookahead:
+            return False
+        if self._items:
+            average = self._bytes / len(self._items)
+            if (ahead + self.chunk_size) * average > self._max_bytes / 2:
+                return False
+        return True
+
+    def put_many(self, items: list) -> None:
+        sizes = [_element_size(x) for x in items]
+        with self._cond:
+            while not self._has_demand() and not self._closed:
+                self._cond.wait(0.5)
+            if self._closed:
+                raise TaskCancelled
+            self._items.extend(items)
+            self._sizes.extend(sizes)
+            self._bytes += sum(sizes)
+            self.produced += len(items)
+            while self._bytes > self._max_bytes and len(self._items) > 1:
+                self._bytes -= self._sizes.popleft()
+                self._items.popleft()
+                self._base += 1
+            if self._waiting:
+                self._waiting = False
+                self._loop.call_soon_threadsafe(self._event.set)
+
+    def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list:
+        with self._cond:
+            cursor = self._cursors.get(trainer_id, self._base)
+            if cursor < self._base:
+                self.skipped += self._base - cursor
+                cursor = self._base
+            start = cursor - self._base
+            out = []
+            taken = 0
+            items, sizes = self._items, self._sizes
+            i = start
+            while i < len(items) and len(out) < max_elements and (taken < max_bytes or not out):
+                out.append(items[i])
+                taken += sizes[i]
+                i += 1
+            self._cursors[trainer_id] = cursor + len(out)
+            if out:
+                self._cond.notify()  # the lead may have moved: there may be demand now
+            elif not self.end_visible and not self._closed:
+                self._waiting = True
+                self._event.clear()
+                self._cond.notify()
+            return out
 
 
 class DispatcherSplitProvider(SplitProvider):
@@ -243,9 +329,14 @@ class TaskRunner:
         self.dataset = dataset
         self.splits = splits
         self.cancelled = False
-        self.buffer = ElementBuffer(
-            self.loop, config.get_bytes("worker.buffer-bytes"), int(config.get("worker.buffer-elements"))
-        )
+        if task.get("cross_trainer_cache"):
+            self.buffer: ElementBuffer = SlidingWindowCache(
+                self.loop, config.get_bytes("worker.cross-trainer-cache-bytes"))
+        else:
+            self.buffer = ElementBuffer(
+                self.loop, config.get_bytes("worker.buffer-bytes"),
+                int(config.get("worker.buffer-elements")),
+            )
         self.thread = threading.Thread(
             target=self._run, name=f"dds-task-{self.task_id}", daemon=True
         )
@@ -280,9 +371,10 @@ class TaskRunner:
             append = chunk.append
             # Hand elements over in chunks (one lock round per chunk), but at once when a
             # consumer is waiting, so a slow pipeline's first element is not held back.
+            chunk_size = buf.chunk_size
             for x in it:
                 append(x)
-                if len(chunk) >= 256 or buf._waiting:
+                if len(chunk) >= chunk_size or buf._waiting:
                     put_many(chunk)
                     chunk = []
                     append = chunk.append
@@ -391,25 +483,27 @@ class DataWorkerPlugin(WorkerPlugin):
     ##########
     async def get_elements(self, task_id: int, max_elements: int = 4096,
                            max_bytes: int = 32 << 20, wait: float = 1.0,
-                           consumer: int | None = None, seq: int | None = None) -> dict:
+                           consumer: int | None = None, seq: int | None = None,
+                           trainer_id: str | None = None) -> dict:
         """Up to ``max_elements`` buffered elements of a task, or end of sequence.
 
         A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
         elements in the order it sent them, so a task's elements arrive in order.
         """
         if seq is None:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait)
+            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id)
         key = (task_id, consumer)
         order = self._order.get(key)
         if order is None:
             order = self._order[key] = _Turns()
         await order.wait_turn(seq, timeout=wait + 10)
         try:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait)
+            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id)
         finally:
             order.done(seq)
 
-    async def _get_elements(self, task_id, max_elements, max_bytes, wait) -> dict:
+    async def _get_elements(self, task_id, max_elements, max_bytes, wait,
+                            trainer_id=None) -> dict:
         runner = self.tasks.get(task_id)
         if runner is None:
             if task_id in self.finished_tasks:
@@ -430,10 +524,16 @@ class DataWorkerPlugin(WorkerPlugin):
             if runner is None:
                 return {"status": "OK", "elements": None, "end_of_sequence": True}
         buf = runner.buffer
-        items = buf.take(max_elements, max_bytes)
+        if isinstance(buf, SlidingWindowCache):
+            def take():
+                return buf.take(max_elements, max_bytes, trainer_id)
+        else:
+            def take():
+                return buf.take(max_elements, max_bytes)
+        items = take()
         if not items and not buf.end_visible and not runner.cancelled:
             await buf.wait(wait)
-            items = buf.take(max_elements, max_bytes)
+            items = take()
         if items:
             return {"status": "OK", "elements": to_serialize(ElementBatch(items)), "end_of_sequence": False}
         if buf.end_visible:
