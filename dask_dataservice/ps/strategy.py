@@ -23,6 +23,7 @@ says so when the variable is large (``dataservice.ps.large-variable-elements``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -215,10 +216,13 @@ class ParameterServerStrategy:
         deadline = time.monotonic() + timeout
         while True:
             by_name = {n: a for a, n in _names(self._client).items()}
-            if all(n in by_name for n in self._ps_names):
+            # the scheduler may still list a dead PS for a moment: a PS is back once the
+            # address under its name answers
+            if all(n in by_name and self._answers(by_name[n]) for n in self._ps_names):
                 break
             if time.monotonic() > deadline:
-                missing = [n for n in self._ps_names if n not in by_name]
+                missing = [n for n in self._ps_names
+                           if n not in by_name or not self._answers(by_name[n])]
                 raise TimeoutError(f"parameter servers {missing} did not come back")
             time.sleep(0.05)
         moved = {old: by_name[n] for old, n in zip(self._ps, self._ps_names, strict=True)
@@ -229,6 +233,16 @@ class ParameterServerStrategy:
                 for v in var.variables:
                     v._address = self._ps[v._ps_index]
         return moved
+
+    def _answers(self, address: str, timeout: float = 2.0) -> bool:
+        async def probe():
+            return await asyncio.wait_for(self._client.rpc(address).ps_info(), timeout)
+
+        try:
+            reply = self._client.sync(probe)
+        except (OSError, TimeoutError):
+            return False
+        return bool(reply and reply.get("status") == "OK" and reply.get("is_ps"))
 
     def flush(self) -> dict:
         """Write every PS's working copies to its zarr store; ``{ps address: keys written}``."""

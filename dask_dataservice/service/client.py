@@ -383,9 +383,16 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int, element
     if (consumer_index is None) != (num_consumers is None):
         raise ValueError("consumer_index and num_consumers must be given together, or neither")
     if consumer_index is not None:
-        raise NotImplementedError(
-            "coordinated reads (consumer_index/num_consumers) are not supported yet"
-        )
+        for name, value in (("consumer_index", consumer_index), ("num_consumers", num_consumers)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+        if num_consumers < 1 or not 0 <= consumer_index < num_consumers:
+            raise ValueError(
+                f"need 0 <= consumer_index < num_consumers, got consumer_index={consumer_index}, "
+                f"num_consumers={num_consumers}"
+            )
+        if job_name is None:
+            raise ValueError("coordinated reads need a job_name (the consumers share a job)")
     if cross_trainer_cache is not None:
         if not isinstance(cross_trainer_cache, CrossTrainerCache):
             raise TypeError(
@@ -688,6 +695,64 @@ class _IterationReader:
                 f.cancel()
 
 
+class _CoordinatedReader(_IterationReader):
+    """Coordinated reads: round ``r`` comes from task ``r mod T``, element ``consumer_index``.
+
+    Every consumer of the job walks the same fixed list of tasks (sorted by id), so in each
+    round all consumers read from the same worker. Rounds are fetched ``rounds-per-request``
+    at a time from every task, and the next block is requested while this one is handed
+    over.
+    """
+
+    async def run(self, view: dict) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.dispatcher_timeout
+            while not [t for t in view["tasks"] if t[2] == "active"]:
+                if loop.time() > deadline:
+                    raise DataServiceError("coordinated reads: the job has no data workers")
+                await asyncio.sleep(0.05)
+                view = await self._heartbeat()
+            tasks = sorted((t[0], t[1]) for t in view["tasks"] if t[2] == "active")
+            heartbeat = asyncio.ensure_future(self._heartbeats())
+            k = max(1, int(config.get("client.rounds-per-request")))
+            c, n = self.spec.consumer_index, self.spec.num_consumers
+
+            def request(first):
+                return [asyncio.ensure_future(self.client.rpc(addr).dataservice_get_rounds(
+                    task_id=tid, first_round=first, count=k, consumer_index=c, num_consumers=n,
+                )) for tid, addr in tasks]
+
+            pending = request(0)
+            first = 0
+            try:
+                while not self.stopped:
+                    replies = await asyncio.gather(*pending)
+                    first += k
+                    pending = request(first)
+                    columns = [raise_for_status(r, "coordinated read")["elements"].items
+                               for r in replies]
+                    await self.channel.put([x for row in zip(*columns, strict=True) for x in row])
+            finally:
+                for f in pending:
+                    f.cancel()
+                heartbeat.cancel()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self.channel.put_nowait(_Failure(e))
+        finally:
+            self.stop()
+
+    async def _heartbeats(self) -> None:
+        while not self.stopped:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat()
+            except DataServiceError as e:
+                logger.info("dataservice: coordinated reader heartbeat failed: %r", e)
+
+
 def _read(spec: _ReadSpec, repetition: int) -> Iterator:
     """Generator: one pass over a job of the service."""
     client = _client_for(spec.address)
@@ -705,8 +770,8 @@ def _read(spec: _ReadSpec, repetition: int) -> Iterator:
             job_id=job["job_id"], repetition=repetition,
         ), "iteration creation")
         channel = _Channel(asyncio.get_running_loop(), capacity)
-        reader = _IterationReader(client, spec, view["iteration_id"], view["iteration_client_id"],
-                                  channel)
+        cls = _IterationReader if spec.num_consumers is None else _CoordinatedReader
+        reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
         reader.future = asyncio.ensure_future(reader.run(view))
         return reader
 

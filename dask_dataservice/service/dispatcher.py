@@ -501,6 +501,8 @@ class DispatcherPlugin(SchedulerPlugin):
                     if iteration.status == "garbage_collected":
                         continue
                     job = self.state.job(iteration.job_id)
+                    if job.num_consumers is not None:
+                        continue  # coordinated reads: the task list is fixed at the start
                     if iteration.status == "running" or (
                         ShardingPolicy[job.processing_mode] in _STATIC_MODES
                         and not self._iteration_view(iteration.iteration_id)["finished"]

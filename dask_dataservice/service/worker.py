@@ -38,6 +38,7 @@ from .. import config
 from ..data.splits import ListSplitProvider, SplitProvider
 from ..data.structure import nbytes
 from ._core import ElementBatch, ShardingPolicy, error_message, raise_for_status
+from ._exceptions import DataServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +249,85 @@ class SlidingWindowCache(ElementBuffer):
             return out
 
 
+class RoundBuffer:
+    """Coordinated reads on one task: round ``k`` is the task's elements ``k*n .. k*n+n-1``.
+
+    Consumer ``c`` of ``n`` gets element ``c`` of each round, so in every round all
+    consumers read from the same worker, consecutive elements of its stream (a pipeline
+    that emits rounds of ``n`` similar elements keeps the replicas of a synchronous step in
+    step). Rounds are formed in order from the task's buffer and dropped once every consumer
+    took its element. Consumers may run ahead of the slowest by ``max_ahead`` rounds; past
+    that they wait, and after ``timeout`` seconds they get an error naming the laggards,
+    rather than waiting forever for a consumer that stopped.
+    """
+
+    def __init__(self, runner: TaskRunner, num_consumers: int, timeout: float,
+                 max_ahead: int = 64):
+        self.runner = runner
+        self.n = num_consumers
+        self.timeout = timeout
+        self.max_ahead = max_ahead
+        self.rounds: dict[int, list] = {}
+        self.taken: dict[int, set[int]] = {}
+        self.next_form = 0
+        self.oldest = 0
+        self._lock = asyncio.Lock()
+        self._progress = asyncio.Event()
+
+    async def _form_next(self) -> None:
+        buf = self.runner.buffer
+        items: list = []
+        while len(items) < self.n:
+            got = buf.take(self.n - len(items), 2**62)
+            items.extend(got)
+            if len(items) < self.n:
+                if buf.end_visible:
+                    if buf.error is not None:
+                        raise buf.error
+                    raise DataServiceError(
+                        "coordinated reads need an infinite dataset, and this one ended"
+                    )
+                await buf.wait(0.5)
+        self.rounds[self.next_form] = items
+        self.taken[self.next_form] = set()
+        self.next_form += 1
+
+    async def get(self, r: int, consumer: int):
+        if r < self.oldest:
+            raise DataServiceError(
+                f"coordinated read: round {r} was already served to every consumer "
+                f"(consumer {consumer} is out of step)"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while r - self.oldest >= self.max_ahead:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                missing = sorted(set(range(self.n)) - self.taken.get(self.oldest, set()))
+                raise TimeoutError(
+                    f"coordinated read: consumers {missing} have not read round "
+                    f"{self.oldest} for {self.timeout:g}s; they stopped or fell behind, so "
+                    f"consumer {consumer} cannot go on (rounds must be read in step)"
+                )
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), remaining)
+            except TimeoutError:
+                pass
+        async with self._lock:
+            while r >= self.next_form:
+                await self._form_next()
+        element = self.rounds[r][consumer]
+        taken = self.taken[r]
+        taken.add(consumer)
+        if len(taken) == self.n:
+            del self.rounds[r], self.taken[r]
+            while self.oldest < self.next_form and self.oldest not in self.rounds:
+                self.oldest += 1
+            self._progress.set()
+        return element
+
+
 class DispatcherSplitProvider(SplitProvider):
     """Serves a DYNAMIC task's source the splits the dispatcher hands out.
 
@@ -451,9 +531,12 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0}
         self._task_arrived = asyncio.Event()
+        #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
+        self._rounds: dict[int, RoundBuffer] = {}
         #: ``{(task_id, consumer): _Turns}``: the order in which a consumer's requests run.
         self._order: dict[tuple[int, int | None], _Turns] = {}
         worker.handlers["dataservice_get_elements"] = self.get_elements
+        worker.handlers["dataservice_get_rounds"] = self.get_rounds
         worker.handlers["dataservice_worker_state"] = self.worker_state
         worker.stream_handlers["dataservice-tasks"] = self.tasks_changed
         worker.extensions["dataservice"] = self
@@ -542,6 +625,29 @@ class DataWorkerPlugin(WorkerPlugin):
             return {"status": "OK", "elements": None, "end_of_sequence": True}
         return {"status": "OK", "elements": None, "end_of_sequence": runner.cancelled}
 
+    async def get_rounds(self, task_id: int, first_round: int, count: int,
+                         consumer_index: int, num_consumers: int) -> dict:
+        """Coordinated reads: this consumer's elements of rounds ``first_round ..``."""
+        try:
+            runner = self.tasks.get(task_id)
+            loop = self.loop
+            deadline = loop.time() + 10
+            while runner is None:  # the task has not reached this worker yet
+                if task_id in self.finished_tasks or loop.time() > deadline:
+                    raise DataServiceError(f"task {task_id} does not run on {self.worker.address}")
+                await asyncio.sleep(0.005)
+                runner = self.tasks.get(task_id)
+            rounds = self._rounds.get(task_id)
+            if rounds is None:
+                rounds = self._rounds[task_id] = RoundBuffer(
+                    runner, num_consumers, config.get_seconds("worker.coordinated-read-timeout"))
+            if not 0 <= consumer_index < rounds.n:
+                raise ValueError(f"consumer_index must be in [0, {rounds.n}), got {consumer_index}")
+            out = [await rounds.get(r, consumer_index) for r in range(first_round, first_round + count)]
+            return {"status": "OK", "elements": to_serialize(ElementBatch(out))}
+        except Exception as e:  # noqa: BLE001 - errors travel as values
+            return error_message(e)
+
     def worker_state(self) -> dict:
         return {
             "status": "OK",
@@ -571,6 +677,7 @@ class DataWorkerPlugin(WorkerPlugin):
             self.finished_tasks.add(task_id)
             for key in [k for k in self._order if k[0] == task_id]:
                 del self._order[key]
+            self._rounds.pop(task_id, None)
         for task in new_tasks:
             tid = task["task_id"]
             if tid in self.tasks or tid in self.finished_tasks:
