@@ -94,3 +94,41 @@ async def test_coordinated_read_argument_errors(c, s, a):
                             num_consumers=2)
     with pytest.raises(ValueError, match="need a job_name"):
         dds.from_dataset_id("distributed_epoch", c, finite, consumer_index=0, num_consumers=2)
+
+
+CONSUMER = """
+import json, sys, itertools
+from distributed import Client
+import dask_dataservice as dds
+address, dataset_id, index, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+with Client(address) as c:
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="procs",
+                             consumer_index=index, num_consumers=2)
+    it = iter(ds)
+    out = [int(x.shape[1]) for x in itertools.islice(it, rounds)]
+    it.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60)
+async def test_consumers_in_separate_processes_stay_in_step(c, s, a, b):
+    import json
+    import sys
+
+    await _install_async(c)
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, bucketed())
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CONSUMER, s.address, str(dataset_id), str(i), "150",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
+    outs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 50)
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err.decode()[-2000:]
+    widths = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outs]
+    assert len(widths[0]) == len(widths[1]) == 150
+    assert widths[0] == widths[1], "every round, both processes got batches of one width"

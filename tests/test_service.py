@@ -486,3 +486,39 @@ async def test_silent_client_is_released(c, s, a, b):
     # this client never sends a heartbeat: it is released, and the anonymous job collected
     await poll(lambda: plugin.state.iteration(it_id).garbage_collected, what="release + GC")
     await assert_worker_cleanup(a, b)
+
+
+def _busy(x):
+    """About 1 ms of numpy work (releases the GIL in parts)."""
+    a = np.ones((64, 64))
+    for _ in range(8):
+        a = a @ a / 64
+    return x
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_a_busy_job_does_not_starve_another_clients_job(c, s, a):
+    from distributed import Client
+
+    busy = await distribute(dds.Dataset.range(10**9).map(_busy), "parallel_epochs", c)
+    it = iter(busy)
+    got = []
+    stop = threading.Event()
+
+    def consume():
+        for x in it:
+            got.append(x)
+            if stop.is_set():
+                break
+        it.close()
+
+    consumer = asyncio.ensure_future(asyncio.to_thread(consume))
+    await poll(lambda: len(got) > 50, what="the busy job to run")
+    async with Client(s.address, asynchronous=True) as c2:
+        small = await distribute(dds.Dataset.range(2000), "distributed_epoch", c2)
+        before = len(got)
+        out = await asyncio.wait_for(read(small), 30)
+    assert sorted(out) == list(range(2000))
+    stop.set()
+    await consumer
+    assert len(got) > before, "the busy job kept going too"
