@@ -697,6 +697,20 @@ def _dask_args(kind: str) -> Callable[[argparse.ArgumentParser], None]:
             action="store_true",
             help="print the command line instead of running it",
         )
+        if kind == "scheduler":
+            p.add_argument(
+                "--work-dir",
+                default=None,
+                help="make the dispatcher fault tolerant: journal its state in this directory "
+                "and recover from it on start (sets dataservice.dispatcher.fault-tolerant-mode "
+                "and work-dir)",
+            )
+            p.add_argument(
+                "--worker-addresses",
+                default=None,
+                help="comma-separated fixed worker list (addresses or worker names) for the "
+                "static sharding policies",
+            )
         if kind == "worker":
             p.add_argument(
                 "--supervise",
@@ -726,14 +740,23 @@ def _run_dask(kind: str, args: argparse.Namespace) -> int:
         cmd = [sys.executable, "-m", _SUPERVISE_MODULE, *args.passthrough]
     else:
         cmd = dask_command(kind, args.passthrough)
+    env = dict(os.environ)
+    if getattr(args, "work_dir", None):
+        env["DASK_DATASERVICE__DISPATCHER__FAULT_TOLERANT_MODE"] = "True"
+        env["DASK_DATASERVICE__DISPATCHER__WORK_DIR"] = os.path.abspath(args.work_dir)
+    if getattr(args, "worker_addresses", None):
+        names = [a.strip() for a in args.worker_addresses.split(",") if a.strip()]
+        env["DASK_DATASERVICE__DISPATCHER__WORKER_ADDRESSES"] = repr(names)
     if args.dry_run:
-        print(shlex.join(cmd))
+        extra = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items())) + (" " if extra else "")
+              + shlex.join(cmd))
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
     if os.name == "nt":  # pragma: no cover - no exec on Windows: run it as a child
-        return subprocess.call(cmd)
-    os.execv(cmd[0], cmd)  # the new program takes over this process: same pid, same signals
+        return subprocess.call(cmd, env=env)
+    os.execve(cmd[0], cmd, env)  # the new program takes over this process: same pid, signals
     return 1  # pragma: no cover
 
 

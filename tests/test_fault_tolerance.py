@@ -151,25 +151,26 @@ def _slow_source(n):
     return dds.Dataset.range(n).map(pause)
 
 
+#: The console script, as a user runs it (installed beside this interpreter).
+CLI = os.path.join(os.path.dirname(sys.executable), "dask-dataservice")
+
+
 class _Cluster:
-    """A fault-tolerant dispatcher process and supervised worker processes."""
+    """A fault-tolerant dispatcher process and supervised worker processes, started with
+    the commands a user runs: ``dask-dataservice scheduler --work-dir`` and
+    ``dask-dataservice worker --supervise``."""
 
     def __init__(self, tmp_path, nworkers=2):
         self.port = _free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.logs = tmp_path
-        self.env = dict(
-            os.environ,
-            DASK_DATASERVICE__DISPATCHER__FAULT_TOLERANT_MODE="True",
-            DASK_DATASERVICE__DISPATCHER__WORK_DIR=str(tmp_path / "journal"),
-            DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING="False",
-        )
+        self.work_dir = tmp_path / "journal"
+        self.env = dict(os.environ)
         self.starts = 0
         self.scheduler = self._start_scheduler()
         self.workers = [
             subprocess.Popen(
-                [sys.executable, "-m", "dask_dataservice.service.supervise", self.address,
-                 "--host", "127.0.0.1"],
+                [CLI, "worker", "--supervise", self.address, "--host", "127.0.0.1"],
                 env=self.env, stdout=open(tmp_path / f"worker{i}.log", "w"),
                 stderr=subprocess.STDOUT,
             )
@@ -179,9 +180,8 @@ class _Cluster:
     def _start_scheduler(self):
         self.starts += 1
         return subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-             "--port", str(self.port), "--dashboard-address", "127.0.0.1:0",
-             "--preload", "dask_dataservice"],
+            [CLI, "scheduler", "--work-dir", str(self.work_dir), "--host", "127.0.0.1",
+             "--port", str(self.port), "--dashboard-address", "127.0.0.1:0"],
             env=self.env, stdout=open(self.logs / f"scheduler{self.starts}.log", "w"),
             stderr=subprocess.STDOUT,
         )
