@@ -573,12 +573,16 @@ class _IterationReader:
                     await asyncio.sleep(min(0.01, self.heartbeat_interval))
             if not self.stopped:
                 self.channel.put_nowait(_END)
+            self.stop()
         except asyncio.CancelledError:
+            self.stop()
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self.channel.put_nowait(_Failure(e))
-        finally:
-            self.stop()
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        self.channel.put_nowait(_Failure(e))
+        self.stop()
 
     async def _heartbeat(self) -> dict:
         """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
@@ -738,11 +742,10 @@ class _CoordinatedReader(_IterationReader):
                     f.cancel()
                 heartbeat.cancel()
         except asyncio.CancelledError:
+            self.stop()
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self.channel.put_nowait(_Failure(e))
-        finally:
-            self.stop()
+            self._fail(e)
 
     async def _heartbeats(self) -> None:
         while not self.stopped:

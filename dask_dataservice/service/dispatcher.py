@@ -93,6 +93,20 @@ def _durable(method):
     return wrapper
 
 
+def _require_shared_infinite(feature: str, job_name: str | None, dataset) -> None:
+    """Coordinated reads and the cross-trainer cache: a named job over an endless dataset."""
+    if job_name is None:
+        raise ValueError(f"{feature} need a job_name" if feature.startswith("coordinated")
+                         else f"{feature} needs a job_name")
+    cardinality = dataset.metadata.get("cardinality")
+    if cardinality != INFINITE:
+        verb = "need" if feature.startswith("coordinated") else "needs"
+        raise ValueError(
+            f"{feature} {verb} an infinite dataset (end the pipeline with .repeat()); dataset "
+            f"{dataset.dataset_id} has cardinality {_cardinality_name(cardinality)}"
+        )
+
+
 def _cardinality_name(n) -> str:
     return {INFINITE: "INFINITE", UNKNOWN: "UNKNOWN", None: "UNKNOWN"}.get(n, str(n))
 
@@ -330,23 +344,9 @@ class DispatcherPlugin(SchedulerPlugin):
             dataset = self.state.dataset(dataset_id)
             mode = self._check_mode(mode, dataset)
             if num_consumers is not None:
-                if job_name is None:
-                    raise ValueError("coordinated reads (num_consumers) need a job_name")
-                if dataset.metadata.get("cardinality") != INFINITE:
-                    raise ValueError(
-                        "coordinated reads need an infinite dataset (end the pipeline with "
-                        f".repeat()); dataset {dataset_id} has cardinality "
-                        f"{_cardinality_name(dataset.metadata.get('cardinality'))}"
-                    )
+                _require_shared_infinite("coordinated reads", job_name, dataset)
             if cross_trainer_cache:
-                if job_name is None:
-                    raise ValueError("the cross-trainer cache needs a job_name")
-                if dataset.metadata.get("cardinality") != INFINITE:
-                    raise ValueError(
-                        "the cross-trainer cache needs an infinite dataset (end the pipeline "
-                        f"with .repeat()); dataset {dataset_id} has cardinality "
-                        f"{_cardinality_name(dataset.metadata.get('cardinality'))}"
-                    )
+                _require_shared_infinite("the cross-trainer cache", job_name, dataset)
             if job_name is not None:
                 try:
                     job = self.state.job_by_name(job_name)
