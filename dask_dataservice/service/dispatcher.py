@@ -298,6 +298,24 @@ class DispatcherPlugin(SchedulerPlugin):
             self._journal_tail = tail
         self.state.apply(update)
 
+    def _send_when_durable(self, address: str, msg: dict) -> None:
+        """Tell a worker about a change only once the change is in the journal.
+
+        A worker acting on a task (or a cancellation) that a crash could undo would break
+        the promise that no one sees an effect the journal does not hold.
+        """
+        tail = self._journal_tail
+        if tail is None or tail.done():
+            if tail is None or (not tail.cancelled() and tail.exception() is None):
+                self.scheduler.worker_send(address, msg)
+            return
+
+        def send(fut) -> None:
+            if not fut.cancelled() and fut.exception() is None and address in self.scheduler.workers:
+                self.scheduler.worker_send(address, msg)
+
+        tail.add_done_callback(send)
+
     def _journal_done(self, fut) -> None:
         if fut.cancelled():
             return
@@ -562,9 +580,9 @@ class DispatcherPlugin(SchedulerPlugin):
         task_id = self.state.next_task_id()
         self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address))
         if push:
-            self.scheduler.worker_send(
-                address, {"op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
-                          "cancelled": []})
+            self._send_when_durable(address, {
+                "op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
+                "cancelled": []})
 
     def _task_def(self, task) -> dict:
         iteration = self.state.iteration(task.iteration_id)
@@ -669,7 +687,7 @@ class DispatcherPlugin(SchedulerPlugin):
             by_worker.setdefault(t.worker_address, []).append(t.task_id)
         for address, task_ids in by_worker.items():
             if address in self.scheduler.workers:
-                self.scheduler.worker_send(
+                self._send_when_durable(
                     address, {"op": "dataservice-tasks", "new_tasks": [], "cancelled": task_ids})
 
     def _gc(self) -> None:
