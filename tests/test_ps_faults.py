@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
 import pytest
-from distributed import Client, Nanny
+from distributed import Client, Nanny, get_worker
 from distributed.utils_test import gen_cluster
 
 import dask_dataservice as dds
+from dask_dataservice.ps import _transport
 from dask_dataservice.ps._exceptions import ParameterServerError, ParameterServerUnavailableError
 
 pytestmark = pytest.mark.timeout(90)
@@ -19,9 +21,21 @@ PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
 WK = ("127.0.0.1", 1)
 
 
-def _slow_step(counter, total, i):
-    """One training step: two updates, on two PSs."""
-    time.sleep(0.002)
+def _gated_step(counter, total, i, gate):
+    """One training step: two updates, on two PSs.
+
+    The 11th function of a batch waits (once) for the ``gate`` file, after the updates of
+    the 10 before it have landed, so the test kills a worker at a known point: mid-batch,
+    with 10 finished functions whose updates the PSs already applied.
+    """
+    pipeline = _transport._thread.pipeline
+    if pipeline is not None and pipeline.current == 10 and not os.path.exists(gate):
+        pipeline.drain()
+        address = get_worker().address
+        open(f"{gate}.{address.rsplit(':', 1)[1]}", "w").close()  # "I am waiting"
+        deadline = time.monotonic() + 30
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
     counter.assign_add(1)
     total.assign_add(i)
     return i
@@ -35,14 +49,15 @@ def test_worker_and_ps_deaths(tmp_path):
     work_dir = str(tmp_path / "ps")
 
     @gen_cluster(client=False, Worker=Nanny, nthreads=[PS, PS, WK, WK], timeout=80,
-                 config={"dataservice.ps.work-dir": work_dir})
+                 config={"dataservice.ps.work-dir": work_dir,
+                         "dataservice.ps.closures-per-batch": 20})
     async def run(s, n0, n1, n2, n3):
-        await _worker_and_ps_deaths(s, n0, n1, n2, n3)
+        await _worker_and_ps_deaths(s, n0, n1, n2, n3, str(tmp_path / "gate"))
 
     run()
 
 
-async def _worker_and_ps_deaths(s, n0, n1, n2, n3):
+async def _worker_and_ps_deaths(s, n0, n1, n2, n3, gate):
     """A training worker killed mid-training: training completes and each update is applied
     exactly once. Then a PS killed: a clear error from join(), never a hang; restarted by its
     nanny it reloads its flushed shards from work_dir, and training goes on."""
@@ -58,12 +73,13 @@ async def _worker_and_ps_deaths(s, n0, n1, n2, n3):
         assert counter.ps_address != total.ps_address
         state["strategy"], state["coord"] = strategy, coord
         state["vars"] = counter, total
-        state["rvs"] = [coord.schedule(_slow_step, args=(counter, total, i))
+        state["rvs"] = [coord.schedule(_gated_step, args=(counter, total, i, gate))
                         for i in range(n_steps)]
+        victim_marker = f"{gate}.{n2.worker_address.rsplit(':', 1)[1]}"
         deadline = time.monotonic() + 30
-        while int(counter.numpy()) < n_steps // 4:  # mid-training
+        while not os.path.exists(victim_marker):  # the victim waits mid-batch
             assert time.monotonic() < deadline
-            time.sleep(0.01)
+            time.sleep(0.005)
 
     def finish(c):
         coord = state["coord"]
@@ -76,13 +92,16 @@ async def _worker_and_ps_deaths(s, n0, n1, n2, n3):
         assert int(total.numpy()) == n_steps * (n_steps - 1) // 2
         skipped = sum(c.sync(c.rpc(a).ps_info)["stats"]["skipped"]
                       for a in state["strategy"].ps_addresses)
-        assert skipped >= 1  # re-run functions did reach the PS, which dropped their repeats
+        # the victim's 10 finished functions of its last batch ran again elsewhere, and both
+        # PSs dropped the repeated updates (10 each at least)
+        assert skipped >= 20
 
     c = await asyncio.to_thread(Client, s.address, set_as_default=False)
     try:
         await asyncio.to_thread(train, c)
         victim = n2.worker_address
         await n2.process.process.kill()
+        open(gate, "w").close()  # the other worker goes on
         while victim in s.workers:
             await asyncio.sleep(0.01)
         await asyncio.to_thread(finish, c)
