@@ -401,3 +401,30 @@ def test_checkpoint_saved_on_2_ps_restores_onto_3_ps(tmp_path):
         np.testing.assert_array_equal(other.numpy(), np.zeros((12, 3), "f4"))  # untouched
 
     asyncio.run(_cluster(3, 1, restore))
+
+
+def test_demo_trains_on_a_data_service_stream(tmp_path):
+    from dask_dataservice.cli import _VOCAB_SIZE, make_click_dataset
+    from dask_dataservice.ps.demo import train_click_model
+
+    path = str(tmp_path / "demo-ckpt")
+    seen = []
+
+    def body(c):
+        ds = make_click_dataset(3000, batch_size=100, shuffle_buffer=500, seed=3)
+        result = train_click_model(c, ds, examples=3000, batch_size=100, vocab_size=_VOCAB_SIZE,
+                                   checkpoint_dir=path, progress=lambda d, t: seen.append((d, t)))
+        assert result.examples == 3000  # DYNAMIC sharding: every example once
+        assert 30 <= result.batches <= 30 + 2 <= result.steps + 2
+        assert 0.0 <= result.accuracy <= 1.0 and result.logloss > 0
+        assert seen[-1] == (3000, 3000)
+        assert result.checkpoint == path
+        meta = zarr.open_group(path, mode="r").attrs["variables"]
+        assert meta["model/embedding"]["shape"] == [_VOCAB_SIZE, 8]
+        assert len(meta["model/embedding"]["offsets"]) == 3  # 2 shards on 2 PS
+        assert meta["model/embedding"]["slots"] == {"demo_adagrad": ["accumulator"]}
+        step = dds.Variable(0, dtype="int64")
+        dds.Checkpoint(step=step).restore(path)
+        assert int(step.numpy()) == result.batches
+
+    asyncio.run(_cluster(2, 2, body))

@@ -35,7 +35,7 @@ from . import _transport
 from ._exceptions import ShapeMismatchError
 from .optimizers import IndexedSlices
 
-__all__ = ["Variable", "ShardedVariable"]
+__all__ = ["Variable", "ShardedVariable", "read_values"]
 
 #: The strategy whose ``scope()`` is active in this context (set by ParameterServerStrategy).
 current_strategy: contextvars.ContextVar = contextvars.ContextVar("dds_ps_strategy", default=None)
@@ -439,6 +439,29 @@ class ShardedVariable(_ValueOps):
         _scatter(self._variables, self._offsets, self._shape, self._dtype, "update", ids,
                  updates, self._client())
         return self
+
+
+def read_values(*variables) -> list[np.ndarray]:
+    """The values of several variables, read in parallel (one request per shard)."""
+    calls, local = [], {}
+    for i, var in enumerate(variables):
+        for v in var.variables:
+            if v._local is not None:
+                local[i] = var.read_value()
+                break
+            calls.append((v._address, "ps_read", {"key": v._key}))
+    client = next((v._client for var in variables for v in var.variables
+                   if v._client is not None), None)
+    replies = iter(_transport.call_many(calls, client))
+    out = []
+    for i, var in enumerate(variables):
+        if i in local:
+            out.append(local[i])
+            continue
+        parts = [next(replies)["value"] for _ in var.variables]
+        out.append(parts[0] if len(parts) == 1 and isinstance(var, Variable)
+                   else np.concatenate(parts))
+    return out
 
 
 # ---------------------------------------------------------------------------------------

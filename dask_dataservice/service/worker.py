@@ -97,9 +97,10 @@ class ElementBuffer:
     chunk_size = 256
 
     # -- producer thread ---------------------------------------------------------------
-    def put_many(self, items: list) -> None:
+    def put_many(self, items: list, sizes: list | None = None) -> None:
         """Add elements (producer thread); blocks while the buffer is full."""
-        sizes = [_element_size(x) for x in items]
+        if sizes is None:
+            sizes = [_element_size(x) for x in items]
         with self._cond:
             while (self._bytes >= self._max_bytes or len(self._items) >= self._max_elements) \
                     and not self._closed:
@@ -205,8 +206,9 @@ class SlidingWindowCache(ElementBuffer):
                 return False
         return True
 
-    def put_many(self, items: list) -> None:
-        sizes = [_element_size(x) for x in items]
+    def put_many(self, items: list, sizes: list | None = None) -> None:
+        if sizes is None:
+            sizes = [_element_size(x) for x in items]
         with self._cond:
             while not self._has_demand() and not self._closed:
                 self._cond.wait(0.5)
@@ -448,18 +450,23 @@ class TaskRunner:
             buf = self.buffer
             put_many = buf.put_many
             chunk: list = []
-            append = chunk.append
+            sizes: list = []
+            chunk_bytes = 0
             # Hand elements over in chunks (one lock round per chunk), but at once when a
-            # consumer is waiting, so a slow pipeline's first element is not held back.
+            # consumer is waiting, so a slow pipeline's first element is not held back, and
+            # once a chunk holds ~1 MiB, so large elements stay within the buffer's bound
+            # (and their memory is reused instead of faulted in afresh).
             chunk_size = buf.chunk_size
             for x in it:
-                append(x)
-                if len(chunk) >= chunk_size or buf._waiting:
-                    put_many(chunk)
-                    chunk = []
-                    append = chunk.append
+                size = _element_size(x)
+                chunk.append(x)
+                sizes.append(size)
+                chunk_bytes += size
+                if len(chunk) >= chunk_size or chunk_bytes >= _CHUNK_BYTES or buf._waiting:
+                    put_many(chunk, sizes)
+                    chunk, sizes, chunk_bytes = [], [], 0
             if chunk:
-                put_many(chunk)
+                put_many(chunk, sizes)
         except TaskCancelled:
             pass
         except BaseException as e:  # noqa: BLE001 - handed to the consumers
@@ -806,6 +813,8 @@ class DataWorkerPlugin(WorkerPlugin):
 
 
 _SCALARS = (int, float, bool, complex)
+#: A producer hands its chunk over once it holds this many bytes.
+_CHUNK_BYTES = 1 << 20
 
 
 def _element_size(x: Any) -> int:
