@@ -284,11 +284,12 @@ async def test_worker_joins_mid_job(c, s, a):
     await poll(lambda: sum(1 for it in plugin.state.list_iterations() if it.status == "running") == 2,
                what="both iterations running")
     async with Worker(s.address, nthreads=1) as w2:
-        def registered():
-            try:
-                return len(plugin.state.tasks_for_worker(w2.address)) == 2
-            except KeyError:
-                return False
+        def registered():  # a task on the newcomer for each job (active or already done)
+            return sum(
+                t.worker_address == w2.address
+                for it in plugin.state.list_iterations() if not it.garbage_collected
+                for t in plugin.state.tasks_for_iteration(it.iteration_id)
+            ) == 2
 
         await poll(registered, what="the new worker's tasks")
         gate.set()
