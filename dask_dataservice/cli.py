@@ -284,7 +284,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--elements",
         type=_positive_int,
-        default=500_000,
+        default=200_000,
         metavar="N",
         help="number of synthetic examples (rows) to generate (default: %(default)s)",
     )
@@ -346,6 +346,28 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="use the Dask cluster at ADDRESS (e.g. tcp://127.0.0.1:8786) instead of starting one",
     )
+    train = p.add_argument_group("training (parameter-server strategy)")
+    train.add_argument(
+        "--train",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train an embedding + logistic model on the stream with parameter servers and "
+        "ClusterCoordinator.schedule/join (default: on for the embedded cluster, off with "
+        "--scheduler unless the cluster has workers with the 'ps' resource)",
+    )
+    train.add_argument(
+        "--ps",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="parameter-server processes of the embedded cluster when training (default: %(default)s)",
+    )
+    train.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        default=None,
+        help="write the trained model's checkpoint (a zarr group) to DIR",
+    )
 
 
 def _block_rows(n: int) -> int:
@@ -364,11 +386,15 @@ def _click_block(index: int, *, n: int, block_rows: int, seed: int) -> dict:
     start = index * block_rows
     rows = min(block_rows, n - start)
     rng = np.random.default_rng([seed, index])
-    return {
-        "dense": rng.lognormal(mean=1.0, sigma=1.5, size=(rows, _DENSE_FEATURES)).astype(np.float32),
-        "sparse": rng.integers(0, 2**31 - 1, size=(rows, _SPARSE_FEATURES), dtype=np.int64),
-        "label": (rng.random(rows) < 0.03).astype(np.int8),
-    }
+    dense = rng.lognormal(mean=1.0, sigma=1.5, size=(rows, _DENSE_FEATURES)).astype(np.float32)
+    sparse = rng.integers(0, 2**31 - 1, size=(rows, _SPARSE_FEATURES), dtype=np.int64)
+    # The first categorical feature takes few values (an "advertiser"), so that the model
+    # can learn per-id effects; clicks depend on it and on two dense features.
+    sparse[:, 0] = rng.integers(0, 1000, size=rows)
+    d = np.log1p(dense)
+    logit = 1.5 * (d[:, 0] - 1.3) - 1.0 * (d[:, 1] - 1.3) + 3.0 * (sparse[:, 0] % 7 == 0) - 2.5
+    label = rng.random(rows) < 1.0 / (1.0 + np.exp(-logit))
+    return {"dense": dense, "sparse": sparse, "label": label.astype(np.int8)}
 
 
 def _preprocess(batch: dict) -> dict:
@@ -387,7 +413,8 @@ def make_click_dataset(
     """A synthetic click-through pipeline: generate → shuffle → batch → preprocess → prefetch.
 
     Each example is a dict with ``dense`` (13 float32 features, log-normal like counts),
-    ``sparse`` (26 categorical ids) and ``label`` (0/1, about 3% positives). Batches come out
+    ``sparse`` (26 categorical ids) and ``label`` (0/1, about 20% positives, depending on two
+    dense features and the first categorical one, so a model can learn it). Batches come out
     with ``dense`` log-transformed and ``sparse`` hashed into ``_VOCAB_SIZE`` buckets.
 
     The examples are generated where the pipeline runs, a block of rows at a time from a
@@ -432,9 +459,13 @@ def _demo(args: argparse.Namespace) -> int:
         " -> map(preprocess) -> prefetch(2)",
     )
     if args.local:
+        if args.train:
+            raise UsageError("--train needs a cluster; it cannot be used with --local")
         ds = _demo_dataset(args)
         count, batches, elapsed = _consume(ds, n, quiet=args.quiet)
         copies = 1
+    elif _training(args):
+        return _demo_train(args)
     else:
         count, batches, elapsed, copies = _demo_service(args)
 
@@ -444,6 +475,54 @@ def _demo(args: argparse.Namespace) -> int:
     rate = count / elapsed if elapsed > 0 else float("inf")
     _say(args, f"{batches} batches of up to {args.batch_size}")
     print(f"demo: {count} elements in {elapsed:.2f} s ({rate:.0f} elements/s)")
+    return 0
+
+
+def _training(args: argparse.Namespace) -> bool:
+    if args.train is not None:
+        return args.train
+    return args.scheduler is None and (args.mode or "dynamic") == "dynamic"
+
+
+def _demo_train(args: argparse.Namespace) -> int:
+    """The whole story: the data service streams the click-through data (DYNAMIC) into
+    per-worker datasets; parameter servers hold an embedding + logistic model trained with
+    ClusterCoordinator.schedule/join and a server-side Adagrad; a checkpoint is written."""
+    from dask_dataservice.ps.demo import train_click_model
+
+    if args.mode == "off":
+        raise UsageError("training reads the data once, with --mode dynamic")
+    with _sigterm_exits(), _demo_logging(args.verbose), _demo_cluster(args, n_ps=args.ps) as client:
+        workers = _wait_for_data_workers(client, args)
+        _say(args, f"{args.ps if args.scheduler is None else 'the cluster'}'s parameter servers, "
+                   f"{workers} training/data worker{'s' if workers != 1 else ''}")
+        bar = None if args.quiet else Progress(args.elements, label="train", unit="ex")
+        done = [0]
+
+        def progress(examples_done: int, total: int) -> None:
+            if bar is not None:
+                bar.update(examples_done - done[0])
+            done[0] = examples_done
+
+        try:
+            result = train_click_model(
+                client, _demo_dataset(args), examples=args.elements, batch_size=args.batch_size,
+                vocab_size=_VOCAB_SIZE, checkpoint_dir=args.checkpoint, progress=progress,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        _say(args, "shutting down" if args.scheduler is None else "disconnecting")
+    if result.examples != args.elements:
+        print(f"demo: expected {args.elements} examples, trained on {result.examples}",
+              file=sys.stderr)
+        return 1
+    if args.checkpoint:
+        _say(args, f"checkpoint written to {args.checkpoint}")
+    print(f"demo: accuracy {result.accuracy:.3f}, log loss {result.logloss:.3f}, "
+          f"{result.steps} steps")
+    rate = result.examples / result.seconds if result.seconds > 0 else float("inf")
+    print(f"demo: {result.examples} elements in {result.seconds:.2f} s ({rate:.0f} elements/s)")
     return 0
 
 
@@ -488,7 +567,7 @@ def _demo_input(args: argparse.Namespace, client: Any, mode: Any):
 
 
 @contextlib.contextmanager
-def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
+def _demo_cluster(args: argparse.Namespace, n_ps: int = 0) -> Iterator[Any]:
     """A connected ``distributed.Client``, closed (with its embedded cluster) on exit."""
     from distributed import Client
 
@@ -509,7 +588,7 @@ def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
     nworkers = args.workers or DEFAULT_WORKERS
     t0 = time.perf_counter()
     with _children_ignore_sigint():
-        cluster = _local_cluster(args, nworkers)
+        cluster = _local_cluster(args, nworkers, n_ps)
     with cluster, Client(cluster, set_as_default=False) as client:
         plural = "" if nworkers == 1 else "es"
         kind = f"worker process{plural}" if args.processes else f"in-process worker{plural[1:]}"
@@ -521,9 +600,11 @@ def _demo_cluster(args: argparse.Namespace) -> Iterator[Any]:
         yield client
 
 
-def _local_cluster(args: argparse.Namespace, nworkers: int):
+def _local_cluster(args: argparse.Namespace, nworkers: int, n_ps: int = 0):
     from distributed import LocalCluster
 
+    if n_ps:
+        return _ps_cluster(args, nworkers, n_ps)
     return LocalCluster(
         n_workers=nworkers,
         threads_per_worker=1,
@@ -537,6 +618,26 @@ def _local_cluster(args: argparse.Namespace, nworkers: int):
         worker_dashboard_address=None,
         silence_logs=False if args.verbose else logging.WARNING,
     )
+
+
+def _ps_cluster(args: argparse.Namespace, nworkers: int, n_ps: int):
+    """An embedded cluster with ``n_ps`` parameter servers (resource ``ps``) and workers."""
+    from distributed import Nanny, Scheduler, SpecCluster, Worker
+
+    cls = Nanny if args.processes else Worker
+    common = {"nthreads": 1, "host": "127.0.0.1", "dashboard_address": None}
+    if cls is Worker:
+        common.pop("dashboard_address")
+        common["dashboard"] = False
+    if cls is Nanny and not args.verbose:
+        common["silence_logs"] = logging.WARNING
+    workers = {f"ps{i}": {"cls": cls, "options": {**common, "resources": {"ps": 1}}}
+               for i in range(n_ps)}
+    workers.update({f"w{i}": {"cls": cls, "options": dict(common)} for i in range(nworkers)})
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
+                                               "protocol": "tcp://"}}
+    return SpecCluster(workers=workers, scheduler=scheduler,
+                       silence_logs=False if args.verbose else logging.WARNING)
 
 
 @contextlib.contextmanager

@@ -65,8 +65,8 @@ def _wait_until(cond, timeout: float, what: str, interval: float = 0.05):
 
 
 def test_demo_on_cluster_in_process(capsys):
-    # The default: worker processes of an embedded LocalCluster, DYNAMIC sharding.
-    rc = main(["demo", "--elements", "10000", "--quiet"])
+    # The streaming demo: worker processes of an embedded LocalCluster, DYNAMIC sharding.
+    rc = main(["demo", "--no-train", "--elements", "10000", "--quiet"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert len(out.splitlines()) == 1, out
@@ -74,6 +74,24 @@ def test_demo_on_cluster_in_process(capsys):
     assert int(m["n"]) == 10_000  # DYNAMIC: every example exactly once
     assert float(m["t"]) >= 0
     assert err == ""  # --quiet: no progress bar, no status lines
+
+
+def test_demo_trains_with_parameter_servers(capsys, tmp_path):
+    # The default, the whole story: data service -> per-worker datasets -> PS training.
+    ckpt = tmp_path / "ckpt"
+    rc = main(["demo", "--elements", "20000", "--quiet", "--checkpoint", str(ckpt)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    accuracy = re.match(r"demo: accuracy (0\.\d+), log loss (\d+\.\d+), (\d+) steps$", lines[0])
+    assert accuracy, lines[0]
+    assert float(accuracy.group(1)) > 0.7  # above chance, and near the ~0.77 base rate at least
+    assert int(_last_line(out)["n"]) == 20_000  # every example trained on exactly once
+    import zarr
+
+    group = zarr.open_group(str(ckpt), mode="r")
+    assert any(True for _ in group.keys()), "the checkpoint holds the variables"
 
 
 def test_demo_mode_off_every_worker_produces_everything(capsys):
@@ -86,7 +104,8 @@ def test_demo_mode_off_every_worker_produces_everything(capsys):
 
 
 def test_demo_three_workers_dynamic(capsys):
-    rc = main(["demo", "--no-processes", "--workers", "3", "--elements", "4000", "--batch-size", "333"])
+    rc = main(["demo", "--no-train", "--no-processes", "--workers", "3", "--elements", "4000",
+               "--batch-size", "333"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert int(_last_line(out)["n"]) == 4000  # partial batches on each worker counted too
@@ -149,7 +168,7 @@ def test_demo_pipeline_is_small_splittable_and_deterministic():
 
 def test_console_script_demo_exits_cleanly():
     proc = subprocess.Popen(
-        [str(_console_script()), "demo", "--elements", "5000"],
+        [str(_console_script()), "demo", "--no-train", "--elements", "5000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
