@@ -1195,3 +1195,18 @@ DispatcherStateMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestDispatcherStateMachine = DispatcherStateMachine.TestCase
+
+
+def test_hot_path_accessors_match_the_copies(state):
+    register_worker(state, W1)
+    iteration_id = create_iteration(
+        state, create_job(state, register_dataset(state), processing_mode="DYNAMIC"))
+    task_id = create_task(state, iteration_id, W1)
+    cursor = state.split_cursor(iteration_id)
+    assert state.split_position(iteration_id) == (cursor.repetition, cursor.next_index,
+                                                   cursor.num_splits)
+    assert state.task_status(task_id) == state.task(task_id).status == "active"
+    with pytest.raises(IterationNotFoundError):
+        state.split_position(9999)
+    with pytest.raises(TaskNotFoundError):
+        state.task_status(9999)

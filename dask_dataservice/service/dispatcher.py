@@ -296,7 +296,7 @@ class DispatcherPlugin(SchedulerPlugin):
             tail = self._journal.append(encode_update(update))
             tail.add_done_callback(self._journal_done)
             self._journal_tail = tail
-        self.state.apply(update)
+        self.state.apply(update, checked=True)
 
     def _send_when_durable(self, address: str, msg: dict) -> None:
         """Tell a worker about a change only once the change is in the journal.
@@ -452,17 +452,15 @@ class DispatcherPlugin(SchedulerPlugin):
         indices returned). O(count).
         """
         try:
-            cursor = self.state.split_cursor(iteration_id)
-            task = self.state.task(task_id)
-            if task.status != "active" or repetition < cursor.repetition:
+            current, index, num_splits = self.state.split_position(iteration_id)
+            if self.state.task_status(task_id) != "active" or repetition < current:
                 return {"status": "OK", "split_indices": [], "end_of_splits": True}
-            if repetition > cursor.repetition:
+            if repetition > current:
                 raise DataServiceError(
                     f"task {task_id} asked for repetition {repetition} of iteration "
-                    f"{iteration_id}, which is only at repetition {cursor.repetition}"
+                    f"{iteration_id}, which is only at repetition {current}"
                 )
             indices: list[int] = []
-            index, num_splits = cursor.next_index, cursor.num_splits
             for _ in range(max(1, min(int(count), 1024))):
                 finished = index >= num_splits
                 self._apply(ProduceSplit(iteration_id=iteration_id, repetition=repetition,

@@ -954,13 +954,17 @@ class DispatcherState:
 
     # -- the one way in ---------------------------------------------------------------------
 
-    def apply(self, update: Update) -> None:
+    def apply(self, update: Update, *, checked: bool = False) -> None:
         """Apply one update: check its preconditions, then mutate.
 
         Parameters
         ----------
         update : Update
             Any of :data:`UPDATE_TYPES`.
+        checked : bool
+            The caller ran :meth:`check` on this update against the current state just
+            before (with nothing applied in between): skip the second check. The dispatcher
+            does this on its hot path (check -> journal -> apply).
 
         Raises
         ------
@@ -968,7 +972,8 @@ class DispatcherState:
             A subclass saying why the update is illegal (see :meth:`check`). The state is
             then exactly as it was before the call.
         """
-        self.check(update)
+        if not checked:
+            self.check(update)
         match update:
             case ProduceSplit():
                 self._produce_split(update)
@@ -1235,6 +1240,26 @@ class DispatcherState:
                 f"Iteration {iteration_id} has no split cursor: its processing mode is {mode!r}"
             )
         return copy.copy(cursor)
+
+    def split_position(self, iteration_id: int) -> tuple[int, int, int]:
+        """``(repetition, next_index, num_splits)`` of a DYNAMIC iteration's cursor.
+
+        The same facts as :meth:`split_cursor` without building a copy (the dispatcher's
+        per-request path).
+        """
+        cursor = self._split_cursors.get(iteration_id)
+        if cursor is None:
+            self.split_cursor(iteration_id)  # raises the typed error (unknown, or not DYNAMIC)
+        return cursor.repetition, cursor.next_index, cursor.num_splits
+
+    def task_status(self, task_id: int) -> str:
+        """``"active"``, ``"finished"`` or ``"lost"`` (:meth:`task` without the copy).
+
+        Raises
+        ------
+        TaskNotFoundError
+        """
+        return self._get_task(task_id).status
 
     def splits_in_flight(self, iteration_id: int) -> dict[tuple[int, int], int]:
         """``{(repetition, index): task_id}``: the splits an iteration's tasks hold, unacknowledged.
