@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
+from .ops import _close, check_int
 from .splits import FileSplit, IndexRange, default_split_size, index_ranges
 from .structure import flatten
 
@@ -57,13 +58,26 @@ class Source(Op):
             yield from self.read_split(split)
 
 
-def _check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+def _user_iterable(fn, args: tuple, op: str, call_context: Any, element_context: Any):
+    """Iterate ``fn(*args)``; an error from the user's code gains a note naming ``op``, and
+    the user's iterator is closed when the pipeline stops early."""
+    try:
+        it = iter(fn(*args))
+    except Exception as e:
+        annotate_user_error(e, op, fn, call_context)
+        raise
+    try:
+        while True:
+            try:
+                x = next(it)
+            except StopIteration:
+                return
+            except Exception as e:
+                annotate_user_error(e, op, fn, element_context)
+                raise
+            yield x
+    finally:
+        _close(it)
 
 
 class RangeSource(Source):
@@ -72,9 +86,9 @@ class RangeSource(Source):
     def __init__(self, start, stop=None, step=1):
         if stop is None:
             start, stop = 0, start
-        self.start = _check_int("start", start)
-        self.stop = _check_int("stop", stop)
-        self.step = _check_int("step", step)
+        self.start = check_int("start", start)
+        self.stop = check_int("stop", stop)
+        self.step = check_int("step", step)
         if self.step == 0:
             raise ValueError("step must not be zero")
         self._range = range(self.start, self.stop, self.step)
@@ -193,7 +207,7 @@ class ListFiles(Source):
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r:.40}")
         self.shuffle = bool(shuffle)
-        self.seed = None if seed is None else _check_int("seed", seed)
+        self.seed = None if seed is None else check_int("seed", seed)
 
     def params(self):
         return (self.files, self.shuffle, self.seed)
@@ -245,23 +259,8 @@ class FromFiles(Source):
         return [FileSplit(p) for p in self.paths]
 
     def read_split(self, split: FileSplit):
-        try:
-            it = iter(self.reader(split.path))
-        except Exception as e:
-            annotate_user_error(e, "from_files", self.reader, split.path)
-            raise
-        try:
-            while True:
-                try:
-                    x = next(it)
-                except StopIteration:
-                    return
-                except Exception as e:
-                    annotate_user_error(e, "from_files", self.reader, split.path)
-                    raise
-                yield x
-        finally:
-            _close(it)  # e.g. a reader's open file, when the pipeline stops early
+        # the reader's own cleanup (an open file) runs when the pipeline stops early
+        return _user_iterable(self.reader, (split.path,), "from_files", split.path, split.path)
 
 
 class FromZarr(Source):
@@ -290,7 +289,7 @@ class FromZarr(Source):
             raise ValueError("from_zarr() needs an array with at least one dimension")
         self.shape = tuple(arr.shape)
         self.dtype = str(arr.dtype)
-        self.rows_per_split = _check_int(
+        self.rows_per_split = check_int(
             "rows_per_split", rows_per_split if rows_per_split is not None else arr.chunks[0], minimum=1
         )
 
@@ -348,24 +347,8 @@ class FromGenerator(Source):
         raise NotImplementedError
 
     def iterate_all(self, ctx):
-        fn = self.fn
-        try:
-            it = iter(fn(*self.args))
-        except Exception as e:
-            annotate_user_error(e, "from_generator", fn, self.args)
-            raise
-        try:
-            while True:
-                try:
-                    x = next(it)
-                except StopIteration:
-                    return
-                except Exception as e:
-                    annotate_user_error(e, "from_generator", fn, _NO_ELEMENT)
-                    raise
-                yield x
-        finally:
-            _close(it)  # run the generator's own cleanup when the pipeline stops early
+        # the generator's own cleanup runs when the pipeline stops early
+        return _user_iterable(self.fn, self.args, "from_generator", self.args, _NO_ELEMENT)
 
     def iterate(self, ctx):
         return self.iterate_all(ctx)
@@ -376,9 +359,3 @@ class FromGenerator(Source):
             "read it with OFF sharding, or start from a splittable source (range, "
             "from_tensor_slices, list_files, from_files, from_zarr)"
         )
-
-
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()

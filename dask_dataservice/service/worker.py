@@ -98,12 +98,11 @@ class ElementBuffer:
 
     # -- producer thread ---------------------------------------------------------------
     def put_many(self, items: list, sizes: list | None = None) -> None:
-        """Add elements (producer thread); blocks while the buffer is full."""
+        """Add elements (producer thread); blocks until :meth:`_room` says there is room."""
         if sizes is None:
             sizes = [_element_size(x) for x in items]
         with self._cond:
-            while (self._bytes >= self._max_bytes or len(self._items) >= self._max_elements) \
-                    and not self._closed:
+            while not self._room() and not self._closed:
                 self._cond.wait(0.5)
             if self._closed:
                 raise TaskCancelled
@@ -111,9 +110,17 @@ class ElementBuffer:
             self._sizes.extend(sizes)
             self._bytes += sum(sizes)
             self.produced += len(items)
+            self._added()
             if self._waiting:
                 self._waiting = False
                 self._loop.call_soon_threadsafe(self._event.set)
+
+    def _room(self) -> bool:
+        """Whether the producer may add elements now (called under the lock)."""
+        return self._bytes < self._max_bytes and len(self._items) < self._max_elements
+
+    def _added(self) -> None:
+        """Hook run under the lock after elements were added."""
 
     @property
     def consumer_waiting(self) -> bool:
@@ -206,25 +213,15 @@ class SlidingWindowCache(ElementBuffer):
                 return False
         return True
 
-    def put_many(self, items: list, sizes: list | None = None) -> None:
-        if sizes is None:
-            sizes = [_element_size(x) for x in items]
-        with self._cond:
-            while not self._has_demand() and not self._closed:
-                self._cond.wait(0.5)
-            if self._closed:
-                raise TaskCancelled
-            self._items.extend(items)
-            self._sizes.extend(sizes)
-            self._bytes += sum(sizes)
-            self.produced += len(items)
-            while self._bytes > self._max_bytes and len(self._items) > 1:
-                self._bytes -= self._sizes.popleft()
-                self._items.popleft()
-                self._base += 1
-            if self._waiting:
-                self._waiting = False
-                self._loop.call_soon_threadsafe(self._event.set)
+    def _room(self) -> bool:
+        return self._has_demand()
+
+    def _added(self) -> None:
+        # the window is full: evict the oldest elements (trainers behind them skip ahead)
+        while self._bytes > self._max_bytes and len(self._items) > 1:
+            self._bytes -= self._sizes.popleft()
+            self._items.popleft()
+            self._base += 1
 
     def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list:
         with self._cond:
