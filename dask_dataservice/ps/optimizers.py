@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "IndexedSlices", "get", "apply_dense",
-           "apply_sparse", "dedupe_rows"]
+           "apply_sparse", "dedupe_rows", "take_rows", "put_rows"]
 
 
 class IndexedSlices(NamedTuple):
@@ -184,18 +184,49 @@ def dedupe_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
         return ids, rows
     order = np.argsort(ids, kind="stable")
     sids = ids[order]
-    srows = rows[order]
     first = np.empty(sids.size, dtype=bool)
     first[0] = True
     np.not_equal(sids[1:], sids[:-1], out=first[1:])
     if first.all():
-        return sids, srows
-    out = srows[first]
+        return sids, np.take(rows, order, axis=0)
+    out = np.take(rows, order[first], axis=0)
     repeat = ~first
     # the few repeated rows are added to their id's first row (np.add.at over all rows or
     # np.add.reduceat is much slower when repeats are rare)
-    np.add.at(out, np.cumsum(first)[repeat] - 1, srows[repeat])
+    np.add.at(out, np.cumsum(first)[repeat] - 1, np.take(rows, order[repeat], axis=0))
     return sids[first], out
+
+
+def _row_view(arr: np.ndarray) -> np.ndarray | None:
+    """``arr`` (C-contiguous, 2+ dims) as a 1-D array of opaque rows, or None."""
+    if arr.ndim < 2 or not arr.flags.c_contiguous or arr.size == 0:
+        return None
+    return arr.reshape(arr.shape[0], -1).view(
+        np.dtype((np.void, arr.itemsize * (arr.size // arr.shape[0])))).reshape(-1)
+
+
+def take_rows(value: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``value[ids]`` (a new C-contiguous array), for valid ids.
+
+    Rows move as opaque ``void`` items: for 256-byte rows that is ~1.7x as fast as fancy
+    indexing (and ``np.take`` on the numeric array is in between).
+    """
+    rows = _row_view(value)
+    if rows is None:
+        return np.take(value, ids, axis=0)
+    return np.take(rows, ids).view(value.dtype).reshape((ids.size, *value.shape[1:]))
+
+
+def put_rows(value: np.ndarray, ids: np.ndarray, new: np.ndarray) -> None:
+    """``value[ids] = new`` for valid ids (for a repeated id the last row wins)."""
+    rows = _row_view(value)
+    items = None
+    if rows is not None and new.dtype == value.dtype and new.shape == (ids.size, *value.shape[1:]):
+        items = _row_view(np.ascontiguousarray(new))
+    if items is None:
+        value[ids] = new
+    else:
+        np.put(rows, ids, items)
 
 
 def apply_dense(config: dict, value: np.ndarray, slots: dict, grad: np.ndarray) -> None:
@@ -211,20 +242,25 @@ def apply_sparse(config: dict, value: np.ndarray, slots: dict, ids: np.ndarray,
 
 
 def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> None:
+    """One update of ``value`` (rows ``ids``, distinct; or all rows when None) in place.
+
+    Sparse updates read the rows they touch with :func:`take_rows`, compute on those
+    copies in place, and write them back with :func:`put_rows`.
+    """
     kind = config["kind"]
     dt = value.dtype
     g = np.asarray(g, dtype=dt)
     lr = dt.type(config["learning_rate"])
-    rows = slice(None) if ids is None else ids
 
     def get(arr):
-        return arr if ids is None else arr[ids]
+        return arr if ids is None else take_rows(arr, ids)
 
     def put(arr, new):
         if ids is None:
-            arr[...] = new
+            if new is not arr:
+                arr[...] = new
         else:
-            arr[ids] = new
+            put_rows(arr, ids, new)
 
     if kind == "sgd":
         mom = dt.type(config.get("momentum") or 0.0)
@@ -232,37 +268,47 @@ def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> 
             if ids is None:
                 value -= lr * g
             else:
-                value[rows] -= lr * g
+                rows = take_rows(value, ids)
+                rows -= lr * g
+                put_rows(value, ids, rows)
             return
-        vel = get(slots["momentum"]) * mom - lr * g
+        vel = get(slots["momentum"])
+        vel *= mom  # in place: a copy when sparse, the slot itself when dense
+        vel -= lr * g
         put(slots["momentum"], vel)
         step = mom * vel - lr * g if config.get("nesterov") else vel
-        if ids is None:
-            value += step
-        else:
-            value[rows] += step
+        rows = get(value)
+        rows += step
+        put(value, rows)
     elif kind == "adagrad":
-        acc = get(slots["accumulator"]) + g * g
+        acc = get(slots["accumulator"])
+        acc += g * g
         put(slots["accumulator"], acc)
-        upd = lr * g / (np.sqrt(acc) + dt.type(config["epsilon"]))
-        if ids is None:
-            value -= upd
-        else:
-            value[rows] -= upd
+        upd = np.sqrt(acc)
+        upd += dt.type(config["epsilon"])
+        np.divide(lr * g, upd, out=upd)
+        rows = get(value)
+        rows -= upd
+        put(value, rows)
     elif kind == "adam":
         it = slots["iterations"]
         it[...] = it + 1
         t = float(it)
         b1, b2 = config["beta_1"], config["beta_2"]
         alpha = dt.type(config["learning_rate"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))
-        m = get(slots["m"]) * dt.type(b1) + g * dt.type(1 - b1)
-        v = get(slots["v"]) * dt.type(b2) + (g * g) * dt.type(1 - b2)
+        m = get(slots["m"])
+        m *= dt.type(b1)
+        m += g * dt.type(1 - b1)
+        v = get(slots["v"])
+        v *= dt.type(b2)
+        v += (g * g) * dt.type(1 - b2)
         put(slots["m"], m)
         put(slots["v"], v)
-        upd = alpha * m / (np.sqrt(v) + dt.type(config["epsilon"]))
-        if ids is None:
-            value -= upd
-        else:
-            value[rows] -= upd
+        upd = np.sqrt(v)
+        upd += dt.type(config["epsilon"])
+        np.divide(alpha * m, upd, out=upd)
+        rows = get(value)
+        rows -= upd
+        put(value, rows)
     else:
         raise ValueError(f"unknown optimizer kind {kind!r}")

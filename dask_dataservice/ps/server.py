@@ -278,7 +278,7 @@ class ParameterServerPlugin(WorkerPlugin):
             shard = self._shard(key)
             ids = _check_ids(shard, ids)
             with shard.lock:
-                out = shard.value[ids]  # fancy indexing copies
+                out = optimizers.take_rows(shard.value, ids)  # a copy
             self.stats["gathers"] += 1
             return {"status": "OK", "value": to_serialize(out)}
         except Exception as e:  # noqa: BLE001
@@ -343,16 +343,19 @@ class ParameterServerPlugin(WorkerPlugin):
                 if applied:
                     v = shard.writable()
                     unique = ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))
-                    if kind == "add" and unique:  # clients send sorted unique ids: fast path
-                        v[ids] += upd
-                    elif kind == "sub" and unique:
-                        v[ids] -= upd
+                    if kind in ("add", "sub") and unique:  # clients send sorted unique ids
+                        rows = optimizers.take_rows(v, ids)
+                        if kind == "add":
+                            rows += upd
+                        else:
+                            rows -= upd
+                        optimizers.put_rows(v, ids, rows)
                     elif kind == "add":
                         np.add.at(v, ids, upd)
                     elif kind == "sub":
                         np.subtract.at(v, ids, upd)
-                    elif kind == "update":
-                        v[ids] = upd
+                    elif kind == "update":  # a repeated id: the last row wins
+                        optimizers.put_rows(v, ids, upd)
                     elif kind == "max":
                         np.maximum.at(v, ids, upd)
                     elif kind == "min":

@@ -544,6 +544,7 @@ class _IterationReader:
         self.long_poll = config.get_seconds("client.long-poll")
         self.depth = max(1, int(config.get("client.requests-per-task")))
         self.dispatcher_timeout = config.get_seconds("client.dispatcher-timeout")
+        self.linger = config.get_seconds("client.linger")
         self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
 
     async def run(self, view: dict) -> None:
@@ -662,6 +663,9 @@ class _IterationReader:
                         task_id=task_id, max_elements=self.max_elements, max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=seq,
                         trainer_id=self.trainer_id,
+                        # the head request answers at once; the ones queued behind it may
+                        # gather a slow pipeline's elements for a moment
+                        linger=self.linger if pending else 0.0,
                     )))
                     seq += 1
                 try:

@@ -571,26 +571,28 @@ class DataWorkerPlugin(WorkerPlugin):
     async def get_elements(self, task_id: int, max_elements: int = 4096,
                            max_bytes: int = 32 << 20, wait: float = 1.0,
                            consumer: int | None = None, seq: int | None = None,
-                           trainer_id: str | None = None) -> dict:
+                           trainer_id: str | None = None, linger: float = 0.0) -> dict:
         """Up to ``max_elements`` buffered elements of a task, or end of sequence.
 
         A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
         elements in the order it sent them, so a task's elements arrive in order.
         """
         if seq is None:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id)
+            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
+                                            linger)
         key = (task_id, consumer)
         order = self._order.get(key)
         if order is None:
             order = self._order[key] = _Turns()
         await order.wait_turn(seq, timeout=wait + 10)
         try:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id)
+            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
+                                            linger)
         finally:
             order.done(seq)
 
     async def _get_elements(self, task_id, max_elements, max_bytes, wait,
-                            trainer_id=None) -> dict:
+                            trainer_id=None, linger=0.0) -> dict:
         runner = self.tasks.get(task_id)
         if runner is None:
             if task_id in self.finished_tasks:
@@ -612,15 +614,28 @@ class DataWorkerPlugin(WorkerPlugin):
                 return {"status": "OK", "elements": None, "end_of_sequence": True}
         buf = runner.buffer
         if isinstance(buf, SlidingWindowCache):
-            def take():
-                return buf.take(max_elements, max_bytes, trainer_id)
+            def take(n=max_elements):
+                return buf.take(n, max_bytes, trainer_id)
         else:
-            def take():
-                return buf.take(max_elements, max_bytes)
+            def take(n=max_elements):
+                return buf.take(n, max_bytes)
         items = take()
         if not items and not buf.end_visible and not runner.cancelled:
             await buf.wait(wait)
             items = take()
+        if items and linger > 0 and len(items) < max_elements and type(buf) is ElementBuffer:
+            # A request that is not at the head of its consumer's queue collects elements
+            # of a slow pipeline for a moment, so that each costs less than a round trip.
+            deadline = self.loop.time() + linger
+            while len(items) < max_elements and not buf.end_visible and not runner.cancelled:
+                more = take(max_elements - len(items))
+                if more:
+                    items.extend(more)
+                    continue
+                remaining = deadline - self.loop.time()
+                if remaining <= 0:
+                    break
+                await buf.wait(remaining)
         if items:
             return {"status": "OK", "elements": to_serialize(ElementBatch(items)), "end_of_sequence": False}
         if buf.end_visible:
