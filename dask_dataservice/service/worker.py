@@ -627,10 +627,13 @@ class DataWorkerPlugin(WorkerPlugin):
             # A request that is not at the head of its consumer's queue collects elements
             # of a slow pipeline for a moment, so that each costs less than a round trip.
             deadline = self.loop.time() + linger
-            while len(items) < max_elements and not buf.end_visible and not runner.cancelled:
+            size = sum(map(_element_size, items))
+            while len(items) < max_elements and size < max_bytes and not buf.end_visible \
+                    and not runner.cancelled:
                 more = take(max_elements - len(items))
                 if more:
                     items.extend(more)
+                    size += sum(map(_element_size, more))
                     continue
                 remaining = deadline - self.loop.time()
                 if remaining <= 0:
