@@ -184,6 +184,10 @@ class Channel:
                         self._comm = await connect(self.address, deserialize=True,
                                                    **self.worker.connection_args)
                         self._comm.name = "dataservice-ps-channel"
+                        # Messages here are small dicts and to_serialize'd arrays, cheap to
+                        # (de)serialise at any size: skip the per-message sizeof() walk
+                        # that decides whether to offload (de)serialisation to a thread.
+                        self._comm.allow_offload = False
                         asyncio.ensure_future(self._read(self._comm))
                     for msg, fut in batch:
                         self._pending.append(fut)

@@ -284,7 +284,7 @@ def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> 
         acc = get(slots["accumulator"])
         acc += g * g
         put(slots["accumulator"], acc)
-        upd = np.sqrt(acc)
+        upd = np.sqrt(acc, out=np.empty_like(acc))  # an array even when 0-d
         upd += dt.type(config["epsilon"])
         np.divide(lr * g, upd, out=upd)
         rows = get(value)
@@ -304,7 +304,7 @@ def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> 
         v += (g * g) * dt.type(1 - b2)
         put(slots["m"], m)
         put(slots["v"], v)
-        upd = np.sqrt(v)
+        upd = np.sqrt(v, out=np.empty_like(v))
         upd += dt.type(config["epsilon"])
         np.divide(alpha * m, upd, out=upd)
         rows = get(value)
