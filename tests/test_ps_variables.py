@@ -348,6 +348,16 @@ async def test_server_side_optimizers_match_reference(s, p0, p1, w0):
                     ss[k] = full
             np.testing.assert_allclose(dense.numpy(), ref_d, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(sparse.numpy(), ref_s, rtol=1e-12, atol=1e-12)
+        # rank-0 variables (a bias) too: never partitioned, slots are scalars
+        for o in optimizers:
+            with strategy.scope():
+                bias = dds.Variable(np.float64(1.5), name=f"bias_{o.name}")
+            ref, slots, cfg = np.float64(1.5), {}, o.get_config()
+            for t in range(1, 4):
+                g = np.float64(0.25 * t)
+                o.apply_gradients([(g, bias)])
+                ref = _ref_step(o.kind, cfg, ref, slots, g, t)
+            np.testing.assert_allclose(bias.numpy(), ref, rtol=1e-12, atol=1e-12)
         with pytest.raises(ValueError, match="not on a parameter server"):
             optimizers[0].apply_gradients([(np.zeros(2), dds.Variable(np.zeros(2)))])
 
