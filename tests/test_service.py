@@ -306,23 +306,27 @@ async def test_worker_joins_mid_job(c, s, a):
              config={"distributed.scheduler.allowed-failures": 0})
 async def test_worker_killed_dynamic_at_most_once(c, s, a, b):
     n = 20_000
-    ds_source = dds.Dataset.range(n)
+
+    def pause(x):  # ~0.2 ms per element (built here: pickled by value for the processes)
+        import time
+
+        time.sleep(0.0002)
+        return x
+
+    ds_source = dds.Dataset.range(n).map(pause)  # slow, so the kill lands mid-epoch
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds_source)
-    splits = await asyncio.to_thread(ds_source.splits)
+    splits = await asyncio.to_thread(dds.Dataset.range(n).splits)
     ds = dds.from_dataset_id("distributed_epoch", c, dataset_id)
-    # slow the pipeline down so the kill lands mid-epoch
-    it_future = asyncio.ensure_future(read(ds.map(lambda x: x)))
+    it_future = asyncio.ensure_future(read(ds))
     plugin = s.plugins[PLUGIN_NAME]
     victim = a.worker_address
 
     def produced_some():
-        its = [i for i in plugin.state.list_iterations() if i.status == "running"]
-        if not its:
-            return False
-        cur = plugin.state.split_cursor(its[0].iteration_id)
-        return cur.next_index >= 10
+        its = plugin.state.list_iterations()
+        return bool(its) and plugin.state.split_cursor(its[0].iteration_id).next_index >= 10
 
     await poll(produced_some, what="some splits produced")
+    assert plugin.state.list_iterations()[0].status == "running", "killed too late"
     await a.process.process.kill()
     out = await asyncio.wait_for(it_future, 30)
     counts = collections.Counter(out)
