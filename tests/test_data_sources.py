@@ -12,28 +12,11 @@ import cloudpickle
 import numpy as np
 import pytest
 import zarr
-from hypothesis import given, settings
+from _helpers import FAST, elements, py  # noqa: E402,F401
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dask_dataservice.data import UNKNOWN, Dataset, FileSplit, IndexRange, readers
-
-FAST = settings(max_examples=60, deadline=None)
-
-
-def py(x):
-    """A comparable plain-Python form of an element (arrays become lists)."""
-    if isinstance(x, dict):
-        return {k: py(v) for k, v in x.items()}
-    if isinstance(x, tuple):
-        return tuple(py(v) for v in x)
-    if isinstance(x, (np.ndarray, np.generic)):
-        return x.tolist()
-    return x
-
-
-def elements(ds):
-    return [py(x) for x in ds]
-
 
 # ------------------------------------------------------------------------------------------
 # range

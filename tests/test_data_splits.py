@@ -12,7 +12,11 @@ import textwrap
 import numpy as np
 import pytest
 import zarr
-from hypothesis import given, settings
+from _helpers import (
+    FAST,  # noqa: E402
+    py,  # noqa: E402
+)
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dask_dataservice.data import (
@@ -25,16 +29,6 @@ from dask_dataservice.data import (
     SplitProvider,
     readers,
 )
-
-FAST = settings(max_examples=60, deadline=None)
-
-
-def py(x):
-    if isinstance(x, tuple):
-        return tuple(py(v) for v in x)
-    if isinstance(x, (np.ndarray, np.generic)):
-        return x.tolist()
-    return x
 
 
 class RecordingProvider(SplitProvider):

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from _helpers import wait as _wait  # noqa: E402
 from distributed import Client
 
 import dask_dataservice as dds
@@ -24,14 +25,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait(cond, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _state(client):
@@ -143,7 +136,6 @@ def _slow_source(n):
     """
 
     def pause(x):
-        import time
 
         time.sleep(0.0002)
         return x

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import zarr
-from distributed import Client, Scheduler, Worker
+from distributed import Scheduler, Worker
 from distributed.utils_test import gen_cluster
 
 import dask_dataservice as dds
@@ -23,16 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 # thread-leak check takes its snapshot.
 zarr.create_array(zarr.storage.MemoryStore(), shape=(1,), dtype="f4")[:] = 1
 
-PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
-WK = ("127.0.0.1", 1)
-
-
-def in_thread(s, body):
-    def run():
-        with Client(s.address, set_as_default=False) as c:
-            return body(c)
-
-    return asyncio.to_thread(run)
+from _helpers import PS, WK, in_thread  # noqa: E402
 
 
 def wait_until(cond, timeout=20.0, what="condition"):

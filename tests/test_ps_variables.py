@@ -6,7 +6,6 @@ serialised); the blocking API runs in a thread with its own synchronous Client.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pickle
 
@@ -14,7 +13,6 @@ import dask
 import numpy as np
 import pytest
 import zarr
-from distributed import Client
 from distributed.utils_test import gen_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,18 +35,7 @@ pytestmark = pytest.mark.timeout(60)
 # thread-leak check takes its snapshot.
 zarr.create_array(zarr.storage.MemoryStore(), shape=(1,), dtype="f4")[:] = 1
 
-PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
-WK = ("127.0.0.1", 1)
-
-
-def in_thread(s, body):
-    """Run ``body(client)`` in a thread with a synchronous client of scheduler ``s``."""
-
-    def run():
-        with Client(s.address, set_as_default=False) as c:
-            return body(c)
-
-    return asyncio.to_thread(run)
+from _helpers import PS, WK, in_thread  # noqa: E402
 
 
 @gen_cluster(client=False, nthreads=[PS, PS, WK, WK])

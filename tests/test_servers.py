@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from _helpers import poll as _poll  # noqa: E402
 from distributed import Client
 from distributed.utils_test import gen_cluster
 
@@ -84,14 +85,6 @@ async def test_scheduler_preload_alone_reaches_workers(c, s, a, b):
     for w in (a, b):
         await _poll(lambda w=w: WORKER_PLUGIN in w.plugins)
     assert s.plugins[PLUGIN_NAME].scheduler is s
-
-
-async def _poll(cond, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 def test_dispatcher_dies_mid_iteration_gives_clear_error():

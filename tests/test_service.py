@@ -14,6 +14,11 @@ import time
 
 import numpy as np
 import pytest
+from _helpers import (  # noqa: E402
+    distribute,
+    poll,  # noqa: E402
+    read,
+)
 from distributed import Nanny, Worker
 from distributed.utils_test import gen_cluster
 
@@ -29,22 +34,6 @@ pytestmark = pytest.mark.timeout(60)
 #: Blocks pipelines in tests (module level: functions using it pickle by reference and run
 #: in this process, since gen_cluster workers are in-process).
 GATE = threading.Event()
-
-
-async def read(ds):
-    return await asyncio.to_thread(list, ds)
-
-
-async def distribute(ds, mode, c, **kwargs):
-    return await asyncio.to_thread(ds.apply, dds.distribute(mode, c, **kwargs))
-
-
-async def poll(cond, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def assert_dispatcher_cleanup(s, timeout=5.0):
@@ -527,3 +516,25 @@ async def test_a_busy_job_does_not_starve_another_clients_job(c, s, a):
     stop.set()
     await consumer
     assert len(got) > before, "the busy job kept going too"
+
+
+def _two_ms(x):
+    """About 2 ms of 'work' per element: a pipeline slower than its consumer."""
+    time.sleep(0.002)
+    return x
+
+
+@pytest.mark.parametrize("linger, most_batches", [("0ms", None), ("100ms", 40)])
+def test_requests_behind_the_head_gather_a_slow_pipelines_elements(linger, most_batches):
+    @gen_cluster(client=True, nthreads=[("", 1)],
+                 config={"dataservice.client.linger": linger})
+    async def run(c, s, a):
+        ds = await distribute(dds.Dataset.range(200).map(_two_ms), "parallel_epochs", c)
+        assert await read(ds) == list(range(200))  # order and content unchanged
+        return a.extensions["dataservice"].stats["batches_served"]
+
+    batches = run()
+    if most_batches is None:
+        assert batches > 100, batches  # one small batch per wake-up of the head request
+    else:
+        assert batches <= most_batches, batches  # lingering requests carry several each

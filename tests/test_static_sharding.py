@@ -7,6 +7,7 @@ import collections
 
 import numpy as np
 import pytest
+from _helpers import distribute, read  # noqa: E402
 from distributed import Worker
 from distributed.utils_test import gen_cluster
 
@@ -26,14 +27,6 @@ TWO_NAMED = [("127.0.0.1", 1), ("127.0.0.1", 1)]
 def tag(x):
     """(worker index, element): which fixed worker produced the element."""
     return current_task()["worker_index"], x
-
-
-async def read(ds):
-    return await asyncio.to_thread(list, ds)
-
-
-async def distribute(ds, mode, c, **kw):
-    return await asyncio.to_thread(ds.apply, dds.distribute(mode, c, **kw))
 
 
 def by_worker(out):

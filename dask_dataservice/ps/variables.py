@@ -62,6 +62,19 @@ class _ValueOps:
     embedding lookup use :meth:`gather`, which moves only the rows asked for).
     """
 
+    # both handle classes store ``_name``, ``_shape`` and ``_dtype``
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
     def _v(self):
         return self.read_value()
 
@@ -178,18 +191,6 @@ class Variable(_ValueOps):
         self._lock = threading.Lock() if self._local is not None else None
 
     # -- properties ------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
     @property
     def trainable(self) -> bool:
         return self._trainable
@@ -336,18 +337,6 @@ class ShardedVariable(_ValueOps):
     def variables(self) -> list[Variable]:
         """The shards, in row order."""
         return list(self._variables)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     @property
     def trainable(self) -> bool:

@@ -548,30 +548,9 @@ class _IterationReader:
         self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
 
     async def run(self, view: dict) -> None:
+        """Read the iteration into the channel; end it with _END, or the first error."""
         try:
-            self._update_tasks(view)
-            while not self.stopped:
-                if view.get("garbage_collected"):
-                    raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
-                all_done = all(f.done() for f in self.fetchers.values())
-                if all_done and (view["finished"] or (self.local_only and self.fetchers)):
-                    break
-                self.task_done.clear()
-                if self.fetchers and all(f.done() for f in self.fetchers.values()):
-                    # every known task ended: the dispatcher already knows, ask at once
-                    pass
-                else:
-                    try:
-                        await asyncio.wait_for(self.task_done.wait(), self.heartbeat_interval)
-                    except TimeoutError:
-                        pass
-                view = await self._heartbeat()
-                self._update_tasks(view)
-                if self.fetchers and all(f.done() for f in self.fetchers.values()) \
-                        and not view["finished"]:
-                    # tasks ended but the dispatcher has not seen all of them yet (lost
-                    # workers, or new tasks being created): wait a little before asking again
-                    await asyncio.sleep(min(0.01, self.heartbeat_interval))
+            await self._read(view)
             if not self.stopped:
                 self.channel.put_nowait(_END)
             self.stop()
@@ -580,6 +559,27 @@ class _IterationReader:
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             self._fail(e)
+
+    async def _read(self, view: dict) -> None:
+        self._update_tasks(view)
+        while not self.stopped:
+            if view.get("garbage_collected"):
+                raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
+            ended = bool(self.fetchers) and all(f.done() for f in self.fetchers.values())
+            if ended and (view["finished"] or self.local_only):
+                break
+            self.task_done.clear()
+            if not ended:  # when every known task ended, the dispatcher already knows: ask now
+                try:
+                    await asyncio.wait_for(self.task_done.wait(), self.heartbeat_interval)
+                except TimeoutError:
+                    pass
+            view = await self._heartbeat()
+            self._update_tasks(view)
+            if ended and not view["finished"]:
+                # tasks ended but the dispatcher has not seen all of them yet (lost
+                # workers, or new tasks being created): wait a little before asking again
+                await asyncio.sleep(min(0.01, self.heartbeat_interval))
 
     def _fail(self, e: BaseException) -> None:
         self.channel.put_nowait(_Failure(e))
@@ -712,44 +712,38 @@ class _CoordinatedReader(_IterationReader):
     over.
     """
 
-    async def run(self, view: dict) -> None:
+    async def _read(self, view: dict) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.dispatcher_timeout
+        while not [t for t in view["tasks"] if t[2] == "active"]:
+            if loop.time() > deadline:
+                raise DataServiceError("coordinated reads: the job has no data workers")
+            await asyncio.sleep(0.05)
+            view = await self._heartbeat()
+        tasks = sorted((t[0], t[1]) for t in view["tasks"] if t[2] == "active")
+        heartbeat = asyncio.ensure_future(self._heartbeats())
+        k = max(1, int(config.get("client.rounds-per-request")))
+        c, n = self.spec.consumer_index, self.spec.num_consumers
+
+        def request(first):
+            return [asyncio.ensure_future(self.client.rpc(addr).dataservice_get_rounds(
+                task_id=tid, first_round=first, count=k, consumer_index=c, num_consumers=n,
+            )) for tid, addr in tasks]
+
+        pending = request(0)
+        first = 0
         try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.dispatcher_timeout
-            while not [t for t in view["tasks"] if t[2] == "active"]:
-                if loop.time() > deadline:
-                    raise DataServiceError("coordinated reads: the job has no data workers")
-                await asyncio.sleep(0.05)
-                view = await self._heartbeat()
-            tasks = sorted((t[0], t[1]) for t in view["tasks"] if t[2] == "active")
-            heartbeat = asyncio.ensure_future(self._heartbeats())
-            k = max(1, int(config.get("client.rounds-per-request")))
-            c, n = self.spec.consumer_index, self.spec.num_consumers
-
-            def request(first):
-                return [asyncio.ensure_future(self.client.rpc(addr).dataservice_get_rounds(
-                    task_id=tid, first_round=first, count=k, consumer_index=c, num_consumers=n,
-                )) for tid, addr in tasks]
-
-            pending = request(0)
-            first = 0
-            try:
-                while not self.stopped:
-                    replies = await asyncio.gather(*pending)
-                    first += k
-                    pending = request(first)
-                    columns = [raise_for_status(r, "coordinated read")["elements"].items
-                               for r in replies]
-                    await self.channel.put([x for row in zip(*columns, strict=True) for x in row])
-            finally:
-                for f in pending:
-                    f.cancel()
-                heartbeat.cancel()
-        except asyncio.CancelledError:
-            self.stop()
-            raise
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self._fail(e)
+            while not self.stopped:
+                replies = await asyncio.gather(*pending)
+                first += k
+                pending = request(first)
+                columns = [raise_for_status(r, "coordinated read")["elements"].items
+                           for r in replies]
+                await self.channel.put([x for row in zip(*columns, strict=True) for x in row])
+        finally:
+            for f in pending:
+                f.cancel()
+            heartbeat.cancel()
 
     async def _heartbeats(self) -> None:
         while not self.stopped:

@@ -95,6 +95,8 @@ class ElementBuffer:
 
     #: Elements the producer thread hands over at once (fewer when a consumer waits).
     chunk_size = 256
+    #: Whether a request queued behind another may wait to gather more elements.
+    lingers = True
 
     # -- producer thread ---------------------------------------------------------------
     def put_many(self, items: list, sizes: list | None = None) -> None:
@@ -188,6 +190,8 @@ class SlidingWindowCache(ElementBuffer):
 
     #: Elements the producer hands over at once (small: production follows demand closely).
     chunk_size = 8
+    #: No lingering: a trainer's request would follow production instead of falling behind.
+    lingers = False
 
     def __init__(self, loop, max_bytes: int, lookahead: int = 256):
         super().__init__(loop, max_bytes=max_bytes, max_elements=2**62)
@@ -533,7 +537,7 @@ class DataWorkerPlugin(WorkerPlugin):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dds-worker-io")
         self._closing = False
         #: Counters for tests and dashboards: tasks finished, elements they produced.
-        self.stats = {"tasks_finished": 0, "elements_produced": 0}
+        self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0}
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
@@ -623,7 +627,7 @@ class DataWorkerPlugin(WorkerPlugin):
         if not items and not buf.end_visible and not runner.cancelled:
             await buf.wait(wait)
             items = take()
-        if items and linger > 0 and len(items) < max_elements and type(buf) is ElementBuffer:
+        if items and linger > 0 and len(items) < max_elements and buf.lingers:
             # A request that is not at the head of its consumer's queue collects elements
             # of a slow pipeline for a moment, so that each costs less than a round trip.
             deadline = self.loop.time() + linger
@@ -640,6 +644,7 @@ class DataWorkerPlugin(WorkerPlugin):
                     break
                 await buf.wait(remaining)
         if items:
+            self.stats["batches_served"] += 1
             return {"status": "OK", "elements": to_serialize(ElementBatch(items)), "end_of_sequence": False}
         if buf.end_visible:
             if buf.error is not None:
