@@ -480,3 +480,13 @@ def test_progress_tty_redraws_in_place_and_is_rate_limited():
     assert text.count("\r") == 1  # the first draw only
     assert text.endswith("\n")
     assert "100000/100000" in text.rsplit("\r", 1)[-1]  # the closing draw is complete
+
+
+def test_scheduler_work_dir_and_worker_list_become_config(capsys, tmp_path):
+    assert main(["scheduler", "--work-dir", str(tmp_path / "j"), "--worker-addresses", "w0, w1",
+                 "--port", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "DASK_DATASERVICE__DISPATCHER__FAULT_TOLERANT_MODE=True" in out
+    assert f"DASK_DATASERVICE__DISPATCHER__WORK_DIR={tmp_path / 'j'}" in out
+    assert "DASK_DATASERVICE__DISPATCHER__WORKER_ADDRESSES=" in out and "'w0', 'w1'" in out
+    assert out.rstrip().endswith("--preload dask_dataservice --port 0")
