@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import logging
 import os
 import shlex
@@ -847,7 +848,7 @@ def _run_dask(kind: str, args: argparse.Namespace) -> int:
         env["DASK_DATASERVICE__DISPATCHER__WORK_DIR"] = os.path.abspath(args.work_dir)
     if getattr(args, "worker_addresses", None):
         names = [a.strip() for a in args.worker_addresses.split(",") if a.strip()]
-        env["DASK_DATASERVICE__DISPATCHER__WORKER_ADDRESSES"] = repr(names)
+        env["DASK_DATASERVICE__DISPATCHER__WORKER_ADDRESSES"] = json.dumps(names)
     if args.dry_run:
         extra = {k: v for k, v in env.items() if os.environ.get(k) != v}
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items())) + (" " if extra else "")
