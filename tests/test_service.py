@@ -23,7 +23,7 @@ from distributed import Nanny, Worker
 from distributed.utils_test import gen_cluster
 
 import dask_dataservice as dds
-from dask_dataservice.service._core import ShardingPolicy
+from dask_dataservice.service._sharding import ShardingPolicy
 from dask_dataservice.service._exceptions import DatasetNotFoundError
 from dask_dataservice.service.client import _install_async
 from dask_dataservice.service.dispatcher import PLUGIN_NAME, DispatcherPlugin

@@ -7,6 +7,8 @@ The errors pickle, so a parameter server can send one back as a value.
 
 from __future__ import annotations
 
+from .._exceptions import PlainMessage
+
 __all__ = [
     "ParameterServerError",
     "VariableNotFoundError",
@@ -16,12 +18,8 @@ __all__ = [
 ]
 
 
-class ParameterServerError(RuntimeError):
+class ParameterServerError(PlainMessage, RuntimeError):
     """Base class of every error parameter-server training raises on purpose."""
-
-    def __str__(self) -> str:
-        # KeyError.__str__ would quote the message; keep it plain.
-        return BaseException.__str__(self)
 
 
 class VariableNotFoundError(ParameterServerError, KeyError):

@@ -44,7 +44,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import run_in_executor_with_context, sync
 
 from .. import config
-from ..service._core import error_message
+from .._rpc import error_message
 from . import _transport
 from ._exceptions import ParameterServerError, ParameterServerUnavailableError
 from .strategy import ParameterServerStrategy, _roles

@@ -23,7 +23,7 @@ chose (``"<strategy>/<name>"`` or ``"<strategy>/<name>/part_<i>"``).
   re-run after its worker died does not apply the updates its first run already landed.
   The coordinator tells the PSs to forget finished functions (``ps_forget``).
 - **Replies are dicts**; arrays travel as ``to_serialize`` frames; expected errors travel as
-  ``error_message(e)`` values (see :func:`dask_dataservice.service._core.raise_for_status`).
+  ``error_message(e)`` values (see :func:`dask_dataservice._rpc.raise_for_status`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from distributed.utils import run_in_executor_with_context
 from zarr.storage import LocalStore, MemoryStore
 
 from .. import config
-from ..service._core import error_message
+from .._rpc import error_message
 from . import optimizers
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
 

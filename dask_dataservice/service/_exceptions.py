@@ -17,9 +17,13 @@ handler can send one back to a client.
 
 from __future__ import annotations
 
+from .._exceptions import PlainMessage
+from .._rpc import ServerClosingError
+
 __all__ = [
     "DataServiceError",
     "DatasetNotFoundError",
+    "DispatcherUnavailableError",
     "IllegalUpdateError",
     "IterationClientNotFoundError",
     "IterationNotFoundError",
@@ -31,13 +35,8 @@ __all__ = [
 ]
 
 
-class DataServiceError(RuntimeError):
+class DataServiceError(PlainMessage, RuntimeError):
     """Base class of every error the data service raises on purpose."""
-
-    def __str__(self) -> str:
-        # ``KeyError.__str__`` comes before ``BaseException.__str__`` in the MRO of the
-        # ``*NotFoundError`` classes and would quote the message. Use the plain form.
-        return BaseException.__str__(self)
 
 
 class DatasetNotFoundError(DataServiceError, KeyError):
@@ -82,3 +81,7 @@ class StaleEpochError(DataServiceError):
 
 class JobNameInUseError(DataServiceError, ValueError):
     """A live job already has this name."""
+
+
+class DispatcherUnavailableError(ServerClosingError):
+    """The dispatcher is shutting down (or restarting); retry against the next one."""

@@ -33,7 +33,8 @@ from distributed.utils import sync
 from .. import config
 from ..data import Dataset
 from ..data._base import UNKNOWN, IterContext, Op
-from ._core import ShardingPolicy, parse_processing_mode, raise_for_status
+from ._messages import raise_for_status
+from ._sharding import ShardingPolicy, parse_processing_mode
 from ._exceptions import DataServiceError
 from .worker import worker_host
 

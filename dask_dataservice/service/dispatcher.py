@@ -31,7 +31,8 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import config
 from ..data._base import INFINITE, UNKNOWN
-from ._core import ShardingPolicy, error_message, parse_processing_mode
+from .._rpc import error_message
+from ._sharding import ShardingPolicy, parse_processing_mode
 from ._exceptions import (
     DataServiceError,
     DatasetNotFoundError,

@@ -37,7 +37,9 @@ from distributed.utils import run_in_executor_with_context
 from .. import config
 from ..data.splits import ListSplitProvider, SplitProvider
 from ..data.structure import nbytes
-from ._core import ElementBatch, ShardingPolicy, error_message, raise_for_status
+from .._rpc import error_message
+from ._messages import ElementBatch, raise_for_status
+from ._sharding import ShardingPolicy
 from ._exceptions import DataServiceError
 
 logger = logging.getLogger(__name__)

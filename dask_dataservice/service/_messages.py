@@ -1,0 +1,96 @@
+"""The wire protocol of the data service: every message shape in one place.
+
+Request/response handlers answer dicts (``{"status": "OK", ...}``, see :mod:`dask_dataservice._rpc`);
+the shapes of those that carry structure are the TypedDicts below, so the dispatcher, the data
+workers and the readers agree on field names instead of list positions.
+
+- :class:`TaskDef`: what a data worker needs to run a task (dispatcher → worker, pushed with the
+  stream op ``dataservice-tasks`` and answered to heartbeats).
+- :class:`TaskInfo` / :class:`IterationView`: what a reader sees of an iteration (dispatcher →
+  client, in replies to ``get_or_create_iteration`` and client heartbeats).
+- :class:`ElementBatch`: a list of elements: one pickle (protocol 5) of the list, with every numpy
+  buffer out of band as its own zero-copy frame.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import TypedDict
+
+from distributed.protocol import dask_deserialize, dask_serialize
+
+__all__ = ["ElementBatch", "IterationView", "TaskDef", "TaskInfo", "raise_for_status"]
+
+
+class TaskDef(TypedDict):
+    """A task as a data worker runs it."""
+
+    task_id: int
+    iteration_id: int
+    job_id: int
+    dataset_id: int
+    #: ``int(ShardingPolicy)``; FILE_OR_DATA is already resolved to FILE or DATA.
+    processing_mode: int
+    #: Static sharding: this worker's shard (its index in the job's worker list), else None.
+    worker_index: int | None
+    #: Static sharding: the number of shards (workers in the job's list), else None.
+    num_workers: int | None
+    #: Coordinated reads: the number of consumers, else None.
+    num_consumers: int | None
+    #: Whether the job uses the cross-trainer cache.
+    cross_trainer_cache: bool
+
+
+class TaskInfo(TypedDict):
+    """One task of an iteration, as a reader sees it."""
+
+    task_id: int
+    worker_address: str
+    #: ``"active"``, ``"finished"`` or ``"lost"``.
+    status: str
+
+
+class IterationView(TypedDict, total=False):
+    """What a reader knows of an iteration."""
+
+    tasks: list[TaskInfo]
+    finished: bool
+    garbage_collected: bool
+    processing_mode: str
+    num_consumers: int | None
+
+
+class ElementBatch:
+    """A list of elements on the wire (see the module docstring)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dask_serialize.register(ElementBatch)
+def _serialize_batch(batch: ElementBatch) -> tuple[dict, list]:
+    buffers: list = []
+    data = pickle.dumps(batch.items, protocol=5, buffer_callback=buffers.append)
+    return {"buffers": len(buffers)}, [data, *(b.raw() for b in buffers)]
+
+
+@dask_deserialize.register(ElementBatch)
+def _deserialize_batch(header: dict, frames: list) -> ElementBatch:
+    return ElementBatch(pickle.loads(frames[0], buffers=frames[1:]))
+
+
+def raise_for_status(response, what: str = "request") -> dict:
+    """:func:`dask_dataservice._rpc.raise_for_status` with the data service's errors."""
+    from .._rpc import raise_for_status as _raise_for_status
+    from ._exceptions import DispatcherUnavailableError
+
+    return _raise_for_status(
+        response, what,
+        missing=("is dask_dataservice installed on this cluster? (dds.install(client), or start "
+                 "the scheduler and workers with --preload dask_dataservice)"),
+        closing_error=DispatcherUnavailableError)
