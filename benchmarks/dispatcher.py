@@ -106,6 +106,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import fs_type
+
 TARGET_RPS = 5000
 TARGET_ADDED_MS = 2.0
 DEFAULT_CONCURRENCY = (1, 16, 64, 256)
@@ -647,19 +649,6 @@ def summary(results: list[dict]) -> dict:
     }
 
 
-def _fs_type(path: Path) -> str:
-    best, fstype = "", "unknown"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                _, mount, kind, *_ = line.split()
-                if str(path).startswith(mount) and len(mount) > len(best):
-                    best, fstype = mount, kind
-    except OSError:
-        pass
-    return fstype
-
-
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -712,7 +701,7 @@ def header(args: argparse.Namespace, scratch: Path) -> dict:
                      "for what the rest of the machine used meanwhile"
                      if cpus and cpus <= 4 else None),
         "journal_dir": str(scratch / "journal"),
-        "filesystem": _fs_type(scratch.resolve()),
+        "filesystem": fs_type(scratch.resolve()),
         "concurrency": args.concurrency,
         "warmup_s": args.warmup,
         "runs": args.runs,

@@ -38,20 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import fs_type
+
 from dask_dataservice.service.journal import JournalWriter, encode_record, read_journal
-
-
-def _fs_type(path: Path) -> str:
-    best, fstype = "", "unknown"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                _, mount, kind, *_ = line.split()
-                if str(path).startswith(mount) and len(mount) > len(best):
-                    best, fstype = mount, kind
-    except OSError:
-        pass
-    return fstype
 
 
 def _summary(bench: str, latencies: list[float], seconds: float, **extra) -> dict:
@@ -164,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "bench": "run",
                     "dir": str(scratch),
-                    "filesystem": _fs_type(scratch.resolve()),
+                    "filesystem": fs_type(scratch.resolve()),
                     "records": args.n,
                     "payload_bytes": args.payload,
                     "python": platform.python_version(),
