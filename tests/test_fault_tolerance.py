@@ -109,7 +109,7 @@ def test_fault_tolerant_mode_needs_work_dir():
 
     from distributed import Scheduler
 
-    from dask_dataservice.service.dispatcher import DispatcherPlugin
+    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
 
     async def go():
         s = Scheduler(dashboard_address=":0")

@@ -11,7 +11,7 @@ from distributed.utils_test import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service._exceptions import DataServiceError
-from dask_dataservice.service.dispatcher import PLUGIN_NAME
+from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
 pytestmark = pytest.mark.timeout(60)

@@ -26,7 +26,7 @@ import dask_dataservice as dds
 from dask_dataservice.service._sharding import ShardingPolicy
 from dask_dataservice.service._exceptions import DatasetNotFoundError
 from dask_dataservice.service.client import _install_async
-from dask_dataservice.service.dispatcher import PLUGIN_NAME, DispatcherPlugin
+from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ from distributed.utils_test import gen_cluster
 import dask_dataservice as dds
 from dask_dataservice.data import readers
 from dask_dataservice.service.client import _install_async
-from dask_dataservice.service.dispatcher import PLUGIN_NAME
+from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import current_task
 
 pytestmark = pytest.mark.timeout(60)

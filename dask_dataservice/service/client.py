@@ -178,8 +178,8 @@ def _run(client: Client, coro_fn, *args, **kwargs):
 async def _install_async(client: Client) -> None:
     from distributed.protocol.pickle import dumps
 
-    from .dispatcher import PLUGIN_NAME as DISPATCHER
-    from .dispatcher import DispatcherPlugin
+    from ._dispatcher_plugin import PLUGIN_NAME as DISPATCHER
+    from ._dispatcher_plugin import DispatcherPlugin
     from .worker import PLUGIN_NAME as WORKER
     from .worker import DataWorkerPlugin
 

@@ -11,7 +11,7 @@ from distributed import Scheduler, Worker
 
 
 def dask_setup(server) -> object:
-    from .dispatcher import DispatcherPlugin
+    from ._dispatcher_plugin import DispatcherPlugin
     from .worker import DataWorkerPlugin
 
     if isinstance(server, Scheduler):

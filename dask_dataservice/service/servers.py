@@ -179,7 +179,7 @@ class DispatchServer(_BackgroundServer):
         async def make():
             from distributed import Scheduler
 
-            from .dispatcher import DispatcherPlugin
+            from ._dispatcher_plugin import DispatcherPlugin
 
             scheduler = Scheduler(
                 host=cfg.host, port=cfg.port, protocol=self._protocol, dashboard_address=":0",

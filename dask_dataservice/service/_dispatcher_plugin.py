@@ -30,9 +30,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
+from .._rpc import handler
 from ..data._base import INFINITE, UNKNOWN
-from .._rpc import error_message
-from ._sharding import ShardingPolicy, parse_processing_mode
 from ._exceptions import (
     DataServiceError,
     DatasetNotFoundError,
@@ -41,6 +40,8 @@ from ._exceptions import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
+from ._messages import IterationView, TaskDef, TaskInfo
+from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from .state import (
     AckSplits,
     AcquireIterationClient,
@@ -64,32 +65,27 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dataservice-dispatcher"
 
-#: Static sharding policies: they need a fixed list of workers (``worker_addresses``).
-_STATIC_MODES = {ShardingPolicy.FILE, ShardingPolicy.DATA, ShardingPolicy.FILE_OR_DATA,
-                 ShardingPolicy.HINT}
 
 
 def _durable(method):
     """Make a mutating handler reply only once its updates are in the journal.
 
     The handler runs synchronously (validate → journal append → apply, with no other
-    handler in between); its reply then waits for the journal's group commit. Records are
-    made durable in order, so waiting for the newest covers every update the reply can
-    depend on: no client ever sees an effect that a crash could undo.
+    handler in between); its reply (or its error) then waits for the journal's group commit.
+    Records are made durable in order, so waiting for the newest covers every update the
+    reply can depend on: no client ever sees an effect that a crash could undo. Errors
+    travel as values (:func:`~dask_dataservice._rpc.handler`).
     """
 
+    @handler
     @functools.wraps(method)
     async def wrapper(self, *args, **kwargs):
         if self._closed:  # shutting down: callers retry against the next dispatcher
             return {"status": "closing"}
-        reply = method(self, *args, **kwargs)
-        tail = self._journal_tail
-        if tail is not None:
-            try:
-                await asyncio.shield(tail)
-            except Exception as e:  # noqa: BLE001
-                return error_message(DataServiceError(f"the dispatcher's journal failed: {e!r}"))
-        return reply
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            await self._wait_durable()
 
     return wrapper
 
@@ -317,6 +313,16 @@ class DispatcherPlugin(SchedulerPlugin):
 
         tail.add_done_callback(send)
 
+    async def _wait_durable(self) -> None:
+        """Wait until every update applied so far is in the journal (no-op without one)."""
+        tail = self._journal_tail
+        if tail is None:
+            return
+        try:
+            await asyncio.shield(tail)
+        except Exception as e:  # noqa: BLE001 - reported to the caller as a service error
+            raise DataServiceError(f"the dispatcher's journal failed: {e!r}") from e
+
     def _journal_done(self, fut) -> None:
         if fut.cancelled():
             return
@@ -332,116 +338,99 @@ class DispatcherPlugin(SchedulerPlugin):
                          num_splits: int, element_spec: bytes | None = None,
                          metadata: dict | None = None, compression: str | None = None) -> dict:
         try:
-            try:
-                dataset_id = self.state.dataset_by_fingerprint(fingerprint).dataset_id
-            except DatasetNotFoundError:
-                dataset_id = self.state.next_dataset_id()
-                self._apply(RegisterDataset(
-                    dataset_id=dataset_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
-                    splits=bytes(splits or b""), num_splits=int(num_splits),
-                    element_spec=element_spec, metadata=dict(metadata or {}),
-                    compression=compression,
-                ))
-            return {"status": "OK", "dataset_id": dataset_id}
-        except Exception as e:  # noqa: BLE001 - errors travel as values
-            return error_message(e)
+            dataset_id = self.state.dataset_by_fingerprint(fingerprint).dataset_id
+        except DatasetNotFoundError:
+            dataset_id = self.state.next_dataset_id()
+            self._apply(RegisterDataset(
+                dataset_id=dataset_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
+                splits=bytes(splits or b""), num_splits=int(num_splits),
+                element_spec=element_spec, metadata=dict(metadata or {}),
+                compression=compression,
+            ))
+        return {"status": "OK", "dataset_id": dataset_id}
 
+    @handler
     def get_dataset(self, dataset_id: int) -> dict:
-        try:
-            ds = self.state.dataset(dataset_id)
-            return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
-                    "num_splits": ds.num_splits}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+        ds = self.state.dataset(dataset_id)
+        return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
+                "num_splits": ds.num_splits}
 
     @_durable
     def get_or_create_job(self, dataset_id: int, processing_mode: Any, job_name: str | None = None,
                           num_consumers: int | None = None, target_workers: str = "AUTO",
                           cross_trainer_cache: bool = False) -> dict:
-        try:
-            mode = parse_processing_mode(processing_mode)
-            dataset = self.state.dataset(dataset_id)
-            mode = self._check_mode(mode, dataset)
-            if num_consumers is not None:
-                _require_shared_infinite("coordinated reads", job_name, dataset)
-            if cross_trainer_cache:
-                _require_shared_infinite("the cross-trainer cache", job_name, dataset)
-            if job_name is not None:
-                try:
-                    job = self.state.job_by_name(job_name)
-                except JobNotFoundError:
-                    job = None
-                if job is not None:
-                    if job.num_consumers != num_consumers:
-                        raise ValueError(
-                            f"job {job_name!r} was created with num_consumers="
-                            f"{job.num_consumers}, not {num_consumers}"
-                        )
-                    if job.dataset_id != dataset_id or job.processing_mode != mode.name:
-                        raise ValueError(
-                            f"job {job_name!r} already exists for dataset {job.dataset_id} with "
-                            f"processing mode {job.processing_mode}; it cannot be shared with "
-                            f"dataset {dataset_id} in mode {mode.name}"
-                        )
-                    return {"status": "OK", "job_id": job.job_id}
-            job_id = self.state.next_job_id()
-            self._apply(CreateJob(
-                job_id=job_id, job_name=job_name, dataset_id=dataset_id,
-                processing_mode=mode.name, num_consumers=num_consumers,
-                target_workers=str(target_workers).upper(),
-                cross_trainer_cache=bool(cross_trainer_cache),
-            ))
-            return {"status": "OK", "job_id": job_id}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+        mode = parse_processing_mode(processing_mode)
+        dataset = self.state.dataset(dataset_id)
+        mode = self._check_mode(mode, dataset)
+        if num_consumers is not None:
+            _require_shared_infinite("coordinated reads", job_name, dataset)
+        if cross_trainer_cache:
+            _require_shared_infinite("the cross-trainer cache", job_name, dataset)
+        if job_name is not None:
+            try:
+                job = self.state.job_by_name(job_name)
+            except JobNotFoundError:
+                job = None
+            if job is not None:
+                if job.num_consumers != num_consumers:
+                    raise ValueError(
+                        f"job {job_name!r} was created with num_consumers="
+                        f"{job.num_consumers}, not {num_consumers}"
+                    )
+                if job.dataset_id != dataset_id or job.processing_mode != mode.name:
+                    raise ValueError(
+                        f"job {job_name!r} already exists for dataset {job.dataset_id} with "
+                        f"processing mode {job.processing_mode}; it cannot be shared with "
+                        f"dataset {dataset_id} in mode {mode.name}"
+                    )
+                return {"status": "OK", "job_id": job.job_id}
+        job_id = self.state.next_job_id()
+        self._apply(CreateJob(
+            job_id=job_id, job_name=job_name, dataset_id=dataset_id,
+            processing_mode=mode.name, num_consumers=num_consumers,
+            target_workers=str(target_workers).upper(),
+            cross_trainer_cache=bool(cross_trainer_cache),
+        ))
+        return {"status": "OK", "job_id": job_id}
 
     @_durable
     def get_or_create_iteration(self, job_id: int, repetition: int = 0) -> dict:
+        job = self.state.job(job_id)
         try:
-            job = self.state.job(job_id)
-            try:
-                iteration = self.state.iteration_by_key(job_id, repetition)
-            except IterationNotFoundError:
-                iteration = None
-            if iteration is None:
-                iteration_id = self.state.next_iteration_id()
-                self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
-                                            repetition=repetition))
-                for worker in self.state.list_workers():
-                    self._create_task(iteration_id, worker.address, job)
-            else:
-                iteration_id = iteration.iteration_id
-                if iteration.garbage_collected:
-                    raise DataServiceError(
-                        f"iteration {iteration_id} of job {job_id} was garbage collected"
-                    )
-            self._idle_iterations.discard(iteration_id)
-            client_id = self.state.next_iteration_client_id()
-            self._apply(AcquireIterationClient(
-                iteration_client_id=client_id, iteration_id=iteration_id, time_micros=_now_micros()
-            ))
-            return {"status": "OK", "iteration_id": iteration_id, "iteration_client_id": client_id,
-                    **self._iteration_view(iteration_id)}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+            iteration = self.state.iteration_by_key(job_id, repetition)
+        except IterationNotFoundError:
+            iteration = None
+        if iteration is None:
+            iteration_id = self.state.next_iteration_id()
+            self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
+                                        repetition=repetition))
+            for worker in self.state.list_workers():
+                self._create_task(iteration_id, worker.address, job)
+        else:
+            iteration_id = iteration.iteration_id
+            if iteration.garbage_collected:
+                raise DataServiceError(
+                    f"iteration {iteration_id} of job {job_id} was garbage collected"
+                )
+        self._idle_iterations.discard(iteration_id)
+        client_id = self.state.next_iteration_client_id()
+        self._apply(AcquireIterationClient(
+            iteration_client_id=client_id, iteration_id=iteration_id, time_micros=_now_micros()
+        ))
+        return {"status": "OK", "iteration_id": iteration_id, "iteration_client_id": client_id,
+                **self._iteration_view(iteration_id)}
 
     @_durable
     def client_heartbeat(self, iteration_client_id: int) -> dict:
-        try:
-            client = self.state.iteration_client(iteration_client_id)
-            self._apply(ClientHeartbeat(iteration_client_id=iteration_client_id,
-                                        time_micros=_now_micros()))
-            return {"status": "OK", **self._iteration_view(client.iteration_id)}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+        client = self.state.iteration_client(iteration_client_id)
+        self._apply(ClientHeartbeat(iteration_client_id=iteration_client_id,
+                                    time_micros=_now_micros()))
+        return {"status": "OK", **self._iteration_view(client.iteration_id)}
 
     @_durable
     def release_iteration_client(self, iteration_client_id: int) -> dict:
-        try:
-            self._release_client(iteration_client_id)
-            return {"status": "OK"}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+        self._release_client(iteration_client_id)
+        return {"status": "OK"}
 
     # Handlers: data workers
     ########################
@@ -452,94 +441,87 @@ class DispatcherPlugin(SchedulerPlugin):
         ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
         indices returned). O(count).
         """
-        try:
-            current, index, num_splits = self.state.split_position(iteration_id)
-            if self.state.task_status(task_id) != "active" or repetition < current:
-                return {"status": "OK", "split_indices": [], "end_of_splits": True}
-            if repetition > current:
-                raise DataServiceError(
-                    f"task {task_id} asked for repetition {repetition} of iteration "
-                    f"{iteration_id}, which is only at repetition {current}"
-                )
-            indices: list[int] = []
-            for _ in range(max(1, min(int(count), 1024))):
-                finished = index >= num_splits
-                self._apply(ProduceSplit(iteration_id=iteration_id, repetition=repetition,
-                                         index=index, task_id=task_id, finished=finished))
-                if finished:
-                    return {"status": "OK", "split_indices": indices, "end_of_splits": True}
-                indices.append(index)
-                index += 1
-            return {"status": "OK", "split_indices": indices, "end_of_splits": False}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+        current, index, num_splits = self.state.split_position(iteration_id)
+        if self.state.task_status(task_id) != "active" or repetition < current:
+            return {"status": "OK", "split_indices": [], "end_of_splits": True}
+        if repetition > current:
+            raise DataServiceError(
+                f"task {task_id} asked for repetition {repetition} of iteration "
+                f"{iteration_id}, which is only at repetition {current}"
+            )
+        indices: list[int] = []
+        for _ in range(max(1, min(int(count), 1024))):
+            finished = index >= num_splits
+            self._apply(ProduceSplit(iteration_id=iteration_id, repetition=repetition,
+                                     index=index, task_id=task_id, finished=finished))
+            if finished:
+                return {"status": "OK", "split_indices": indices, "end_of_splits": True}
+            indices.append(index)
+            index += 1
+        return {"status": "OK", "split_indices": indices, "end_of_splits": False}
 
     @_durable
     def ack_splits(self, task_id: int, repetition: int) -> dict:
         """A task is done with every split it holds of ``repetition`` and before."""
         try:
             held = self.state.task_splits(task_id)
-            if held and held[0][0] <= repetition:
-                self._apply(AckSplits(task_id=task_id, repetition=repetition, index=2**62))
-            return {"status": "OK"}
         except TaskNotFoundError:
-            return {"status": "OK"}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+            return {"status": "OK"}  # garbage collected meanwhile
+        if held and held[0][0] <= repetition:
+            self._apply(AckSplits(task_id=task_id, repetition=repetition, index=2**62))
+        return {"status": "OK"}
 
     @_durable
     def finish_task(self, task_id: int, error: bool = False) -> dict:
         try:
-            task = self.state.task(task_id)
-            if task.status == "active":
-                self._apply(FinishTask(task_id=task_id))
-            return {"status": "OK"}
+            status = self.state.task_status(task_id)
         except TaskNotFoundError:
             return {"status": "OK"}  # garbage collected meanwhile
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+        if status == "active":
+            self._apply(FinishTask(task_id=task_id))
+        return {"status": "OK"}
 
     @_durable
     def worker_heartbeat(self, address: str, host: str, nthreads: int,
                          active_tasks: list | tuple = (), finished_tasks: list | tuple = ()) -> dict:
         """Register a data worker if needed and tell it which tasks to start and drop."""
+        ws = self.scheduler.workers.get(address)
+        if ws is None:
+            return {"status": "OK", "new_tasks": [], "cancelled": list(active_tasks)}
         try:
-            ws = self.scheduler.workers.get(address)
-            if ws is None:
-                return {"status": "OK", "new_tasks": [], "cancelled": list(active_tasks)}
+            known = self.state.worker(address).registered
+        except WorkerNotFoundError:
+            known = False
+        if not known:
+            self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
+                                       resources=dict(ws.resources)))
+            for iteration in self.state.list_iterations():
+                if iteration.status == "garbage_collected":
+                    continue
+                job = self.state.job(iteration.job_id)
+                if job.num_consumers is not None:
+                    continue  # coordinated reads: the task list is fixed at the start
+                # a running iteration, or a static one still missing a shard (the state
+                # keeps it running until every shard of its worker list finished)
+                if iteration.status == "running" or (
+                    ShardingPolicy[job.processing_mode] in STATIC_POLICIES
+                    and not self._iteration_view(iteration.iteration_id)["finished"]
+                ):
+                    self._create_task(iteration.iteration_id, address, job, push=False)
+        for tid in finished_tasks:
             try:
-                known = self.state.worker(address).registered
-            except WorkerNotFoundError:
-                known = False
-            if not known:
-                self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
-                                           resources=dict(ws.resources)))
-                for iteration in self.state.list_iterations():
-                    if iteration.status == "garbage_collected":
-                        continue
-                    job = self.state.job(iteration.job_id)
-                    if job.num_consumers is not None:
-                        continue  # coordinated reads: the task list is fixed at the start
-                    if iteration.status == "running" or (
-                        ShardingPolicy[job.processing_mode] in _STATIC_MODES
-                        and not self._iteration_view(iteration.iteration_id)["finished"]
-                    ):
-                        self._create_task(iteration.iteration_id, address, job, push=False)
-            for tid in finished_tasks:
-                try:
-                    if self.state.task(tid).status == "active":
-                        self._apply(FinishTask(task_id=tid))
-                except TaskNotFoundError:
-                    pass
-            reported = set(active_tasks) | set(finished_tasks)
-            assigned = {t.task_id: t for t in self.state.tasks_for_worker(address)}
-            new_tasks = [self._task_def(t) for tid, t in assigned.items()
-                         if tid not in reported and t.status == "active"]
-            cancelled = [tid for tid in reported if not self._task_exists(tid)]
-            return {"status": "OK", "new_tasks": new_tasks, "cancelled": cancelled}
-        except Exception as e:  # noqa: BLE001
-            return error_message(e)
+                if self.state.task_status(tid) == "active":
+                    self._apply(FinishTask(task_id=tid))
+            except TaskNotFoundError:
+                pass
+        reported = set(active_tasks) | set(finished_tasks)
+        assigned = {t.task_id: t for t in self.state.tasks_for_worker(address)}
+        new_tasks = [self._task_def(t) for tid, t in assigned.items()
+                     if tid not in reported and t.status == "active"]
+        cancelled = [tid for tid in reported if not self._task_exists(tid)]
+        return {"status": "OK", "new_tasks": new_tasks, "cancelled": cancelled}
 
+    @handler
     def state_summary(self) -> dict:
         """A plain-data view of the dispatcher, for tests, dashboards and debugging."""
         s = self.state
@@ -554,10 +536,11 @@ class DispatcherPlugin(SchedulerPlugin):
                 it.iteration_id: {
                     "job_id": it.job_id, "repetition": it.repetition, "status": it.status,
                     "num_clients": it.num_clients,
-                    "tasks": {} if it.garbage_collected else {
-                        t.task_id: [t.worker_address, t.status]
+                    "tasks": [] if it.garbage_collected else [
+                        TaskInfo(task_id=t.task_id, worker_address=t.worker_address,
+                                 status=t.status)
                         for t in s.tasks_for_iteration(it.iteration_id)
-                    },
+                    ],
                     "lost_splits": [list(x) for x in s.lost_splits(it.iteration_id)],
                 }
                 for it in s.list_iterations()
@@ -573,7 +556,7 @@ class DispatcherPlugin(SchedulerPlugin):
     def _create_task(self, iteration_id: int, address: str, job, push: bool = True) -> None:
         if not self._is_data_worker(address):
             return
-        if ShardingPolicy[job.processing_mode] in _STATIC_MODES and \
+        if ShardingPolicy[job.processing_mode] in STATIC_POLICIES and \
                 self._worker_index(address) is None:
             return  # not one of the fixed workers
         task_id = self.state.next_task_id()
@@ -583,17 +566,17 @@ class DispatcherPlugin(SchedulerPlugin):
                 "op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
                 "cancelled": []})
 
-    def _task_def(self, task) -> dict:
+    def _task_def(self, task) -> TaskDef:
         iteration = self.state.iteration(task.iteration_id)
         job = self.state.job(iteration.job_id)
         mode = ShardingPolicy[job.processing_mode]
-        index = self._worker_index(task.worker_address) if mode in _STATIC_MODES else None
-        return {"task_id": task.task_id, "iteration_id": task.iteration_id, "job_id": job.job_id,
-                "dataset_id": job.dataset_id, "processing_mode": int(mode),
-                "worker_index": index,
-                "num_workers": len(self.worker_addresses) if index is not None else None,
-                "num_consumers": job.num_consumers,
-                "cross_trainer_cache": job.cross_trainer_cache}
+        index = self._worker_index(task.worker_address) if mode in STATIC_POLICIES else None
+        return TaskDef(task_id=task.task_id, iteration_id=task.iteration_id, job_id=job.job_id,
+                       dataset_id=job.dataset_id, processing_mode=int(mode),
+                       worker_index=index,
+                       num_workers=len(self.worker_addresses) if index is not None else None,
+                       num_consumers=job.num_consumers,
+                       cross_trainer_cache=job.cross_trainer_cache)
 
     # Static sharding
     #################
@@ -604,7 +587,7 @@ class DispatcherPlugin(SchedulerPlugin):
             raise ValueError(
                 f"dataset {dataset.dataset_id} cannot be read with DYNAMIC sharding: {reason}"
             )
-        if mode not in _STATIC_MODES:
+        if mode not in STATIC_POLICIES:
             return mode
         if not self.worker_addresses:
             raise ValueError(
@@ -649,21 +632,23 @@ class DispatcherPlugin(SchedulerPlugin):
         except TaskNotFoundError:
             return False
 
-    def _iteration_view(self, iteration_id: int) -> dict:
+    def _iteration_view(self, iteration_id: int) -> IterationView:
         iteration = self.state.iteration(iteration_id)
         if iteration.garbage_collected:
-            return {"tasks": [], "finished": True, "garbage_collected": True}
+            return IterationView(tasks=[], finished=True, garbage_collected=True)
         task_list = self.state.tasks_for_iteration(iteration_id)
-        tasks = [[t.task_id, t.worker_address, t.status] for t in task_list]
+        tasks = [TaskInfo(task_id=t.task_id, worker_address=t.worker_address, status=t.status)
+                 for t in task_list]
         finished = iteration.finished
         job = self.state.job(iteration.job_id)
-        if finished and ShardingPolicy[job.processing_mode] in _STATIC_MODES:
+        if finished and ShardingPolicy[job.processing_mode] in STATIC_POLICIES:
             # static sharding: done only when every listed worker finished its shard
             done = {self._worker_index(t.worker_address) for t in task_list
                     if t.status == "finished"}
             finished = done >= set(range(len(self.worker_addresses)))
-        return {"tasks": tasks, "finished": finished, "garbage_collected": False,
-                "processing_mode": job.processing_mode, "num_consumers": job.num_consumers}
+        return IterationView(tasks=tasks, finished=finished, garbage_collected=False,
+                             processing_mode=job.processing_mode,
+                             num_consumers=job.num_consumers)
 
     def _release_client(self, iteration_client_id: int) -> None:
         client = self.state.iteration_client(iteration_client_id)
