@@ -1,0 +1,511 @@
+"""The journal's on-disk format and its reader (see :mod:`.journal` for the specification).
+
+Constants, errors, record framing, segment files and the scanning reader that checks every
+CRC and cuts a torn tail; :mod:`.journal` adds the group-commit writer on top.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import sys
+import warnings
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+from dask_dataservice.service._exceptions import DataServiceError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_RECORD_SIZE",
+    "JournalClosedError",
+    "JournalCorruptedError",
+    "JournalError",
+    "JournalRecord",
+    "JournalTornTailWarning",
+    "encode_record",
+    "list_segments",
+    "read_journal",
+    "scan_journal",
+    "segment_path",
+]
+
+#: First 8 bytes of every segment.
+MAGIC = b"DDSJRNL\x00"
+#: Format version written in (and required of) every segment header.
+FORMAT_VERSION = 1
+#: Largest payload a record can hold (the length field is a u32).
+MAX_RECORD_SIZE = 0xFFFF_FFFF
+
+_SEGMENT_HEADER = struct.Struct("<8sII")  # magic, version, header_crc
+_RECORD_HEADER = struct.Struct("<III")  # length, length_crc, payload_crc
+_LENGTH = struct.Struct("<I")
+_SEGMENT_RE = re.compile(r"journal_(\d+)")
+_SEGMENT_DIGITS = 8
+_MASK_DELTA = 0xA282_EAD8
+_SECTOR = 512
+_READ_BUFFER = 1 << 20
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+class JournalError(DataServiceError):
+    """Base class of the journal's errors (a :class:`RuntimeError`)."""
+
+
+class JournalCorruptedError(JournalError):
+    """The journal is damaged somewhere a crash cannot explain.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The segment file (or, for a missing segment, the file that follows the gap).
+    offset : int
+        Byte offset in ``path`` of the damaged record or header.
+    reason : str
+        What is wrong, e.g. ``"payload checksum mismatch (...)"``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"journal {self.path} is corrupted at byte offset {offset}: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.offset, self.reason)
+
+
+class JournalClosedError(JournalError):
+    """The writer is closed, or failed after an I/O error, and accepts no more records."""
+
+
+class JournalTornTailWarning(UserWarning):
+    """The last segment ended in a torn record, which was dropped (and, by default, cut off).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The segment file.
+    offset : int
+        Byte offset of the torn record: the journal now ends here.
+    size : int
+        Size of the file before the repair.
+    reason : str
+        How the record was torn.
+    repaired : bool
+        Whether the file was truncated to ``offset``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        offset: int,
+        size: int,
+        reason: str,
+        repaired: bool,
+    ) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.size = size
+        self.reason = reason
+        self.repaired = repaired
+        action = "truncated the file to" if repaired else "ignoring everything from"
+        super().__init__(
+            f"journal {self.path} ends in a torn record at byte offset {offset} "
+            f"(file size {size}): {reason}; {action} byte offset {offset} "
+            f"({size - offset} bytes dropped)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.path, self.offset, self.size, self.reason, self.repaired)
+
+
+# --------------------------------------------------------------------------------------------
+# Framing
+
+
+def _masked_crc(data: bytes | memoryview) -> int:
+    crc = zlib.crc32(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFF_FFFF) + _MASK_DELTA) & 0xFFFF_FFFF
+
+
+def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
+    if type(payload) is bytes:
+        return payload
+    if isinstance(payload, str):
+        raise TypeError("journal payloads are bytes; encode the str first")
+    # Copy mutable buffers now, so that a later change by the caller cannot alter the record.
+    return bytes(memoryview(payload))
+
+
+def _frame(payload: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:
+    body = _as_bytes(payload)
+    length = len(body)
+    if length > MAX_RECORD_SIZE:
+        raise ValueError(f"journal record of {length} bytes exceeds {MAX_RECORD_SIZE} bytes")
+    header = _RECORD_HEADER.pack(length, _masked_crc(_LENGTH.pack(length)), _masked_crc(body))
+    return header, body
+
+
+def encode_record(payload: bytes | bytearray | memoryview) -> bytes:
+    """Return the on-disk bytes of one record: the 12-byte header followed by ``payload``.
+
+    Parameters
+    ----------
+    payload : bytes-like
+        The record's contents, at most :data:`MAX_RECORD_SIZE` bytes.
+
+    Returns
+    -------
+    bytes
+        ``length | length_crc | payload_crc | payload`` (see the module docstring).
+    """
+    header, body = _frame(payload)
+    return header + body
+
+
+def _segment_header() -> bytes:
+    head = _SEGMENT_HEADER.pack(MAGIC, FORMAT_VERSION, 0)[:12]
+    return head + _LENGTH.pack(_masked_crc(head))
+
+
+# --------------------------------------------------------------------------------------------
+# File system helpers
+
+
+def _sync(fd: int) -> None:
+    """Make everything written to ``fd`` durable (data and the size needed to read it)."""
+    if sys.platform == "darwin":  # pragma: no cover - fsync does not flush the drive on macOS
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+    elif hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover
+        os.fsync(fd)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory so that entries created in it survive a crash (POSIX only)."""
+    if os.name == "nt":  # pragma: no cover - directories cannot be opened on Windows
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """Create ``path`` and missing parents, fsyncing each parent that gained an entry."""
+    missing = []
+    p = path.absolute()
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            pass
+        _sync_dir(d.parent)
+    if not path.is_dir():
+        raise NotADirectoryError(f"journal work_dir {path} is not a directory")
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _truncate(path: Path, length: int) -> None:
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_BINARY", 0))
+    try:
+        os.ftruncate(fd, length)
+        _sync(fd)
+    finally:
+        os.close(fd)
+
+
+def segment_path(work_dir: str | os.PathLike[str], number: int) -> Path:
+    """Return the path this module gives segment ``number`` (``journal_`` + 8+ digits).
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory.
+    number : int
+        The segment number.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    return Path(work_dir) / f"journal_{number:0{_SEGMENT_DIGITS}d}"
+
+
+def list_segments(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """List the segments in ``work_dir`` as ``(number, path)`` pairs, in number order.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing directory has no segments.
+
+    Returns
+    -------
+    list of (int, pathlib.Path)
+
+    Raises
+    ------
+    JournalCorruptedError
+        If two files name the same segment number (``journal_7`` and ``journal_007``).
+    """
+    work_dir = Path(work_dir)
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(work_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        m = _SEGMENT_RE.fullmatch(entry.name)
+        if m is None or not entry.is_file():
+            continue
+        number = int(m.group(1))
+        if number in found:
+            raise JournalCorruptedError(
+                entry.path,
+                0,
+                f"segment number {number} is used by both {found[number].name} and {entry.name}",
+            )
+        found[number] = Path(entry.path)
+    return sorted(found.items())
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+class JournalRecord(NamedTuple):
+    """One record read back from the journal, with where it was found."""
+
+    #: The segment file.
+    path: Path
+    #: Byte offset of the record's header in ``path``.
+    offset: int
+    #: The payload.
+    payload: bytes
+
+
+def _rest_is_zero(f: BinaryIO) -> bool:
+    while chunk := f.read(_READ_BUFFER):
+        if chunk.count(0) != len(chunk):
+            return False
+    return True
+
+
+def _has_zero_sector(offset: int, data: bytes) -> bool:
+    """Whether ``data`` (at file ``offset``) has a piece between sector boundaries that is all zero.
+
+    A write torn by a crash leaves whole sectors unwritten, which read back as zeros
+    (etcd's WAL decoder uses the same test, ``isTornEntry``).
+    """
+    view = memoryview(data)
+    start = 0
+    while start < len(view):
+        end = min(len(view), (offset + start) // _SECTOR * _SECTOR + _SECTOR - offset)
+        piece = view[start:end]
+        if piece.tobytes().count(0) == len(piece):
+            return True
+        start = end
+    return False
+
+
+class _Torn(NamedTuple):
+    offset: int
+    size: int
+    reason: str
+
+
+def _scan_segment(
+    path: Path, *, is_last: bool, repair: bool, next_path: Path | None
+) -> Iterator[JournalRecord]:
+    """Yield the records of one segment, handling damage as the module docstring describes."""
+    torn: _Torn | None = None
+
+    def damaged(offset: int, reason: str, tearable: bool) -> _Torn:
+        if tearable and is_last:
+            return _Torn(offset, size, reason)
+        if tearable:
+            reason += (
+                "; a torn record is only allowed at the end of the last segment, "
+                f"and {next_path} follows"
+            )
+        raise JournalCorruptedError(path, offset, reason)
+
+    with open(path, "rb", buffering=_READ_BUFFER) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        head = f.read(_SEGMENT_HEADER.size)
+        if len(head) < _SEGMENT_HEADER.size:
+            torn = damaged(0, f"truncated segment header ({len(head)} of 16 bytes)", True)
+        else:
+            magic, version, header_crc = _SEGMENT_HEADER.unpack(head)
+            if magic != MAGIC or header_crc != _masked_crc(head[:12]):
+                what = (
+                    f"bad magic {magic!r} (expected {MAGIC!r})"
+                    if magic != MAGIC
+                    else "segment header checksum mismatch"
+                )
+                zero = head.count(0) == len(head) and _rest_is_zero(f)
+                if zero:
+                    what = "segment header and everything after it are zero bytes"
+                torn = damaged(0, what, zero)
+            elif version != FORMAT_VERSION:
+                raise JournalCorruptedError(
+                    path,
+                    8,
+                    f"unsupported journal format version {version} (this is {FORMAT_VERSION})",
+                )
+        offset = _SEGMENT_HEADER.size
+        while torn is None and offset < size:
+            remaining = size - offset
+            header = f.read(_RECORD_HEADER.size)
+            if len(header) < _RECORD_HEADER.size:
+                torn = damaged(offset, f"truncated record header ({len(header)} of 12 bytes)", True)
+                break
+            length, length_crc, payload_crc = _RECORD_HEADER.unpack(header)
+            if length_crc != _masked_crc(header[:4]):
+                zero = header.count(0) == len(header) and _rest_is_zero(f)
+                what = (
+                    "record header and everything after it are zero bytes"
+                    if zero
+                    else f"record header checksum mismatch (garbage length {length})"
+                )
+                torn = damaged(offset, what, zero)
+                break
+            end = offset + _RECORD_HEADER.size + length
+            if end > size:
+                torn = damaged(
+                    offset,
+                    f"truncated record: {length}-byte payload needs {end - offset} bytes, "
+                    f"{remaining} left in the file",
+                    True,
+                )
+                break
+            payload = f.read(length)
+            if len(payload) < length:  # the file shrank while we read it
+                torn = damaged(
+                    offset, f"truncated payload ({len(payload)} of {length} bytes)", True
+                )
+                break
+            actual = _masked_crc(payload)
+            if actual != payload_crc:
+                final = end == size
+                tearable = final and _has_zero_sector(offset, header + payload)
+                what = (
+                    f"payload checksum mismatch in the {length}-byte payload at bytes "
+                    f"{offset + _RECORD_HEADER.size}..{end - 1} "
+                    f"(stored 0x{payload_crc:08x}, computed 0x{actual:08x})"
+                )
+                if tearable:
+                    what += ", with an all-zero sector (unwritten when the process crashed)"
+                torn = damaged(offset, what, tearable)
+                break
+            yield JournalRecord(path, offset, payload)
+            offset = end
+
+    if torn is not None:
+        if repair:
+            _truncate(path, torn.offset)
+        warnings.warn(
+            JournalTornTailWarning(path, torn.offset, torn.size, torn.reason, repair),
+            stacklevel=4,
+        )
+
+
+def scan_journal(
+    work_dir: str | os.PathLike[str], *, repair: bool = True
+) -> Iterator[JournalRecord]:
+    """Yield every record of every segment in order, with its file and offset.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing or empty directory is an empty journal.
+    repair : bool, default True
+        Truncate a torn tail off the last segment (and fsync it). With ``False`` the torn
+        record is skipped and warned about but the file is left as it is (for read-only tools).
+
+    Yields
+    ------
+    JournalRecord
+        ``(path, offset, payload)``.
+
+    Raises
+    ------
+    JournalCorruptedError
+        On damage a crash cannot explain (see the module docstring). Records before the
+        damage have already been yielded.
+
+    Warns
+    -----
+    JournalTornTailWarning
+        When the last segment ends in a torn record; the file name and offset are in the message.
+
+    Notes
+    -----
+    The directory is listed when iteration starts. The repair happens when the iteration
+    reaches the torn record; stopping early leaves the file as it is.
+    """
+    segments = list_segments(work_dir)
+    for (prev, _), (number, path) in zip(segments, segments[1:], strict=False):
+        if number != prev + 1:
+            raise JournalCorruptedError(
+                path,
+                0,
+                f"segment {number} follows segment {prev}: segment(s) "
+                f"{prev + 1}..{number - 1} are missing",
+            )
+    for i, (_, path) in enumerate(segments):
+        is_last = i == len(segments) - 1
+        next_path = None if is_last else segments[i + 1][1]
+        yield from _scan_segment(path, is_last=is_last, repair=repair, next_path=next_path)
+
+
+def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
+    """Yield the payload of every record of every segment, in the order they were appended.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing or empty directory is an empty journal.
+    repair : bool, default True
+        Truncate a torn tail off the last segment; see :func:`scan_journal`.
+
+    Yields
+    ------
+    bytes
+
+    Raises
+    ------
+    JournalCorruptedError
+        On damage a crash cannot explain; the message names the file and byte offset.
+
+    Warns
+    -----
+    JournalTornTailWarning
+        When the last segment ends in a torn record.
+    """
+    for record in scan_journal(work_dir, repair=repair):
+        yield record.payload

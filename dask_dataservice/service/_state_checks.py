@@ -1,0 +1,265 @@
+"""The read-only half of :class:`~dask_dataservice.service.state.DispatcherState`: lookups
+that raise the typed errors, and one ``_check_*`` per update kind (raise if illegal, never
+mutate). A mixin: it reads the state's private maps and holds none of its own."""
+
+from __future__ import annotations
+
+import typing
+
+from ._entities import (
+    PROCESSING_MODES,
+    TARGET_WORKERS,
+    Dataset,
+    Iteration,
+    IterationClient,
+    Job,
+    Task,
+    Worker,
+)
+from ._exceptions import (
+    DatasetNotFoundError,
+    IllegalUpdateError,
+    IterationClientNotFoundError,
+    IterationNotFoundError,
+    JobNameInUseError,
+    JobNotFoundError,
+    StaleEpochError,
+    TaskNotFoundError,
+    WorkerNotFoundError,
+)
+from ._updates import (
+    ITERATION_ACCEPTS,
+    JOB_ACCEPTS,
+    TASK_TRANSITIONS,
+    WORKER_ACCEPTS,
+    AckSplits,
+    AcquireIterationClient,
+    ClientHeartbeat,
+    CreateIteration,
+    CreateJob,
+    CreateTask,
+    FinishTask,
+    GarbageCollectIteration,
+    ProduceSplit,
+    RegisterDataset,
+    RegisterWorker,
+    ReleaseIterationClient,
+    RemoveWorker,
+    Update,
+)
+
+
+class StateChecks:
+    """Lookups and preconditions of the dispatcher's state (mixed into ``DispatcherState``)."""
+
+    # -- lookups that raise the typed errors --------------------------------------------------
+
+    def _get_dataset(self, dataset_id: int) -> Dataset:
+        try:
+            return self._datasets[dataset_id]
+        except KeyError:
+            raise DatasetNotFoundError(f"Dataset {dataset_id} not found") from None
+
+    def _get_worker(self, address: str) -> Worker:
+        try:
+            return self._workers[address]
+        except KeyError:
+            raise WorkerNotFoundError(f"Worker {address!r} not found") from None
+
+    def _get_job(self, job_id: int) -> Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise JobNotFoundError(f"Job {job_id} not found") from None
+
+    def _get_iteration(self, iteration_id: int) -> Iteration:
+        try:
+            return self._iterations[iteration_id]
+        except KeyError:
+            raise IterationNotFoundError(f"Iteration {iteration_id} not found") from None
+
+    def _get_task(self, task_id: int) -> Task:
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise TaskNotFoundError(f"Task {task_id} not found") from None
+
+    def _get_iteration_client(self, iteration_client_id: int) -> IterationClient:
+        try:
+            return self._iteration_clients[iteration_client_id]
+        except KeyError:
+            raise IterationClientNotFoundError(
+                f"Iteration client {iteration_client_id} not found"
+            ) from None
+
+    # -- checks: raise on an illegal update, never mutate -------------------------------------
+
+    @staticmethod
+    def _check_fresh(update: Update, kind: str, new_id: int, next_id: int) -> None:
+        if new_id < next_id:
+            _illegal(update, f"{kind} id {new_id} is not fresh (the next {kind} id is {next_id})")
+
+    @staticmethod
+    def _check_time(update: Update, time_micros: int) -> None:
+        if time_micros < 0:
+            _illegal(update, f"time_micros must be >= 0, got {time_micros}")
+
+    @staticmethod
+    def _require_task(task: Task, update: Update) -> None:
+        if type(update) not in TASK_TRANSITIONS[task.status]:
+            _illegal(update, f"task {task.task_id} is {task.status}")
+
+    @staticmethod
+    def _require_iteration(iteration: Iteration, update: Update) -> None:
+        if type(update) not in ITERATION_ACCEPTS[iteration.status]:
+            _illegal(update, f"iteration {iteration.iteration_id} is {iteration.status}")
+
+    def _require_worker(self, address: str, update: Update) -> None:
+        worker = self._workers.get(address)
+        status = "unknown" if worker is None else worker.status
+        if type(update) not in WORKER_ACCEPTS[status]:
+            if status == "unknown":
+                self._get_worker(address)  # raises WorkerNotFoundError
+            _illegal(update, f"worker {address!r} is {status}")
+
+    def _check_register_dataset(self, u: RegisterDataset) -> None:
+        self._check_fresh(u, "dataset", u.dataset_id, self._next_dataset_id)
+        existing = self._dataset_by_fingerprint.get(u.fingerprint)
+        if existing is not None:
+            _illegal(
+                u, f"fingerprint {u.fingerprint!r} is already registered as dataset {existing}"
+            )
+        if u.num_splits < -1:
+            _illegal(u, f"num_splits must be >= 0, or -1 if not splittable; got {u.num_splits}")
+
+    def _check_register_worker(self, u: RegisterWorker) -> None:
+        self._require_worker(u.address, u)
+
+    def _check_remove_worker(self, u: RemoveWorker) -> None:
+        self._require_worker(u.address, u)
+
+    def _check_create_job(self, u: CreateJob) -> None:
+        self._check_fresh(u, "job", u.job_id, self._next_job_id)
+        dataset = self._get_dataset(u.dataset_id)
+        if u.processing_mode not in PROCESSING_MODES:
+            _illegal(
+                u,
+                f"processing_mode must be one of {sorted(PROCESSING_MODES)}, got {u.processing_mode!r}",
+            )
+        if u.target_workers not in TARGET_WORKERS:
+            _illegal(
+                u,
+                f"target_workers must be one of {sorted(TARGET_WORKERS)}, got {u.target_workers!r}",
+            )
+        if u.processing_mode == "DYNAMIC" and not dataset.splittable:
+            _illegal(u, f"DYNAMIC sharding needs splits, and dataset {u.dataset_id} has none")
+        if u.num_consumers is not None and u.num_consumers < 1:
+            _illegal(u, f"num_consumers must be >= 1 or None, got {u.num_consumers}")
+        if u.job_name is None:
+            if u.num_consumers is not None:
+                _illegal(u, "coordinated reads (num_consumers) need a job_name")
+            if u.cross_trainer_cache:
+                _illegal(u, "cross_trainer_cache needs a job_name")
+        elif not u.job_name:
+            _illegal(u, "job_name must be a non-empty string or None")
+        elif u.job_name in self._jobs_by_name:
+            raise JobNameInUseError(
+                f"Job name {u.job_name!r} is in use by job {self._jobs_by_name[u.job_name]}"
+            )
+
+    def _check_create_iteration(self, u: CreateIteration) -> None:
+        self._check_fresh(u, "iteration", u.iteration_id, self._next_iteration_id)
+        job = self._get_job(u.job_id)
+        if type(u) not in JOB_ACCEPTS[job.status]:
+            _illegal(u, f"job {u.job_id} is {job.status}")
+        if u.repetition < 0:
+            _illegal(u, f"repetition must be >= 0, got {u.repetition}")
+        if job.job_name is None and (u.repetition != 0 or job.num_iterations):
+            _illegal(u, f"anonymous job {u.job_id} has exactly one iteration, with repetition 0")
+        existing = self._iterations_by_key.get((u.job_id, u.repetition))
+        if existing is not None:
+            _illegal(
+                u, f"job {u.job_id} already has iteration {existing} for repetition {u.repetition}"
+            )
+
+    def _check_create_task(self, u: CreateTask) -> None:
+        self._check_fresh(u, "task", u.task_id, self._next_task_id)
+        self._require_iteration(self._get_iteration(u.iteration_id), u)
+        self._require_worker(u.worker_address, u)
+        existing = self._tasks_by_worker[u.worker_address].get(u.iteration_id)
+        if existing is not None:
+            _illegal(
+                u,
+                f"worker {u.worker_address!r} already runs task {existing} "
+                f"of iteration {u.iteration_id}",
+            )
+
+    def _check_finish_task(self, u: FinishTask) -> None:
+        self._require_task(self._get_task(u.task_id), u)
+
+    def _check_produce_split(self, u: ProduceSplit) -> None:
+        self._require_iteration(self._get_iteration(u.iteration_id), u)
+        cursor = self._split_cursors.get(u.iteration_id)
+        if cursor is None:
+            _illegal(u, f"iteration {u.iteration_id} is not DYNAMIC and has no split cursor")
+        task = self._get_task(u.task_id)
+        if task.iteration_id != u.iteration_id:
+            _illegal(
+                u,
+                f"task {u.task_id} belongs to iteration {task.iteration_id}, not {u.iteration_id}",
+            )
+        self._require_task(task, u)
+        if u.repetition < cursor.repetition:
+            raise StaleEpochError(
+                f"ProduceSplit: repetition {u.repetition} of iteration {u.iteration_id} is stale; "
+                f"the split cursor is at repetition {cursor.repetition}"
+            )
+        if u.repetition > cursor.repetition:
+            _illegal(
+                u,
+                f"repetition {u.repetition} is ahead of the split cursor of iteration "
+                f"{u.iteration_id} (repetition {cursor.repetition})",
+            )
+        if u.index != cursor.next_index:
+            _illegal(u, f"split index {u.index} is not the next index {cursor.next_index}")
+        at_end = cursor.next_index == cursor.num_splits
+        if u.finished and not at_end:
+            _illegal(
+                u,
+                f"finished=True but {cursor.num_splits - cursor.next_index} of "
+                f"{cursor.num_splits} splits of repetition {cursor.repetition} remain",
+            )
+        if at_end and not u.finished:
+            _illegal(u, f"all {cursor.num_splits} splits were handed out; finished must be True")
+
+    def _check_ack_splits(self, u: AckSplits) -> None:
+        self._require_task(self._get_task(u.task_id), u)
+        held = self._splits_in_flight.get(u.task_id)
+        if not held or held[0] > (u.repetition, u.index):
+            _illegal(u, f"task {u.task_id} holds no split at or before ({u.repetition}, {u.index})")
+
+    def _check_acquire_iteration_client(self, u: AcquireIterationClient) -> None:
+        self._check_fresh(
+            u, "iteration client", u.iteration_client_id, self._next_iteration_client_id
+        )
+        self._check_time(u, u.time_micros)
+        self._require_iteration(self._get_iteration(u.iteration_id), u)
+
+    def _check_release_iteration_client(self, u: ReleaseIterationClient) -> None:
+        self._get_iteration_client(u.iteration_client_id)
+        self._check_time(u, u.time_micros)
+
+    def _check_client_heartbeat(self, u: ClientHeartbeat) -> None:
+        self._get_iteration_client(u.iteration_client_id)
+        self._check_time(u, u.time_micros)
+
+    def _check_garbage_collect_iteration(self, u: GarbageCollectIteration) -> None:
+        iteration = self._get_iteration(u.iteration_id)
+        self._require_iteration(iteration, u)
+        if iteration.num_clients:
+            _illegal(u, f"iteration {u.iteration_id} still has {iteration.num_clients} client(s)")
+
+
+
+def _illegal(update: Update, message: str) -> typing.NoReturn:
+    raise IllegalUpdateError(f"{type(update).__name__}: {message}")

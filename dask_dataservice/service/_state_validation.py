@@ -1,0 +1,268 @@
+"""``DispatcherState.validate_state``: every invariant of the dispatcher's state, for tests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._entities import (
+    DATASET_ID_BASE,
+    ITERATION_CLIENT_ID_BASE,
+    ITERATION_ID_BASE,
+    JOB_ID_BASE,
+    PROCESSING_MODES,
+    TARGET_WORKERS,
+    TASK_ID_BASE,
+    derived_finished,
+)
+
+if TYPE_CHECKING:
+    from .state import DispatcherState
+
+
+def validate_state(state: DispatcherState) -> None:
+    """Check every invariant of ``state``; O(size of the state).
+
+    Raises
+    ------
+    AssertionError
+        Naming the first invariant that does not hold.
+    """
+    for name, counter, base, ids in (
+        ("dataset", state._next_dataset_id, DATASET_ID_BASE, state._datasets),
+        ("iteration", state._next_iteration_id, ITERATION_ID_BASE, state._iterations),
+        (
+            "iteration client",
+            state._next_iteration_client_id,
+            ITERATION_CLIENT_ID_BASE,
+            state._iteration_clients,
+        ),
+        ("task", state._next_task_id, TASK_ID_BASE, state._tasks),
+        ("job", state._next_job_id, JOB_ID_BASE, state._jobs),
+    ):
+        _invariant(counter >= base, f"next {name} id {counter} below its base {base}")
+        for used in ids:
+            _invariant(base <= used < counter, f"{name} id {used} outside [{base}, {counter})")
+
+    # Datasets and the fingerprint index are a bijection.
+    for dataset_id, dataset in state._datasets.items():
+        _invariant(
+            dataset.dataset_id == dataset_id, f"dataset {dataset_id} stored under another id"
+        )
+        _invariant(
+            dataset.num_splits >= -1,
+            f"dataset {dataset_id} has num_splits {dataset.num_splits}",
+        )
+        _invariant(
+            state._dataset_by_fingerprint.get(dataset.fingerprint) == dataset_id,
+            f"dataset {dataset_id} missing from the fingerprint index",
+        )
+    _invariant(
+        len(state._dataset_by_fingerprint) == len(state._datasets),
+        "fingerprint index has entries for unknown datasets",
+    )
+
+    # Workers: tasks_by_worker has exactly the registered ones.
+    for address, worker in state._workers.items():
+        _invariant(
+            worker.address == address, f"worker {address!r} stored under another address"
+        )
+        _invariant(
+            (address in state._tasks_by_worker) == worker.registered,
+            f"worker {address!r}: registered={worker.registered} but index disagrees",
+        )
+    _invariant(
+        state._tasks_by_worker.keys() <= state._workers.keys(),
+        "tasks_by_worker has unknown workers",
+    )
+    for address, by_iteration in state._tasks_by_worker.items():
+        for iteration_id, task_id in by_iteration.items():
+            task = state._tasks.get(task_id)
+            _invariant(task is not None, f"worker {address!r} lists unknown task {task_id}")
+            _invariant(
+                task.status == "active"
+                and task.worker_address == address
+                and task.iteration_id == iteration_id,
+                f"worker {address!r} lists task {task_id} wrongly: {task}",
+            )
+
+    # Jobs and the name index.
+    for job_id, job in state._jobs.items():
+        _invariant(job.job_id == job_id, f"job {job_id} stored under another id")
+        _invariant(job.dataset_id in state._datasets, f"job {job_id} reads unknown dataset")
+        _invariant(job.processing_mode in PROCESSING_MODES, f"job {job_id} has a bad mode")
+        _invariant(job.target_workers in TARGET_WORKERS, f"job {job_id} has bad target_workers")
+        if job.processing_mode == "DYNAMIC":
+            _invariant(
+                state._datasets[job.dataset_id].splittable,
+                f"DYNAMIC job {job_id} reads a dataset without splits",
+            )
+        _invariant(
+            job.garbage_collected == (job.num_iterations > 0 and job.num_live_iterations == 0),
+            f"job {job_id}: garbage_collected flag disagrees with its iteration counts",
+        )
+        if job.job_name is None:
+            _invariant(
+                job.num_iterations <= 1, f"anonymous job {job_id} has several iterations"
+            )
+        else:
+            _invariant(
+                (state._jobs_by_name.get(job.job_name) == job_id) != job.garbage_collected,
+                f"job {job_id}: name index disagrees with garbage_collected={job.garbage_collected}",
+            )
+    for job_name, job_id in state._jobs_by_name.items():
+        job = state._jobs.get(job_id)
+        _invariant(
+            job is not None and job.job_name == job_name and not job.garbage_collected,
+            f"job name {job_name!r} indexes job {job_id} wrongly",
+        )
+
+    # Iterations, their keys, their counts and derived flags.
+    num_iterations = dict.fromkeys(state._jobs, 0)
+    num_live = dict.fromkeys(state._jobs, 0)
+    num_clients = dict.fromkeys(state._iterations, 0)
+    for client_id, client in state._iteration_clients.items():
+        _invariant(
+            client.iteration_client_id == client_id,
+            f"client {client_id} stored under another id",
+        )
+        iteration = state._iterations.get(client.iteration_id)
+        _invariant(
+            iteration is not None and not iteration.garbage_collected,
+            f"client {client_id} reads unknown or collected iteration {client.iteration_id}",
+        )
+        num_clients[client.iteration_id] += 1
+    for iteration_id, iteration in state._iterations.items():
+        _invariant(
+            iteration.iteration_id == iteration_id,
+            f"iteration {iteration_id} stored under another id",
+        )
+        job = state._jobs.get(iteration.job_id)
+        _invariant(
+            job is not None, f"iteration {iteration_id} of unknown job {iteration.job_id}"
+        )
+        num_iterations[iteration.job_id] += 1
+        num_live[iteration.job_id] += not iteration.garbage_collected
+        _invariant(
+            state._iterations_by_key.get((iteration.job_id, iteration.repetition))
+            == iteration_id,
+            f"iteration {iteration_id} missing from the key index",
+        )
+        if job.job_name is None:
+            _invariant(iteration.repetition == 0, f"anonymous iteration {iteration_id} repeats")
+        _invariant(
+            iteration.num_clients == num_clients[iteration_id],
+            f"iteration {iteration_id} counts {iteration.num_clients} clients, "
+            f"has {num_clients[iteration_id]}",
+        )
+        dynamic = job.processing_mode == "DYNAMIC"
+        _invariant(
+            (iteration_id in state._split_cursors) == dynamic
+            and (iteration_id in state._lost_splits) == dynamic,
+            f"iteration {iteration_id}: split cursor present iff DYNAMIC",
+        )
+        if iteration.garbage_collected:
+            _invariant(iteration.finished, f"collected iteration {iteration_id} not finished")
+            _invariant(
+                iteration_id not in state._tasks_by_iteration,
+                f"collected iteration {iteration_id} still has tasks",
+            )
+            continue
+        task_ids = state._tasks_by_iteration.get(iteration_id)
+        _invariant(task_ids is not None, f"iteration {iteration_id} has no task index")
+        statuses = [state._tasks[task_id].status for task_id in task_ids]
+        _invariant(
+            (iteration.num_tasks, iteration.num_finished_tasks, iteration.num_lost_tasks)
+            == (len(statuses), statuses.count("finished"), statuses.count("lost")),
+            f"iteration {iteration_id}: task counts disagree with its tasks",
+        )
+        _invariant(
+            iteration.finished == derived_finished(iteration),
+            f"iteration {iteration_id}: finished={iteration.finished} disagrees with its tasks",
+        )
+    _invariant(
+        len(state._iterations_by_key) == len(state._iterations),
+        "key index has unknown iterations",
+    )
+    for job_id, job in state._jobs.items():
+        _invariant(
+            (job.num_iterations, job.num_live_iterations)
+            == (num_iterations[job_id], num_live[job_id]),
+            f"job {job_id}: iteration counts disagree with its iterations",
+        )
+    _invariant(
+        state._split_cursors.keys() <= state._iterations.keys()
+        and state._lost_splits.keys() <= state._iterations.keys(),
+        "split cursors of unknown iterations",
+    )
+
+    # Tasks and their iteration index.
+    for iteration_id, task_ids in state._tasks_by_iteration.items():
+        _invariant(
+            iteration_id in state._iterations, f"task index of unknown iteration {iteration_id}"
+        )
+        for task_id in task_ids:
+            task = state._tasks.get(task_id)
+            _invariant(
+                task is not None and task.iteration_id == iteration_id,
+                f"iteration {iteration_id} lists task {task_id} wrongly",
+            )
+    for task_id, task in state._tasks.items():
+        _invariant(task.task_id == task_id, f"task {task_id} stored under another id")
+        _invariant(not (task.finished and task.lost), f"task {task_id} is finished and lost")
+        _invariant(
+            task_id in state._tasks_by_iteration.get(task.iteration_id, ()),
+            f"task {task_id} missing from its iteration's index",
+        )
+        _invariant(task.worker_address in state._workers, f"task {task_id} on unknown worker")
+        if task.status == "active":
+            _invariant(
+                state._tasks_by_worker.get(task.worker_address, {}).get(task.iteration_id)
+                == task_id,
+                f"active task {task_id} missing from its worker's index",
+            )
+
+    # Splits: each handed out at most once, in flight only on active tasks, behind the
+    # cursor, ascending per task, and never both in flight and lost.
+    seen: dict[int, set[tuple[int, int]]] = {i: set(s) for i, s in state._lost_splits.items()}
+    for iteration_id, cursor in state._split_cursors.items():
+        _invariant(cursor.iteration_id == iteration_id, f"cursor {iteration_id} stored wrongly")
+        job = state._jobs[state._iterations[iteration_id].job_id]
+        _invariant(
+            cursor.num_splits == state._datasets[job.dataset_id].num_splits
+            and 0 <= cursor.next_index <= cursor.num_splits
+            and cursor.repetition >= 0,
+            f"cursor of iteration {iteration_id} out of range: {cursor}",
+        )
+        for split in state._lost_splits[iteration_id]:
+            _invariant(
+                split < (cursor.repetition, cursor.next_index),
+                f"lost split {split} of iteration {iteration_id} is not behind the cursor",
+            )
+    for task_id, held in state._splits_in_flight.items():
+        task = state._tasks.get(task_id)
+        _invariant(
+            task is not None and task.status == "active",
+            f"task {task_id} holds splits but is not active",
+        )
+        _invariant(len(held) > 0, f"task {task_id} has an empty in-flight entry")
+        _invariant(list(held) == sorted(set(held)), f"task {task_id}'s splits not ascending")
+        cursor = state._split_cursors.get(task.iteration_id)
+        _invariant(
+            cursor is not None, f"task {task_id} holds splits of a non-DYNAMIC iteration"
+        )
+        _invariant(
+            held[-1] < (cursor.repetition, cursor.next_index),
+            f"task {task_id} holds a split that was not handed out yet",
+        )
+        handed_out = seen[task.iteration_id]
+        _invariant(
+            not handed_out.intersection(held), f"task {task_id} holds a split twice handed out"
+        )
+        handed_out.update(held)
+
+
+
+def _invariant(condition: bool, message: str) -> None:
+    # An explicit raise rather than ``assert``, so that ``python -O`` still validates.
+    if not condition:
+        raise AssertionError(f"DispatcherState invariant broken: {message}")

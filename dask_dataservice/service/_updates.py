@@ -1,0 +1,603 @@
+"""The dispatcher's update records and their journal codec (see :mod:`.state` for the rules).
+
+Each record is a frozen dataclass describing one complete change of the
+:class:`~dask_dataservice.service.state.DispatcherState`; :func:`encode_update` /
+:func:`decode_update` turn them into msgpack bytes for the journal and back (never pickle).
+Records are versioned like proto messages (the state's Rule 5). The lifecycle tables at the
+end say which update each status of an entity accepts; the state's checks consult them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+
+from ._exceptions import IllegalUpdateError
+
+__all__ = [
+    "ITERATION_ACCEPTS",
+    "JOB_ACCEPTS",
+    "TASK_TRANSITIONS",
+    "UPDATE_TYPES",
+    "WORKER_ACCEPTS",
+    "AckSplits",
+    "AcquireIterationClient",
+    "ClientHeartbeat",
+    "CreateIteration",
+    "CreateJob",
+    "CreateTask",
+    "FinishTask",
+    "GarbageCollectIteration",
+    "ProduceSplit",
+    "RegisterDataset",
+    "RegisterWorker",
+    "ReleaseIterationClient",
+    "RemoveWorker",
+    "Update",
+    "decode_update",
+    "encode_update",
+]
+
+
+
+class _Record:
+    """Base of the update records: type-checks the fields on construction.
+
+    Don't subclass the records. ``apply`` matches on their classes and ``decode_update`` looks
+    them up by class name, so a subclass would be misread.
+    """
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterDataset(_Record):
+    """A client registered a dataset whose fingerprint the dispatcher had not seen.
+
+    Parameters
+    ----------
+    dataset_id : int
+        Field 1. From :meth:`DispatcherState.next_dataset_id`.
+    fingerprint : str
+        Field 2. Identifies the pipeline; the same fingerprint always maps to the same id
+        (the dispatcher looks it up with :meth:`DispatcherState.dataset_by_fingerprint`).
+    pipeline : bytes
+        Field 3. The cloudpickled pipeline. Opaque: the scheduler never unpickles it.
+    splits : bytes
+        Field 4. Opaque blob of split descriptors, enumerated on the client.
+    num_splits : int
+        Field 5. Number of splits in ``splits``, or -1 if the dataset is not splittable.
+    element_spec : bytes or None
+        Field 6. Opaque description of one element, if the client sent one.
+    metadata : dict
+        Field 7. Plain data (str keys; None, bool, int, float, str, bytes, lists, dicts).
+        Tuples are stored as lists, so that a journal round trip gives back an equal record.
+    compression : str or None
+        Field 8. Element compression the workers should use, e.g. ``"AUTO"``.
+
+    Notes
+    -----
+    Next field: 9. Removed fields: none.
+    """
+
+    dataset_id: int  # 1
+    fingerprint: str  # 2
+    pipeline: bytes  # 3
+    splits: bytes  # 4
+    num_splits: int  # 5
+    element_spec: bytes | None = None  # 6
+    metadata: dict[str, Any] = field(default_factory=dict)  # 7
+    compression: str | None = None  # 8
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        object.__setattr__(self, "metadata", _plain(self.metadata, "RegisterDataset.metadata"))
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterWorker(_Record):
+    """A data worker joined (or re-joined after leaving) the service.
+
+    Parameters
+    ----------
+    address : str
+        Field 1. The worker's Dask address, its identity.
+    host : str
+        Field 2. Host name or IP, for ``target_workers="LOCAL"``.
+    nthreads : int
+        Field 3. Threads the worker runs tasks in.
+    resources : dict of str to float
+        Field 4. Dask resources of the worker (e.g. ``{"ps": 1.0}``).
+    tags : tuple of str
+        Field 5. Free-form worker tags.
+
+    Notes
+    -----
+    Next field: 6. Removed fields: none.
+    """
+
+    address: str  # 1
+    host: str  # 2
+    nthreads: int  # 3
+    resources: dict[str, float] = field(default_factory=dict)  # 4
+    tags: tuple[str, ...] = ()  # 5
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        resources = {}
+        for key, value in self.resources.items():
+            if not isinstance(key, str) or isinstance(value, bool):
+                raise TypeError(
+                    f"RegisterWorker.resources must map str to float, got {key!r}: {value!r}"
+                )
+            resources[key] = float(value)
+        object.__setattr__(self, "resources", resources)
+        if not all(isinstance(tag, str) for tag in self.tags):
+            raise TypeError(f"RegisterWorker.tags must be strings, got {self.tags!r}")
+        object.__setattr__(self, "tags", tuple(self.tags))
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveWorker(_Record):
+    """A data worker left. Its active tasks become lost, and so do the splits they held.
+
+    Parameters
+    ----------
+    address : str
+        Field 1. A registered worker.
+
+    Notes
+    -----
+    Next field: 2. Removed fields: none.
+    """
+
+    address: str  # 1
+
+
+@dataclass(frozen=True, slots=True)
+class CreateJob(_Record):
+    """A client started reading a dataset and no live job with its name existed.
+
+    Parameters
+    ----------
+    job_id : int
+        Field 1. From :meth:`DispatcherState.next_job_id`.
+    job_name : str or None
+        Field 2. ``None`` for an anonymous job. Unique among live jobs.
+    dataset_id : int
+        Field 3. A registered dataset.
+    processing_mode : str
+        Field 4. One of :data:`PROCESSING_MODES`. ``"DYNAMIC"`` needs a splittable dataset.
+    num_consumers : int or None
+        Field 5. Consumers of a coordinated read, or ``None``. Needs a ``job_name``.
+    target_workers : str
+        Field 6. One of :data:`TARGET_WORKERS`.
+    cross_trainer_cache : bool
+        Field 7. Whether trainers share a sliding-window cache. Needs a ``job_name``.
+
+    Notes
+    -----
+    Next field: 8. Removed fields: none.
+    """
+
+    job_id: int  # 1
+    job_name: str | None  # 2
+    dataset_id: int  # 3
+    processing_mode: str  # 4
+    num_consumers: int | None = None  # 5
+    target_workers: str = "AUTO"  # 6
+    cross_trainer_cache: bool = False  # 7
+
+
+@dataclass(frozen=True, slots=True)
+class CreateIteration(_Record):
+    """A job is iterated (once more): create the iteration for ``(job_id, repetition)``.
+
+    Parameters
+    ----------
+    iteration_id : int
+        Field 1. From :meth:`DispatcherState.next_iteration_id`.
+    job_id : int
+        Field 2. A live job.
+    repetition : int
+        Field 3. How many times the job's clients had iterated it before; at most one iteration
+        per ``(job_id, repetition)``. Always 0 for an anonymous job, which has one iteration.
+
+    Notes
+    -----
+    Next field: 4. Removed fields: none.
+    """
+
+    iteration_id: int  # 1
+    job_id: int  # 2
+    repetition: int = 0  # 3
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTask(_Record):
+    """Assign a running iteration to a registered worker.
+
+    Parameters
+    ----------
+    task_id : int
+        Field 1. From :meth:`DispatcherState.next_task_id`.
+    iteration_id : int
+        Field 2. A running iteration.
+    worker_address : str
+        Field 3. A registered worker with no active task for this iteration.
+
+    Notes
+    -----
+    Next field: 4. Removed fields: none.
+    """
+
+    task_id: int  # 1
+    iteration_id: int  # 2
+    worker_address: str  # 3
+
+
+@dataclass(frozen=True, slots=True)
+class FinishTask(_Record):
+    """An active task's pipeline reached its end. Its splits in flight are done.
+
+    Parameters
+    ----------
+    task_id : int
+        Field 1. An active task.
+
+    Notes
+    -----
+    Next field: 2. Removed fields: none.
+    """
+
+    task_id: int  # 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceSplit(_Record):
+    """Hand the next split of a DYNAMIC iteration to a task, or tell it the splits ran out.
+
+    Parameters
+    ----------
+    iteration_id : int
+        Field 1. A running DYNAMIC iteration.
+    repetition : int
+        Field 2. The cursor's repetition; an older one is stale (:class:`StaleEpochError`).
+    index : int
+        Field 3. The cursor's ``next_index``.
+    task_id : int
+        Field 4. The active task of this iteration that asked.
+    finished : bool
+        Field 5. True exactly when ``index == num_splits``: end of splits for ``repetition``,
+        and the cursor moves to the next repetition.
+
+    Notes
+    -----
+    Next field: 6. Removed fields: none.
+    """
+
+    iteration_id: int  # 1
+    repetition: int  # 2
+    index: int  # 3
+    task_id: int  # 4
+    finished: bool = False  # 5
+
+
+@dataclass(frozen=True, slots=True)
+class AckSplits(_Record):
+    """A task is done with every split it holds up to and including ``(repetition, index)``.
+
+    Added (not in TensorFlow) so that the splits in flight stay few: without it every split a
+    task was ever given would count as in flight, and would be reported lost if its worker left.
+
+    Parameters
+    ----------
+    task_id : int
+        Field 1. An active task holding at least one split at or before the bound.
+    repetition : int
+        Field 2. Repetition of the last split acknowledged.
+    index : int
+        Field 3. Index of the last split acknowledged.
+
+    Notes
+    -----
+    Next field: 4. Removed fields: none.
+    """
+
+    task_id: int  # 1
+    repetition: int  # 2
+    index: int  # 3
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireIterationClient(_Record):
+    """A consumer started reading an iteration.
+
+    Parameters
+    ----------
+    iteration_client_id : int
+        Field 1. From :meth:`DispatcherState.next_iteration_client_id`.
+    iteration_id : int
+        Field 2. An iteration that is not garbage collected.
+    time_micros : int
+        Field 3. Dispatcher clock at acquisition; counts as the first heartbeat.
+
+    Notes
+    -----
+    Next field: 4. Removed fields: none.
+    """
+
+    iteration_client_id: int  # 1
+    iteration_id: int  # 2
+    time_micros: int  # 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseIterationClient(_Record):
+    """A consumer stopped reading (it said so, or the dispatcher decided it is dead).
+
+    Parameters
+    ----------
+    iteration_client_id : int
+        Field 1. An acquired client.
+    time_micros : int
+        Field 2. Dispatcher clock at release; becomes the iteration's
+        ``last_client_released_micros``.
+
+    Notes
+    -----
+    Next field: 3. Removed fields: none.
+    """
+
+    iteration_client_id: int  # 1
+    time_micros: int  # 2
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHeartbeat(_Record):
+    """A consumer showed it is alive.
+
+    Parameters
+    ----------
+    iteration_client_id : int
+        Field 1. An acquired client.
+    time_micros : int
+        Field 2. Dispatcher clock when the heartbeat arrived.
+
+    Notes
+    -----
+    Next field: 3. Removed fields: none.
+    """
+
+    iteration_client_id: int  # 1
+    time_micros: int  # 2
+
+
+@dataclass(frozen=True, slots=True)
+class GarbageCollectIteration(_Record):
+    """Drop an iteration nobody reads any more: remove its tasks and mark it collected.
+
+    Frees the job's name when this was the job's last live iteration.
+
+    Parameters
+    ----------
+    iteration_id : int
+        Field 1. An iteration with no clients that is not garbage collected yet.
+
+    Notes
+    -----
+    Next field: 2. Removed fields: none.
+    """
+
+    iteration_id: int  # 1
+
+
+#: Every kind of update, the closed set ``apply`` understands.
+UPDATE_TYPES: Final[tuple[type, ...]] = (
+    RegisterDataset,
+    RegisterWorker,
+    RemoveWorker,
+    CreateJob,
+    CreateIteration,
+    CreateTask,
+    FinishTask,
+    ProduceSplit,
+    AckSplits,
+    AcquireIterationClient,
+    ReleaseIterationClient,
+    ClientHeartbeat,
+    GarbageCollectIteration,
+)
+
+Update = (
+    RegisterDataset
+    | RegisterWorker
+    | RemoveWorker
+    | CreateJob
+    | CreateIteration
+    | CreateTask
+    | FinishTask
+    | ProduceSplit
+    | AckSplits
+    | AcquireIterationClient
+    | ReleaseIterationClient
+    | ClientHeartbeat
+    | GarbageCollectIteration
+)
+
+_UPDATES_BY_NAME: Final[dict[str, type]] = {cls.__name__: cls for cls in UPDATE_TYPES}
+
+
+def _field_spec(hint: Any) -> tuple[tuple[type, ...], bool]:
+    """``(runtime types, reject bool)`` for one field annotation of an update record."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        specs = [_field_spec(arg) for arg in typing.get_args(hint)]
+        kinds = tuple(t for ts, _ in specs for t in ts)
+        return kinds, any(strict for _, strict in specs) and bool not in kinds
+    if hint is type(None):
+        return (type(None),), False
+    origin = typing.get_origin(hint) or hint
+    if origin is float:
+        return (int, float), True
+    if origin is tuple:
+        return (tuple, list), False
+    return (origin,), origin is int
+
+
+#: ``{record class: [(field name, accepted types, reject bool)]}``.
+_FIELD_SPECS: Final[dict[type, list[tuple[str, tuple[type, ...], bool]]]] = {
+    cls: [
+        (f.name, *_field_spec(typing.get_type_hints(cls)[f.name])) for f in dataclasses.fields(cls)
+    ]
+    for cls in UPDATE_TYPES
+}
+
+
+def _check_fields(record: Any) -> None:
+    for name, kinds, strict in _FIELD_SPECS[type(record)]:
+        value = getattr(record, name)
+        if not isinstance(value, kinds) or (strict and isinstance(value, bool)):
+            raise TypeError(
+                f"{type(record).__name__}.{name} must be "
+                f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}"
+            )
+
+
+def _plain(value: Any, where: str) -> Any:
+    """A copy of ``value`` made of msgpack-native types only (tuples become lists)."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v, where) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{where} must have str keys, got {list(value)!r}")
+        return {k: _plain(v, where) for k, v in value.items()}
+    raise TypeError(f"{where} must be plain data, got {type(value).__name__}: {value!r}")
+
+
+def encode_update(update: Update) -> bytes:
+    """Serialise an update for the journal.
+
+    The bytes are msgpack of ``[type_name, {field: value}]`` with plain values only, so a
+    journal can be read without importing our classes and is never unpickled.
+
+    Parameters
+    ----------
+    update : Update
+        Any of :data:`UPDATE_TYPES`.
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    TypeError
+        If ``update`` is not an update record.
+    """
+    cls = type(update)
+    if _UPDATES_BY_NAME.get(cls.__name__) is not cls:
+        raise TypeError(f"Not an update record: {update!r}")
+    fields = {name: getattr(update, name) for name, _, _ in _FIELD_SPECS[cls]}
+    return msgpack.packb([cls.__name__, fields], use_bin_type=True)
+
+
+def decode_update(data: bytes) -> Update:
+    """Read back an update written by :func:`encode_update`.
+
+    Fields missing from ``data`` take their default (records written before the field was
+    added); a missing field without a default, an unknown field, an unknown record type or a
+    field of the wrong type is an error: the record cannot be applied faithfully.
+
+    Parameters
+    ----------
+    data : bytes
+
+    Returns
+    -------
+    Update
+
+    Raises
+    ------
+    IllegalUpdateError
+        If ``data`` is not a well-formed update record.
+    """
+    try:
+        obj = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except (ValueError, TypeError) as e:
+        raise IllegalUpdateError(f"Cannot decode update: {e}") from e
+    if not (
+        isinstance(obj, list)
+        and len(obj) == 2
+        and isinstance(obj[0], str)
+        and isinstance(obj[1], dict)
+    ):
+        raise IllegalUpdateError(f"Cannot decode update: expected [type_name, fields], got {obj!r}")
+    name, fields = obj
+    cls = _UPDATES_BY_NAME.get(name)
+    if cls is None:
+        raise IllegalUpdateError(f"Cannot decode update: unknown update type {name!r}")
+    unknown = fields.keys() - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise IllegalUpdateError(f"Cannot decode {name}: unknown fields {sorted(unknown)}")
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise IllegalUpdateError(f"Cannot decode {name}: {e}") from e
+
+
+# Lifecycles, as data (h11 style). Checks consult these tables, tests print and verify them.
+##########################################################################################
+
+#: ``{task status: {update type: status after}}``. An update that names a task (or, for
+#: ``RemoveWorker`` and ``GarbageCollectIteration``, reaches it through its worker or
+#: iteration) is illegal in a status where it is not listed. ``"removed"`` means the task is
+#: deleted from the state.
+TASK_TRANSITIONS: Final[dict[str, dict[type, str]]] = {
+    "active": {
+        ProduceSplit: "active",
+        AckSplits: "active",
+        FinishTask: "finished",
+        RemoveWorker: "lost",
+        GarbageCollectIteration: "removed",
+    },
+    "finished": {GarbageCollectIteration: "removed"},
+    "lost": {GarbageCollectIteration: "removed"},
+}
+
+#: ``{iteration status: update types naming the iteration that it accepts}``. (Updates that
+#: name one of its tasks are governed by ``TASK_TRANSITIONS``; an active task implies a running
+#: iteration.) ``running -> finished`` is derived from the tasks (see the theory of operation);
+#: ``-> garbage_collected`` is GarbageCollectIteration.
+ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
+    "running": frozenset(
+        {CreateTask, ProduceSplit, AcquireIterationClient, GarbageCollectIteration}
+    ),
+    # CreateTask reopens a finished iteration: under static sharding an iteration is only
+    # done once every listed worker ran its shard, and a listed worker may join late.
+    "finished": frozenset({CreateTask, AcquireIterationClient, GarbageCollectIteration}),
+    "garbage_collected": frozenset(),
+}
+
+#: ``{job status: update types it accepts}``. A job is garbage collected when its last live
+#: iteration is; its name is then free for a new job.
+JOB_ACCEPTS: Final[dict[str, frozenset[type]]] = {
+    "live": frozenset({CreateIteration}),
+    "garbage_collected": frozenset(),
+}
+
+#: ``{worker status: update types it accepts}``; ``"unknown"`` is an address never registered.
+WORKER_ACCEPTS: Final[dict[str, frozenset[type]]] = {
+    "unknown": frozenset({RegisterWorker}),
+    "registered": frozenset({RemoveWorker, CreateTask}),
+    "departed": frozenset({RegisterWorker}),
+}
