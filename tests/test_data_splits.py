@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,10 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 import zarr
-from _helpers import (
-    FAST,  # noqa: E402
-    py,  # noqa: E402
-)
+from _helpers import FAST, elements, py
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +27,7 @@ from dask_dataservice.data import (
     SplitProvider,
     readers,
 )
+from dask_dataservice.data.splits import ComponentSplit
 
 
 class RecordingProvider(SplitProvider):
@@ -229,13 +228,67 @@ def test_shard_after_the_source_is_not_splittable():
             ds.splits()
 
 
-def test_zip_and_concatenate_of_two_sources_are_not_splittable():
-    a, b = Dataset.range(4), Dataset.range(4)
-    for ds in (Dataset.zip(a, b), a.concatenate(b), a.concatenate(a), Dataset.zip({"x": a, "y": a})):
-        assert not ds.splittable
-        assert "2 sources" in ds.why_not_splittable()
-        with pytest.raises(NotSplittableError, match="sources"):
-            ds.check_splittable()
+def _two_workers(ds, split_size=3):
+    """Read ``ds`` as two DYNAMIC workers would: one gets the even splits, one the odd."""
+    splits = ds.splits(split_size)
+    return [py(x) for x in ds.iterate(splits[0::2])], [py(x) for x in ds.iterate(splits[1::2])]
+
+
+def test_concatenate_splits_are_the_first_inputs_then_the_seconds():
+    a, b = Dataset.range(10), Dataset.range(100, 105).map(lambda x: x * 2)
+    ds = a.concatenate(b)
+    assert ds.splittable and ds.why_not_splittable() is None
+    splits = ds.splits(4)
+    assert splits == [ComponentSplit(0, IndexRange(0, 4)), ComponentSplit(0, IndexRange(4, 8)),
+                      ComponentSplit(0, IndexRange(8, 10)), ComponentSplit(1, IndexRange(0, 4)),
+                      ComponentSplit(1, IndexRange(4, 5))]
+    assert [py(x) for x in ds.iterate(splits)] == elements(ds)
+    one, two = _two_workers(ds, 4)
+    assert one == [0, 1, 2, 3, 8, 9, 208]  # splits 0, 2, 4
+    assert two == [4, 5, 6, 7, 200, 202, 204, 206]  # splits 1, 3
+    # a worker that gets only the second input's splits reads only those
+    assert [py(x) for x in ds.iterate(splits[3:])] == [200, 202, 204, 206, 208]
+
+
+def test_zip_components_share_each_split():
+    a, b = Dataset.range(10), Dataset.range(100, 130)
+    for ds in (Dataset.zip(a, b), Dataset.zip({"x": a, "y": b.map(lambda v: -v)})):
+        assert ds.splittable
+        splits = ds.splits(3)
+        assert splits == [IndexRange(0, 3), IndexRange(3, 6), IndexRange(6, 9), IndexRange(9, 10)]
+        one, two = _two_workers(ds)
+        assert sorted(map(str, one + two)) == sorted(map(str, elements(ds)))
+        assert len(one) + len(two) == 10
+    one, two = _two_workers(Dataset.zip(a, b))
+    assert one == [(0, 100), (1, 101), (2, 102), (6, 106), (7, 107), (8, 108)]  # pairs stay paired
+    assert two == [(3, 103), (4, 104), (5, 105), (9, 109)]
+
+
+def test_nested_zip_and_concatenate_with_repeat_after_them():
+    a, b = Dataset.range(6), Dataset.range(10, 16)
+    ds = Dataset.zip(a, b).concatenate(Dataset.zip(b, a)).repeat(2)
+    one, two = _two_workers(ds, 2)
+    assert sorted(one + two) == sorted(elements(ds))
+    assert len(one + two) == 24
+    # ListSplitProvider serves the same splits again on every repetition
+    assert one[: len(one) // 2] == one[len(one) // 2:]
+
+
+def test_unsplittable_zip_and_concatenate_say_why():
+    a = Dataset.range(4)
+    gen = Dataset.from_generator(lambda: iter(range(3)))
+    cases = {
+        "from_generator": [Dataset.zip(a, gen), a.concatenate(gen)],
+        "repeat() inside a zip/concatenate": [a.repeat(2).concatenate(a), Dataset.zip(a.repeat(), a)],
+        "share their splits": [Dataset.zip(a, Dataset.list_files(__file__))],
+        "shard": [a.shard(2, 0).concatenate(a)],
+    }
+    for needle, datasets in cases.items():
+        for ds in datasets:
+            assert not ds.splittable
+            assert needle in ds.why_not_splittable()
+            with pytest.raises(NotSplittableError, match=re.escape(needle)):
+                ds.splits()
     assert list(a.concatenate(a)) == [0, 1, 2, 3] * 2  # still iterable locally
 
 

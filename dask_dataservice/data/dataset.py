@@ -21,7 +21,7 @@ from . import ops, sources
 from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
-from .splits import ListSplitProvider, NotSplittableError, SplitProvider
+from .splits import ComponentSplit, ListSplitProvider, NotSplittableError, SplitProvider, shared_splits
 
 __all__ = ["Dataset", "AUTOTUNE", "INFINITE", "UNKNOWN"]
 
@@ -306,11 +306,9 @@ class Dataset:
     def why_not_splittable(self) -> str | None:
         """Why this pipeline cannot be cut into splits (DYNAMIC / FILE sharding), or None."""
         srcs = _sources(self._op)
-        if len(srcs) != 1:
-            return (
-                f"the pipeline reads {len(srcs)} sources (zip or concatenate); dynamic and file "
-                "sharding need exactly one splittable source"
-            )
+        if len(srcs) > 1:  # zip / concatenate: the plan decides (it enumerates the splits)
+            plan = _split_plan(self._op, None)
+            return plan if isinstance(plan, str) else None
         source = srcs[0]
         if not source.splittable:
             return source.why_not()
@@ -337,10 +335,15 @@ class Dataset:
         ``split_size`` sets the elements per split of index-range sources (default: about
         256 splits, at most 65,536 elements each; ``from_zarr`` uses ``rows_per_split``).
         """
-        self.check_splittable()
         if split_size is not None:
             split_size = ops.check_int("split_size", split_size, minimum=1)
-        return self.source.splits(split_size)
+        if len(_sources(self._op)) == 1:
+            self.check_splittable()
+            return self.source.splits(split_size)
+        plan = _split_plan(self._op, split_size)
+        if isinstance(plan, str):
+            raise NotSplittableError(f"this dataset cannot be split: {plan}")
+        return plan
 
     @property
     def source(self) -> sources.Source:
@@ -349,9 +352,8 @@ class Dataset:
 
     @property
     def is_file_based(self) -> bool:
-        """True when the pipeline has one source and it reads files (FILE sharding applies)."""
-        srcs = _sources(self._op)
-        return len(srcs) == 1 and srcs[0].file_based
+        """True when every source of the pipeline reads files (FILE sharding applies)."""
+        return all(src.file_based for src in _sources(self._op))
 
     @property
     def has_shard_hint(self) -> bool:
@@ -405,3 +407,40 @@ def _to_numpy(x: Any) -> Any:
     if isinstance(x, (bool, int, float, complex)):
         return np.asarray(x)[()]
     return x
+
+
+def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> list | str:
+    """The splits of the pipeline rooted at ``op``, or the reason it has none.
+
+    One source: its splits. ``concatenate``: the inputs' splits one after the other, tagged
+    with the input (:class:`~dask_dataservice.data.splits.ComponentSplit`). ``zip``: the splits
+    every component shares (see :func:`~dask_dataservice.data.splits.shared_splits`).
+    """
+    if op.is_source:
+        return op.splits(split_size) if op.splittable else op.why_not()
+    reason = op.split_blocker()
+    if reason:
+        return reason
+    if in_component and isinstance(op, ops.Repeat):
+        return ("repeat() inside a zip/concatenate component cannot be split (each repetition "
+                "would need the component's splits again); apply repeat() after the "
+                "zip/concatenate")
+    if isinstance(op, ops.Concatenate):
+        plan: list = []
+        for k, child in enumerate(op.inputs):
+            part = _split_plan(child, split_size, True)
+            if isinstance(part, str):
+                return part
+            plan.extend(ComponentSplit(k, s) for s in part)
+        return plan
+    if isinstance(op, ops.Zip):
+        parts = [_split_plan(child, split_size, True) for child in op.inputs]
+        for part in parts:
+            if isinstance(part, str):
+                return part
+        return shared_splits(parts, op.cardinality(), split_size,
+                             lambda size: [_split_plan(c, size, True) for c in op.inputs])
+    if len(op.inputs) != 1:
+        return f"{op.name}() reads {len(op.inputs)} inputs and cannot be split"
+    return _split_plan(op.inputs[0], split_size, in_component)
+

@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from ._base import (
     annotate_user_error,
     autotune_threads,
 )
-from .splits import SHARD_HINT
+from .splits import SHARD_HINT, ConcatenateRouter, ZipTee
 from .structure import pad_stack, stack, unstack
 
 # ----------------------------------------------------------------------------------------
@@ -722,7 +723,12 @@ class Zip(Op):
         return min(finite) if finite else INFINITE
 
     def iterate(self, ctx):
-        its = [op.iterate(ctx) for op in self.inputs]
+        if ctx.split_provider is None:
+            its = [op.iterate(ctx) for op in self.inputs]
+        else:  # every component reads the same splits
+            tee = ZipTee(ctx.split_provider, len(self.inputs))
+            its = [op.iterate(replace(ctx, split_provider=tee.component(k)))
+                   for k, op in enumerate(self.inputs)]
         try:
             if self.keys is None:
                 yield from zip(*its, strict=False)
@@ -750,8 +756,10 @@ class Concatenate(Op):
         return a + b
 
     def iterate(self, ctx):
-        for op in self.inputs:
-            it = op.iterate(ctx)
+        router = None if ctx.split_provider is None else ConcatenateRouter(ctx.split_provider)
+        for k, op in enumerate(self.inputs):
+            sub = ctx if router is None else replace(ctx, split_provider=router.component(k))
+            it = op.iterate(sub)
             try:
                 yield from it
             finally:

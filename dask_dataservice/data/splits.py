@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "SHARD_HINT",
+    "ComponentSplit",
     "IndexRange",
     "FileSplit",
     "SplitProvider",
@@ -131,3 +132,132 @@ class ListSplitProvider(SplitProvider):
     @property
     def num_splits(self) -> int:
         return len(self.splits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipelines with several sources: zip and concatenate (tf.data shards both under DYNAMIC)
+# ---------------------------------------------------------------------------------------------
+#
+# ``concatenate(a, b)``: the splits of ``a`` tagged ``ComponentSplit(0, s)``, then those of ``b``
+# tagged ``ComponentSplit(1, s)``. A worker's provider serves them in increasing order, so the
+# first input reads its splits until the first split of the second input shows up, which is
+# handed over to the second input (:class:`ConcatenateRouter`).
+#
+# ``zip(a, b, ...)``: the components *share* each split (split k of the zip is split k of every
+# component: positions ``start..stop`` of each), so the zipped elements stay paired whatever
+# worker reads the split. Every component therefore reads the same list of splits
+# (:class:`ZipTee` hands each split to every component once).
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentSplit:
+    """A split of input ``component`` of a ``concatenate``."""
+
+    component: int
+    split: object
+
+
+class ConcatenateRouter:
+    """Routes the splits of one provider to the inputs of a ``concatenate`` (see above)."""
+
+    def __init__(self, parent: SplitProvider):
+        self._parent = parent
+        self._stash: ComponentSplit | None = None
+        self._exhausted = False
+
+    def component(self, k: int) -> SplitProvider:
+        return _RoutedProvider(self, k)
+
+    def _next_for(self, k: int) -> object | None:
+        if self._stash is None:
+            if self._exhausted:
+                return None
+            split = self._parent.get_next()
+            if split is None:
+                self._exhausted = True
+                return None
+            if not isinstance(split, ComponentSplit):
+                raise TypeError(f"concatenate reads ComponentSplit splits, the provider served {split!r}")
+            self._stash = split
+        split = self._stash
+        if split.component < k:
+            raise ValueError(
+                f"concatenate: a split of input {split.component} arrived after input {k} started "
+                "(splits must be served in order)")
+        if split.component > k:
+            return None  # input k is done for this repetition; the stash waits for its input
+        self._stash = None
+        return split.split
+
+
+class _RoutedProvider(SplitProvider):
+    def __init__(self, router: ConcatenateRouter, k: int):
+        self._router = router
+        self._k = k
+
+    def get_next(self) -> object | None:
+        return self._router._next_for(self._k)
+
+
+class ZipTee:
+    """Hands every split of one provider to each of ``n`` zip components, once each."""
+
+    def __init__(self, parent: SplitProvider, n: int):
+        from collections import deque
+
+        self._parent = parent
+        self._buffer: deque = deque()
+        self._base = 0  # position of self._buffer[0]
+        self._pos = [0] * n
+        self._exhausted = False
+
+    def component(self, k: int) -> SplitProvider:
+        return _TeeProvider(self, k)
+
+    def _next_for(self, k: int) -> object | None:
+        i = self._pos[k]
+        if i - self._base < len(self._buffer):
+            split = self._buffer[i - self._base]
+        else:
+            if self._exhausted:
+                return None
+            split = self._parent.get_next()
+            if split is None:
+                self._exhausted = True
+                return None
+            self._buffer.append(split)
+        self._pos[k] = i + 1
+        while self._buffer and min(self._pos) > self._base:
+            self._buffer.popleft()
+            self._base += 1
+        return split
+
+
+class _TeeProvider(SplitProvider):
+    def __init__(self, tee: ZipTee, k: int):
+        self._tee = tee
+        self._k = k
+
+    def get_next(self) -> object | None:
+        return self._tee._next_for(self._k)
+
+
+def shared_splits(lists: list[list], length: int, split_size: int | None, enumerate_with) -> list | str:
+    """The splits the components of a zip share, or the reason they cannot share any.
+
+    ``lists`` are the components' own splits. When they differ only because each index-range
+    source picked a split size for its own length, the components are cut again with one size
+    (``split_size``, or the default for the shortest ``length``) and clipped to that length:
+    ``enumerate_with(size)`` returns the components' lists cut with ``size``.
+    """
+    if all(lst == lists[0] for lst in lists):
+        return lists[0]
+    if length >= 0 and all(isinstance(s, IndexRange) for lst in lists for s in lst):
+        size = split_size or default_split_size(length)
+        clipped = [[IndexRange(s.start, min(s.stop, length)) for s in lst if s.start < length]
+                   for lst in enumerate_with(size)]
+        if all(lst == clipped[0] for lst in clipped):
+            return clipped[0]
+    return ("zip() with dynamic or file sharding needs components that share their splits "
+            "(index-range sources such as range/from_tensor_slices cut with one split size, or "
+            "the same files); these components are cut differently")
