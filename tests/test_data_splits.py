@@ -27,7 +27,7 @@ from dask_dataservice.data import (
     SplitProvider,
     readers,
 )
-from dask_dataservice.data.splits import ComponentSplit
+from dask_dataservice.data import ComponentSplit
 
 
 class RecordingProvider(SplitProvider):

@@ -9,6 +9,7 @@ from ._base import AUTOTUNE, INFINITE, UNKNOWN
 from .dataset import Dataset
 from .splits import (
     SHARD_HINT,
+    ComponentSplit,
     FileSplit,
     IndexRange,
     ListSplitProvider,
@@ -21,6 +22,7 @@ __all__ = [
     "INFINITE",
     "UNKNOWN",
     "SHARD_HINT",
+    "ComponentSplit",
     "Dataset",
     "FileSplit",
     "IndexRange",
