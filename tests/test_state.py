@@ -563,14 +563,95 @@ def test_finish_task_finishes_iteration_when_all_tasks_finish(state):
     assert state.iteration(iteration_id).status == "finished"
     assert_refused(state, FinishTask(t1), IllegalUpdateError, f"FinishTask: task {t1} is finished")
     assert_refused(state, FinishTask(4999), TaskNotFoundError, "Task 4999 not found")
-    # Clients may still join a finished iteration, and a new task (a late worker of a
-    # static-sharding job) reopens it.
+    # Clients may still join a finished iteration; it takes no new task.
     acquire_client(state, iteration_id)
     register_worker(state, "tcp://late:1")
-    state.apply(CreateTask(4002, iteration_id, "tcp://late:1"))
-    assert state.iteration(iteration_id).status == "running"
-    state.apply(FinishTask(4002))
+    assert_refused(state, CreateTask(4002, iteration_id, "tcp://late:1"), IllegalUpdateError,
+                   f"CreateTask: iteration {iteration_id} is finished")
+
+
+# -- static sharding: the worker list and the shard indices are journaled ---------------------
+
+
+def create_static_iteration(state, workers=("w0", "w1"), processing_mode="DATA"):
+    job_id = create_job(state, register_dataset(state), processing_mode=processing_mode,
+                        worker_addresses=workers)
+    return create_iteration(state, job_id)
+
+
+def create_shard_task(state, iteration_id, address, shard_index):
+    task_id = state.next_task_id()
+    state.apply(CreateTask(task_id, iteration_id, address, shard_index))
+    return task_id
+
+
+def test_static_iteration_finishes_only_once_every_shard_finished(state):
+    register_worker(state, W1)
+    iteration_id = create_static_iteration(state)
+    assert state.job(state.iteration(iteration_id).job_id).worker_addresses == ("w0", "w1")
+    t0 = create_shard_task(state, iteration_id, W1, 0)
+    assert state.task(t0).shard_index == 0
+    state.apply(FinishTask(t0))
+    # every task finished, but shard 1 has not run yet: the iteration waits for its worker
+    it = state.iteration(iteration_id)
+    assert (it.status, it.finished_shards, it.num_shards) == ("running", {0}, 2)
+    register_worker(state, W2)
+    t1 = create_shard_task(state, iteration_id, W2, 1)
+    state.apply(FinishTask(t1))
     assert state.iteration(iteration_id).status == "finished"
+
+
+def test_static_shard_of_a_lost_worker_is_taken_over_by_its_successor(state):
+    register_worker(state, W1)
+    register_worker(state, W2)
+    iteration_id = create_static_iteration(state)
+    state.apply(FinishTask(create_shard_task(state, iteration_id, W1, 0)))
+    create_shard_task(state, iteration_id, W2, 1)
+    state.apply(RemoveWorker(W2))
+    assert state.iteration(iteration_id).status == "running"  # shard 1 never finished
+    register_worker(state, "tcp://w1-again:1")
+    state.apply(FinishTask(create_shard_task(state, iteration_id, "tcp://w1-again:1", 1)))
+    it = state.iteration(iteration_id)
+    assert it.status == "finished" and it.finished_shards == {0, 1}
+
+
+def test_shard_indices_are_checked_against_the_journaled_list(state):
+    register_worker(state, W1)
+    iteration_id = create_static_iteration(state, workers=("w0", "w1", "w2"))
+    for bad in (None, 3, -1):
+        assert_refused(state, CreateTask(4000, iteration_id, W1, bad), IllegalUpdateError,
+                       f"CreateTask: iteration {iteration_id} shards over 3 workers; "
+                       f"shard_index must be in [0, 3), got {bad}")
+    off = create_iteration(state, create_job(state, 1000))
+    assert_refused(state, CreateTask(4000, off, W1, 0), IllegalUpdateError,
+                   f"CreateTask: iteration {off} is not statically sharded (no shard_index)")
+
+
+@pytest.mark.parametrize(
+    "mode, workers, message",
+    [
+        ("DATA", (), "static sharding (DATA) needs a worker list"),
+        ("HINT", ("a", "a"), "worker_addresses must be distinct and non-empty"),
+        ("FILE", ("a", ""), "worker_addresses must be distinct and non-empty"),
+        ("OFF", ("a",), "worker_addresses is only for static sharding, not OFF"),
+    ],
+)
+def test_illegal_static_job(state, mode, workers, message):
+    register_dataset(state)
+    error = assert_refused(
+        state, CreateJob(5000, None, 1000, mode, worker_addresses=workers), IllegalUpdateError)
+    assert message in str(error)
+
+
+def test_validate_state_catches_drifted_shards():
+    state = DispatcherState()
+    register_worker(state, W1)
+    iteration_id = create_static_iteration(state)
+    state.apply(FinishTask(create_shard_task(state, iteration_id, W1, 1)))
+    state.validate_state()
+    state._iterations[iteration_id].finished_shards = frozenset({0})
+    with pytest.raises(AssertionError, match="finished shards \\[0\\] disagree"):
+        state.validate_state()
 
 
 def test_lost_tasks_count_as_done_only_once_a_task_finished(state):
@@ -877,9 +958,9 @@ EXAMPLES = [
     ),
     RegisterWorker(W1, "10.0.0.1", 4, {"ps": 1.0}, ("x", "y")),
     RemoveWorker(W1),
-    CreateJob(5000, "shared", 1000, "DYNAMIC", 2, "LOCAL", True),
+    CreateJob(5000, "shared", 1000, "DATA", 2, "LOCAL", True, ("w0", "tcp://h:1")),
     CreateIteration(2000, 5000, 3),
-    CreateTask(4000, 2000, W1),
+    CreateTask(4000, 2000, W1, 1),
     FinishTask(4000),
     ProduceSplit(2000, 1, 6, 4000, True),
     AckSplits(4000, 1, 5),
@@ -911,7 +992,10 @@ def test_decode_fills_defaults_for_fields_older_records_lack():
             {"job_id": 5000, "job_name": None, "dataset_id": 1000, "processing_mode": "OFF"},
         ]
     )
-    assert decode_update(data) == CreateJob(5000, None, 1000, "OFF", None, "AUTO", False)
+    assert decode_update(data) == CreateJob(5000, None, 1000, "OFF", None, "AUTO", False, ())
+    data = msgpack.packb(["CreateTask", {"task_id": 4000, "iteration_id": 2000,
+                                         "worker_address": W1}])
+    assert decode_update(data) == CreateTask(4000, 2000, W1, None)
 
 
 @pytest.mark.parametrize(
@@ -973,6 +1057,7 @@ def test_replay_of_a_scenario_equals_the_state(state):
 # -- stateful property test: replay(journal) == state ------------------------------------------------
 
 ADDRESSES = ["tcp://w0:1", "tcp://w1:1", "tcp://w2:1"]
+SHARDS = ("w0", "w1")
 
 
 class DispatcherStateMachine(RuleBasedStateMachine):
@@ -1027,6 +1112,13 @@ class DispatcherStateMachine(RuleBasedStateMachine):
             if task.status == "active"
         ]
 
+    def shard(self, iteration_id, address):
+        """The shard a worker gets in a static iteration (None otherwise), as a fixed list would."""
+        if iteration_id not in self.state.snapshot()["iterations"]:
+            return None
+        num_shards = self.state.iteration(iteration_id).num_shards
+        return ADDRESSES.index(address) % num_shards if num_shards else None
+
     def holding_tasks(self):
         return [
             t for t in self.active_tasks(dynamic_only=True) if self.state.task_splits(t.task_id)
@@ -1052,14 +1144,18 @@ class DispatcherStateMachine(RuleBasedStateMachine):
         else:
             dataset = data.draw(st.sampled_from(state.list_datasets()))
             modes = ["DYNAMIC", "DYNAMIC", "OFF"] if dataset.splittable else ["OFF", "HINT"]
+            mode = data.draw(st.sampled_from(modes))
+            workers = SHARDS if mode == "HINT" else ()
             job_id = state.next_job_id()
-            job = CreateJob(job_id, job_name, dataset.dataset_id, data.draw(st.sampled_from(modes)))
+            job = CreateJob(job_id, job_name, dataset.dataset_id, mode, worker_addresses=workers)
             assert self.offer(job)
         repetitions = [i.repetition for i in state.list_iterations() if i.job_id == job_id]
         iteration_id = state.next_iteration_id()
         assert self.offer(CreateIteration(iteration_id, job_id, max(repetitions, default=-1) + 1))
         for worker in state.list_workers():
-            assert self.offer(CreateTask(state.next_task_id(), iteration_id, worker.address))
+            shard = self.shard(iteration_id, worker.address)
+            assert self.offer(
+                CreateTask(state.next_task_id(), iteration_id, worker.address, shard))
 
     @rule(fingerprint=st.sampled_from("abc"), num_splits=st.integers(-1, 3), fresh=st.booleans())
     def register_dataset(self, fingerprint, num_splits, fresh):
@@ -1088,6 +1184,7 @@ class DispatcherStateMachine(RuleBasedStateMachine):
                     data, [d.dataset_id for d in state.list_datasets()], state.next_dataset_id()
                 ),
                 processing_mode=data.draw(st.sampled_from(["DYNAMIC", "DYNAMIC", "OFF", "FILE"])),
+                worker_addresses=data.draw(st.sampled_from([(), SHARDS, SHARDS])),
                 num_consumers=data.draw(st.sampled_from([None, None, 2])) if job_name else None,
                 target_workers=data.draw(st.sampled_from(["AUTO", "ANY"])),
                 cross_trainer_cache=job_name is not None and data.draw(st.booleans()),
@@ -1108,7 +1205,8 @@ class DispatcherStateMachine(RuleBasedStateMachine):
         running = [i.iteration_id for i in self.iterations("running")]
         iteration_id = self.pick(data, running, self.state.next_iteration_id())
         address = data.draw(st.sampled_from(ADDRESSES))
-        self.offer(CreateTask(self.state.next_task_id(), iteration_id, address))
+        shard = self.pick(data, [self.shard(iteration_id, address)], 2)
+        self.offer(CreateTask(self.state.next_task_id(), iteration_id, address, shard))
 
     @rule(data=st.data())
     def finish_task(self, data):

@@ -30,7 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
-from .._rpc import handler
+from .._rpc import handler, strip_protocol
 from ..data._base import INFINITE, UNKNOWN
 from ._exceptions import (
     DataServiceError,
@@ -104,6 +104,11 @@ def _require_shared_infinite(feature: str, job_name: str | None, dataset) -> Non
         )
 
 
+def _worker_list(entries) -> list[str]:
+    """The static worker list as strings (config files may give names as numbers)."""
+    return [str(entry) for entry in entries]
+
+
 def _cardinality_name(n) -> str:
     return {INFINITE: "INFINITE", UNKNOWN: "UNKNOWN", None: "UNKNOWN"}.get(n, str(n))
 
@@ -138,7 +143,7 @@ class DispatcherPlugin(SchedulerPlugin):
         self.gc_interval = gc_interval
         #: The fixed worker list of static sharding: addresses (``tcp://h:p`` or ``h:p``) or
         #: Dask worker names; a worker's index in it is its shard index.
-        self.worker_addresses = list(worker_addresses) if worker_addresses else None
+        self.worker_addresses = _worker_list(worker_addresses) if worker_addresses else None
         self.state = DispatcherState()
         self._journal = None
         self._journal_tail = None
@@ -162,7 +167,7 @@ class DispatcherPlugin(SchedulerPlugin):
         if self.work_dir is None:
             self.work_dir = config.get("dispatcher.work-dir")
         if self.worker_addresses is None and config.get("dispatcher.worker-addresses"):
-            self.worker_addresses = list(config.get("dispatcher.worker-addresses"))
+            self.worker_addresses = _worker_list(config.get("dispatcher.worker-addresses"))
         self._journal = None
         self._journal_tail = None
         self._journal_error = None
@@ -245,6 +250,7 @@ class DispatcherPlugin(SchedulerPlugin):
             if not it.garbage_collected and not it.num_clients
             and it.last_client_released_micros is not None
         }
+        self._warn_changed_worker_lists()
         if self._journal_tail is not None:
             await self._journal_tail
         logger.info(
@@ -252,6 +258,23 @@ class DispatcherPlugin(SchedulerPlugin):
             self.recovered_updates, work_dir, len(self.state.list_datasets()),
             len(self.state.list_jobs()),
         )
+
+    def _warn_changed_worker_lists(self) -> None:
+        """Say so when the config's worker list differs from what live static jobs journaled.
+
+        Those jobs keep their own list (a shard is never reassigned by a config change);
+        only new jobs use the new one.
+        """
+        config_list = tuple(self.worker_addresses or ())
+        for job in self.state.list_jobs():
+            if job.worker_addresses and not job.garbage_collected and \
+                    job.worker_addresses != config_list:
+                gone = sorted(set(job.worker_addresses) - set(config_list))
+                logger.warning(
+                    "dataservice: job %s keeps the worker list it was created with, %s; the "
+                    "dispatcher is now configured with %s (new jobs use it)%s",
+                    job.job_id, list(job.worker_addresses), list(config_list),
+                    f"; no longer configured: {gone}" if gone else "")
 
     async def close(self) -> None:
         self._closed = True
@@ -390,6 +413,7 @@ class DispatcherPlugin(SchedulerPlugin):
             processing_mode=mode.name, num_consumers=num_consumers,
             target_workers=str(target_workers).upper(),
             cross_trainer_cache=bool(cross_trainer_cache),
+            worker_addresses=tuple(self.worker_addresses) if mode in STATIC_POLICIES else (),
         ))
         return {"status": "OK", "job_id": job_id}
 
@@ -503,10 +527,7 @@ class DispatcherPlugin(SchedulerPlugin):
                     continue  # coordinated reads: the task list is fixed at the start
                 # a running iteration, or a static one still missing a shard (the state
                 # keeps it running until every shard of its worker list finished)
-                if iteration.status == "running" or (
-                    ShardingPolicy[job.processing_mode] in STATIC_POLICIES
-                    and not self._iteration_view(iteration.iteration_id)["finished"]
-                ):
+                if iteration.status == "running":
                     self._create_task(iteration.iteration_id, address, job, push=False)
         for tid in finished_tasks:
             try:
@@ -556,11 +577,17 @@ class DispatcherPlugin(SchedulerPlugin):
     def _create_task(self, iteration_id: int, address: str, job, push: bool = True) -> None:
         if not self._is_data_worker(address):
             return
-        if ShardingPolicy[job.processing_mode] in STATIC_POLICIES and \
-                self._worker_index(address) is None:
-            return  # not one of the fixed workers
+        shard_index = None
+        if job.worker_addresses:  # static sharding: the job's journaled list decides
+            shard_index = self._shard_index(job.worker_addresses, address)
+            if shard_index is None:
+                logger.info(
+                    "dataservice: worker %s is not in the worker list of job %s (%s): it "
+                    "gets no task of it", address, job.job_id, list(job.worker_addresses))
+                return
         task_id = self.state.next_task_id()
-        self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address))
+        self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address,
+                               shard_index=shard_index))
         if push:
             self._send_when_durable(address, {
                 "op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
@@ -569,12 +596,11 @@ class DispatcherPlugin(SchedulerPlugin):
     def _task_def(self, task) -> TaskDef:
         iteration = self.state.iteration(task.iteration_id)
         job = self.state.job(iteration.job_id)
-        mode = ShardingPolicy[job.processing_mode]
-        index = self._worker_index(task.worker_address) if mode in STATIC_POLICIES else None
         return TaskDef(task_id=task.task_id, iteration_id=task.iteration_id, job_id=job.job_id,
-                       dataset_id=job.dataset_id, processing_mode=int(mode),
-                       worker_index=index,
-                       num_workers=len(self.worker_addresses) if index is not None else None,
+                       dataset_id=job.dataset_id,
+                       processing_mode=int(ShardingPolicy[job.processing_mode]),
+                       worker_index=task.shard_index,
+                       num_workers=len(job.worker_addresses) if job.worker_addresses else None,
                        num_consumers=job.num_consumers,
                        cross_trainer_cache=job.cross_trainer_cache)
 
@@ -612,16 +638,14 @@ class DispatcherPlugin(SchedulerPlugin):
                 )
         return mode
 
-    def _worker_index(self, address: str) -> int | None:
-        """A worker's position in ``worker_addresses`` (by address, host:port, or name)."""
-        if not self.worker_addresses:
-            return None
+    def _shard_index(self, entries: tuple[str, ...], address: str) -> int | None:
+        """A worker's position in a job's worker list (by address, host:port, or Dask name)."""
         ws = self.scheduler.workers.get(address)
-        keys = {address, address.split("://", 1)[-1]}
+        keys = {address, strip_protocol(address)}
         if ws is not None and ws.name is not None:
             keys.add(str(ws.name))
-        for i, entry in enumerate(self.worker_addresses):
-            if str(entry) in keys:
+        for i, entry in enumerate(entries):
+            if entry in keys:
                 return i
         return None
 
@@ -639,14 +663,8 @@ class DispatcherPlugin(SchedulerPlugin):
         task_list = self.state.tasks_for_iteration(iteration_id)
         tasks = [TaskInfo(task_id=t.task_id, worker_address=t.worker_address, status=t.status)
                  for t in task_list]
-        finished = iteration.finished
         job = self.state.job(iteration.job_id)
-        if finished and ShardingPolicy[job.processing_mode] in STATIC_POLICIES:
-            # static sharding: done only when every listed worker finished its shard
-            done = {self._worker_index(t.worker_address) for t in task_list
-                    if t.status == "finished"}
-            finished = done >= set(range(len(self.worker_addresses)))
-        return IterationView(tasks=tasks, finished=finished, garbage_collected=False,
+        return IterationView(tasks=tasks, finished=iteration.finished, garbage_collected=False,
                              processing_mode=job.processing_mode,
                              num_consumers=job.num_consumers)
 

@@ -13,6 +13,7 @@ __all__ = [
     "ITERATION_ID_BASE",
     "JOB_ID_BASE",
     "PROCESSING_MODES",
+    "STATIC_MODES",
     "TARGET_WORKERS",
     "TASK_ID_BASE",
     "Dataset",
@@ -37,6 +38,9 @@ JOB_ID_BASE: Final = 5000
 #: ``"parallel_epochs"`` / ``"distributed_epoch"`` to ``"OFF"`` / ``"DYNAMIC"`` before a job is
 #: created; the state only accepts these.
 PROCESSING_MODES: Final = frozenset({"OFF", "DYNAMIC", "FILE", "DATA", "FILE_OR_DATA", "HINT"})
+
+#: Static sharding policies: a job in one of these modes shards over a fixed worker list.
+STATIC_MODES: Final = frozenset({"FILE", "DATA", "FILE_OR_DATA", "HINT"})
 
 #: Which workers a job's consumers read from.
 TARGET_WORKERS: Final = frozenset({"AUTO", "ANY", "LOCAL"})
@@ -87,6 +91,7 @@ class Job:
     ``num_iterations`` counts the iterations ever created for the job and
     ``num_live_iterations`` those not garbage collected. ``garbage_collected`` becomes True
     when the last live iteration is collected, and the name is freed then.
+    ``worker_addresses`` is the journaled worker list of a static-sharding job (else empty).
     """
 
     job_id: int
@@ -96,6 +101,7 @@ class Job:
     num_consumers: int | None
     target_workers: str
     cross_trainer_cache: bool
+    worker_addresses: tuple[str, ...] = ()
     num_iterations: int = 0
     num_live_iterations: int = 0
     garbage_collected: bool = False
@@ -111,8 +117,10 @@ class Iteration:
     """One pass of a job's clients over its dataset (one repetition of a named job).
 
     ``num_tasks``, ``num_finished_tasks`` and ``num_lost_tasks`` count the iteration's tasks;
-    ``finished`` is derived from them by every mutator that changes them. After garbage
-    collection the counts keep their last values, for the record.
+    ``finished`` is derived from them by every mutator that changes them. Under static
+    sharding ``num_shards`` is the length of the job's worker list and ``finished_shards`` the
+    shard indices whose task finished; the iteration is finished only once every shard is.
+    After garbage collection the counts keep their last values, for the record.
     """
 
     iteration_id: int
@@ -125,6 +133,8 @@ class Iteration:
     num_tasks: int = 0
     num_finished_tasks: int = 0
     num_lost_tasks: int = 0
+    num_shards: int = 0
+    finished_shards: frozenset[int] = frozenset()
 
     @property
     def status(self) -> str:
@@ -157,6 +167,8 @@ class Task:
     worker_address: str
     finished: bool = False
     lost: bool = False
+    #: Static sharding: the shard (index in the job's worker list), else None.
+    shard_index: int | None = None
 
     @property
     def status(self) -> str:
@@ -178,8 +190,10 @@ class IterationClient:
 
 
 def derived_finished(iteration: Iteration) -> bool:
-    """``Iteration.finished`` from its task counts: a task finished and none is active."""
+    """``Iteration.finished`` from its tasks: a task finished and none is active, and under
+    static sharding every shard of the job's worker list finished."""
     return (
         iteration.num_finished_tasks > 0
         and iteration.num_finished_tasks + iteration.num_lost_tasks == iteration.num_tasks
+        and len(iteration.finished_shards) == iteration.num_shards
     )

@@ -8,6 +8,7 @@ import typing
 
 from ._entities import (
     PROCESSING_MODES,
+    STATIC_MODES,
     TARGET_WORKERS,
     Dataset,
     Iteration,
@@ -153,6 +154,15 @@ class StateChecks:
             )
         if u.processing_mode == "DYNAMIC" and not dataset.splittable:
             _illegal(u, f"DYNAMIC sharding needs splits, and dataset {u.dataset_id} has none")
+        if u.processing_mode in STATIC_MODES:
+            if not u.worker_addresses:
+                _illegal(u, f"static sharding ({u.processing_mode}) needs a worker list")
+            if not all(u.worker_addresses) or len(set(u.worker_addresses)) != len(
+                u.worker_addresses
+            ):
+                _illegal(u, f"worker_addresses must be distinct and non-empty: {u.worker_addresses}")
+        elif u.worker_addresses:
+            _illegal(u, f"worker_addresses is only for static sharding, not {u.processing_mode}")
         if u.num_consumers is not None and u.num_consumers < 1:
             _illegal(u, f"num_consumers must be >= 1 or None, got {u.num_consumers}")
         if u.job_name is None:
@@ -184,8 +194,18 @@ class StateChecks:
 
     def _check_create_task(self, u: CreateTask) -> None:
         self._check_fresh(u, "task", u.task_id, self._next_task_id)
-        self._require_iteration(self._get_iteration(u.iteration_id), u)
+        iteration = self._get_iteration(u.iteration_id)
+        self._require_iteration(iteration, u)
         self._require_worker(u.worker_address, u)
+        if iteration.num_shards:
+            if u.shard_index is None or not 0 <= u.shard_index < iteration.num_shards:
+                _illegal(
+                    u,
+                    f"iteration {u.iteration_id} shards over {iteration.num_shards} workers; "
+                    f"shard_index must be in [0, {iteration.num_shards}), got {u.shard_index}",
+                )
+        elif u.shard_index is not None:
+            _illegal(u, f"iteration {u.iteration_id} is not statically sharded (no shard_index)")
         existing = self._tasks_by_worker[u.worker_address].get(u.iteration_id)
         if existing is not None:
             _illegal(

@@ -10,6 +10,7 @@ from ._entities import (
     ITERATION_ID_BASE,
     JOB_ID_BASE,
     PROCESSING_MODES,
+    STATIC_MODES,
     TARGET_WORKERS,
     TASK_ID_BASE,
     derived_finished,
@@ -91,6 +92,11 @@ def validate_state(state: DispatcherState) -> None:
         _invariant(job.dataset_id in state._datasets, f"job {job_id} reads unknown dataset")
         _invariant(job.processing_mode in PROCESSING_MODES, f"job {job_id} has a bad mode")
         _invariant(job.target_workers in TARGET_WORKERS, f"job {job_id} has bad target_workers")
+        _invariant(
+            bool(job.worker_addresses) == (job.processing_mode in STATIC_MODES)
+            and len(set(job.worker_addresses)) == len(job.worker_addresses),
+            f"job {job_id}: a worker list iff static sharding, without repeats",
+        )
         if job.processing_mode == "DYNAMIC":
             _invariant(
                 state._datasets[job.dataset_id].splittable,
@@ -174,6 +180,27 @@ def validate_state(state: DispatcherState) -> None:
             (iteration.num_tasks, iteration.num_finished_tasks, iteration.num_lost_tasks)
             == (len(statuses), statuses.count("finished"), statuses.count("lost")),
             f"iteration {iteration_id}: task counts disagree with its tasks",
+        )
+        # Static sharding: every task has a shard of the job's list; the finished shards
+        # are those of the finished tasks.
+        _invariant(
+            iteration.num_shards == len(job.worker_addresses),
+            f"iteration {iteration_id}: {iteration.num_shards} shards, job lists "
+            f"{len(job.worker_addresses)} workers",
+        )
+        shards = [state._tasks[task_id].shard_index for task_id in task_ids]
+        _invariant(
+            all(i is None for i in shards) if not iteration.num_shards
+            else all(i is not None and 0 <= i < iteration.num_shards for i in shards),
+            f"iteration {iteration_id}: task shard indices {shards} outside its "
+            f"{iteration.num_shards} shards",
+        )
+        _invariant(
+            iteration.finished_shards
+            == {i for i, status in zip(shards, statuses, strict=True) if status == "finished"}
+            - {None},
+            f"iteration {iteration_id}: finished shards {sorted(iteration.finished_shards)} "
+            "disagree with its finished tasks",
         )
         _invariant(
             iteration.finished == derived_finished(iteration),

@@ -182,10 +182,16 @@ class CreateJob(_Record):
         Field 6. One of :data:`TARGET_WORKERS`.
     cross_trainer_cache : bool
         Field 7. Whether trainers share a sliding-window cache. Needs a ``job_name``.
+    worker_addresses : tuple of str
+        Field 8. Static sharding (FILE, DATA, FILE_OR_DATA, HINT): the fixed worker list the
+        job shards over, as the dispatcher's config gave it when the job was created
+        (addresses or Dask worker names, distinct and non-empty); a worker's position in it
+        is its shard index. Empty for the other modes. Journaled so that a restart with a
+        different config never reassigns the shards of an existing job.
 
     Notes
     -----
-    Next field: 8. Removed fields: none.
+    Next field: 9. Removed fields: none.
     """
 
     job_id: int  # 1
@@ -195,6 +201,15 @@ class CreateJob(_Record):
     num_consumers: int | None = None  # 5
     target_workers: str = "AUTO"  # 6
     cross_trainer_cache: bool = False  # 7
+    worker_addresses: tuple[str, ...] = ()  # 8
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if not all(isinstance(entry, str) for entry in self.worker_addresses):
+            raise TypeError(
+                f"CreateJob.worker_addresses must be strings, got {self.worker_addresses!r}"
+            )
+        object.__setattr__(self, "worker_addresses", tuple(self.worker_addresses))
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,15 +248,20 @@ class CreateTask(_Record):
         Field 2. A running iteration.
     worker_address : str
         Field 3. A registered worker with no active task for this iteration.
+    shard_index : int or None
+        Field 4. Static sharding: the worker's shard, its index in the job's
+        ``worker_addresses`` (decided by the dispatcher when the task is created, and fixed
+        from then on). ``None`` for the other modes.
 
     Notes
     -----
-    Next field: 4. Removed fields: none.
+    Next field: 5. Removed fields: none.
     """
 
     task_id: int  # 1
     iteration_id: int  # 2
     worker_address: str  # 3
+    shard_index: int | None = None  # 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,9 +602,9 @@ ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
     "running": frozenset(
         {CreateTask, ProduceSplit, AcquireIterationClient, GarbageCollectIteration}
     ),
-    # CreateTask reopens a finished iteration: under static sharding an iteration is only
-    # done once every listed worker ran its shard, and a listed worker may join late.
-    "finished": frozenset({CreateTask, AcquireIterationClient, GarbageCollectIteration}),
+    # A static-sharding iteration stays running until every shard of its worker list
+    # finished (a listed worker may join late), so a finished iteration takes no new task.
+    "finished": frozenset({AcquireIterationClient, GarbageCollectIteration}),
     "garbage_collected": frozenset(),
 }
 

@@ -71,10 +71,15 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 #              active --RemoveWorker--> lost          (its worker left; never finishes)
 #              any    --GarbageCollectIteration--> removed from the state
 #   iteration  running --(derived)--> finished --GarbageCollectIteration--> garbage_collected
-#              finished --CreateTask--> running   (a late worker of a static-sharding job)
 #              ``finished`` is recomputed by every mutator that touches a task: at least one
 #              task finished and every task is finished or lost. While all tasks are lost and
 #              none finished the iteration keeps running, so a new worker can take it over.
+#              Static sharding (FILE, DATA, FILE_OR_DATA, HINT): the job journals its worker
+#              list (``CreateJob.worker_addresses``) and each task its shard index in it
+#              (``CreateTask.shard_index``); the iteration is finished only once a task of
+#              every shard 0..n-1 finished, so a listed worker that joins late, or comes
+#              back after losing its task, still gets its shard. A finished iteration takes
+#              no new task.
 #   job        live --GC of its last live iteration--> garbage_collected (its name is freed,
 #              and a new job may take it; the old job accepts no more iterations)
 #   worker     registered --RemoveWorker--> departed --RegisterWorker--> registered
@@ -713,6 +718,7 @@ class DispatcherState(StateChecks):
             num_consumers=u.num_consumers,
             target_workers=u.target_workers,
             cross_trainer_cache=u.cross_trainer_cache,
+            worker_addresses=u.worker_addresses,
         )
         if u.job_name is not None:
             self._jobs_by_name[u.job_name] = u.job_id
@@ -721,7 +727,8 @@ class DispatcherState(StateChecks):
     def _create_iteration(self, u: CreateIteration) -> None:
         job = self._jobs[u.job_id]
         self._iterations[u.iteration_id] = Iteration(
-            iteration_id=u.iteration_id, job_id=u.job_id, repetition=u.repetition
+            iteration_id=u.iteration_id, job_id=u.job_id, repetition=u.repetition,
+            num_shards=len(job.worker_addresses),
         )
         self._iterations_by_key[(u.job_id, u.repetition)] = u.iteration_id
         self._tasks_by_iteration[u.iteration_id] = {}
@@ -735,7 +742,8 @@ class DispatcherState(StateChecks):
 
     def _create_task(self, u: CreateTask) -> None:
         self._tasks[u.task_id] = Task(
-            task_id=u.task_id, iteration_id=u.iteration_id, worker_address=u.worker_address
+            task_id=u.task_id, iteration_id=u.iteration_id, worker_address=u.worker_address,
+            shard_index=u.shard_index,
         )
         self._tasks_by_iteration[u.iteration_id][u.task_id] = None
         self._tasks_by_worker[u.worker_address][u.iteration_id] = u.task_id
@@ -752,6 +760,8 @@ class DispatcherState(StateChecks):
         self._splits_in_flight.pop(u.task_id, None)
         iteration = self._iterations[task.iteration_id]
         iteration.num_finished_tasks += 1
+        if task.shard_index is not None:
+            iteration.finished_shards = iteration.finished_shards | {task.shard_index}
         iteration.finished = derived_finished(iteration)
 
     def _produce_split(self, u: ProduceSplit) -> None:

@@ -1,76 +1,78 @@
-"""A data worker that survives scheduler restarts: ``python -m dask_dataservice.service.supervise``.
+"""A data worker that survives scheduler restarts: ``dask-dataservice worker --supervise``.
 
-A Dask worker (or nanny) exits when its scheduler goes away and never reconnects (see
-dask/distributed#6361). For a fault-tolerant dispatcher that is restarted in place, the
-workers must come back by themselves: this runs :class:`~.servers.WorkerSupervisor`, which
-starts a fresh Dask worker (with the data-worker plugin) each time the previous one closed,
-and the fresh worker waits until the scheduler is reachable, then registers.
+A Dask worker (with or without its nanny) exits when its scheduler goes away and never
+reconnects (see dask/distributed#6361). For a fault-tolerant dispatcher that is restarted in
+place, the workers must come back by themselves: :func:`supervise` runs the ``dask worker``
+command line (every Dask option passes through: ``--nworkers``, ``--resources``, ``--tls-*``,
+...) as a child process, and starts it again each time it ends cleanly (exit code 0: its
+scheduler went away). The fresh ``dask worker`` waits until the scheduler is reachable, then
+registers. A child that fails (non-zero exit code, e.g. a bad option) ends the supervisor with
+the same code; a child that ends cleanly soon after its start is restarted with a growing
+delay (so ``dask worker --version`` cannot turn into a busy loop).
 
-Usage::
-
-    python -m dask_dataservice.service.supervise tcp://scheduler:8786 --nthreads 2
-
-It runs until SIGINT or SIGTERM. ``dask-dataservice worker --supervise`` does the same.
+SIGTERM or SIGINT to the supervisor is passed to the child; the supervisor returns the
+child's exit code once it has ended. :class:`~.servers.WorkerSupervisor` is the in-process
+counterpart, for ``WorkerServer``.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import signal
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+__all__ = ["supervise"]
+
+#: A child that ran this long before it ended counts as "was up": restart it at once.
+_STABLE_SECONDS = 10.0
+#: Delay before restarting a child that ended sooner: doubles each time, up to the max.
+_DELAY_MIN, _DELAY_MAX = 0.1, 10.0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dask_dataservice.service.supervise",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("scheduler", help="scheduler address, e.g. tcp://127.0.0.1:8786")
-    p.add_argument("--nthreads", type=int, default=1)
-    p.add_argument("--host", default=None, help="interface to listen on")
-    p.add_argument("--name", default=None)
-    p.add_argument("--resources", default=None, help='e.g. "ps=1"')
-    p.add_argument("--memory-limit", default="auto")
-    return p.parse_args(argv)
+def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
+              announce=None) -> int:
+    """Run ``cmd`` and run it again each time it exits with code 0, until SIGTERM/SIGINT.
 
+    ``announce(message)`` (default: print on stderr) hears about each (re)start.
+    Must run in the main thread (it installs the signal handlers, and restores them).
+    """
+    if announce is None:
+        def announce(message: str) -> None:
+            print(f"dataservice worker supervisor: {message}", file=sys.stderr, flush=True)
 
-def _resources(text: str | None) -> dict[str, float] | None:
-    if not text:
-        return None
-    out = {}
-    for item in text.replace(",", " ").split():
-        key, _, value = item.partition("=")
-        out[key] = float(value or 1)
-    return out
+    stop = threading.Event()
+    child: list[subprocess.Popen] = []
 
+    def forward(signum: int, frame: object) -> None:
+        stop.set()
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
 
-async def run(args: argparse.Namespace, stop: asyncio.Event) -> int:
-    from .servers import WorkerSupervisor
-
-    address = args.scheduler if "://" in args.scheduler else f"tcp://{args.scheduler}"
-    supervisor = WorkerSupervisor(
-        address, nthreads=args.nthreads, host=args.host, name=args.name,
-        resources=_resources(args.resources), memory_limit=args.memory_limit,
-        dashboard=False,
-    )
-    await supervisor.start()
-    print(f"dataservice worker supervisor: worker at {supervisor.address}", flush=True)
-    await stop.wait()
-    await supervisor.close()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-
-    async def amain() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return await run(args, stop)
-
-    return asyncio.run(amain())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        delay, starts = _DELAY_MIN, 0
+        while not stop.is_set():
+            started = time.monotonic()
+            child[:] = [subprocess.Popen(list(cmd), env=None if env is None else dict(env))]
+            starts += 1
+            announce(f"started `dask worker` (pid {child[0].pid})" if starts == 1 else
+                     f"the worker ended; started a new one (pid {child[0].pid}, restart "
+                     f"{starts - 1})")
+            rc = child[0].wait()
+            if stop.is_set() or rc != 0:
+                return rc
+            if time.monotonic() - started >= _STABLE_SECONDS:
+                delay = _DELAY_MIN
+            else:  # ended at once: wait (an event wait: a signal ends it early)
+                stop.wait(delay)
+                delay = min(2 * delay, _DELAY_MAX)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child and child[0].poll() is None:  # an error of ours: do not leave it behind
+            child[0].terminate()
+            child[0].wait()
