@@ -71,10 +71,11 @@ async def test_preload_installs_both_halves(c, s, a, b):
     for w in (a, b):
         assert WORKER_PLUGIN in w.plugins
         assert "dataservice_get_elements" in w.handlers
-    with pytest.raises(RuntimeError, match="called from a running event loop"):
-        dds.Dataset.range(100).apply(dds.distribute("parallel_epochs", c))
-    ds = await asyncio.to_thread(dds.Dataset.range(100).apply, dds.distribute("parallel_epochs", c))
-    out = await asyncio.to_thread(list, ds)
+    # an asynchronous client: registration is awaited, iteration is `async for`
+    ds = await dds.distribute("parallel_epochs", c)(dds.Dataset.range(100))
+    with pytest.raises(RuntimeError, match="use `async for"):
+        list(ds)
+    out = [x async for x in ds]
     assert sorted(out) == sorted(list(range(100)) * 2)
 
 

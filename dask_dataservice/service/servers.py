@@ -5,7 +5,7 @@ Dask worker carrying the data-worker plugin. Each runs on its own event loop in 
 thread of this process, like tf.data's in-process servers:
 
 >>> dispatcher = DispatchServer()                                     # doctest: +SKIP
->>> worker = WorkerServer(WorkerConfig(dispatcher.target.split("://")[1]))  # doctest: +SKIP
+>>> worker = WorkerServer(WorkerConfig(dispatcher.target))  # doctest: +SKIP
 
 For production, run ``dask scheduler --preload dask_dataservice`` and ``dask worker
 --preload dask_dataservice`` (or any Dask deployment) instead: these classes are a
@@ -16,9 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from distributed.comm.addressing import get_address_host, parse_address, unparse_address
+from distributed.utils import LoopRunner, sync
+
+from .._async import TaskGroup
+from .._rpc import normalize_address, strip_protocol
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DispatcherConfig", "DispatchServer", "WorkerConfig", "WorkerServer"]
 
@@ -99,40 +108,47 @@ def _protocol(protocol: str | None) -> str:
 
 
 class _BackgroundServer:
-    """Runs a Dask server on an event loop in a daemon thread of this process."""
+    """Runs a Dask server on an event loop in a thread of this process.
+
+    The loop and its thread are distributed's :class:`~distributed.utils.LoopRunner`'s;
+    :meth:`stop` closes the server, then stops the loop and joins its thread.
+    """
 
     def __init__(self, name: str):
         self._name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner: LoopRunner | None = None
         self._stopped = threading.Event()
         self.server: Any = None
 
     def _start(self, make: Callable[[], Awaitable[Any]], timeout: float = 30) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=self._name, daemon=True)
-        self._thread.start()
-        self.server = asyncio.run_coroutine_threadsafe(make(), self._loop).result(timeout)
+        self._runner = LoopRunner()
+        self._runner.start()
+        try:
+            self.server = sync(self._runner.loop, make, callback_timeout=timeout)
+        except BaseException:
+            self._runner.stop()
+            self._runner = None
+            raise
 
     def join(self, timeout: float | None = None) -> None:
         """Block until the server is stopped (from another thread, or by a signal)."""
         self._stopped.wait(timeout)
 
+    def _before_close(self) -> None:
+        """Hook run before the server closes."""
+
     def stop(self, timeout: float = 30) -> None:
         """Close the server and its event loop (idempotent)."""
-        if self._loop is None or self._stopped.is_set():
+        runner = self._runner
+        if runner is None or self._stopped.is_set():
             return
-        if isinstance(self, DispatchServer) and self.server is not None:
-            # clients this process opened for our address would only retry and log errors
-            from .client import close_clients
-
-            close_clients(self.server.address)
+        self._before_close()
         try:
-            asyncio.run_coroutine_threadsafe(self.server.close(), self._loop).result(timeout)
+            if self.server is not None:
+                sync(runner.loop, self.server.close, callback_timeout=timeout)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-            self._loop.close()
+            runner.stop(timeout)
+            self._runner = None
             self._stopped.set()
 
     def __enter__(self):
@@ -198,6 +214,12 @@ class DispatchServer(_BackgroundServer):
 
         self._start(make)
 
+    def _before_close(self) -> None:
+        # clients this process opened for our address would only retry and log errors
+        from ._connection import close_clients
+
+        close_clients(self.server.address)
+
     @property
     def target(self) -> str:
         """The address clients and workers use, e.g. ``tcp://127.0.0.1:8786``."""
@@ -205,7 +227,7 @@ class DispatchServer(_BackgroundServer):
 
     @property
     def _address(self) -> str:
-        return self.target.split("://", 1)[1]
+        return strip_protocol(self.target)
 
 
 class WorkerServer(_BackgroundServer):
@@ -240,10 +262,13 @@ class WorkerServer(_BackgroundServer):
         if self.server is not None:
             return
         cfg = self.config
-        address = cfg.dispatcher_address
-        if "://" not in address:
-            address = f"{self._protocol}://{address}"
-        host = cfg.worker_address.rsplit(":", 1)[0] if cfg.worker_address else "127.0.0.1"
+        address = cfg.dispatcher_address.strip()
+        _, location = parse_address(address, strict=False)
+        if location == address:  # no protocol given: the config's
+            address = unparse_address(self._protocol, location)
+        address = normalize_address(address)
+        host = (get_address_host(normalize_address(cfg.worker_address)) if cfg.worker_address
+                else "127.0.0.1")
         kwargs = dict(nthreads=cfg.nthreads, host=host, port=cfg.port, protocol=self._protocol,
                       dashboard=False, resources=cfg.resources, name=cfg.name)
 
@@ -276,6 +301,9 @@ class WorkerSupervisor:
     reachable again, then registers, and the dispatcher gives it tasks.
     """
 
+    #: Backoff between failed restarts: 0.1 s doubling to this many seconds.
+    max_restart_delay = 5.0
+
     def __init__(self, scheduler_address: str, heartbeat_interval: float | None = None,
                  **worker_kwargs):
         self.scheduler_address = scheduler_address
@@ -284,12 +312,12 @@ class WorkerSupervisor:
         self.worker = None
         self.restarts = 0
         self._closing = False
-        self._task: asyncio.Task | None = None
+        self._group: TaskGroup | None = None
 
     def _new_worker(self):
         from distributed import Worker
 
-        from .worker import DataWorkerPlugin
+        from ._worker_plugin import DataWorkerPlugin
 
         plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
         return Worker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
@@ -297,37 +325,47 @@ class WorkerSupervisor:
     async def start(self) -> WorkerSupervisor:
         self.worker = self._new_worker()
         await self.worker
-        self._task = asyncio.ensure_future(self._supervise())
+        self._group = TaskGroup("worker supervisor")
+        self._group.spawn(self._supervise)
         return self
 
     async def _supervise(self) -> None:
-        import logging
+        """Start a new worker whenever the current one closes (not by :meth:`close`).
 
-        log = logging.getLogger(__name__)
+        A restart waits until the scheduler is reachable again (``await worker`` does); one
+        that fails is retried with a backoff (0.1 s doubling to ``max_restart_delay``), for
+        as long as the supervisor runs: waiting for its scheduler is its whole job.
+        """
         while not self._closing:
             await self.worker.finished()
             if self._closing:
                 return
             self.restarts += 1
-            log.info("dataservice: worker lost its scheduler; starting a new worker (restart %d)",
-                     self.restarts)
+            logger.info("dataservice: worker lost its scheduler; starting a new worker "
+                        "(restart %d)", self.restarts)
+            delay = 0.1
             while not self._closing:
                 worker = self._new_worker()
                 try:
                     await worker  # waits for the scheduler to be reachable again
                     self.worker = worker
                     break
+                except asyncio.CancelledError:  # close() while restarting
+                    await asyncio.shield(worker.close())
+                    raise
                 except Exception as e:  # noqa: BLE001 - keep trying
-                    log.info("dataservice: worker restart failed (%r); retrying", e)
+                    logger.info("dataservice: worker restart failed (%r); retrying in %.1fs",
+                                e, delay)
                     await worker.close()
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, self.max_restart_delay)
 
     async def close(self) -> None:
         self._closing = True
+        if self._group is not None:
+            await self._group.stop()
         if self.worker is not None:
             await self.worker.close()
-        if self._task is not None:
-            self._task.cancel()
 
     @property
     def address(self) -> str:

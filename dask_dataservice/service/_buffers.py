@@ -1,0 +1,336 @@
+"""The buffers between a task's pipeline thread and the requests that read it.
+
+- :class:`ElementBuffer`: a task's elements, produced by its thread and served by the event
+  loop; bounded in bytes and in count (the producer blocks, the loop never does).
+- :class:`CrossTrainerWindow`: the cross-trainer cache of one task, a sliding window of recent
+  elements with one cursor per trainer.
+- :class:`RoundBuffer`: coordinated reads on one task: rounds of ``n`` consecutive elements,
+  one per consumer.
+
+None of them knows about Dask: the plugin (``_worker_plugin``) wires them to handlers, and
+``tests/test_buffers.py`` drives each on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from .._async import LoopWaker
+from ..data.structure import nbytes
+from ._exceptions import DataServiceError
+
+__all__ = [
+    "CrossTrainerWindow",
+    "ElementBuffer",
+    "RoundBuffer",
+    "TaskCancelled",
+    "element_size",
+]
+
+_SCALARS = (int, float, bool, complex)
+
+
+def element_size(x: Any) -> int:
+    """Bytes an element holds (8 for a scalar), for the buffers' byte bounds."""
+    t = type(x)
+    if t is np.ndarray:
+        return x.nbytes
+    if t in _SCALARS or isinstance(x, np.generic):
+        return 8
+    return nbytes(x)
+
+
+class TaskCancelled(Exception):
+    """Internal: the task was cancelled while its pipeline ran."""
+
+
+class ElementBuffer:
+    """Elements produced by a task's thread and served to consumers by the event loop.
+
+    The producer blocks when the buffer holds ``max_bytes`` or ``max_elements``; consumers
+    never block the loop: :meth:`wait` waits on an asyncio event that the producer sets
+    (through a :class:`~dask_dataservice._async.LoopWaker`) only when a consumer is waiting,
+    so a busy stream costs no cross-thread wake-ups.
+    """
+
+    #: Elements the producer thread hands over at once (fewer when a consumer waits).
+    chunk_size = 256
+    #: Whether a request queued behind another may wait to gather more elements.
+    lingers = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int):
+        self._items: deque = deque()
+        self._sizes: deque = deque()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._max_elements = max_elements
+        self._cond = threading.Condition()
+        self._event = asyncio.Event()
+        self._waker = LoopWaker(loop, self._event.set)
+        self._waiting = False
+        self._closed = False
+        #: Set by the producer thread when the pipeline ended (or failed).
+        self.produced_all = False
+        #: Set on the loop once the dispatcher knows the task finished.
+        self.end_visible = False
+        self.error: BaseException | None = None
+        self.produced = 0
+
+    # -- producer thread ---------------------------------------------------------------
+    def put_many(self, items: list, sizes: list | None = None) -> None:
+        """Add elements (producer thread); blocks until :meth:`_room` says there is room.
+
+        Raises :class:`TaskCancelled` once the buffer is closed.
+        """
+        if sizes is None:
+            sizes = [element_size(x) for x in items]
+        with self._cond:
+            while not self._room() and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise TaskCancelled
+            self._items.extend(items)
+            self._sizes.extend(sizes)
+            self._bytes += sum(sizes)
+            self.produced += len(items)
+            self._added()
+            wake = self._waiting
+            self._waiting = False
+        if wake:
+            self._waker.wake()
+
+    def _room(self) -> bool:
+        """Whether the producer may add elements now (called under the lock)."""
+        return self._bytes < self._max_bytes and len(self._items) < self._max_elements
+
+    def _added(self) -> None:
+        """Hook run under the lock after elements were added."""
+
+    @property
+    def consumer_waiting(self) -> bool:
+        """True while a request waits for elements (the producer should hand over at once)."""
+        return self._waiting
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """The pipeline ended (producer thread)."""
+        with self._cond:
+            self.error = error
+            self.produced_all = True
+
+    # -- event loop --------------------------------------------------------------------
+    def show_end(self) -> None:
+        """The dispatcher knows the task finished: consumers may now see the end."""
+        self.end_visible = True
+        self._event.set()
+
+    def take(self, max_elements: int, max_bytes: int) -> list:
+        """Pop up to ``max_elements`` / about ``max_bytes`` of elements (never blocks)."""
+        with self._cond:
+            out = []
+            taken = 0
+            items, sizes = self._items, self._sizes
+            while items and len(out) < max_elements and (taken < max_bytes or not out):
+                size = sizes.popleft()
+                out.append(items.popleft())
+                taken += size
+            if out:
+                self._bytes -= taken
+                self._cond.notify()
+            elif not self.end_visible and not self._closed:
+                self._waiting = True
+                self._event.clear()
+            return out
+
+    async def wait(self, timeout: float) -> None:
+        """Until the producer added elements, the end became visible, or ``timeout``."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        """Drop every element and wake the producer (which then raises TaskCancelled)."""
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._sizes.clear()
+            self._bytes = 0
+            self._cond.notify_all()
+        self._waker.wake()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def empty(self) -> bool:
+        return not self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+class CrossTrainerWindow(ElementBuffer):
+    """The cross-trainer cache of one task: a window of recent elements shared by trainers.
+
+    Every trainer (a ``trainer_id``) has its own cursor into the task's element sequence, so
+    trainers with different ids all see the same elements while the pipeline produces each
+    element once. Consumers with the *same* id share one cursor (they split the elements).
+    The window is bounded in bytes: the oldest elements are evicted when it is full, and a
+    trainer whose cursor fell out of the window skips ahead to the oldest element still
+    cached, so a slow trainer never holds back a fast one. Production is driven by demand:
+    the pipeline runs ahead of the fastest trainer by at most ``lookahead`` elements.
+    """
+
+    #: Elements the producer hands over at once (small: production follows demand closely).
+    chunk_size = 8
+    #: No lingering: a trainer's request would follow production instead of falling behind.
+    lingers = False
+
+    def __init__(self, loop, max_bytes: int, lookahead: int = 256):
+        super().__init__(loop, max_bytes=max_bytes, max_elements=2**62)
+        self._base = 0  # sequence number of self._items[0]
+        self._cursors: dict[str | None, int] = {}
+        self._lookahead = lookahead
+        #: Elements trainers skipped because they fell out of the window.
+        self.skipped = 0
+
+    def _head(self) -> int:
+        return self._base + len(self._items)
+
+    def _has_demand(self) -> bool:
+        """Produce only for the fastest trainer, and never so far ahead of it that the
+        window would evict elements it has not read yet."""
+        lead = max(self._cursors.values(), default=self._base)
+        ahead = self._head() - lead
+        if ahead >= self._lookahead:
+            return False
+        if self._items:
+            average = self._bytes / len(self._items)
+            if (ahead + self.chunk_size) * average > self._max_bytes / 2:
+                return False
+        return True
+
+    def _room(self) -> bool:
+        return self._has_demand()
+
+    def _added(self) -> None:
+        # the window is full: evict the oldest elements (trainers behind them skip ahead)
+        while self._bytes > self._max_bytes and len(self._items) > 1:
+            self._bytes -= self._sizes.popleft()
+            self._items.popleft()
+            self._base += 1
+
+    def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list:
+        with self._cond:
+            cursor = self._cursors.get(trainer_id, self._base)
+            if cursor < self._base:
+                self.skipped += self._base - cursor
+                cursor = self._base
+            out = []
+            taken = 0
+            items, sizes = self._items, self._sizes
+            i = cursor - self._base
+            while i < len(items) and len(out) < max_elements and (taken < max_bytes or not out):
+                out.append(items[i])
+                taken += sizes[i]
+                i += 1
+            self._cursors[trainer_id] = cursor + len(out)
+            if out:
+                self._cond.notify()  # the lead may have moved: there may be demand now
+            elif not self.end_visible and not self._closed:
+                self._waiting = True
+                self._event.clear()
+                self._cond.notify()
+            return out
+
+
+class RoundBuffer:
+    """Coordinated reads on one task: round ``k`` is the task's elements ``k*n .. k*n+n-1``.
+
+    Consumer ``c`` of ``n`` gets element ``c`` of each round, so in every round all
+    consumers read from the same worker, consecutive elements of its stream (a pipeline
+    that emits rounds of ``n`` similar elements keeps the replicas of a synchronous step in
+    step). Rounds are formed in order from the task's buffer and dropped once every consumer
+    took its element. Consumers may run ahead of the slowest by ``max_ahead`` rounds; past
+    that they wait, and after ``timeout`` seconds they get an error naming the laggards,
+    rather than waiting forever for a consumer that stopped.
+    """
+
+    def __init__(self, buffer: ElementBuffer, num_consumers: int, timeout: float,
+                 max_ahead: int = 64):
+        self.buffer = buffer
+        self.n = num_consumers
+        self.timeout = timeout
+        self.max_ahead = max_ahead
+        self.rounds: dict[int, list] = {}
+        self.taken: dict[int, set[int]] = {}
+        self.next_form = 0
+        self.oldest = 0
+        self._lock = asyncio.Lock()
+        self._progress = asyncio.Event()
+
+    async def _form_next(self) -> None:
+        buf = self.buffer
+        items: list = []
+        while len(items) < self.n:
+            got = buf.take(self.n - len(items), 2**62)
+            items.extend(got)
+            if len(items) < self.n:
+                if buf.end_visible:
+                    if buf.error is not None:
+                        raise buf.error
+                    raise DataServiceError(
+                        "coordinated reads need an infinite dataset, and this one ended"
+                    )
+                if buf.closed:
+                    raise DataServiceError("coordinated read: the task was cancelled")
+                await buf.wait(0.5)
+        self.rounds[self.next_form] = items
+        self.taken[self.next_form] = set()
+        self.next_form += 1
+
+    async def get(self, r: int, consumer: int):
+        """Consumer ``consumer``'s element of round ``r`` (waits for the round to form)."""
+        if r < self.oldest:
+            raise DataServiceError(
+                f"coordinated read: round {r} was already served to every consumer "
+                f"(consumer {consumer} is out of step)"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while r - self.oldest >= self.max_ahead:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                missing = sorted(set(range(self.n)) - self.taken.get(self.oldest, set()))
+                raise TimeoutError(
+                    f"coordinated read: consumers {missing} have not read round "
+                    f"{self.oldest} for {self.timeout:g}s; they stopped or fell behind, so "
+                    f"consumer {consumer} cannot go on (rounds must be read in step)"
+                )
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), remaining)
+            except TimeoutError:
+                pass
+        async with self._lock:
+            while r >= self.next_form:
+                await self._form_next()
+        element = self.rounds[r][consumer]
+        taken = self.taken[r]
+        taken.add(consumer)
+        if len(taken) == self.n:
+            del self.rounds[r], self.taken[r]
+            while self.oldest < self.next_form and self.oldest not in self.rounds:
+                self.oldest += 1
+            self._progress.set()
+        return element

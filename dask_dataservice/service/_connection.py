@@ -1,0 +1,230 @@
+"""Clients of the data service: which ``distributed.Client`` talks to a scheduler, and how
+blocking calls reach its event loop.
+
+- :func:`client_for`: a connected client for a ``Client`` or an address (reused per address;
+  inside a Dask task, the worker's own client).
+- :func:`run`: run a coroutine on the client's loop. With a synchronous client it blocks the
+  calling thread and returns the result, from any thread, also one with a running event loop
+  that is not the client's (a Jupyter cell); it refuses only a blocking call *on the
+  client's own loop thread*, the one real deadlock. With an asynchronous client
+  (``Client(asynchronous=True)``) it returns an awaitable instead.
+- :func:`install` / :func:`ensure_installed`: the dispatcher and data-worker plugins, through
+  ``Client.register_plugin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from distributed import Client
+from distributed.utils import LoopRunner, sync
+
+from .. import config
+from .._rpc import normalize_address
+from ._exceptions import DataServiceError
+from ._messages import raise_for_status
+
+__all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
+
+_CLIENTS: dict[str, Client] = {}
+#: Clients this module opened itself (closed at exit or by close_clients()).
+_OWN_CLIENTS: dict[str, Client] = {}
+_CLIENTS_LOCK = threading.Lock()
+_INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def service_address(service: Any) -> str:
+    """The scheduler address of ``service`` (a Client or an address string)."""
+    if isinstance(service, Client):
+        return service.scheduler.address
+    if isinstance(service, str) and service.strip():
+        return normalize_address(service)
+    raise TypeError(
+        "service must be a distributed.Client or a scheduler address such as "
+        f"'tcp://host:8786', got {type(service).__name__} {service!r:.60}"
+    )
+
+
+def _usable(client: Client | None) -> bool:
+    return client is not None and client.status not in ("closed", "closing")
+
+
+def on_loop_thread(client: Client) -> bool:
+    """Whether the calling thread runs ``client``'s event loop."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return running is client.loop.asyncio_loop
+
+
+def client_for(service: Any) -> Client:
+    """A connected client for ``service`` (a Client, or an address: reuse or connect)."""
+    if isinstance(service, Client):
+        if not _usable(service):
+            raise DataServiceError("the distributed.Client given as service is closed")
+        with _CLIENTS_LOCK:
+            if not _usable(_CLIENTS.get(service.scheduler.address)):
+                _CLIENTS[service.scheduler.address] = service
+        return service
+    address = service_address(service)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(address)
+        if _usable(client):
+            return client
+    client = _worker_client(address)
+    if client is None:
+        timeout = config.get_seconds("client.connect-timeout")
+        _probe(address, timeout)
+        try:
+            client = Client(address, set_as_default=False, timeout=timeout)
+        except OSError as e:
+            raise DataServiceError(f"cannot reach the data service at {address}: {e}") from e
+        with _CLIENTS_LOCK:
+            _OWN_CLIENTS[address] = client
+    with _CLIENTS_LOCK:
+        _CLIENTS[address] = client
+    return client
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Fail with a clear error if nothing listens at ``address``.
+
+    A ``Client`` that cannot connect leaves its loop thread running (distributed 2026.8), so
+    the address is tried first on a loop of our own, which we stop.
+    """
+    from distributed.comm import connect
+
+    async def probe():
+        comm = await connect(address, timeout=timeout)
+        await comm.close()
+
+    runner = LoopRunner()
+    runner.start()
+    try:
+        sync(runner.loop, probe)
+    except OSError as e:
+        raise DataServiceError(f"cannot reach the data service at {address}: {e}") from e
+    finally:
+        runner.stop()
+
+
+def _worker_client(address: str) -> Client | None:
+    """Inside a Dask task of a worker of ``address``: that worker's client."""
+    from distributed import get_client, get_worker
+
+    try:
+        worker = get_worker()
+    except ValueError:
+        return None
+    if worker.scheduler.address != address:
+        return None
+    return get_client()
+
+
+def forget(address: str) -> None:
+    """Forget the client remembered for ``address`` (its scheduler went away)."""
+    with _CLIENTS_LOCK:
+        _CLIENTS.pop(address, None)
+
+
+def close_clients(address: str | None = None) -> None:
+    """Close the clients this module opened (for one scheduler address, or all; also at exit)."""
+    with _CLIENTS_LOCK:
+        own = [(a, c) for a, c in _OWN_CLIENTS.items() if address is None or a == address]
+        for a, _ in own:
+            _OWN_CLIENTS.pop(a, None)
+            _CLIENTS.pop(a, None)
+    for _, client in own:
+        try:
+            client.close(timeout=5)
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+
+
+atexit.register(close_clients)
+
+
+def run(client: Client, coro_fn: Callable[..., Awaitable], *args, **kwargs):
+    """Run ``coro_fn(*args, **kwargs)`` on the client's loop (see the module docstring)."""
+    if client.asynchronous:
+        return coro_fn(*args, **kwargs)
+    return run_blocking(client, coro_fn, *args, **kwargs)
+
+
+def run_blocking(client: Client, coro_fn: Callable[..., Awaitable], *args, **kwargs):
+    """Run ``coro_fn`` on the client's loop and wait for it, whatever the client's kind."""
+    if on_loop_thread(client):
+        raise RuntimeError(
+            "dask_dataservice's blocking API was called on the event loop of its own "
+            "distributed.Client (that would deadlock); call it from another thread (e.g. "
+            "await asyncio.to_thread(list, dataset)), or use Client(asynchronous=True) and await it"
+        )
+    return sync(client.loop, coro_fn, *args, **kwargs)
+
+
+def check_can_block(client: Client, what: str) -> None:
+    """Refuse a blocking call on ``client``'s own loop thread (the one real deadlock)."""
+    if on_loop_thread(client):
+        hint = ("with an asynchronous client, use `async for x in dataset`" if client.asynchronous
+                else "call it from another thread instead, e.g. await asyncio.to_thread(...)")
+        raise RuntimeError(
+            f"{what} blocks, and was called on the event loop of its own distributed.Client "
+            f"(that would deadlock); {hint}"
+        )
+
+
+def _plugins() -> tuple:
+    from ._dispatcher_plugin import DispatcherPlugin
+    from ._worker_plugin import DataWorkerPlugin
+
+    return DispatcherPlugin(), DataWorkerPlugin()
+
+
+def _check_worker_replies(responses: dict | None) -> None:
+    for response in (responses or {}).values():
+        raise_for_status(response, "worker plugin installation")
+
+
+async def _install_async(client: Client) -> None:
+    """Install both plugins with an asynchronous client (``await``)."""
+    dispatcher, worker = _plugins()
+    await client.register_plugin(dispatcher)
+    _check_worker_replies(await client.register_plugin(worker))
+    _INSTALLED[client] = True
+
+
+def install(service: Any):
+    """Install the dispatcher and data-worker plugins on a cluster (idempotent).
+
+    Called automatically on first use; call it yourself to pay the cost up front. Clusters
+    started with ``--preload dask_dataservice`` already have both plugins. With an
+    asynchronous client, returns an awaitable.
+    """
+    client = client_for(service)
+    if client.asynchronous and on_loop_thread(client):
+        return _install_async(client)
+    check_can_block(client, "install()")
+    if client.asynchronous:  # another thread than the client's loop: wait for it there
+        return run_blocking(client, _install_async, client)
+    dispatcher, worker = _plugins()
+    client.register_plugin(dispatcher)
+    _check_worker_replies(client.register_plugin(worker))
+    _INSTALLED[client] = True
+    return None
+
+
+def ensure_installed(client: Client):
+    """:func:`install` once per client (an awaitable, or None, as :func:`install`)."""
+    if _INSTALLED.get(client):
+        return _done() if client.asynchronous and on_loop_thread(client) else None
+    return install(client)
+
+
+async def _done() -> None:
+    return None

@@ -1,0 +1,573 @@
+"""The reader: one pass over a job of the service, on the client's event loop.
+
+Each iteration of a ``DistributedDataset`` acquires an iteration of its job at the
+dispatcher, then one coroutine per task on the client's event loop pulls batches of elements
+from the task's worker (a count- and byte-bounded batch per request, numpy buffers as
+zero-copy frames) into a bounded :class:`Channel`. The user's thread only takes batches from
+that channel, so a ``next()`` costs no round trip; ``async for`` takes them on the loop.
+
+Every coroutine a reader starts runs in its own :class:`~dask_dataservice._async.TaskGroup`,
+stopped when the reader ends or the consumer stops reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from distributed import Client
+from distributed.comm.addressing import get_address_host
+from distributed.core import AsyncTaskGroupClosedError
+
+from .. import config
+from .._async import LoopWaker, TaskGroup
+from ..data._base import UNKNOWN, IterContext, Op
+from . import _connection
+from ._exceptions import DataServiceError
+from ._messages import TaskInfo, raise_for_status
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadSpec:
+    """What a ``DistributedDataset`` reads (the arguments of ``from_dataset_id``)."""
+
+    address: str
+    dataset_id: int | str
+    processing_mode: int
+    job_name: str | None
+    consumer_index: int | None
+    num_consumers: int | None
+    max_outstanding_requests: int | None
+    target_workers: str
+    cross_trainer_cache: Any  # CrossTrainerCache | None
+
+
+class ServiceSource(Op):
+    """A source op that streams elements of a registered dataset from the service."""
+
+    name = "from_dataset_id"
+    is_source = True
+    splittable = False
+    file_based = False
+
+    def __init__(self, spec: ReadSpec):
+        self.spec = spec
+        # How many times this object started reading a named job (its repetition).
+        self._repetitions = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"spec": self.spec}
+
+    def __setstate__(self, state):
+        self.spec = state["spec"]
+        self._repetitions = 0
+        self._lock = threading.Lock()
+
+    def params(self):
+        return (dataclasses.astuple(self.spec),)
+
+    def cardinality(self):
+        return UNKNOWN
+
+    def why_not(self) -> str:
+        return "the dataset already reads from the data service"
+
+    def next_repetition(self) -> int:
+        """The repetition of the job the next pass reads (named jobs count passes)."""
+        with self._lock:
+            repetition = self._repetitions
+            if self.spec.job_name is not None:
+                self._repetitions += 1
+        return repetition
+
+    def iterate(self, ctx: IterContext) -> Iterator:
+        return read(self.spec, self.next_repetition())
+
+
+# ---------------------------------------------------------------------------------------
+# the channel between the loop and the consumer
+# ---------------------------------------------------------------------------------------
+
+END = object()
+
+
+class Failure:
+    """The error that ended a read, in the channel."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Channel:
+    """Batches from the event loop to the consumer, bounded in batches.
+
+    The loop side awaits space (:meth:`put`); a consumer thread takes with :meth:`get` and
+    wakes the loop (through a :class:`~dask_dataservice._async.LoopWaker`) only when the loop
+    waits for space. A consumer on the loop itself (``async for``) uses :meth:`aget`.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._size = 0
+        self._capacity = capacity
+        self._space = asyncio.Event()
+        self._space_waker = LoopWaker(loop, self._space.set)
+        self._items = asyncio.Event()  # for aget: set on every put
+        self._lock = threading.Lock()
+        self._want_space = False
+
+    async def put(self, item: Any) -> None:
+        while True:
+            with self._lock:
+                if self._size < self._capacity:
+                    self._size += 1
+                    self._q.put(item)
+                    self._items.set()
+                    return
+                self._want_space = True
+                self._space.clear()
+            await self._space.wait()
+
+    def put_nowait(self, item: Any) -> None:
+        """Put past the bound (the last item of a read: the end or an error)."""
+        with self._lock:
+            self._size += 1
+            self._q.put(item)
+            self._items.set()
+
+    def _took(self) -> None:
+        with self._lock:
+            self._size -= 1
+            wake = self._want_space
+            self._want_space = False
+        if wake:
+            self._space_waker.wake()
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Take a batch (consumer thread); raises ``queue.Empty`` after ``timeout``."""
+        item = self._q.get(timeout=timeout)
+        self._took()
+        return item
+
+    def get_nowait(self) -> Any:
+        item = self._q.get_nowait()
+        self._took()
+        return item
+
+    async def aget(self) -> Any:
+        """Take a batch on the loop (``async for``)."""
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                self._items.clear()
+                await self._items.wait()
+                continue
+            with self._lock:
+                self._size -= 1
+                self._want_space = False
+            self._space.set()
+            return item
+
+
+# ---------------------------------------------------------------------------------------
+# readers
+# ---------------------------------------------------------------------------------------
+
+_STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
+
+
+def _local_host(scheduler_address: str) -> str:
+    """This machine's address as seen on the route to the scheduler."""
+    from distributed.utils import get_ip
+
+    host = get_address_host(scheduler_address)
+    try:
+        return get_ip(host)
+    except OSError:
+        return host
+
+
+def _task_info(t) -> TaskInfo:
+    """A task of an iteration view (TaskInfo; older dispatchers sent ``[id, addr, status]``)."""
+    if isinstance(t, dict):
+        return t
+    task_id, address, status = t
+    return TaskInfo(task_id=task_id, worker_address=address, status=status)
+
+
+class IterationReader:
+    """Reads one iteration: heartbeats with the dispatcher, one fetch loop per task."""
+
+    def __init__(self, client: Client, spec: ReadSpec, iteration_id: int, client_id: int,
+                 channel: Channel):
+        self.client = client
+        self.spec = spec
+        self.iteration_id = iteration_id
+        self.client_id = client_id
+        self.channel = channel
+        self.group = TaskGroup(f"dataservice reader {iteration_id}")
+        self.fetchers: dict[int, asyncio.Task | None] = {}
+        self.lost: dict[int, bool] = {}
+        #: Reading only the tasks on this host: done when they are (the others are
+        #: other consumers' business).
+        self.local_only = False
+        self.local_host = _local_host(spec.address)
+        cache = spec.cross_trainer_cache
+        self.trainer_id = cache.trainer_id if cache is not None else None
+        self.task_done = asyncio.Event()
+        self.stopped = False
+        #: Set once :meth:`run` returned (the channel holds its last item).
+        self.done = threading.Event()
+        self.max_elements = int(config.get("client.request-elements"))
+        self.max_bytes = config.get_bytes("client.request-bytes")
+        self.long_poll = config.get_seconds("client.long-poll")
+        self.depth = max(1, int(config.get("client.requests-per-task")))
+        self.dispatcher_timeout = config.get_seconds("client.dispatcher-timeout")
+        self.linger = config.get_seconds("client.linger")
+        self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
+
+    def start(self, view: dict) -> None:
+        self.group.spawn(self.run, view)
+
+    async def run(self, view: dict) -> None:
+        """Read the iteration into the channel; end it with END, or the first error."""
+        try:
+            await self._read(view)
+            if not self.stopped:
+                self.channel.put_nowait(END)
+        except asyncio.CancelledError:
+            if not self.stopped:
+                self.channel.put_nowait(Failure(DataServiceError(
+                    f"lost contact with the data service at {self.spec.address}: the reader "
+                    f"was cancelled (client status: {self.client.status})")))
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self._fail(e)
+        finally:
+            self.stop()
+            self.done.set()
+
+    async def _read(self, view: dict) -> None:
+        self._update_tasks(view)
+        while not self.stopped:
+            if view.get("garbage_collected"):
+                raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
+            ended = bool(self.fetchers) and all(f is None or f.done() for f in self.fetchers.values())
+            if ended and (view["finished"] or self.local_only):
+                break
+            self.task_done.clear()
+            if not ended:  # when every known task ended, the dispatcher already knows: ask now
+                try:
+                    await asyncio.wait_for(self.task_done.wait(), self.heartbeat_interval)
+                except TimeoutError:
+                    pass
+            view = await self._heartbeat()
+            self._update_tasks(view)
+            if ended and not view["finished"]:
+                # tasks ended but the dispatcher has not seen all of them yet (lost
+                # workers, or new tasks being created): wait a little before asking again
+                await asyncio.sleep(min(0.01, self.heartbeat_interval))
+
+    def _fail(self, e: BaseException) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.channel.put_nowait(Failure(e))
+        self.stop()
+
+    async def _heartbeat(self) -> dict:
+        """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
+
+        A fault-tolerant dispatcher comes back with the same iteration (its journal holds
+        it), so the consumer keeps asking, with a backoff (50 ms doubling to 1 s), for up to
+        ``client.dispatcher-timeout``. (distributed's ``retry`` counts attempts; this
+        contract is a duration, hence the loop.)
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None
+        delay = 0.05
+        while True:
+            scheduler = self.client.scheduler
+            if scheduler is None or self.client.status in ("closed", "closing"):
+                raise DataServiceError(
+                    f"lost contact with the data service at {self.spec.address}: the client "
+                    f"is {self.client.status} (it gave up reconnecting)"
+                )
+            try:
+                resp = await scheduler.dataservice_client_heartbeat(
+                    iteration_client_id=self.client_id)
+                if resp is not None:
+                    return raise_for_status(resp, "client heartbeat")
+                error: BaseException = RuntimeError("the dispatcher plugin is not installed")
+            except (TimeoutError, OSError) as e:
+                error = e
+            if deadline is None:
+                deadline = loop.time() + self.dispatcher_timeout
+                logger.info("dataservice: dispatcher unreachable (%r); retrying", error)
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self.stopped:
+                raise DataServiceError(
+                    f"lost contact with the data service at {self.spec.address}: {error!r}"
+                ) from error
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(2 * delay, 1.0)
+
+    def _select(self, view: dict) -> list[TaskInfo]:
+        """The tasks this consumer reads, by ``target_workers`` (see ``from_dataset_id``)."""
+        tasks = [_task_info(t) for t in view["tasks"]]
+        target = self.spec.target_workers
+        if target == "ANY" or not tasks:
+            return tasks
+        local = [t for t in tasks if get_address_host(t["worker_address"]) == self.local_host]
+        if target == "LOCAL":
+            if not local:
+                hosts = sorted({get_address_host(t["worker_address"]) for t in tasks})
+                raise DataServiceError(
+                    f"target_workers='LOCAL', but no data worker of this job runs on this "
+                    f"host ({self.local_host}); its workers are on {hosts}"
+                )
+            self.local_only = True
+            return local
+        if view.get("processing_mode") in _STATIC_NAMES and local:  # AUTO
+            self.local_only = True
+            return local
+        return tasks
+
+    def _update_tasks(self, view: dict) -> None:
+        for task in self._select(view):
+            task_id = task["task_id"]
+            if task["status"] == "lost":
+                # its worker left: what it had buffered is gone, stop waiting on it
+                self.lost[task_id] = True
+                fetcher = self.fetchers.get(task_id)
+                if fetcher is not None and not fetcher.done():
+                    fetcher.cancel()
+                elif task_id not in self.fetchers:
+                    self.fetchers[task_id] = None  # nothing to read
+            elif task_id not in self.fetchers:
+                self.fetchers[task_id] = self.group.spawn(
+                    self._fetch, task_id, task["worker_address"])
+
+    async def _fetch(self, task_id: int, address: str) -> None:
+        """Read one task: keep ``requests-per-task`` requests in flight, take them in order."""
+        rpc = self.client.rpc(address)
+        pending: collections.deque = collections.deque()
+        seq = 0
+        try:
+            while not self.stopped:
+                while len(pending) < self.depth:
+                    request = self.group.spawn(
+                        rpc.dataservice_get_elements,
+                        task_id=task_id, max_elements=self.max_elements, max_bytes=self.max_bytes,
+                        wait=self.long_poll, consumer=self.client_id, seq=seq,
+                        trainer_id=self.trainer_id,
+                        # the head request answers at once; the ones queued behind it may
+                        # gather a slow pipeline's elements for a moment
+                        linger=self.linger if pending else 0.0,
+                    )
+                    request._dds_awaited = True
+                    pending.append(request)
+                    seq += 1
+                try:
+                    resp = await pending.popleft()
+                except (TimeoutError, OSError) as e:
+                    logger.info("dataservice: lost task %s on %s: %r", task_id, address, e)
+                    return
+                if resp is None or resp.get("closing"):  # the worker is shutting down
+                    logger.info("dataservice: task %s on %s: worker closing", task_id, address)
+                    return
+                if resp.get("status") != "OK":
+                    raise_for_status(resp, "element request")
+                batch = resp.get("elements")
+                if batch is not None:
+                    await self.channel.put(batch.items)
+                elif resp.get("end_of_sequence"):
+                    return
+                elif resp.get("unknown") and self.lost.get(task_id):
+                    return  # its worker left (and came back without it)
+        except (asyncio.CancelledError, AsyncTaskGroupClosedError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the first error ends the iteration
+            self._fail(e)
+        finally:
+            for f in pending:
+                f.cancel()
+            self.task_done.set()
+
+    def stop(self) -> None:
+        """Stop reading (on the loop): cancel every fetch and request, keep ``run``."""
+        self.stopped = True
+        current = asyncio.current_task()
+        for task in self.group.tasks:
+            if task is not current and not task.done():
+                task.cancel()
+
+    async def close(self) -> None:
+        """Stop, wait for every task of the reader, and release the iteration client."""
+        self.stop()
+        await self.group.stop()
+        try:
+            await self.client.scheduler.dataservice_release_iteration_client(
+                iteration_client_id=self.client_id)
+        except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
+            logger.debug("dataservice: release failed: %r", e)
+
+
+class CoordinatedReader(IterationReader):
+    """Coordinated reads: round ``r`` comes from task ``r mod T``, element ``consumer_index``.
+
+    Every consumer of the job walks the same fixed list of tasks (sorted by id), so in each
+    round all consumers read from the same worker. Rounds are fetched ``rounds-per-request``
+    at a time from every task, and the next block is requested while this one is handed
+    over.
+    """
+
+    async def _read(self, view: dict) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.dispatcher_timeout
+        delay = 0.01
+        while not (active := self._active(view)):
+            if loop.time() > deadline:
+                raise DataServiceError("coordinated reads: the job has no data workers")
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.25)
+            view = await self._heartbeat()
+        tasks = sorted((t["task_id"], t["worker_address"]) for t in active)
+        self.group.spawn(self._heartbeats)
+        k = max(1, int(config.get("client.rounds-per-request")))
+        c, n = self.spec.consumer_index, self.spec.num_consumers
+
+        def request(first):
+            out = []
+            for tid, addr in tasks:
+                t = self.group.spawn(
+                    self.client.rpc(addr).dataservice_get_rounds,
+                    task_id=tid, first_round=first, count=k, consumer_index=c, num_consumers=n)
+                t._dds_awaited = True
+                out.append(t)
+            return out
+
+        pending = request(0)
+        first = 0
+        try:
+            while not self.stopped:
+                replies = await asyncio.gather(*pending)
+                first += k
+                pending = request(first)
+                columns = [raise_for_status(r, "coordinated read")["elements"].items
+                           for r in replies]
+                await self.channel.put([x for row in zip(*columns, strict=True) for x in row])
+        finally:
+            for f in pending:
+                f.cancel()
+
+    @staticmethod
+    def _active(view: dict) -> list[TaskInfo]:
+        return [t for t in map(_task_info, view["tasks"]) if t["status"] == "active"]
+
+    async def _heartbeats(self) -> None:
+        while not self.stopped:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat()
+            except DataServiceError as e:
+                logger.info("dataservice: coordinated reader heartbeat failed: %r", e)
+
+
+# ---------------------------------------------------------------------------------------
+# one pass
+# ---------------------------------------------------------------------------------------
+
+
+async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationReader:
+    """Acquire an iteration of the job and start reading it (on the client's loop)."""
+    capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
+    job = raise_for_status(await client.scheduler.dataservice_get_or_create_job(
+        dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
+        job_name=spec.job_name, target_workers=spec.target_workers,
+        num_consumers=spec.num_consumers,
+        cross_trainer_cache=spec.cross_trainer_cache is not None,
+    ), "job creation")
+    view = raise_for_status(await client.scheduler.dataservice_get_or_create_iteration(
+        job_id=job["job_id"], repetition=repetition,
+    ), "iteration creation")
+    channel = Channel(asyncio.get_running_loop(), capacity)
+    cls = IterationReader if spec.num_consumers is None else CoordinatedReader
+    reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
+    reader.start(view)
+    return reader
+
+
+def read(spec: ReadSpec, repetition: int) -> Iterator:
+    """Generator: one pass over a job of the service (blocking; any thread but the loop's)."""
+    client = _connection.client_for(spec.address)
+    _connection.check_can_block(client, "iterating a distributed dataset")
+    _connection.ensure_installed(client)
+    reader = _connection.run_blocking(client, _start, client, spec, repetition)
+    try:
+        channel = reader.channel
+        while True:
+            try:
+                item = channel.get(timeout=1.0)
+            except queue.Empty:
+                if not reader.done.is_set():
+                    continue
+                try:  # the reader ended: whatever it put last (END wins) is there now
+                    item = channel.get_nowait()
+                except queue.Empty:
+                    raise DataServiceError(
+                        f"lost contact with the data service at {spec.address}: the reader "
+                        f"stopped (client status: {client.status})"
+                    ) from None
+            if item is END:
+                return
+            if type(item) is Failure:
+                exc = item.exc
+                item.exc = None
+                raise exc
+            yield from item
+    finally:
+        _close_soon(client, reader)
+
+
+async def aread(spec: ReadSpec, repetition: int) -> AsyncIterator:
+    """Async generator: one pass, on an asynchronous client's loop (``async for``)."""
+    client = _connection.client_for(spec.address)
+    installing = _connection.ensure_installed(client)
+    if installing is not None:
+        await installing
+    reader = await _start(client, spec, repetition)
+    try:
+        while True:
+            item = await reader.channel.aget()
+            if item is END:
+                return
+            if type(item) is Failure:
+                exc = item.exc
+                item.exc = None
+                raise exc
+            for x in item:
+                yield x
+    finally:
+        await reader.close()
+
+
+def _close_soon(client: Client, reader: IterationReader) -> None:
+    """Close the reader on the client's loop without waiting (the consumer goes on at once:
+    StopIteration costs no round trip). The reader's own tasks are owned by its group,
+    which ``close`` stops."""
+    try:
+        client.loop.add_callback(reader.close)
+    except Exception:  # noqa: BLE001 - the client's loop is closed
+        pass

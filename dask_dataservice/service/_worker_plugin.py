@@ -1,0 +1,717 @@
+"""DataWorkerPlugin: runs data-service tasks on a Dask worker.
+
+Responsibilities
+----------------
+- Register with the dispatcher and reconcile tasks with it (``dataservice_worker_heartbeat``:
+  "these are my tasks" → "start these, drop those"), and start tasks the dispatcher pushes
+  (stream op ``dataservice-tasks``) at once.
+- Run each task's pipeline in a thread of its own (never on the event loop, never in the
+  worker's task executor) into a byte- and count-bounded buffer (:mod:`._buffers`).
+- Serve ``dataservice_get_elements``: as many buffered elements as fit a count and byte
+  budget in one reply, numpy buffers as zero-copy frames; hold the request open briefly
+  when the buffer is empty (long poll).
+- Under DYNAMIC sharding, feed the pipeline splits from the dispatcher through
+  :class:`DispatcherSplitProvider`, which asks for the next split while the current one is
+  read.
+
+Ownership: every coroutine the plugin starts runs in its :class:`~dask_dataservice._async.TaskGroup`;
+every task thread is tracked until it exited; dataset loading runs in an owned executor.
+``teardown`` cancels the tasks, closes the buffers, and waits for the threads to end.
+
+End of sequence is served only after the dispatcher has acknowledged the task as finished,
+so a consumer that sees every task end can ask the dispatcher once and trust its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections import OrderedDict, deque
+from typing import Any
+
+import cloudpickle
+from distributed.comm.addressing import get_address_host
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+from distributed.utils import run_in_executor_with_context
+from distributed.utils_comm import retry
+
+from .. import config
+from .._async import TaskGroup, owned_executor, shutdown_executor
+from .._rpc import error_message, handler
+from ..data.splits import ListSplitProvider, SplitProvider
+from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
+from ._exceptions import DataServiceError
+from ._messages import ElementBatch, TaskDef, raise_for_status
+from ._sharding import ShardingPolicy
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dataservice-worker"
+
+#: A producer hands its chunk over once it holds this many bytes.
+_CHUNK_BYTES = 1 << 20
+#: Ids of finished/cancelled tasks remembered (late requests get end of sequence).
+_FINISHED_MEMORY = 4096
+#: Unpickled pipelines kept after their last task left (a re-read skips the reload).
+_UNUSED_DATASETS = 8
+#: How long teardown waits for task threads stuck in user code.
+_JOIN_TIMEOUT = 10.0
+
+_local = threading.local()
+
+
+def current_task() -> TaskDef | None:
+    """The data-service task whose pipeline runs in this thread, or None.
+
+    A dict with ``task_id``, ``iteration_id``, ``job_id``, ``dataset_id``,
+    ``processing_mode`` and, under static sharding, ``worker_index`` / ``num_workers``.
+    Pipeline functions may use it, e.g. to seed per-worker randomness.
+    """
+    return getattr(_local, "task", None)
+
+
+class _Recent:
+    """A set that remembers only its ``capacity`` most recent members."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict[int, None] = OrderedDict()
+
+    def add(self, item: int) -> None:
+        self._items[item] = None
+        self._items.move_to_end(item)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+
+class DispatcherSplitProvider(SplitProvider):
+    """Serves a DYNAMIC task's source the splits the dispatcher hands out.
+
+    Runs in the task's thread. It asks ahead: as soon as a batch of split indices arrives it
+    requests the next batch, so the round trip hides behind reading. The batch size adapts:
+    it doubles (up to ``MAX_BATCH``) whenever the source had to wait for a reply, so tiny
+    splits cost few round trips, while slow pipelines keep asking for one split at a time.
+    A split handed out but not yet finished counts as *in flight* at the dispatcher and is
+    lost (never re-issued) if this worker dies: at-most-once visitation.
+    """
+
+    MAX_BATCH = 64
+
+    def __init__(self, runner: TaskRunner, splits: list):
+        self._runner = runner
+        self._splits = splits
+        self.repetition = 0
+        self._pending: concurrent.futures.Future | None = None
+        self._local: deque = deque()
+        self._ended = False
+        self._batch = 1
+
+    @property
+    def num_splits(self) -> int:
+        return len(self._splits)
+
+    def _request(self) -> concurrent.futures.Future:
+        runner = self._runner
+        return runner.plugin.submit(runner.plugin._get_splits, runner.task, self.repetition,
+                                    self._batch)
+
+    def _wait(self, fut: concurrent.futures.Future):
+        if not fut.done() and self._batch < self.MAX_BATCH:
+            self._batch *= 2  # we are waiting on the dispatcher: ask for more at once
+        return self._runner.wait(fut)
+
+    def get_next(self):
+        while not self._local:
+            if self._ended:
+                return None
+            fut = self._pending if self._pending is not None else self._request()
+            self._pending = None
+            indices, ended = self._wait(fut)
+            self._local.extend(indices)
+            self._ended = ended
+            if not ended:
+                self._pending = self._request()
+        return self._splits[self._local.popleft()]
+
+    def reset(self) -> None:
+        self.repetition += 1
+        self._ended = False
+        if self.repetition >= 2:
+            # Splits two repetitions back have left the pipeline (short of a shuffle buffer
+            # holding more than a whole repetition): stop counting them as in flight, so an
+            # endless repeat() does not grow the dispatcher's in-flight set forever.
+            runner = self._runner
+            runner.plugin.submit(runner.plugin._ack_splits, runner.task, self.repetition - 2)
+
+
+class TaskRunner:
+    """One task: a pipeline running in its own thread into an :class:`ElementBuffer`."""
+
+    def __init__(self, plugin: DataWorkerPlugin, task: TaskDef, dataset, splits: list | None):
+        self.plugin = plugin
+        self.task = task
+        self.task_id: int = task["task_id"]
+        self.dataset_id: int = task["dataset_id"]
+        self.loop = plugin.loop
+        self.dataset = dataset
+        self.splits = splits
+        self.cancelled = False
+        if task.get("cross_trainer_cache"):
+            self.buffer: ElementBuffer = CrossTrainerWindow(
+                self.loop, config.get_bytes("worker.cross-trainer-cache-bytes"))
+        else:
+            self.buffer = ElementBuffer(
+                self.loop, config.get_bytes("worker.buffer-bytes"),
+                int(config.get("worker.buffer-elements")),
+            )
+        #: Set (on the loop) once the thread returned.
+        self.exited = asyncio.Event()
+        self._waiting_on: concurrent.futures.Future | None = None
+        self.thread = threading.Thread(
+            target=self._run, name=f"dds-task-{self.task_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def wait(self, fut: concurrent.futures.Future):
+        """The result of ``fut`` (task thread); TaskCancelled once the task is cancelled."""
+        self._waiting_on = fut
+        try:
+            if self.cancelled:
+                fut.cancel()
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            raise TaskCancelled from None
+        finally:
+            self._waiting_on = None
+
+    def _iterator(self):
+        mode = ShardingPolicy(self.task["processing_mode"])
+        ds = self.dataset
+        if mode == ShardingPolicy.DYNAMIC:
+            return ds.iterate(DispatcherSplitProvider(self, self.splits))
+        index, n = self.task.get("worker_index"), self.task.get("num_workers")
+        if mode == ShardingPolicy.FILE:
+            # this worker's files: every n-th, from its index (each repetition again)
+            return ds.iterate(ListSplitProvider(self.splits[index::n]))
+        if mode == ShardingPolicy.DATA:
+            return iter(ds.shard(n, index))
+        if mode == ShardingPolicy.HINT:
+            return iter(ds.with_shard_hint(n, index) if ds.has_shard_hint else ds)
+        return iter(ds)
+
+    def _run(self) -> None:
+        error = None
+        it = None
+        _local.task = dict(self.task)
+        try:
+            it = self._iterator()
+            buf = self.buffer
+            put_many = buf.put_many
+            chunk: list = []
+            sizes: list = []
+            chunk_bytes = 0
+            # Hand elements over in chunks (one lock round per chunk), but at once when a
+            # consumer is waiting, so a slow pipeline's first element is not held back, and
+            # once a chunk holds ~1 MiB, so large elements stay within the buffer's bound
+            # (and their memory is reused instead of faulted in afresh).
+            chunk_size = buf.chunk_size
+            for x in it:
+                size = element_size(x)
+                chunk.append(x)
+                sizes.append(size)
+                chunk_bytes += size
+                if len(chunk) >= chunk_size or chunk_bytes >= _CHUNK_BYTES or buf._waiting:
+                    put_many(chunk, sizes)
+                    chunk, sizes, chunk_bytes = [], [], 0
+            if chunk:
+                put_many(chunk, sizes)
+        except TaskCancelled:
+            pass
+        except BaseException as e:  # noqa: BLE001 - handed to the consumers
+            error = e
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001
+                    pass
+            _local.task = None
+            self.buffer.finish(error)
+            if not self.cancelled:
+                self.plugin.submit(self.plugin._finish_task, self)
+            _call_soon(self.loop, self.exited.set)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        fut = self._waiting_on
+        if fut is not None:
+            fut.cancel()
+        self.buffer.close()
+
+
+class _Turns:
+    """Runs requests numbered 0, 1, 2, ... one after the other, in number order."""
+
+    def __init__(self):
+        self.next = 0
+        self._waiters: dict[int, asyncio.Future] = {}
+
+    async def wait_turn(self, seq: int, timeout: float) -> None:
+        if seq <= self.next:
+            return
+        fut = self._waiters[seq] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:  # an earlier request never came: go on rather than hang
+            self._waiters.pop(seq, None)
+
+    def done(self, seq: int) -> None:
+        self.next = max(self.next, seq + 1)
+        fut = self._waiters.pop(self.next, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+class DataWorkerPlugin(WorkerPlugin):
+    """The data service's half on each Dask worker (see the module docstring)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, heartbeat_interval: float | None = None):
+        #: Seconds between reconciliations with the dispatcher (default: config
+        #: ``dataservice.worker.heartbeat-interval``).
+        self.heartbeat_interval = heartbeat_interval
+        self.tasks: dict[int, TaskRunner | None] = {}
+        self.finished_tasks = _Recent(_FINISHED_MEMORY)
+
+    async def setup(self, worker) -> None:
+        self.worker = worker
+        self.loop = asyncio.get_running_loop()
+        self.tasks = {}
+        self.finished_tasks = _Recent(_FINISHED_MEMORY)
+        #: ``{dataset_id: (dataset, splits)}``, most recently used last.
+        self._datasets: OrderedDict[int, tuple[Any, list | None]] = OrderedDict()
+        #: Datasets being loaded: concurrent starts of one dataset share one load.
+        self._loading: dict[int, asyncio.Future] = {}
+        #: Runners whose thread has not exited yet (also cancelled ones).
+        self._runners: set[TaskRunner] = set()
+        self._executor = owned_executor("dds-worker-io", 1)
+        self._group = TaskGroup("dataservice worker")
+        self._closing = False
+        #: Counters for tests and dashboards: tasks finished, elements they produced.
+        self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0}
+        self._task_arrived = asyncio.Event()
+        #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
+        self._rounds: dict[int, RoundBuffer] = {}
+        #: ``{(task_id, consumer): _Turns}``: the order in which a consumer's requests run.
+        self._order: dict[tuple[int, int | None], _Turns] = {}
+        worker.handlers["dataservice_get_elements"] = self.get_elements
+        worker.handlers["dataservice_get_rounds"] = self.get_rounds
+        worker.handlers["dataservice_worker_state"] = self.worker_state
+        worker.stream_handlers["dataservice-tasks"] = self.tasks_changed
+        worker.extensions["dataservice"] = self
+        self.is_data_worker = not any(
+            worker.state.total_resources.get(r) for r in config.get("dispatcher.worker-resource-excluded") or ()
+        )
+        if self.is_data_worker:
+            self._group.spawn(self._heartbeat_loop)
+
+    async def teardown(self, worker) -> None:
+        self._closing = True
+        # Requests may still be in flight: answer them "closing" rather than "unknown op".
+        worker.handlers["dataservice_get_elements"] = _closing_get_elements
+        worker.handlers.pop("dataservice_worker_state", None)
+        # Keep a no-op stream handler: an unknown stream op would break the scheduler stream.
+        worker.stream_handlers["dataservice-tasks"] = _ignore
+        worker.extensions.pop("dataservice", None)
+        for runner in list(self._runners):
+            runner.cancel()
+        self.tasks.clear()
+        await self._group.stop()
+        await self._join_threads()
+        # the io executor runs one job at a time: once a no-op ran, joining it cannot block
+        await run_in_executor_with_context(self._executor, _noop)
+        shutdown_executor(self._executor)
+        self._datasets.clear()
+        self._rounds.clear()
+        self._order.clear()
+
+    async def _join_threads(self) -> None:
+        runners = list(self._runners)
+        if not runners:
+            return
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(r.exited.wait() for r in runners)), _JOIN_TIMEOUT)
+        except TimeoutError:
+            stuck = sorted(r.task_id for r in runners if not r.exited.is_set())
+            logger.warning("dataservice: task threads %s did not stop within %gs (a pipeline "
+                           "function blocks); leaving them", stuck, _JOIN_TIMEOUT)
+            return
+        for r in runners:
+            r.thread.join()  # returned already: joins at once
+
+    # Thread → loop
+    ###############
+    def submit(self, afunc, *args) -> concurrent.futures.Future:
+        """Run ``afunc(*args)`` in the plugin's task group, from any thread.
+
+        Returns a concurrent future of its result; cancelling the future cancels the task.
+        After teardown (or with the loop closed) the future is cancelled at once.
+        """
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def start() -> None:
+            if out.cancelled():
+                return
+            try:
+                task = self._group.spawn(afunc, *args)
+            except Exception:  # noqa: BLE001 - the group is closed: we are shutting down
+                out.cancel()
+                return
+            task._dds_awaited = True  # its outcome goes to `out`
+            task.add_done_callback(lambda t: _copy_outcome(t, out))
+            out.add_done_callback(lambda f: f.cancelled() and _call_soon(self.loop, task.cancel))
+
+        if self.loop.is_closed():
+            out.cancel()
+        else:
+            _call_soon(self.loop, start)
+        return out
+
+    # Handlers
+    ##########
+    @handler
+    async def get_elements(self, task_id: int, max_elements: int = 4096,
+                           max_bytes: int = 32 << 20, wait: float = 1.0,
+                           consumer: int | None = None, seq: int | None = None,
+                           trainer_id: str | None = None, linger: float = 0.0) -> dict:
+        """Up to ``max_elements`` buffered elements of a task, or end of sequence.
+
+        A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
+        elements in the order it sent them, so a task's elements arrive in order.
+        """
+        if seq is None:
+            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
+                                            linger)
+        key = (task_id, consumer)
+        order = self._order.get(key)
+        if order is None:
+            order = self._order[key] = _Turns()
+        await order.wait_turn(seq, timeout=wait + 10)
+        try:
+            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
+                                            linger)
+        finally:
+            order.done(seq)
+
+    async def _runner(self, task_id: int, timeout: float) -> TaskRunner | None:
+        """The task's runner; waits up to ``timeout`` for a task that has not arrived yet."""
+        deadline = self.loop.time() + timeout
+        while (runner := self.tasks.get(task_id)) is None:
+            remaining = deadline - self.loop.time()
+            if task_id in self.finished_tasks or remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._task_arrived.wait(), remaining)
+            except TimeoutError:
+                pass
+        return runner
+
+    async def _get_elements(self, task_id, max_elements, max_bytes, wait,
+                            trainer_id=None, linger=0.0) -> dict:
+        runner = self.tasks.get(task_id)
+        if runner is None:
+            # The consumer learnt of the task from the dispatcher before the task reached
+            # this worker (or its dataset is still loading): wait for it a little.
+            runner = await self._runner(task_id, min(wait, 0.5))
+            if runner is None:
+                if task_id in self.finished_tasks:
+                    return {"status": "OK", "elements": None, "end_of_sequence": True}
+                return {"status": "OK", "elements": None, "end_of_sequence": False,
+                        "unknown": task_id not in self.tasks}
+        buf = runner.buffer
+        if isinstance(buf, CrossTrainerWindow):
+            def take(n=max_elements):
+                return buf.take(n, max_bytes, trainer_id)
+        else:
+            def take(n=max_elements):
+                return buf.take(n, max_bytes)
+        items = take()
+        if not items and not buf.end_visible and not runner.cancelled:
+            await buf.wait(wait)
+            items = take()
+        if items and linger > 0 and len(items) < max_elements and buf.lingers:
+            # A request that is not at the head of its consumer's queue collects elements
+            # of a slow pipeline for a moment, so that each costs less than a round trip.
+            deadline = self.loop.time() + linger
+            size = sum(map(element_size, items))
+            while len(items) < max_elements and size < max_bytes and not buf.end_visible \
+                    and not runner.cancelled:
+                more = take(max_elements - len(items))
+                if more:
+                    items.extend(more)
+                    size += sum(map(element_size, more))
+                    continue
+                remaining = deadline - self.loop.time()
+                if remaining <= 0:
+                    break
+                await buf.wait(remaining)
+        if items:
+            self.stats["batches_served"] += 1
+            return {"status": "OK", "elements": to_serialize(ElementBatch(items)), "end_of_sequence": False}
+        if buf.end_visible:
+            if buf.error is not None:
+                return error_message(buf.error)
+            return {"status": "OK", "elements": None, "end_of_sequence": True}
+        return {"status": "OK", "elements": None, "end_of_sequence": runner.cancelled}
+
+    @handler
+    async def get_rounds(self, task_id: int, first_round: int, count: int,
+                         consumer_index: int, num_consumers: int) -> dict:
+        """Coordinated reads: this consumer's elements of rounds ``first_round ..``."""
+        runner = await self._runner(task_id, 10.0)
+        if runner is None:
+            raise DataServiceError(f"task {task_id} does not run on {self.worker.address}")
+        rounds = self._rounds.get(task_id)
+        if rounds is None:
+            rounds = self._rounds[task_id] = RoundBuffer(
+                runner.buffer, num_consumers, config.get_seconds("worker.coordinated-read-timeout"))
+        if not 0 <= consumer_index < rounds.n:
+            raise ValueError(f"consumer_index must be in [0, {rounds.n}), got {consumer_index}")
+        out = [await rounds.get(r, consumer_index) for r in range(first_round, first_round + count)]
+        return {"status": "OK", "elements": to_serialize(ElementBatch(out))}
+
+    def worker_state(self) -> dict:
+        return {
+            "status": "OK",
+            "is_data_worker": self.is_data_worker,
+            "tasks": {
+                tid: {"produced": r.buffer.produced, "buffered": len(r.buffer),
+                      "produced_all": r.buffer.produced_all, "end_visible": r.buffer.end_visible}
+                for tid, r in self.tasks.items() if r is not None
+            },
+            "finished_tasks": sorted(self.finished_tasks),
+            "datasets": sorted(self._datasets),
+            "threads": len(self._runners),
+        }
+
+    def tasks_changed(self, new_tasks=(), cancelled=()) -> None:
+        """Stream handler: the dispatcher assigned or cancelled tasks. Never raises."""
+        try:
+            self._apply_tasks(new_tasks, cancelled)
+        except Exception:  # noqa: BLE001 - a raising stream handler disconnects the worker
+            logger.exception("dataservice: could not apply task changes")
+
+    # Internals
+    ###########
+    def _apply_tasks(self, new_tasks, cancelled) -> None:
+        for task_id in cancelled:
+            runner = self.tasks.pop(task_id, None)
+            if runner is not None:
+                runner.cancel()
+            self.finished_tasks.add(task_id)
+            for key in [k for k in self._order if k[0] == task_id]:
+                del self._order[key]
+            self._rounds.pop(task_id, None)
+        for task in new_tasks:
+            tid = task["task_id"]
+            if tid in self.tasks or tid in self.finished_tasks:
+                continue
+            self.tasks[tid] = None  # reserve while the dataset definition loads
+            self._group.spawn(self._start_task, TaskDef(**task))
+
+    async def _start_task(self, task: TaskDef) -> None:
+        tid = task["task_id"]
+        try:
+            dataset, splits = await self._get_dataset(task["dataset_id"])
+            if self._closing or tid not in self.tasks:
+                return
+            runner = TaskRunner(self, task, dataset, splits)
+        except Exception as e:  # noqa: BLE001 - reported to consumers through the task
+            if self._closing or tid not in self.tasks:
+                return
+            logger.warning("dataservice: task %s could not start: %r", tid, e)
+            runner = TaskRunner(self, task, None, None)
+            runner.buffer.finish(e)
+            runner.exited.set()
+            self.tasks[tid] = runner
+            self._signal_task_arrived()
+            self._group.spawn(self._finish_task, runner)
+            return
+        self.tasks[tid] = runner
+        self._runners.add(runner)
+        self._group.spawn(self._forget_when_exited, runner)
+        runner.start()
+        self._signal_task_arrived()
+
+    async def _forget_when_exited(self, runner: TaskRunner) -> None:
+        try:
+            await runner.exited.wait()
+        finally:
+            self._runners.discard(runner)
+            self._release_unused_datasets()
+
+    def _release_unused_datasets(self) -> None:
+        """Keep only pipelines a task still uses, plus the few most recently used."""
+        used = {r.dataset_id for r in self._runners} | {
+            r.dataset_id for r in self.tasks.values() if r is not None}
+        unused = [d for d in self._datasets if d not in used]
+        for dataset_id in unused[:max(0, len(unused) - _UNUSED_DATASETS)]:
+            del self._datasets[dataset_id]
+
+    def _signal_task_arrived(self) -> None:
+        event, self._task_arrived = self._task_arrived, asyncio.Event()
+        event.set()
+
+    async def _get_dataset(self, dataset_id: int):
+        cached = self._datasets.get(dataset_id)
+        if cached is not None:
+            self._datasets.move_to_end(dataset_id)
+            return cached
+        loading = self._loading.get(dataset_id)
+        if loading is None:
+            loading = self._loading[dataset_id] = self._group.spawn(self._load_dataset, dataset_id)
+            loading._dds_awaited = True
+            loading.add_done_callback(lambda _: self._loading.pop(dataset_id, None))
+        return await asyncio.shield(loading)
+
+    async def _load_dataset(self, dataset_id: int):
+        resp = raise_for_status(
+            await self.worker.scheduler.dataservice_get_dataset(dataset_id=dataset_id),
+            "dataset lookup",
+        )
+        # Unpickling runs user code (cloudpickled functions): keep it off the loop.
+        loaded = await run_in_executor_with_context(
+            self._executor, _load_dataset, resp["pipeline"], resp["splits"]
+        )
+        self._datasets[dataset_id] = loaded
+        self._release_unused_datasets()
+        return loaded
+
+    async def _get_splits(self, task: TaskDef, repetition: int, count: int):
+        """Split indices from the dispatcher; rides out a dispatcher that is going away.
+
+        A closing (or unreachable) scheduler is retried with backoff for about 30 s (with
+        distributed's ``retry``); if this worker is closing meanwhile, its tasks are being
+        cancelled, and failing the task instead would report a bogus error to consumers.
+        """
+        async def ask():
+            if self._closing:
+                raise TaskCancelled
+            return raise_for_status(await self.worker.scheduler.dataservice_get_split(
+                iteration_id=task["iteration_id"], task_id=task["task_id"],
+                repetition=repetition, count=count,
+            ), "split request")
+
+        try:
+            resp = await retry(ask, count=_RETRIES, delay_min=0.05, delay_max=2.0,
+                               operation="dataservice split request")
+        except OSError:
+            if self._closing:
+                raise TaskCancelled from None
+            raise
+        return resp["split_indices"], resp["end_of_splits"]
+
+    async def _ack_splits(self, task: TaskDef, repetition: int) -> None:
+        try:
+            await self.worker.scheduler.dataservice_ack_splits(
+                task_id=task["task_id"], repetition=repetition)
+        except Exception as e:  # noqa: BLE001 - only bookkeeping is lost
+            logger.debug("dataservice: ack_splits failed: %r", e)
+
+    async def _finish_task(self, runner: TaskRunner) -> None:
+        """Tell the dispatcher the task finished, then let consumers see the end."""
+        try:
+            await self.worker.scheduler.dataservice_finish_task(
+                task_id=runner.task_id, error=runner.buffer.error is not None
+            )
+        except Exception as e:  # noqa: BLE001 - the heartbeat reports it again
+            logger.info("dataservice: finish_task(%s) failed: %r", runner.task_id, e)
+        runner.buffer.show_end()
+        self.stats["tasks_finished"] += 1
+        self.stats["elements_produced"] += runner.buffer.produced
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat_interval or config.get_seconds("worker.heartbeat-interval")
+        delay = interval
+        while not self._closing:
+            try:
+                answered = await self._heartbeat()
+            except Exception as e:  # noqa: BLE001 - the dispatcher may be restarting
+                logger.debug("dataservice heartbeat failed: %r", e)
+                answered = True
+            # No dispatcher on this scheduler (yet): back off, so that its log is not
+            # flooded with "no handler" lines. Installing the dispatcher re-sends this plugin
+            # to every worker, which restarts the heartbeat at once.
+            delay = interval if answered else min(30.0, max(delay, interval) * 2)
+            await asyncio.sleep(delay)
+
+    async def _heartbeat(self) -> bool:
+        w = self.worker
+        active = [tid for tid, r in self.tasks.items() if r is None or not r.buffer.end_visible]
+        done = [tid for tid, r in self.tasks.items() if r is not None and r.buffer.end_visible]
+        resp = await w.scheduler.dataservice_worker_heartbeat(
+            address=w.address, host=get_address_host(w.address),
+            nthreads=w.state.nthreads, active_tasks=active, finished_tasks=done,
+        )
+        if resp is None:  # the dispatcher is not installed (yet)
+            return False
+        raise_for_status(resp, "worker heartbeat")
+        self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
+        return True
+
+
+#: Retries of a split request (backoff 0.05 s doubling to 2 s: about 30 s in all).
+_RETRIES = 20
+
+
+def _copy_outcome(task: asyncio.Task, out: concurrent.futures.Future) -> None:
+    if out.done():
+        return
+    if task.cancelled():
+        out.cancel()
+    elif task.exception() is not None:
+        out.set_exception(task.exception())
+    else:
+        out.set_result(task.result())
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # the loop is closed: the worker is gone
+        pass
+
+
+def _noop() -> None:
+    return None
+
+
+def _closing_get_elements(**kwargs) -> dict:
+    return {"status": "OK", "elements": None, "end_of_sequence": False, "closing": True}
+
+
+def _ignore(**kwargs) -> None:
+    return None
+
+
+def _load_dataset(pipeline: bytes, splits: bytes | None):
+    dataset = cloudpickle.loads(pipeline)
+    return dataset, (cloudpickle.loads(splits) if splits else None)
