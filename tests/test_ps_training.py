@@ -10,18 +10,20 @@ import numpy as np
 import pytest
 import zarr
 from distributed import Scheduler, Worker
-from distributed.utils_test import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.ps import optimizers as opt
 from dask_dataservice.ps._exceptions import CheckpointMismatchError, VariableNotFoundError
-from dask_dataservice.ps.coordinator import RUNNER_NAME, ClosureCancelledError
+from dask_dataservice.ps._runner_plugin import RUNNER_NAME
+from dask_dataservice.ps.coordinator import ClosureCancelledError
+from dask_dataservice.testing import gen_cluster
+from dask_dataservice.testing._ps import warm_up_zarr
 
 pytestmark = pytest.mark.timeout(60)
 
-# zarr runs its I/O on a process-wide daemon thread; start it before gen_cluster's
+# zarr runs its I/O on process-wide daemon threads; start them all before gen_cluster's
 # thread-leak check takes its snapshot.
-zarr.create_array(zarr.storage.MemoryStore(), shape=(1,), dtype="f4")[:] = 1
+warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
 
@@ -56,10 +58,13 @@ async def test_schedule_join_fetch(s, p0, w0, w1):
         assert int(counter.numpy()) == 300
         # both workers took part
         assert coord.stats["finished"] == 300
-        # fetch() of structures; a finished RemoteValue may be an argument
+        # fetch() of structures; a finished RemoteValue's value may be an argument
         assert coord.fetch({"a": rvs[2], "b": [rvs[3], counter], "c": 5}) == {
             "a": (4, rvs[2].fetch()[1]), "b": [(9, rvs[3].fetch()[1]), 300], "c": 5}
-        rv = coord.schedule(lambda x: x[0] + 1, args=(rvs[4],))
+        # a RemoteValue argument is refused (TF); its fetched value is fine
+        with pytest.raises(ValueError, match="RemoteValue"):
+            coord.schedule(lambda x: x, args=([rvs[4]],))
+        rv = coord.schedule(lambda x: x[0] + 1, args=(rvs[4].fetch(),))
         assert rv.fetch() == 17
         coord.join()
 
@@ -403,8 +408,8 @@ def test_checkpoint_saved_on_2_ps_restores_onto_3_ps(tmp_path):
 
 
 def test_demo_trains_on_a_data_service_stream(tmp_path):
-    from dask_dataservice.cli import _VOCAB_SIZE, make_click_dataset
-    from dask_dataservice.ps.demo import train_click_model
+    from dask_dataservice.demo import VOCAB_SIZE as _VOCAB_SIZE
+    from dask_dataservice.demo import make_click_dataset, train_click_model
 
     path = str(tmp_path / "demo-ckpt")
     seen = []

@@ -13,27 +13,30 @@ import dask
 import numpy as np
 import pytest
 import zarr
-from distributed.utils_test import gen_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dask_dataservice as dds
-from dask_dataservice.ps import _transport as transport
+from dask_dataservice.ps import _routing
 from dask_dataservice.ps import optimizers as opt
 from dask_dataservice.ps._exceptions import (
     ParameterServerError,
     ShapeMismatchError,
     VariableNotFoundError,
 )
-from dask_dataservice.ps.coordinator import RUNNER_NAME
-from dask_dataservice.ps.server import HANDLERS, PLUGIN_NAME, ParameterServerPlugin, _zarr_name
-from dask_dataservice.ps.variables import _wire
+from dask_dataservice.ps._runner_plugin import RUNNER_NAME
+from dask_dataservice.ps._store import zarr_name as _zarr_name
+from dask_dataservice.ps._types import Call
+from dask_dataservice.ps._types import wire as _wire
+from dask_dataservice.ps.server import HANDLERS, PLUGIN_NAME, ParameterServerPlugin
+from dask_dataservice.testing import gen_cluster
+from dask_dataservice.testing._ps import warm_up_zarr
 
 pytestmark = pytest.mark.timeout(60)
 
-# zarr runs its I/O on a process-wide daemon thread; start it before gen_cluster's
+# zarr runs its I/O on process-wide daemon threads; start them all before gen_cluster's
 # thread-leak check takes its snapshot.
-zarr.create_array(zarr.storage.MemoryStore(), shape=(1,), dtype="f4")[:] = 1
+warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
 
@@ -244,17 +247,18 @@ async def test_handler_errors_travel_as_values(s, p0, w0):
             v.scatter_update([0, 1], np.zeros((3, 2)))
         reply = c.sync(c.rpc(p0.address).ps_read, key="nope")
         with pytest.raises(VariableNotFoundError, match="holds no shard 'nope'"):
-            transport.check(reply, p0.address, "ps_read")
+            _routing.check(reply, Call(p0.address, "ps_read", {}))
         reply = c.sync(c.rpc(w0.address).ps_read, key="x")
         with pytest.raises(VariableNotFoundError, match="not a parameter server"):
-            transport.check(reply, w0.address, "ps_read")
+            _routing.check(reply, Call(w0.address, "ps_read", {}))
         np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2)))
+        # an unpickled handle finds its own strategy's client; one whose strategy is not
+        # in this process says so (no "most recent strategy" to fall back on)
+        w = pickle.loads(pickle.dumps(v))
+        np.testing.assert_array_equal(w.numpy(), np.zeros((4, 2)))
+        w._owner = "a strategy of another process"
         with pytest.raises(ParameterServerError, match="inside a function scheduled"):
-            saved, transport._default_client = transport._default_client, None
-            try:
-                pickle.loads(pickle.dumps(v)).numpy()
-            finally:
-                transport._default_client = saved
+            w.numpy()
 
     await in_thread(s, body)
 
@@ -365,9 +369,9 @@ def test_row_routing_and_duplicate_sums(ids, cut, seed):
     assert np.array_equal(plan.expand(plan.uniq), ids)
     expected = np.zeros((plan.uniq.size, 2))
     np.add.at(expected, np.searchsorted(plan.uniq, ids), rows)
-    np.testing.assert_array_equal(plan.combine(rows, "sum"), expected)
+    np.testing.assert_array_equal(plan.combine(rows, np.add), expected)
     last = {int(i): r for i, r in zip(ids, rows, strict=True)}
-    got = plan.combine(rows, "last")
+    got = plan.combine(rows, None)
     for k, i in enumerate(plan.uniq):
         np.testing.assert_array_equal(got[k], last[int(i)])
     for shard, a, b, local in plan.parts:  # each shard gets its own rows, shard-local
@@ -391,8 +395,7 @@ def test_optimizer_configs_round_trip():
 def test_zarr_backing_flush_and_reload(tmp_path):
     work_dir = str(tmp_path / "ps")
 
-    # zarr's LocalStore starts process-wide I/O threads on first use: not a leak
-    @gen_cluster(client=False, nthreads=[PS, WK], clean_kwargs={"threads": False})
+    @gen_cluster(client=False, nthreads=[PS, WK])
     async def run(s, p0, w0):
         await in_thread(s, lambda c: body(c, p0))
         assert p0.plugins[PLUGIN_NAME].store_path.startswith(work_dir)

@@ -28,8 +28,9 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore
 
-from . import _transport
+from . import _routing, _store
 from ._exceptions import CheckpointMismatchError
+from ._types import Call
 from .optimizers import Optimizer
 from .variables import ShardedVariable, Variable
 
@@ -108,9 +109,9 @@ class Checkpoint:
         for group, v in local:
             zarr.create_array(store, name=f"{group}/value", data=v.read_value(),
                               chunks=v.shape, overwrite=True, compressors=None)
-        replies = _transport.call_many(
-            [(a, "ps_save", {"path": path, "items": items}) for a, items in per_ps.items()],
-            client) if per_ps else []
+        replies = _routing.call_many(
+            [Call(a, "ps_save", {"path": path, "items": items}) for a, items in per_ps.items()],
+            *client)
         slot_names: dict[str, dict] = {}
         for reply in replies:
             slot_names.update(reply["slots"])
@@ -175,10 +176,10 @@ class Checkpoint:
                 if v.ps_address is None:
                     _restore_local(path, v, pieces)
                 else:
-                    calls.append((v.ps_address, "ps_restore",
-                                  {"path": path, "key": v.key, "pieces": pieces,
-                                   "slots": s.get("slots") or {}}))
-        _transport.call_many(calls, client)
+                    calls.append(Call(v.ps_address, "ps_restore",
+                                      {"path": path, "key": v.key, "pieces": pieces,
+                                       "slots": s.get("slots") or {}}))
+        _routing.call_many(calls, *client)
         self.save_counter = int(attrs.get("save_counter", 0))
         return self
 
@@ -188,21 +189,16 @@ class Checkpoint:
         return f"<dds.Checkpoint {sorted(self._objects)} save_counter={self.save_counter}>"
 
 
-def _client_of(variables: dict):
+def _client_of(variables: dict) -> tuple:
+    """``(client, strategy id)`` of the first remote variable (``(None, None)``: all local)."""
     for var in variables.values():
         for v in var.variables:
-            if v._client is not None:
-                return v._client
-    return None
+            if v.ps_address is not None:
+                return v._client_uid()
+    return None, None
 
 
 def _restore_local(path: str, v: Variable, pieces: list) -> None:
-    store = LocalStore(path, read_only=True)
     value = np.empty(v.shape, dtype=v.dtype)
-    for group, start, stop, dst in pieces:
-        arr = zarr.open_array(store, path=f"{group}/value", mode="r")
-        if v.shape:
-            value[dst:dst + stop - start] = arr[start:stop]
-        else:
-            value[...] = arr[...]
+    _store.read_pieces(LocalStore(path, read_only=True), pieces, "value", value)
     v.assign(value)

@@ -5,26 +5,26 @@ Theory of operation
 One Dask task per step caps near 600 steps/s on this hardware, so scheduled functions do
 not become tasks. Instead:
 
-- ``schedule(fn)`` appends a closure (a function id, ``fn``, its arguments and a
-  :class:`RemoteValue`) to a queue and returns at once.
+- ``schedule(fn)`` pickles the closure in the caller's thread (never on the event loop; a
+  function scheduled many times in a row is pickled once), appends it (a function id, the
+  pickled function and arguments, a :class:`RemoteValue`) to a queue and returns at once.
 - On the client's event loop, each training worker has ``batches-in-flight`` *feeders*. A
   feeder takes a batch of closures from the queue (about an even share of what is queued,
-  at most ``closures-per-batch``), pickles it once (a function used by many closures is
-  pickled once), and sends it to the worker's ``ps_run_closures`` handler.
-- The worker (:class:`TrainingWorkerPlugin`) runs the batch in its runner thread, one
-  closure after the other, and answers all results in one reply. Inside a closure,
-  variable handles talk to the parameter servers directly from that thread, over one
-  ordered connection per PS: updates go out without waiting for their replies, reads wait
-  for theirs (see :mod:`._transport`). Before it answers, the runner waits for every update
-  of the batch to be acknowledged and fails any closure whose update failed.
+  at most ``closures-per-batch``) and sends it to the worker's ``ps_run_closures`` handler.
+- The worker (:class:`~._runner_plugin.TrainingWorkerPlugin`) runs the batch in its runner
+  thread, one closure after the other, and answers all results in one reply (see
+  :mod:`._runner_plugin` and :mod:`._channel`).
 - A feeder whose request fails with a connection error lost its worker: the closures of
   the batch go back to the front of the queue and run on another worker (at-least-once, as
   TensorFlow). Updates carry the closure's id and a per-run sequence number, and a PS
   applies each at most once, so a re-run does not repeat an update that already landed.
 - A closure that raises stops the rest of its batch, cancels everything still queued, and
   its error is raised by the next ``join()``, ``done()`` or ``schedule()`` (then cleared),
-  as in TensorFlow.
-- A membership loop polls the scheduler for training workers that joined or left.
+  as in TensorFlow. Closures of the failed generation that were running elsewhere and
+  finish afterwards are cancelled too: their ``fetch()`` raises ClosureCancelledError.
+- A membership loop polls the scheduler for training workers that joined or left; a worker
+  whose request failed is remembered as dead only while the scheduler still lists it.
+- Every task the coordinator starts belongs to its TaskGroup; ``shutdown`` stops them.
 """
 
 from __future__ import annotations
@@ -36,17 +36,16 @@ import math
 import secrets
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
-from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.utils import run_in_executor_with_context, sync
 
 from .. import config
-from .._rpc import error_message
-from . import _transport
+from .._async import LoopWaker, TaskGroup
+from . import _routing
 from ._exceptions import ParameterServerError, ParameterServerUnavailableError
+from ._runner_plugin import PerWorkerDataset, PerWorkerIterator, TrainingWorkerPlugin
+from ._types import Call
 from .strategy import ParameterServerStrategy, _roles
 from .variables import ShardedVariable, Variable
 
@@ -55,166 +54,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["ClusterCoordinator", "RemoteValue", "PerWorkerDataset", "PerWorkerIterator",
            "TrainingWorkerPlugin", "ClosureCancelledError"]
 
-RUNNER_NAME = "dataservice-ps-runner"
-
 
 class ClosureCancelledError(ParameterServerError):
     """A scheduled function was cancelled because an earlier one failed."""
-
-
-# ---------------------------------------------------------------------------------------
-# worker side
-# ---------------------------------------------------------------------------------------
-
-
-class TrainingWorkerPlugin(WorkerPlugin):
-    """Runs batches of scheduled functions on a training worker (``ps_run_closures``).
-
-    Closures run one at a time in the plugin's own thread (never on the event loop, never
-    in the worker's task executor). The plugin also holds this worker's per-worker dataset
-    iterators, created on first use.
-    """
-
-    name = RUNNER_NAME
-    idempotent = True
-
-    async def setup(self, worker) -> None:
-        self.worker = worker
-        self._runner = ThreadPoolExecutor(1, thread_name_prefix="dds-ps-runner")
-        #: ``{iterator uid: iterator}`` and ``{dataset uid: newest iterator uid}``.
-        self._iterators: dict[str, Any] = {}
-        self._newest: dict[str, str] = {}
-        #: ``{coordinator uid: error generation}`` of coordinators whose batch failed here.
-        self._poisoned: dict[int, int] = {}
-        #: ``{PS address: Channel}``: ordered connections used by the runner thread.
-        self._channels: dict[str, _transport.Channel] = {}
-        self._pipeline = bool(config.get("ps.pipeline-updates"))
-        self._max_bytes = config.get_bytes("ps.unacked-bytes")
-        self._max_messages = int(config.get("ps.unacked-messages"))
-        self.stats = {"closures": 0, "batches": 0}
-        worker.handlers["ps_run_closures"] = self.run_closures
-        worker.extensions[RUNNER_NAME] = self
-
-    async def teardown(self, worker) -> None:
-        worker.handlers.pop("ps_run_closures", None)
-        worker.extensions.pop(RUNNER_NAME, None)
-        self._runner.shutdown(wait=False, cancel_futures=True)
-        for channel in self._channels.values():
-            channel.close()
-        self._iterators.clear()
-
-    async def run_closures(self, payload: bytes, coordinator: int, generation: int) -> dict:
-        try:
-            results = await run_in_executor_with_context(
-                self._runner, self._run_batch, payload, coordinator, generation)
-            return {"status": "OK", "results": results}
-        except Exception as e:  # noqa: BLE001 - e.g. a batch that does not unpickle here
-            return error_message(e)
-
-    def _run_batch(self, payload: bytes, coordinator: int, generation: int) -> list:
-        from distributed.worker import _worker_cvar
-
-        _worker_cvar.set(self.worker)
-        _transport._thread.worker = self.worker
-        closures = cloudpickle.loads(payload)
-        results: list[tuple[bool, bytes]] = []
-        self.stats["batches"] += 1
-        pipeline = None
-        if self._pipeline:
-            pipeline = _transport.Pipeline(self._channels, self.worker, self._max_bytes,
-                                           self._max_messages)
-        _transport._thread.pipeline = pipeline
-        try:
-            for index, (fn_id, fn, args, kwargs) in enumerate(closures):
-                if self._poisoned.get(coordinator, -1) >= generation:
-                    break  # an earlier closure of this generation failed: cancel the rest
-                _transport._thread.fn = _transport.FunctionContext(fn_id)
-                if pipeline is not None:
-                    pipeline.current = index
-                try:
-                    value = fn(*args, **kwargs)
-                    ok = True
-                except Exception as e:  # noqa: BLE001 - returned to the coordinator
-                    value, ok = e, False
-                    self._poisoned[coordinator] = generation
-                finally:
-                    _transport._thread.fn = None
-                self.stats["closures"] += 1
-                results.append((ok, _dumps_result(ok, value)))
-            if pipeline is not None:
-                # A function's result counts once its updates landed: wait for them all,
-                # and charge a failed update to the function that sent it.
-                pipeline.drain()
-                for index, err in sorted(pipeline.errors.items()):
-                    if index < len(results) and results[index][0]:
-                        results[index] = (False, _dumps_result(False, err))
-                        self._poisoned[coordinator] = generation
-        finally:
-            _transport._thread.pipeline = None
-        return results
-
-    def iterator(self, handle: PerWorkerIterator):
-        it = self._iterators.get(handle.uid)
-        if it is None:
-            old = self._newest.get(handle.dataset_uid)
-            if old is not None:
-                self._iterators.pop(old, None)
-            ds = handle.dataset_fn()
-            it = self._iterators[handle.uid] = iter(ds)
-            self._newest[handle.dataset_uid] = handle.uid
-        return it
-
-
-def _dumps_result(ok: bool, value: Any) -> bytes:
-    try:
-        return cloudpickle.dumps(value, protocol=5)
-    except Exception as e:  # noqa: BLE001
-        what = "result" if ok else "error"
-        return cloudpickle.dumps(ParameterServerError(
-            f"the scheduled function's {what} could not be pickled: {type(e).__name__}: {e}; "
-            f"{what} was {value!r:.200}"))
-
-
-# ---------------------------------------------------------------------------------------
-# per-worker datasets
-# ---------------------------------------------------------------------------------------
-
-
-class PerWorkerDataset:
-    """A dataset built lazily on each training worker (``create_per_worker_dataset``)."""
-
-    def __init__(self, dataset_fn):
-        self._dataset_fn = dataset_fn
-        self._uid = secrets.token_hex(6)
-
-    def __iter__(self) -> PerWorkerIterator:
-        """A fresh per-worker iterator (each worker starts its dataset again)."""
-        return PerWorkerIterator(self._uid, self._dataset_fn)
-
-    def build(self) -> PerWorkerDataset:
-        return self
-
-
-class PerWorkerIterator:
-    """Pass it to scheduled functions; ``next(it)`` there reads this worker's dataset."""
-
-    def __init__(self, dataset_uid: str, dataset_fn):
-        self.dataset_uid = dataset_uid
-        self.dataset_fn = dataset_fn
-        self.uid = secrets.token_hex(6)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        worker = getattr(_transport._thread, "worker", None)
-        plugin = worker.extensions.get(RUNNER_NAME) if worker is not None else None
-        if plugin is None:
-            raise RuntimeError("a per-worker iterator is read inside a function scheduled with "
-                               "ClusterCoordinator.schedule, on a training worker")
-        return next(plugin.iterator(self))
-
-    get_next = __next__
 
 
 # ---------------------------------------------------------------------------------------
@@ -222,6 +64,10 @@ class PerWorkerIterator:
 # ---------------------------------------------------------------------------------------
 
 _PENDING, _DONE, _FAILED, _CANCELLED = range(4)
+
+
+class RemoteValueArgumentError(ValueError):
+    """A RemoteValue was passed to ``schedule``: fetch it first (as TensorFlow requires)."""
 
 
 class RemoteValue:
@@ -257,25 +103,21 @@ class RemoteValue:
     get = fetch
 
     def __reduce__(self):
-        if self._state == _DONE:
-            return (_identity, (self.fetch(),))
-        raise TypeError("only a finished RemoteValue can be passed to a scheduled function")
+        raise RemoteValueArgumentError(
+            "a RemoteValue cannot be an argument of a scheduled function (TensorFlow refuses "
+            "it too): pass rv.fetch() instead")
 
     def __repr__(self) -> str:
         state = ["pending", "done", "failed", "cancelled"][self._state]
         return f"<RemoteValue {state}>"
 
 
-def _identity(x):
-    return x
-
-
 class _Closure:
-    __slots__ = ("fn_id", "fn", "args", "kwargs", "remote", "generation")
+    __slots__ = ("fn_id", "fn_bytes", "payload", "remote", "generation", "error")
 
-    def __init__(self, fn_id, fn, args, kwargs, remote, generation):
-        self.fn_id, self.fn, self.args, self.kwargs = fn_id, fn, args, kwargs
-        self.remote, self.generation = remote, generation
+    def __init__(self, fn_id, fn_bytes, payload, remote, generation, error=None):
+        self.fn_id, self.fn_bytes, self.payload = fn_id, fn_bytes, payload
+        self.remote, self.generation, self.error = remote, generation, error
 
 
 class ClusterCoordinator:
@@ -308,15 +150,22 @@ class ClusterCoordinator:
         self._generation = 0
         self._closing = False
         self._fatal: BaseException | None = None
-        self._notify_pending = False
-        self._feeders: dict[str, list] = {}
+        #: The last function pickled by ``schedule`` and its bytes (cleared by ``join``).
+        self._fn_memo: tuple[Any, bytes] | None = None
+        self._feeders: dict[str, list[asyncio.Task]] = {}
+        #: Workers whose request failed, while the scheduler still lists them.
         self._dead: set[str] = set()
+        #: ``{worker name: index}``: TensorFlow's worker index (stable across restarts).
+        self._worker_index: dict[str, int] = {}
+        #: Names of parameter servers the scheduler does not list now.
+        self._ps_down: set[str] = set()
         self._max_batch = int(config.get("ps.closures-per-batch"))
         self._slots = int(config.get("ps.batches-in-flight"))
         self._interval = config.get_seconds("ps.membership-interval")
         #: Counters: closures finished, re-queued after a worker loss, batches sent.
-        self.stats = {"finished": 0, "requeued": 0, "batches": 0, "workers_lost": 0}
-        sync(self._client.loop, self._start)
+        self.stats = {"finished": 0, "requeued": 0, "batches": 0, "workers_lost": 0,
+                      "reconnects": 0}
+        _routing.run_sync(self._client.loop, self._start)
         strategy._cluster_coordinator = self
         self._started = True
 
@@ -328,25 +177,46 @@ class ClusterCoordinator:
     def schedule(self, fn, args=(), kwargs=None) -> RemoteValue:
         """Run ``fn(*args, **kwargs)`` on some training worker; returns a RemoteValue now.
 
-        Raises the error of a previously failed function, if any (and clears it).
+        Raises the error of a previously failed function, if any (and clears it), and
+        ValueError when an argument is a RemoteValue (fetch it first).
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        fn_bytes, payload, error = self._pickle(fn, tuple(args), dict(kwargs or {}))
         with self._cond:
             self._check_alive()
             self._raise_error_locked()
             remote = RemoteValue(self)
-            self._queue.append(_Closure(self._fn_base + next(self._counter), fn, tuple(args),
-                                        dict(kwargs or {}), remote, self._generation))
+            closure = _Closure(self._fn_base + next(self._counter), fn_bytes, payload, remote,
+                               self._generation)
             self._unfinished += 1
-            wake = not self._notify_pending
-            self._notify_pending = True
-        if wake:
-            self._loop.call_soon_threadsafe(self._wake)
+            if error is not None:
+                self._settle_locked(closure, _FAILED, error)
+                self._record_error_locked(error)
+                return remote
+            self._queue.append(closure)
+        self._waker.wake()
         return remote
+
+    def _pickle(self, fn, args: tuple, kwargs: dict):
+        """``(fn bytes, args bytes, None)`` or ``(None, None, TypeError)``, in this thread."""
+        try:
+            memo = self._fn_memo
+            if memo is not None and memo[0] is fn:
+                fn_bytes = memo[1]
+            else:
+                fn_bytes = cloudpickle.dumps(fn, protocol=5)
+                self._fn_memo = (fn, fn_bytes)
+            return fn_bytes, cloudpickle.dumps((args, kwargs), protocol=5), None
+        except RemoteValueArgumentError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a closure that does not pickle fails alone
+            return None, None, TypeError(
+                f"a scheduled function or its arguments do not pickle: {type(e).__name__}: {e}")
 
     def join(self) -> None:
         """Wait until every scheduled function finished; raise the first error (then clear it)."""
+        self._fn_memo = None
         with self._cond:
             while self._unfinished and self._error is None:
                 self._cond.wait(0.5)
@@ -382,7 +252,8 @@ class ClusterCoordinator:
 
         ``dataset_fn`` takes no arguments and returns an iterable (a
         :class:`~dask_dataservice.Dataset`, a data-service dataset from
-        ``from_dataset_id``, ...); a ``Dataset`` may be given directly.
+        ``from_dataset_id``, the result of ``strategy.distribute_datasets_from_function``,
+        ...); a ``Dataset`` may be given directly.
         """
         if not callable(dataset_fn):
             ds = dataset_fn
@@ -398,7 +269,7 @@ class ClusterCoordinator:
             self._closing = True
             self._cancel_pending_locked(ClosureCancelledError("the coordinator was shut down"))
         try:
-            sync(self._client.loop, self._stop)
+            _routing.run_sync(self._client.loop, self._group.stop)
         except Exception:  # noqa: BLE001 - the client may be gone already
             pass
         self.strategy._cluster_coordinator = None
@@ -417,10 +288,10 @@ class ClusterCoordinator:
 
     def _forget(self, below: int) -> None:
         """Tell the PSs to drop the exactly-once records of functions that finished."""
-        calls = [(a, "ps_forget", {"below": below, "above": self._fn_base})
+        calls = [Call(a, "ps_forget", {"below": below, "above": self._fn_base})
                  for a in self.strategy.ps_addresses]
         try:
-            _transport.call_many(calls, self._client)
+            _routing.call_many(calls, self._client)
         except ParameterServerUnavailableError:
             raise
         except ParameterServerError as e:
@@ -428,32 +299,21 @@ class ClusterCoordinator:
 
     # -- event loop ----------------------------------------------------------------------
     async def _start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._group = TaskGroup("ps-coordinator")
         self._have_work = asyncio.Event()
+        self._waker = LoopWaker(asyncio.get_running_loop(), self._have_work.set)
         await self._refresh_workers()
-        self._membership = asyncio.ensure_future(self._membership_loop())
-
-    async def _stop(self) -> None:
-        self._membership.cancel()
-        for tasks in self._feeders.values():
-            for t in tasks:
-                t.cancel()
-        self._have_work.set()
-
-    def _wake(self) -> None:
-        with self._cond:
-            self._notify_pending = False
-        self._have_work.set()
+        self._group.spawn(self._membership_loop)
 
     async def _membership_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(self._interval)
             if self._client.status in ("closed", "closing"):
                 self._fatal = ParameterServerError("the coordinator's client was closed")
-                await self._stop()
                 with self._cond:
                     self._closing = True
                     self._cancel_pending_locked(self._fatal)
+                self._have_work.set()
                 return
             try:
                 await self._refresh_workers()
@@ -462,16 +322,40 @@ class ClusterCoordinator:
 
     async def _refresh_workers(self) -> None:
         info = await self._client.scheduler.identity()
-        _, workers = _roles(info.get("workers", {}))
+        listed = info.get("workers", {})
+        _, workers = _roles(listed)
+        self._dead &= set(listed)  # the scheduler dropped them: nothing left to avoid
         for addr in workers:
+            name = str(listed[addr].get("name", addr))
+            if name not in self._worker_index:
+                self._worker_index[name] = len(self._worker_index)
             if addr not in self._feeders and addr not in self._dead:
-                self._feeders[addr] = [asyncio.ensure_future(self._feed(addr))
+                index = self._worker_index[name]
+                self._feeders[addr] = [self._group.spawn(self._feed, addr, index)
                                        for _ in range(self._slots)]
-        gone = set(self._feeders) - set(workers)
-        for addr in gone:
+        for addr in set(self._feeders) - set(workers):
             self._dead.add(addr)
             for t in self._feeders.pop(addr):
                 t.cancel()
+        await self._watch_ps(listed)
+
+    async def _watch_ps(self, listed: dict) -> None:
+        """Note parameter servers that left; point variables at the ones that came back."""
+        by_name = {str(w.get("name", "")): a for a, w in listed.items()}
+        strategy = self.strategy
+        down = {n for n in strategy._ps_names if n not in by_name}
+        if down - self._ps_down:
+            logger.warning("parameter servers %s left the cluster", sorted(down - self._ps_down))
+        moved = {n: by_name[n] for n in strategy._ps_names
+                 if n in by_name and by_name[n] not in strategy._ps}
+        for name, addr in moved.items():
+            if await strategy._answers_async(addr):
+                strategy._repoint({name: addr})
+                self.stats["reconnects"] += 1
+                logger.info("parameter server %s is back at %s", name, addr)
+            else:
+                down.add(name)
+        self._ps_down = down
 
     def _take(self) -> list[_Closure]:
         with self._cond:
@@ -481,7 +365,7 @@ class ClusterCoordinator:
             n = max(1, min(self._max_batch, share))
             return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
 
-    async def _feed(self, addr: str) -> None:
+    async def _feed(self, addr: str, worker_index: int) -> None:
         rpc = self._client.rpc(addr)
         while not self._closing:
             batch = self._take()
@@ -491,16 +375,20 @@ class ClusterCoordinator:
                 if not batch:
                     await self._have_work.wait()
                     continue
-            generation = batch[0].generation
-            try:
-                payload = _pickle_batch(batch)
-            except Exception as e:  # noqa: BLE001 - a closure that does not pickle fails alone
-                self._fail_unpicklable(batch, e)
+            if self._ps_down:
+                err = ParameterServerUnavailableError(
+                    f"parameter servers {sorted(self._ps_down)} left the cluster")
+                self._finish(batch, [(False, cloudpickle.dumps(err))])
                 continue
+            generation = batch[0].generation
+            fns: dict[bytes, int] = {}
+            closures = [(c.fn_id, fns.setdefault(c.fn_bytes, len(fns)), c.payload)
+                        for c in batch]
             self.stats["batches"] += 1
             try:
-                reply = await rpc.ps_run_closures(payload=payload, coordinator=self._uid,
-                                                  generation=generation)
+                reply = await rpc.ps_run_closures(
+                    fns=list(fns), closures=closures, coordinator=self._uid,
+                    generation=generation, worker_index=worker_index)
             except asyncio.CancelledError:
                 self._requeue(batch)
                 raise
@@ -514,17 +402,11 @@ class ClusterCoordinator:
                     if t is not asyncio.current_task():
                         t.cancel()
                 return
-            if reply is None or reply.get("status") != "OK":
-                if reply is None:
-                    err = ParameterServerError(f"training worker {addr} has no runner plugin")
-                else:
-                    try:
-                        _transport.check(reply, addr, "ps_run_closures")
-                    except Exception as e:  # noqa: BLE001
-                        err = e
-                self._finish(batch, [(False, cloudpickle.dumps(err))])
-                continue
-            self._finish(batch, reply["results"])
+            try:
+                results = _routing.check(reply, Call(addr, "ps_run_closures", {}))["results"]
+            except Exception as err:  # noqa: BLE001 - e.g. no runner plugin there
+                results = [(False, cloudpickle.dumps(err))]
+            self._finish(batch, results)
 
     def _requeue(self, batch: list[_Closure]) -> None:
         with self._cond:
@@ -541,12 +423,18 @@ class ClusterCoordinator:
     def _finish(self, batch: list[_Closure], results: list) -> None:
         with self._cond:
             for i, closure in enumerate(batch):
-                if i < len(results):
-                    ok, data = results[i]
-                    if ok:
-                        closure.remote._data = data
-                        self._settle_locked(closure, _DONE, None)
-                        continue
+                if i >= len(results):
+                    self._settle_locked(closure, _CANCELLED, ClosureCancelledError(
+                        "cancelled: an earlier scheduled function failed"))
+                    continue
+                ok, data = results[i]
+                if ok and closure.generation == self._generation:
+                    closure.remote._data = data
+                    self._settle_locked(closure, _DONE, None)
+                elif ok:  # finished after a function of its generation failed (TF cancels)
+                    self._settle_locked(closure, _CANCELLED, ClosureCancelledError(
+                        "cancelled: a scheduled function failed while this one ran"))
+                else:
                     try:
                         err = cloudpickle.loads(data)
                     except Exception as e:  # noqa: BLE001
@@ -556,28 +444,7 @@ class ClusterCoordinator:
                     self._settle_locked(closure, _FAILED, err)
                     if closure.generation == self._generation:
                         self._record_error_locked(err)
-                else:
-                    self._settle_locked(closure, _CANCELLED, ClosureCancelledError(
-                        "cancelled: an earlier scheduled function failed"))
             self.stats["finished"] += len(batch)
-            self._cond.notify_all()
-
-    def _fail_unpicklable(self, batch: list[_Closure], e: BaseException) -> None:
-        results = []
-        for c in batch:
-            try:
-                _pickle_batch([c])
-                results.append(None)
-            except Exception as err:  # noqa: BLE001
-                results.append(err)
-        with self._cond:
-            good = [c for c, r in zip(batch, results, strict=True) if r is None]
-            for c, r in zip(batch, results, strict=True):
-                if r is not None:
-                    err = TypeError(f"a scheduled function or its arguments do not pickle: {r}")
-                    self._settle_locked(c, _FAILED, err)
-                    self._record_error_locked(err)
-            self._queue.extendleft(reversed(good))
             self._cond.notify_all()
 
     def _settle_locked(self, closure: _Closure, state: int, error) -> None:
@@ -602,8 +469,3 @@ class ClusterCoordinator:
     def __repr__(self) -> str:
         return (f"<dds.ClusterCoordinator workers={sorted(self._feeders)} "
                 f"unfinished={self._unfinished}>")
-
-
-def _pickle_batch(batch: list[_Closure]) -> bytes:
-    return cloudpickle.dumps([(c.fn_id, c.fn, c.args, c.kwargs) for c in batch], protocol=5)
-

@@ -18,28 +18,22 @@ and :class:`Adam`. Sparse gradients first sum the rows of duplicate ids, then up
 those rows (for Adam this is the "lazy" variant: moments of untouched rows do not decay).
 Adam's step count is kept per shard.
 
-The math is in :func:`apply_dense` / :func:`apply_sparse`, pure numpy, run by the PS.
+The math is in :mod:`._kernels` (:func:`apply_dense` / :func:`apply_sparse`, pure numpy,
+run by the PS); this module holds only the client-side objects.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
+from ._kernels import apply_dense, apply_sparse, dedupe_rows, put_rows, take_rows
+from ._types import IndexedSlices
+from .variables import apply_gradients
 
 __all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "IndexedSlices", "get", "apply_dense",
            "apply_sparse", "dedupe_rows", "take_rows", "put_rows"]
-
-
-class IndexedSlices(NamedTuple):
-    """A sparse gradient: ``values[i]`` is the gradient of row ``indices[i]`` of a variable."""
-
-    values: Any
-    indices: Any
-    dense_shape: Any = None
 
 
 _names = itertools.count()
@@ -73,9 +67,7 @@ class Optimizer:
         of the variable's shape or an :class:`IndexedSlices` of rows. Updates to different
         variables and shards travel in parallel.
         """
-        from .variables import _apply_many
-
-        _apply_many(self.get_config(), list(grads_and_vars))
+        apply_gradients(self.get_config(), list(grads_and_vars))
 
     def __repr__(self) -> str:
         cfg = {k: v for k, v in self.get_config().items() if k != "kind"}
@@ -154,161 +146,3 @@ def get(identifier: Any) -> Optimizer:
         cfg = dict(identifier)
         return _KINDS[cfg.pop("kind")](**cfg)
     raise ValueError(f"unknown optimizer {identifier!r}; use one of {sorted(_KINDS)}")
-
-
-# ---------------------------------------------------------------------------------------
-# the math, run by the parameter server on its working copy (under the shard's lock)
-# ---------------------------------------------------------------------------------------
-
-
-def new_slots(config: dict, value: np.ndarray) -> dict[str, np.ndarray]:
-    """Fresh slot arrays for a shard ``value``."""
-    kind = config["kind"]
-    if kind == "sgd":
-        return {"momentum": np.zeros_like(value)} if config.get("momentum") else {}
-    if kind == "adagrad":
-        return {"accumulator": np.full_like(value, config["initial_accumulator_value"])}
-    if kind == "adam":
-        return {"m": np.zeros_like(value), "v": np.zeros_like(value),
-                "iterations": np.zeros((), dtype="int64")}
-    raise ValueError(f"unknown optimizer kind {kind!r}")
-
-
-def dedupe_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum the rows of duplicate ids: ``(sorted unique ids, summed rows)``.
-
-    Ids that are already strictly increasing come back as they are (no copy).
-    """
-    ids = np.asarray(ids).reshape(-1)
-    if ids.size < 2 or np.all(ids[1:] > ids[:-1]):
-        return ids, rows
-    order = np.argsort(ids, kind="stable")
-    sids = ids[order]
-    first = np.empty(sids.size, dtype=bool)
-    first[0] = True
-    np.not_equal(sids[1:], sids[:-1], out=first[1:])
-    if first.all():
-        return sids, np.take(rows, order, axis=0)
-    out = np.take(rows, order[first], axis=0)
-    repeat = ~first
-    # the few repeated rows are added to their id's first row (np.add.at over all rows or
-    # np.add.reduceat is much slower when repeats are rare)
-    np.add.at(out, np.cumsum(first)[repeat] - 1, np.take(rows, order[repeat], axis=0))
-    return sids[first], out
-
-
-def _row_view(arr: np.ndarray) -> np.ndarray | None:
-    """``arr`` (C-contiguous, 2+ dims) as a 1-D array of opaque rows, or None."""
-    if arr.ndim < 2 or not arr.flags.c_contiguous or arr.size == 0:
-        return None
-    return arr.reshape(arr.shape[0], -1).view(
-        np.dtype((np.void, arr.itemsize * (arr.size // arr.shape[0])))).reshape(-1)
-
-
-def take_rows(value: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """``value[ids]`` (a new C-contiguous array), for valid ids.
-
-    Rows move as opaque ``void`` items: for 256-byte rows that is ~1.7x as fast as fancy
-    indexing (and ``np.take`` on the numeric array is in between).
-    """
-    rows = _row_view(value)
-    if rows is None:
-        return np.take(value, ids, axis=0)
-    return np.take(rows, ids).view(value.dtype).reshape((ids.size, *value.shape[1:]))
-
-
-def put_rows(value: np.ndarray, ids: np.ndarray, new: np.ndarray) -> None:
-    """``value[ids] = new`` for valid ids (for a repeated id the last row wins)."""
-    rows = _row_view(value)
-    items = None
-    if rows is not None and new.dtype == value.dtype and new.shape == (ids.size, *value.shape[1:]):
-        items = _row_view(np.ascontiguousarray(new))
-    if items is None:
-        value[ids] = new
-    else:
-        np.put(rows, ids, items)
-
-
-def apply_dense(config: dict, value: np.ndarray, slots: dict, grad: np.ndarray) -> None:
-    """Apply one dense update to ``value`` (all rows) in place."""
-    _apply(config, value, slots, grad, None)
-
-
-def apply_sparse(config: dict, value: np.ndarray, slots: dict, ids: np.ndarray,
-                 grad_rows: np.ndarray) -> None:
-    """Apply one sparse update to rows ``ids`` of ``value`` in place (duplicates summed)."""
-    ids, grad_rows = dedupe_rows(ids, grad_rows)
-    _apply(config, value, slots, grad_rows, ids)
-
-
-def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> None:
-    """One update of ``value`` (rows ``ids``, distinct; or all rows when None) in place.
-
-    Sparse updates read the rows they touch with :func:`take_rows`, compute on those
-    copies in place, and write them back with :func:`put_rows`.
-    """
-    kind = config["kind"]
-    dt = value.dtype
-    g = np.asarray(g, dtype=dt)
-    lr = dt.type(config["learning_rate"])
-
-    def get(arr):
-        return arr if ids is None else take_rows(arr, ids)
-
-    def put(arr, new):
-        if ids is None:
-            if new is not arr:
-                arr[...] = new
-        else:
-            put_rows(arr, ids, new)
-
-    if kind == "sgd":
-        mom = dt.type(config.get("momentum") or 0.0)
-        if not mom:
-            if ids is None:
-                value -= lr * g
-            else:
-                rows = take_rows(value, ids)
-                rows -= lr * g
-                put_rows(value, ids, rows)
-            return
-        vel = get(slots["momentum"])
-        vel *= mom  # in place: a copy when sparse, the slot itself when dense
-        vel -= lr * g
-        put(slots["momentum"], vel)
-        step = mom * vel - lr * g if config.get("nesterov") else vel
-        rows = get(value)
-        rows += step
-        put(value, rows)
-    elif kind == "adagrad":
-        acc = get(slots["accumulator"])
-        acc += g * g
-        put(slots["accumulator"], acc)
-        upd = np.sqrt(acc, out=np.empty_like(acc))  # an array even when 0-d
-        upd += dt.type(config["epsilon"])
-        np.divide(lr * g, upd, out=upd)
-        rows = get(value)
-        rows -= upd
-        put(value, rows)
-    elif kind == "adam":
-        it = slots["iterations"]
-        it[...] = it + 1
-        t = float(it)
-        b1, b2 = config["beta_1"], config["beta_2"]
-        alpha = dt.type(config["learning_rate"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))
-        m = get(slots["m"])
-        m *= dt.type(b1)
-        m += g * dt.type(1 - b1)
-        v = get(slots["v"])
-        v *= dt.type(b2)
-        v += (g * g) * dt.type(1 - b2)
-        put(slots["m"], m)
-        put(slots["v"], v)
-        upd = np.sqrt(v, out=np.empty_like(v))
-        upd += dt.type(config["epsilon"])
-        np.divide(alpha * m, upd, out=upd)
-        rows = get(value)
-        rows -= upd
-        put(value, rows)
-    else:
-        raise ValueError(f"unknown optimizer kind {kind!r}")

@@ -25,28 +25,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import math
 import secrets
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
 import numpy as np
-from distributed import Client
+from distributed import Client, get_worker
 
 from .. import config
-from . import _transport
+from . import _routing
+from ._runner_plugin import TrainingWorkerPlugin
+from ._types import Call, wire
 from .partitioners import check_partitions, div_offsets
 from .server import ParameterServerPlugin
-from .variables import ShardedVariable, Variable, _wire, current_strategy
+from .variables import ShardedVariable, Variable, current_strategy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "InputContext", "cluster_roles"]
+__all__ = ["ParameterServerStrategy", "InputContext", "ReduceOp", "cluster_roles"]
+
+#: The variable new variables are colocated with (``strategy.extended.colocate_vars_with``).
+_colocate: contextvars.ContextVar = contextvars.ContextVar("dds_ps_colocate", default=None)
 
 _INEFFICIENT_INIT = (
     "Large variable {name!r} is partitioned but was built whole on the coordinator and then "
@@ -55,15 +62,19 @@ _INEFFICIENT_INIT = (
 )
 
 
+def _identity(client: Client) -> dict:
+    # distributed.utils.sync (not client.sync): works from any thread but the client's loop,
+    # also one running an event loop of its own (a Jupyter kernel)
+    return _routing.run_sync(client.loop, client.scheduler.identity).get("workers", {})
+
+
 def cluster_roles(client: Client) -> tuple[list[str], list[str]]:
     """``(ps_addresses, worker_addresses)`` of the cluster, each sorted by worker name."""
-    info = client.sync(client.scheduler.identity)
-    return _roles(info.get("workers", {}))
+    return _roles(_identity(client))
 
 
 def _names(client: Client) -> dict[str, str]:
-    info = client.sync(client.scheduler.identity)
-    return {a: str(w.get("name", "")) for a, w in info.get("workers", {}).items()}
+    return {a: str(w.get("name", "")) for a, w in _identity(client).items()}
 
 
 def _roles(workers: dict) -> tuple[list[str], list[str]]:
@@ -94,8 +105,30 @@ class InputContext:
         return global_batch_size // self.num_replicas_in_sync
 
 
+class ReduceOp:
+    """TensorFlow's ``tf.distribute.ReduceOp`` names (strings work as well)."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+
+
+def _on_worker() -> bool:
+    if getattr(_routing._thread, "worker", None) is not None:
+        return True
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
 class _DatasetFromFunction:
-    """``dataset_fn(InputContext())``, called on each worker when its dataset is built."""
+    """``dataset_fn(InputContext())``, built on each worker by ``create_per_worker_dataset``.
+
+    It is both the ``dataset_fn`` given to ``create_per_worker_dataset`` and, on a worker,
+    an iterable (so ``lambda: strategy.distribute_datasets_from_function(fn)`` works too).
+    Iterating it on the coordinator is a ValueError, as in TensorFlow.
+    """
 
     def __init__(self, dataset_fn):
         self._dataset_fn = dataset_fn
@@ -104,6 +137,51 @@ class _DatasetFromFunction:
         # Each worker runs one input pipeline and there is one replica per worker, so
         # every worker sees the same context (TensorFlow does the same).
         return self._dataset_fn(InputContext())
+
+    def __iter__(self):
+        if not _on_worker():
+            raise ValueError(
+                "a distributed dataset of ParameterServerStrategy is built on the training "
+                "workers: pass it (or a function returning it) to "
+                "ClusterCoordinator.create_per_worker_dataset and iterate the result inside "
+                "scheduled functions")
+        return iter(self())
+
+
+class _Extended:
+    """``strategy.extended``: what TensorFlow keeps on ``StrategyExtended``."""
+
+    def __init__(self, strategy: ParameterServerStrategy):
+        self._strategy = strategy
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable):
+        """Variables created in this context go to the PS of ``colocate_with_variable``,
+        never partitioned (TensorFlow's rule)."""
+        var = colocate_with_variable
+        first = var.variables[0] if hasattr(var, "variables") else None
+        if first is None or first.ps_address is None:
+            raise ValueError(f"{var!r} is not a variable on a parameter server")
+        token = _colocate.set(first)
+        try:
+            yield
+        finally:
+            _colocate.reset(token)
+
+    def variable_created_in_scope(self, v) -> bool:
+        return any(v is w for w in self._strategy._variables)
+
+
+def _strategy_by_ref(uid: str, ps: list, ps_names: list, partitioner):
+    """Unpickle a strategy: the live one of this process, or a client-less stand-in."""
+    live = _routing.owner(uid)
+    if live is not None:
+        return live
+    stand_in = object.__new__(ParameterServerStrategy)
+    stand_in.__dict__.update(_client=None, _uid=uid, _ps=list(ps), _ps_names=list(ps_names),
+                             _variable_partitioner=partitioner, _variables=[],
+                             _cluster_coordinator=None, _lock=threading.Lock())
+    return stand_in
 
 
 class ParameterServerStrategy:
@@ -122,7 +200,11 @@ class ParameterServerStrategy:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         if client.asynchronous:
-            raise TypeError("ParameterServerStrategy needs a synchronous Client (its API blocks)")
+            raise TypeError(
+                "ParameterServerStrategy needs a synchronous Client: its API (schedule, join, "
+                "variable reads) blocks, like TensorFlow's. In async code, open a second, "
+                "synchronous client of the same cluster, Client(address), and run the "
+                "training loop in a thread: `await asyncio.to_thread(train)`")
         self._client = client
         self._variable_partitioner = variable_partitioner
         ps, workers = cluster_roles(client)
@@ -143,17 +225,25 @@ class ParameterServerStrategy:
         self._cluster_coordinator = None
         #: Every variable created in scope, in creation order (checkpoints use them).
         self._variables: list[Variable | ShardedVariable] = []
-        from .coordinator import TrainingWorkerPlugin
-
         client.register_plugin(ParameterServerPlugin())
         client.register_plugin(TrainingWorkerPlugin())
-        _transport.set_default_client(client)
+        _routing.register_owner(self._uid, self)
         logger.info("ParameterServerStrategy: %d parameter servers, %d workers", len(ps), len(workers))
+
+    def __reduce__(self):
+        # by reference: the coordinator gets its live strategy back, a worker a stand-in
+        # without a client (enough for distribute_datasets_from_function, scope, reduce)
+        return (_strategy_by_ref, (self._uid, self._ps, self._ps_names,
+                                   self._variable_partitioner))
 
     # -- cluster -------------------------------------------------------------------------
     @property
     def client(self) -> Client:
         return self._client
+
+    @property
+    def extended(self) -> _Extended:
+        return _Extended(self)
 
     @property
     def ps_addresses(self) -> list[str]:
@@ -204,6 +294,17 @@ class ParameterServerStrategy:
         """Run ``fn`` here (one replica per worker); use it inside scheduled functions."""
         return fn(*args, **(kwargs or {}))
 
+    def reduce(self, reduce_op, value, axis=None):
+        """TensorFlow's ``strategy.reduce``: one replica per worker, so across replicas the
+        value is unchanged; with ``axis`` it is then summed or averaged along that axis."""
+        op = str(getattr(reduce_op, "value", reduce_op)).upper().rsplit(".", 1)[-1]
+        if op not in (ReduceOp.SUM, ReduceOp.MEAN):
+            raise ValueError(f"reduce_op must be ReduceOp.SUM or ReduceOp.MEAN, got {reduce_op!r}")
+        value = np.asarray(value.read_value() if hasattr(value, "read_value") else value)
+        if axis is None:
+            return value
+        return value.sum(axis=axis) if op == ReduceOp.SUM else value.mean(axis=axis)
+
     def reconnect(self, timeout: float = 30.0) -> dict[str, str]:
         """Point every variable at the current address of its parameter server.
 
@@ -211,8 +312,6 @@ class ParameterServerStrategy:
         a new address; with ``dataservice.ps.work-dir`` set it reloads the shards it flushed.
         Waits up to ``timeout`` seconds for every PS to be back; returns ``{old: new}``.
         """
-        import time
-
         deadline = time.monotonic() + timeout
         while True:
             by_name = {n: a for a, n in _names(self._client).items()}
@@ -227,26 +326,30 @@ class ParameterServerStrategy:
             time.sleep(0.05)
         moved = {old: by_name[n] for old, n in zip(self._ps, self._ps_names, strict=True)
                  if by_name[n] != old}
+        self._repoint({n: by_name[n] for n in self._ps_names})
+        return moved
+
+    def _repoint(self, addresses: dict[str, str]) -> None:
+        """Point the variables of the PSs named in ``{name: address}`` at their address."""
         with self._lock:
-            self._ps = [by_name[n] for n in self._ps_names]
+            self._ps = [addresses.get(n, a) for n, a in zip(self._ps_names, self._ps, strict=True)]
             for var in self._variables:
                 for v in var.variables:
                     v._address = self._ps[v._ps_index]
-        return moved
 
-    def _answers(self, address: str, timeout: float = 2.0) -> bool:
-        async def probe():
-            return await asyncio.wait_for(self._client.rpc(address).ps_info(), timeout)
-
+    async def _answers_async(self, address: str, timeout: float = 2.0) -> bool:
         try:
-            reply = self._client.sync(probe)
+            reply = await asyncio.wait_for(self._client.rpc(address).ps_info(), timeout)
         except (OSError, TimeoutError):
             return False
         return bool(reply and reply.get("status") == "OK" and reply.get("is_ps"))
 
+    def _answers(self, address: str, timeout: float = 2.0) -> bool:
+        return _routing.run_sync(self._client.loop, self._answers_async, address, timeout)
+
     def flush(self) -> dict:
         """Write every PS's working copies to its zarr store; ``{ps address: keys written}``."""
-        replies = _transport.call_many([(a, "ps_flush", {}) for a in self._ps], self._client)
+        replies = _routing.call_many([Call(a, "ps_flush", {}) for a in self._ps], self._client)
         return {a: list(r["written"]) for a, r in zip(self._ps, replies, strict=True)}
 
     # -- variable creation -------------------------------------------------------------------
@@ -274,6 +377,14 @@ class ParameterServerStrategy:
                 raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
             shape, dtype = value.shape, value.dtype
         num = 1
+        colocate = _colocate.get()
+        if colocate is not None:  # never partitioned, placed with the other variable
+            var = self._create_shards(name, [0, shape[0]] if shape else None, shape, dtype,
+                                      trainable, initial_value, value, partitioned=False,
+                                      ps_index=colocate._ps_index)[0]
+            with self._lock:
+                self._variables.append(var)
+            return var
         if self._variable_partitioner is not None and len(shape) > 0:
             num = check_partitions(self._variable_partitioner(shape=shape, dtype=dtype))
         if num == 1:
@@ -295,13 +406,14 @@ class ParameterServerStrategy:
             warnings.warn(_INEFFICIENT_INIT.format(name=name), UserWarning, stacklevel=4)
 
     def _create_shards(self, name, offsets, shape, dtype, trainable, initial_value, value,
-                       partitioned: bool) -> list[Variable]:
+                       partitioned: bool, ps_index: int | None = None) -> list[Variable]:
         n = next(self._ids)
         pieces = [(0, None)] if offsets is None else list(zip(offsets, offsets[1:], strict=False))
         init = cloudpickle.dumps(initial_value) if value is None else None
         handles, calls = [], []
         for i, (a, b) in enumerate(pieces):
-            ps_index = self._next_ps()
+            if ps_index is None or partitioned:
+                ps_index = self._next_ps()
             address = self._ps[ps_index]
             part_name = f"{name}/part_{i}" if partitioned else name
             key = f"{self._uid}/{n}/{part_name}"
@@ -311,11 +423,11 @@ class ParameterServerStrategy:
             if value is None:
                 kw["init"] = init
             else:
-                kw["value"] = _wire(value if b is None else value[a:b])
-            calls.append((address, "ps_create", kw))
+                kw["value"] = wire(value if b is None else value[a:b])
+            calls.append(Call(address, "ps_create", kw))
             handles.append(Variable._remote(part_name, part_shape, dtype, trainable, address, key,
-                                            ps_index, self._client))
-        replies = _transport.call_many(calls, self._client)
+                                            ps_index, self._client, self._uid))
+        replies = _routing.call_many(calls, self._client)
         if partitioned and any(r.get("sliced") for r in replies):
             self._warn_if_large(name, shape)
         return handles

@@ -7,7 +7,7 @@ the process that made it (the coordinator), like a TensorFlow variable outside
 ``strategy.scope()``.
 
 A handle carries only names, shape, dtype and PS addresses, so it pickles into scheduled
-functions for free. Its methods talk to the PS directly (see :mod:`._transport`):
+functions for free. Its methods talk to the PS directly (see :mod:`._routing`):
 
 - ``read_value()`` / ``numpy()`` / ``np.asarray(v)``: the whole value;
 - ``assign``, ``assign_add``, ``assign_sub``: whole-value updates (they return the handle);
@@ -29,37 +29,26 @@ import threading
 from typing import Any
 
 import numpy as np
-from distributed.protocol import to_serialize
 
-from . import _transport
+from . import _kernels, _routing
 from ._exceptions import ShapeMismatchError
-from .optimizers import IndexedSlices
+from ._types import Call, IndexedSlices, wire
 
-__all__ = ["Variable", "ShardedVariable", "read_values"]
+__all__ = ["Variable", "ShardedVariable", "read_values", "apply_gradients"]
 
 #: The strategy whose ``scope()`` is active in this context (set by ParameterServerStrategy).
 current_strategy: contextvars.ContextVar = contextvars.ContextVar("dds_ps_strategy", default=None)
 
 
-#: Arrays up to this many bytes travel inline in the message (msgpack) rather than as a
-#: frame of their own: for a scalar that halves the cost of an update.
-_INLINE_BYTES = 256
+class _Handle:
+    """What both handle classes share: metadata, arithmetic on the value, and the update API.
 
+    Arithmetic reads the value first, as a TensorFlow variable converts to a tensor: ``v * 2``,
+    ``x @ w``, ``-v``, ``v[3:5]`` each read the whole value from its PS (for an embedding
+    lookup use :meth:`gather`, which moves only the rows asked for).
 
-def _wire(x) -> Any:
-    x = np.asarray(x)
-    if x.nbytes <= _INLINE_BYTES and x.dtype.kind in "biuf":
-        return {"__a": x.tolist(), "dtype": x.dtype.str}
-    if not x.flags.c_contiguous:
-        x = x.copy(order="C")
-    return to_serialize(x)
-
-
-class _ValueOps:
-    """Arithmetic reads the value first, as a TensorFlow variable converts to a tensor.
-
-    ``v * 2``, ``x @ w``, ``-v``, ``v[3:5]`` each read the whole value from its PS (for an
-    embedding lookup use :meth:`gather`, which moves only the rows asked for).
+    Subclasses implement ``read_value()``, ``_update(kind, value)``, ``_parts()`` (the shard
+    handles and their row offsets) and ``_client_uid()``.
     """
 
     # both handle classes store ``_name``, ``_shape`` and ``_dtype``
@@ -75,6 +64,78 @@ class _ValueOps:
     def dtype(self) -> np.dtype:
         return self._dtype
 
+    def value(self) -> np.ndarray:
+        return self.read_value()
+
+    read = numpy = value
+
+    def __array__(self, dtype=None, copy=None):
+        v = self.read_value()
+        return v if dtype is None else v.astype(dtype)
+
+    # -- updates (TensorFlow's names; ``read_value=False`` returns None, as TF returns an op) --
+    def assign(self, value, read_value: bool = True):
+        """Set the value (broadcast to the variable's shape); returns the variable."""
+        self._update("assign", value)
+        return self if read_value else None
+
+    def assign_add(self, delta, read_value: bool = True):
+        """Add ``delta`` to the value on its PS; returns the variable."""
+        self._update("assign_add", delta)
+        return self if read_value else None
+
+    def assign_sub(self, delta, read_value: bool = True):
+        """Subtract ``delta`` from the value on its PS; returns the variable."""
+        self._update("assign_sub", delta)
+        return self if read_value else None
+
+    def gather(self, ids) -> np.ndarray:
+        """Rows ``ids`` (any shape of ints): result shape ``ids.shape + shape[1:]``.
+
+        A sharded variable sends one request per shard holding any id, all in parallel,
+        asking each distinct row once, and reassembles the rows in the order of ``ids``."""
+        shards, offsets = self._parts()
+        client, uid = self._client_uid()
+        return _gather(shards, offsets, self._shape, self._dtype, ids, client, uid)
+
+    sparse_read = gather
+
+    def _scatter(self, kind: str, ids, updates):
+        shards, offsets = self._parts()
+        client, uid = self._client_uid()
+        _scatter(shards, offsets, self._shape, self._dtype, kind, ids, updates, client, uid)
+        return self
+
+    def scatter_add(self, ids, updates=None):
+        """Add ``updates[i]`` to row ``ids[i]`` (duplicates accumulate); or one IndexedSlices."""
+        return self._scatter("add", ids, updates)
+
+    def scatter_sub(self, ids, updates=None):
+        """Subtract ``updates[i]`` from row ``ids[i]`` (duplicates accumulate)."""
+        return self._scatter("sub", ids, updates)
+
+    def scatter_update(self, ids, updates=None):
+        """Set row ``ids[i]`` to ``updates[i]`` (for a duplicate id the last one wins)."""
+        return self._scatter("update", ids, updates)
+
+    def scatter_mul(self, ids, updates=None):
+        """Multiply row ``ids[i]`` by ``updates[i]`` (duplicates multiply)."""
+        return self._scatter("mul", ids, updates)
+
+    def scatter_div(self, ids, updates=None):
+        """Divide row ``ids[i]`` by ``updates[i]`` (duplicates divide by their product;
+        integer variables use floor division)."""
+        return self._scatter("div", ids, updates)
+
+    def scatter_max(self, ids, updates=None):
+        """Row ``ids[i]`` becomes the elementwise maximum of itself and ``updates[i]``."""
+        return self._scatter("max", ids, updates)
+
+    def scatter_min(self, ids, updates=None):
+        """Row ``ids[i]`` becomes the elementwise minimum of itself and ``updates[i]``."""
+        return self._scatter("min", ids, updates)
+
+    # -- arithmetic ----------------------------------------------------------------------------
     def _v(self):
         return self.read_value()
 
@@ -121,16 +182,22 @@ class _ValueOps:
         return int(self._v())
 
 
-class Variable(_ValueOps):
+class Variable(_Handle):
     """A variable: on a parameter server when created in ``strategy.scope()``, else local.
 
-    Parameters follow ``tf.Variable``: ``initial_value`` (an array, or a callable, called
-    as ``initial_value(shape=, dtype=, partition_offset=)`` on the PS when ``shape`` and
-    ``dtype`` are given), ``trainable``, ``name``, ``dtype``, ``shape``.
+    Parameters follow ``tf.Variable``: ``initial_value`` (an array, or a callable: see
+    :func:`._kernels.initial_value` for the calling conventions, TensorFlow's ``shard_info``
+    and Keras' ``partition_shape``/``partition_offset`` included), ``trainable``, ``name``,
+    ``dtype``, ``shape``. ``per_worker_variable=True`` is refused (see the docs).
     """
 
     def __new__(cls, initial_value: Any = None, trainable: bool = True, name: str | None = None,
                 dtype: Any = None, shape: Any = None, **kwargs):
+        if kwargs.get("per_worker_variable"):
+            raise NotImplementedError(
+                "per_worker_variable=True is not supported: keep per-worker state in the "
+                "per-worker dataset or in a local variable created inside the scheduled "
+                "function (see docs/parameter-server.md)")
         strategy = current_strategy.get()
         if cls is Variable and strategy is not None and initial_value is not None:
             return strategy._create_variable(initial_value=initial_value, trainable=trainable,
@@ -144,11 +211,10 @@ class Variable(_ValueOps):
         if initial_value is None:
             raise ValueError("initial_value must be given")
         if callable(initial_value):
-            try:
-                initial_value = initial_value(shape=shape, dtype=dtype) if shape is not None \
-                    else initial_value()
-            except TypeError:
+            if shape is None:
                 initial_value = initial_value()
+            else:
+                initial_value, _ = _kernels.initial_value(initial_value, tuple(shape), dtype)
         value = np.array(initial_value, dtype=dtype, copy=True)
         if shape is not None and value.shape != tuple(shape):
             raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
@@ -160,12 +226,13 @@ class Variable(_ValueOps):
     # -- construction (strategy) -----------------------------------------------------------
     @classmethod
     def _remote(cls, name: str, shape, dtype, trainable: bool, address: str, key: str,
-                ps_index: int, client=None) -> Variable:
+                ps_index: int, client=None, owner: str | None = None) -> Variable:
         self = object.__new__(cls)
         self._init_handle(name, tuple(shape), np.dtype(dtype), trainable, address, key, ps_index)
         self._local = None
         self._lock = None
         self._client = client
+        self._owner = owner
         return self
 
     def _init_handle(self, name, shape, dtype, trainable, address, key, ps_index):
@@ -177,6 +244,7 @@ class Variable(_ValueOps):
         self._key = key
         self._ps_index = ps_index
         self._client = None
+        self._owner = None
         self._ready = True
 
     def __getstate__(self):
@@ -189,6 +257,12 @@ class Variable(_ValueOps):
         self.__dict__.update(state)
         self._client = None
         self._lock = threading.Lock() if self._local is not None else None
+
+    def _parts(self):
+        return [self], [0, self._shape[0] if self._shape else 0]
+
+    def _client_uid(self):
+        return self._client, self._owner
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -225,41 +299,16 @@ class Variable(_ValueOps):
             raise TypeError("len() of a scalar variable")
         return self._shape[0]
 
-    # -- reads -----------------------------------------------------------------------------
+    # -- reads and updates -------------------------------------------------------------------
     def read_value(self) -> np.ndarray:
         """The current value, as a new numpy array."""
         if self._local is not None:
             with self._lock:
                 return self._local.copy()
-        return _transport.call(self._address, "ps_read", self._client,
-                               {"key": self._key})["value"]
+        return _routing.call(self._address, "ps_read", self._client, {"key": self._key},
+                             self._owner)["value"]
 
-    value = read_value
-    read = read_value
-    numpy = read_value
-
-    def __array__(self, dtype=None, copy=None):
-        v = self.read_value()
-        return v if dtype is None else v.astype(dtype)
-
-    def gather(self, ids) -> np.ndarray:
-        """Rows ``ids`` (any shape of ints): result shape ``ids.shape + shape[1:]``."""
-        return _gather([self], [0, self._rows()], self._shape, self._dtype, ids, self._client)
-
-    sparse_read = gather
-
-    # -- updates ---------------------------------------------------------------------------
-    def _update(self, op: str, value) -> Variable:
-        if self._local is not None:
-            val = np.asarray(value, dtype=self._dtype)
-            with self._lock:
-                if op == "assign":
-                    self._local[...] = val
-                elif op == "assign_add":
-                    self._local += val
-                else:
-                    self._local -= val
-            return self
+    def _update(self, kind: str, value) -> None:
         arr = np.asarray(value, dtype=self._dtype)
         if arr.shape != self._shape:
             try:
@@ -269,48 +318,17 @@ class Variable(_ValueOps):
             if not fits:
                 raise ShapeMismatchError(f"shape {arr.shape} does not fit variable "
                                          f"{self._name!r} of shape {self._shape}")
-        _transport.send_updates(
-            [(self._address, "ps_update",
-              {"key": self._key, "kind": op, "value": _wire(arr), **_transport.tag()})],
-            self._client, arr.nbytes)
-        return self
-
-    def assign(self, value, read_value: bool = True) -> Variable:
-        """Set the value (broadcast to the variable's shape); returns the variable."""
-        return self._update("assign", value)
-
-    def assign_add(self, delta, read_value: bool = True) -> Variable:
-        """Add ``delta`` to the value on its PS; returns the variable."""
-        return self._update("assign_add", delta)
-
-    def assign_sub(self, delta, read_value: bool = True) -> Variable:
-        """Subtract ``delta`` from the value on its PS; returns the variable."""
-        return self._update("assign_sub", delta)
-
-    def scatter_add(self, ids, updates=None) -> Variable:
-        """Add ``updates[i]`` to row ``ids[i]`` (duplicates accumulate)."""
-        _scatter([self], [0, self._rows()], self._shape, self._dtype, "add", ids, updates,
-                 self._client)
-        return self
-
-    def scatter_sub(self, ids, updates=None) -> Variable:
-        _scatter([self], [0, self._rows()], self._shape, self._dtype, "sub", ids, updates,
-                 self._client)
-        return self
-
-    def scatter_update(self, ids, updates=None) -> Variable:
-        """Set row ``ids[i]`` to ``updates[i]`` (for a duplicate id the last one wins)."""
-        _scatter([self], [0, self._rows()], self._shape, self._dtype, "update", ids, updates,
-                 self._client)
-        return self
-
-    def _rows(self) -> int:
-        if not self._shape:
-            raise TypeError(f"variable {self._name!r} is a scalar: it has no rows")
-        return self._shape[0]
+        if self._local is not None:
+            with self._lock:
+                _kernels.update_dense(self._local, kind, arr)
+            return
+        _routing.send_updates(
+            [Call(self._address, "ps_update",
+                  {"key": self._key, "kind": kind, "value": wire(arr), **_routing.tag()})],
+            self._client, arr.nbytes, self._owner)
 
 
-class ShardedVariable(_ValueOps):
+class ShardedVariable(_Handle):
     """A variable partitioned along axis 0 into ``variables`` (one per shard, in row order).
 
     It behaves as one variable of the full ``shape``: reads concatenate the shards, and
@@ -318,6 +336,10 @@ class ShardedVariable(_ValueOps):
     """
 
     def __init__(self, variables: list[Variable], name: str | None = None):
+        if not isinstance(variables, list | tuple) or \
+                not all(isinstance(v, Variable) for v in variables):
+            raise TypeError("ShardedVariable takes a list of Variable objects, got "
+                            f"{type(variables).__name__}")
         if not variables:
             raise ValueError("a ShardedVariable needs at least one variable")
         first = variables[0]
@@ -354,94 +376,50 @@ class ShardedVariable(_ValueOps):
         return (f"<dds.ShardedVariable {self._name!r} shape={self._shape} dtype={self._dtype} "
                 f"shards={[v.shape[0] for v in self._variables]}>")
 
-    def _client(self):
-        return self._variables[0]._client
+    def _parts(self):
+        return self._variables, self._offsets
+
+    def _client_uid(self):
+        return self._variables[0]._client_uid()
 
     def read_value(self) -> np.ndarray:
         """The whole value: every shard read in parallel, concatenated."""
-        if self._variables[0]._local is not None:
-            return np.concatenate([v.read_value() for v in self._variables])
-        replies = _transport.call_many(
-            [(v._address, "ps_read", {"key": v._key}) for v in self._variables], self._client())
-        return np.concatenate([r["value"] for r in replies])
+        return read_values(self)[0]
 
-    value = read_value
-    read = read_value
-    numpy = read_value
-
-    def __array__(self, dtype=None, copy=None):
-        v = self.read_value()
-        return v if dtype is None else v.astype(dtype)
-
-    def _update(self, op: str, value) -> ShardedVariable:
+    def _update(self, kind: str, value) -> None:
         arr = np.asarray(value, dtype=self._dtype)
-        if self._variables[0]._local is not None:
+        try:
             full = np.broadcast_to(arr, self._shape)
-            for v, a, b in zip(self._variables, self._offsets, self._offsets[1:], strict=False):
-                v._update(op, full[a:b])
-            return self
-        tag = _transport.tag()
-        calls = []
-        if arr.ndim == 0:
-            for v in self._variables:
-                calls.append((v._address, "ps_update", {"key": v._key, "kind": op,
-                                                        "value": _wire(arr), **tag}))
-        else:
-            try:
-                full = np.broadcast_to(arr, self._shape)
-            except ValueError:
-                raise ValueError(f"cannot {op} a value of shape {arr.shape} to variable "
-                                 f"{self._name!r} of shape {self._shape}") from None
-            for v, a, b in zip(self._variables, self._offsets, self._offsets[1:], strict=False):
-                calls.append((v._address, "ps_update", {"key": v._key, "kind": op,
-                                                        "value": _wire(full[a:b]), **tag}))
-        _transport.send_updates(calls, self._client(), arr.nbytes)
-        return self
-
-    def assign(self, value, read_value: bool = True) -> ShardedVariable:
-        return self._update("assign", value)
-
-    def assign_add(self, delta, read_value: bool = True) -> ShardedVariable:
-        return self._update("assign_add", delta)
-
-    def assign_sub(self, delta, read_value: bool = True) -> ShardedVariable:
-        return self._update("assign_sub", delta)
-
-    def gather(self, ids) -> np.ndarray:
-        """Rows ``ids``: one parallel request per shard holding any id, reassembled in order."""
-        return _gather(self._variables, self._offsets, self._shape, self._dtype, ids,
-                       self._client())
-
-    sparse_read = gather
-
-    def scatter_add(self, ids, updates=None) -> ShardedVariable:
-        _scatter(self._variables, self._offsets, self._shape, self._dtype, "add", ids, updates,
-                 self._client())
-        return self
-
-    def scatter_sub(self, ids, updates=None) -> ShardedVariable:
-        _scatter(self._variables, self._offsets, self._shape, self._dtype, "sub", ids, updates,
-                 self._client())
-        return self
-
-    def scatter_update(self, ids, updates=None) -> ShardedVariable:
-        _scatter(self._variables, self._offsets, self._shape, self._dtype, "update", ids,
-                 updates, self._client())
-        return self
+        except ValueError:
+            raise ValueError(f"cannot {kind} a value of shape {arr.shape} to variable "
+                             f"{self._name!r} of shape {self._shape}") from None
+        pieces = [full[a:b] for a, b in zip(self._offsets, self._offsets[1:], strict=False)]
+        if self._variables[0]._local is not None:
+            for v, piece in zip(self._variables, pieces, strict=True):
+                v._update(kind, piece)
+            return
+        tag = _routing.tag()
+        calls = [Call(v._address, "ps_update",
+                      {"key": v._key, "kind": kind,
+                       "value": wire(arr if arr.ndim == 0 else piece), **tag})
+                 for v, piece in zip(self._variables, pieces, strict=True)]
+        client, uid = self._client_uid()
+        _routing.send_updates(calls, client, arr.nbytes, uid)
 
 
 def read_values(*variables) -> list[np.ndarray]:
     """The values of several variables, read in parallel (one request per shard)."""
     calls, local = [], {}
+    client = uid = None
     for i, var in enumerate(variables):
         for v in var.variables:
             if v._local is not None:
-                local[i] = var.read_value()
+                local[i] = np.concatenate([s.read_value() for s in var.variables]) \
+                    if isinstance(var, ShardedVariable) else var.read_value()
                 break
-            calls.append((v._address, "ps_read", {"key": v._key}))
-    client = next((v._client for var in variables for v in var.variables
-                   if v._client is not None), None)
-    replies = iter(_transport.call_many(calls, client))
+            calls.append(Call(v._address, "ps_read", {"key": v._key}))
+            client, uid = client or v._client, uid or v._owner
+    replies = iter(_routing.call_many(calls, client, uid))
     out = []
     for i, var in enumerate(variables):
         if i in local:
@@ -527,24 +505,25 @@ class _Plan:
         inv = self.inverse
         return rows if inv is None else np.take(rows, inv, axis=0)
 
-    def combine(self, rows: np.ndarray, how: str) -> np.ndarray:
-        """Rows per requested id → rows per distinct id (summed, or the last one)."""
+    def combine(self, rows: np.ndarray, ufunc) -> np.ndarray:
+        """Rows per requested id → rows per distinct id: repeats merged with ``ufunc``
+        (``np.add``, ``np.multiply``, ...), or the last one kept when ``ufunc`` is None."""
         order = self._order
         if order is None:
             return rows
         first = self._first
         if first is None:  # distinct: only the order changes
             return np.take(rows, order, axis=0)
-        if how == "last":  # the last of each run of equal ids (the sort is stable)
+        if ufunc is None:  # the last of each run of equal ids (the sort is stable)
             last = np.empty_like(first)
             last[-1] = True
             last[:-1] = first[1:]
             return np.take(rows, order[last], axis=0)
-        # first rows copied, the few repeats added (much faster than np.add.at or
+        # first rows copied, the few repeats merged in (much faster than np.add.at or
         # np.add.reduceat over all rows when repeats are rare)
         out = np.take(rows, order[first], axis=0)
         repeat = ~first
-        np.add.at(out, self._group[repeat], np.take(rows, order[repeat], axis=0))
+        ufunc.at(out, self._group[repeat], np.take(rows, order[repeat], axis=0))
         return out
 
 
@@ -566,7 +545,12 @@ def _plan(flat: np.ndarray, offsets: list[int]) -> _Plan:
     return plan
 
 
-def _gather(variables, offsets, shape, dtype, ids, client) -> np.ndarray:
+#: How :meth:`_Plan.combine` merges the rows of a repeated id, per scatter kind.
+_COMBINE = {"add": np.add, "sub": np.add, "update": None, "mul": np.multiply,
+            "div": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _gather(variables, offsets, shape, dtype, ids, client, uid) -> np.ndarray:
     name = variables[0].name
     flat, ids_shape = _flat_ids(ids, offsets[-1] if shape else 0, name)
     row_shape = tuple(shape[1:])
@@ -576,9 +560,10 @@ def _gather(variables, offsets, shape, dtype, ids, client) -> np.ndarray:
         for s, a, b, local in plan.parts:
             rows[a:b] = variables[s].read_value()[local]
     else:
-        calls = [(variables[s]._address, "ps_gather", {"key": variables[s]._key, "ids": _wire(local)})
+        calls = [Call(variables[s]._address, "ps_gather",
+                      {"key": variables[s]._key, "ids": wire(local)})
                  for s, _, _, local in plan.parts]
-        replies = _transport.call_many(calls, client)
+        replies = _routing.call_many(calls, client, uid)
         want = (plan.uniq.size, *row_shape)
         if len(replies) == 1 and replies[0]["value"].shape == want \
                 and replies[0]["value"].dtype == dtype:
@@ -590,7 +575,7 @@ def _gather(variables, offsets, shape, dtype, ids, client) -> np.ndarray:
     return plan.expand(rows).reshape(ids_shape + row_shape)
 
 
-def _scatter(variables, offsets, shape, dtype, op, ids, updates, client) -> None:
+def _scatter(variables, offsets, shape, dtype, kind, ids, updates, client, uid) -> None:
     if updates is None:
         if not isinstance(ids, IndexedSlices):
             raise TypeError("scatter_* takes (ids, updates) or one IndexedSlices")
@@ -605,52 +590,46 @@ def _scatter(variables, offsets, shape, dtype, op, ids, updates, client) -> None
         raise ValueError(f"updates of shape {np.shape(updates)} do not fit {flat.size} rows of "
                          f"variable {name!r} (row shape {row_shape})") from None
     plan = _plan(flat, offsets)
-    rows = plan.combine(upd, "last" if op == "update" else "sum")
+    rows = plan.combine(upd, _COMBINE[kind])  # each shard gets sorted distinct ids
     if variables[0]._local is not None:
         for s, a, b, local in plan.parts:
             v = variables[s]
             with v._lock:
-                if op == "add":
-                    v._local[local] += rows[a:b]
-                elif op == "sub":
-                    v._local[local] -= rows[a:b]
-                else:
-                    v._local[local] = rows[a:b]
+                _kernels.scatter_rows(v._local, kind, local, rows[a:b])
         return
-    tag = _transport.tag()
-    calls = [(variables[s]._address, "ps_scatter",
-              {"key": variables[s]._key, "kind": op, "ids": _wire(local),
-               "updates": _wire(rows[a:b]), **tag})
+    tag = _routing.tag()
+    calls = [Call(variables[s]._address, "ps_scatter",
+                  {"key": variables[s]._key, "kind": kind, "ids": wire(local),
+                   "updates": wire(rows[a:b]), **tag})
              for s, a, b, local in plan.parts]
-    _transport.send_updates(calls, client, rows.nbytes)
+    _routing.send_updates(calls, client, rows.nbytes, uid)
 
 
-def _apply_many(config: dict, grads_and_vars: list) -> None:
+def apply_gradients(config: dict, grads_and_vars: list) -> None:
     """Send optimizer updates for ``[(grad, variable)]`` (see Optimizer.apply_gradients)."""
     calls = []
-    client = None
+    client = uid = None
     nbytes = 0
     for grad, var in grads_and_vars:
         if grad is None:
             continue
-        shards = var.variables
-        offsets = var.offsets if isinstance(var, ShardedVariable) else [0, var.shape[0] if var.shape else 0]
+        shards, offsets = var._parts()
         if shards[0]._local is not None:
             raise ValueError(f"variable {var.name!r} is not on a parameter server (create it in "
                              "strategy.scope() to use a server-side optimizer)")
-        client = client or shards[0]._client
-        tag = _transport.tag()
+        client, uid = client or shards[0]._client, uid or shards[0]._owner
+        tag = _routing.tag()
         if isinstance(grad, IndexedSlices):
             flat, _ = _flat_ids(grad.indices, offsets[-1], var.name)
             rows = np.broadcast_to(np.asarray(grad.values, dtype=var.dtype),
                                    (flat.size, *var.shape[1:]))
             plan = _plan(flat, offsets)
-            summed = plan.combine(rows, "sum")  # duplicate ids: gradients add up
+            summed = plan.combine(rows, np.add)  # duplicate ids: gradients add up
             for s, a, b, local in plan.parts:
                 v = shards[s]
-                calls.append((v._address, "ps_apply", {"key": v._key, "optimizer": config,
-                                                       "grad": _wire(summed[a:b]),
-                                                       "ids": _wire(local), **tag}))
+                calls.append(Call(v._address, "ps_apply",
+                                  {"key": v._key, "optimizer": config,
+                                   "grad": wire(summed[a:b]), "ids": wire(local), **tag}))
             nbytes += summed.nbytes
         else:
             g = np.asarray(grad, dtype=var.dtype)
@@ -659,7 +638,7 @@ def _apply_many(config: dict, grads_and_vars: list) -> None:
                                  f"{var.name!r} of shape {var.shape}")
             for v, a, b in zip(shards, offsets, offsets[1:], strict=False):
                 part = g if len(shards) == 1 else g[a:b]
-                calls.append((v._address, "ps_apply", {"key": v._key, "optimizer": config,
-                                                       "grad": _wire(part), **tag}))
+                calls.append(Call(v._address, "ps_apply", {"key": v._key, "optimizer": config,
+                                                           "grad": wire(part), **tag}))
             nbytes += g.nbytes
-    _transport.send_updates(calls, client, nbytes)
+    _routing.send_updates(calls, client, nbytes, uid)

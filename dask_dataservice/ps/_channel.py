@@ -1,0 +1,221 @@
+"""The ordered channel: one connection from a training worker to one parameter server.
+
+Theory of operation
+-------------------
+A scheduled function runs in the runner thread of a training worker. Its updates go out
+without waiting for their replies; its reads wait for their own reply. Read-your-writes
+holds because a Dask server answers the messages of one comm one after the other: a read
+sent after an update on the same comm is answered after the update was applied.
+
+- :class:`Channel`: threads :meth:`~Channel.submit` messages and get a
+  ``concurrent.futures.Future`` of the reply. One writer task on the worker's event loop
+  sends them in order (woken through one :class:`~dask_dataservice._async.LoopWaker`), one
+  reader task matches replies to futures in the same order. Both tasks belong to the
+  plugin's :class:`~dask_dataservice._async.TaskGroup`. A broken connection fails every
+  waiting future; the next message reconnects. A connection attempt gives up after
+  ``dataservice.ps.connect-timeout``.
+- :class:`Pipeline`: the runner thread's view of its channels for one batch of scheduled
+  functions: unacknowledged updates, charged to the function that sent them, and a wait for
+  each reply bounded by ``dataservice.ps.request-timeout`` (a hung parameter server fails
+  the function instead of hanging the runner forever; the channel is reset so later replies
+  cannot be matched to the wrong request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._async import LoopWaker, TaskGroup
+from ._exceptions import ParameterServerUnavailableError
+from ._types import Call
+
+__all__ = ["Channel", "Pipeline"]
+
+#: ``connect(address) -> comm``: opens one comm to a parameter server.
+Connector = Callable[[str], Awaitable[Any]]
+
+
+class Channel:
+    """One ordered connection to the parameter server at ``address`` (see the module doc).
+
+    Parameters
+    ----------
+    loop
+        The event loop that runs the connection (the worker's).
+    address
+        The parameter server.
+    connect
+        Opens a comm (``distributed.comm.connect`` with the worker's connection args; tests
+        pass a fake).
+    group
+        Owns the writer and reader tasks; stopping it stops the channel.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, address: str, connect: Connector,
+                 group: TaskGroup):
+        self.address = address
+        self._loop = loop
+        self._connect = connect
+        self._group = group
+        self._lock = threading.Lock()
+        #: Messages submitted by threads, not yet written: ``(msg, future)``.
+        self._inbox: deque = deque()
+        #: Futures of written messages, in the order their replies will come.
+        self._pending: deque = deque()
+        self._comm = None
+        self._writing = False
+        self._closed = False
+        self._waker = LoopWaker(loop, self._kick)
+
+    # -- any thread ----------------------------------------------------------------------
+    def submit(self, op: str, kwargs: dict) -> concurrent.futures.Future:
+        """Queue ``op(**kwargs)``; the future gets the reply (or a connection error)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._inbox.append(({"op": op, "reply": True, **kwargs}, fut))
+        self._waker.wake()
+        return fut
+
+    def reset(self, error: BaseException) -> None:
+        """Drop the connection and fail what waits (from any thread; e.g. a timed-out reply)."""
+        try:
+            self._loop.call_soon_threadsafe(self._fail, error)
+        except RuntimeError:  # the loop is closed: nothing is left to fail
+            pass
+
+    # -- event loop ----------------------------------------------------------------------
+    def _kick(self) -> None:
+        if not self._writing and not self._group.closed:
+            self._writing = True
+            self._group.spawn(self._write)
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._inbox:
+                        return
+                    batch = list(self._inbox)
+                    self._inbox.clear()
+                sent = 0
+                try:
+                    if self._closed:
+                        raise ParameterServerUnavailableError("the channel is closed")
+                    if self._comm is None or self._comm.closed():
+                        self._comm = await self._connect(self.address)
+                        self._group.spawn(self._read, self._comm)
+                    for msg, fut in batch:
+                        self._pending.append(fut)
+                        sent += 1
+                        await self._comm.write(msg)
+                except Exception as e:  # noqa: BLE001 - fail what was sent and what waits
+                    for _, fut in batch[sent:]:
+                        self._pending.append(fut)
+                    self._fail(e)
+        finally:
+            self._writing = False
+            with self._lock:
+                more = bool(self._inbox)
+            if more:
+                self._kick()
+
+    async def _read(self, comm) -> None:
+        try:
+            while not comm.closed():
+                reply = await comm.read()
+                if comm is not self._comm or not self._pending:
+                    return  # reset: the futures of this comm were failed already
+                fut = self._pending.popleft()
+                if not fut.done():
+                    fut.set_result(reply)
+        except Exception as e:  # noqa: BLE001
+            if comm is self._comm:
+                self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.abort()
+        err = e if isinstance(e, ParameterServerUnavailableError) else \
+            ParameterServerUnavailableError(
+                f"parameter server {self.address} is unreachable: {type(e).__name__}: {e}")
+        while self._pending:
+            fut = self._pending.popleft()
+            if not fut.done():
+                fut.set_exception(err)
+
+    def close(self) -> None:
+        """Close the connection and fail what waits (on the loop, at teardown)."""
+        self._closed = True
+        self._fail(ParameterServerUnavailableError("the channel is closed"))
+        with self._lock:
+            waiting, self._inbox = list(self._inbox), deque()
+        for _, fut in waiting:
+            if not fut.done():
+                fut.set_exception(ParameterServerUnavailableError("the channel is closed"))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing waiting for a reply (cleanup checks use it)."""
+        with self._lock:
+            return not self._inbox and not self._pending
+
+
+class Pipeline:
+    """The runner thread's view of its channels for one batch of scheduled functions.
+
+    ``channel(address)`` returns (and creates) the channel to a PS; ``timeout`` bounds every
+    wait for a reply; ``check(reply, call)`` turns a reply into a value or an exception.
+    """
+
+    def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict],
+                 max_bytes: int, max_messages: int, timeout: float):
+        self._channel = channel
+        self._check = check
+        self._max_bytes = max_bytes
+        self._max_messages = max_messages
+        self._timeout = timeout
+        #: ``(future, call, function index, nbytes)`` of unacknowledged updates.
+        self._outstanding: deque = deque()
+        self._bytes = 0
+        #: The function (index in the batch) now running, and errors charged to functions.
+        self.current = 0
+        self.errors: dict[int, BaseException] = {}
+
+    def _result(self, fut: concurrent.futures.Future, call: Call) -> dict:
+        try:
+            reply = fut.result(self._timeout)
+        except concurrent.futures.TimeoutError:
+            err = ParameterServerUnavailableError(
+                f"parameter server {call.address} did not answer {call.op} within "
+                f"{self._timeout:g} s (dataservice.ps.request-timeout)")
+            self._channel(call.address).reset(err)
+            raise err from None
+        return self._check(reply, call)
+
+    def call_many(self, calls: list[Call]) -> list[dict]:
+        futs = [self._channel(c.address).submit(c.op, c.kwargs) for c in calls]
+        return [self._result(fut, call) for fut, call in zip(futs, calls, strict=True)]
+
+    def send(self, calls: list[Call], nbytes: int = 0) -> None:
+        for call in calls:
+            fut = self._channel(call.address).submit(call.op, call.kwargs)
+            self._outstanding.append((fut, call, self.current, nbytes))
+            self._bytes += nbytes
+        if len(self._outstanding) > self._max_messages or self._bytes > self._max_bytes:
+            self.drain(keep=len(self._outstanding) // 2)
+
+    def drain(self, keep: int = 0) -> None:
+        """Wait for unacknowledged updates (all but the newest ``keep``)."""
+        while len(self._outstanding) > keep:
+            fut, call, index, nbytes = self._outstanding.popleft()
+            self._bytes -= nbytes
+            try:
+                self._result(fut, call)
+            except Exception as e:  # noqa: BLE001 - charged to the function that sent it
+                self.errors.setdefault(index, e)

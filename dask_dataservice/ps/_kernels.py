@@ -1,0 +1,303 @@
+"""Numpy kernels of parameter-server training, shared by servers and local variables.
+
+Everything here is pure numpy on arrays the caller owns: no I/O, no asyncio, no locks. The
+parameter server runs these on a shard's serial lane (see ``server.Shard``), local variables
+(outside ``strategy.scope()``) run them in the caller's thread.
+
+- :func:`update_dense`: ``assign`` / ``assign_add`` / ``assign_sub`` of a whole value, in
+  place or into a fresh array (copy on write, in the same pass as the update).
+- :func:`scatter_rows`: row updates (``add``, ``sub``, ``update``, ``mul``, ``div``, ``max``,
+  ``min``), with a fast path for the sorted distinct ids clients send.
+- :func:`new_slots`, :func:`apply_dense`, :func:`apply_sparse`: the server-side optimizers'
+  update rules (Keras': SGD with momentum/Nesterov, Adagrad, Adam).
+- :func:`take_rows` / :func:`put_rows` / :func:`dedupe_rows`: row movement.
+- :func:`initial_value`: calls a user initializer for one partition, choosing the calling
+  convention from its signature (never by catching the user's own ``TypeError``).
+
+This module is a leaf of the package (it imports only numpy and ``_types``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+import numpy as np
+
+from ._exceptions import ShapeMismatchError
+from ._types import SCATTER_KINDS, UPDATE_KINDS, ShardInfo
+
+__all__ = ["apply_dense", "apply_sparse", "dedupe_rows", "initial_value", "new_slots",
+           "put_rows", "scatter_rows", "take_rows", "update_dense"]
+
+
+def new_slots(config: dict, value: np.ndarray) -> dict[str, np.ndarray]:
+    """Fresh slot arrays for a shard ``value``."""
+    kind = config["kind"]
+    if kind == "sgd":
+        return {"momentum": np.zeros_like(value)} if config.get("momentum") else {}
+    if kind == "adagrad":
+        return {"accumulator": np.full_like(value, config["initial_accumulator_value"])}
+    if kind == "adam":
+        return {"m": np.zeros_like(value), "v": np.zeros_like(value),
+                "iterations": np.zeros((), dtype="int64")}
+    raise ValueError(f"unknown optimizer kind {kind!r}")
+
+
+def dedupe_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum the rows of duplicate ids: ``(sorted unique ids, summed rows)``.
+
+    Ids that are already strictly increasing come back as they are (no copy).
+    """
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size < 2 or np.all(ids[1:] > ids[:-1]):
+        return ids, rows
+    order = np.argsort(ids, kind="stable")
+    sids = ids[order]
+    first = np.empty(sids.size, dtype=bool)
+    first[0] = True
+    np.not_equal(sids[1:], sids[:-1], out=first[1:])
+    if first.all():
+        return sids, np.take(rows, order, axis=0)
+    out = np.take(rows, order[first], axis=0)
+    repeat = ~first
+    # the few repeated rows are added to their id's first row (np.add.at over all rows or
+    # np.add.reduceat is much slower when repeats are rare)
+    np.add.at(out, np.cumsum(first)[repeat] - 1, np.take(rows, order[repeat], axis=0))
+    return sids[first], out
+
+
+def _row_view(arr: np.ndarray) -> np.ndarray | None:
+    """``arr`` (C-contiguous, 2+ dims) as a 1-D array of opaque rows, or None."""
+    if arr.ndim < 2 or not arr.flags.c_contiguous or arr.size == 0:
+        return None
+    return arr.reshape(arr.shape[0], -1).view(
+        np.dtype((np.void, arr.itemsize * (arr.size // arr.shape[0])))).reshape(-1)
+
+
+def take_rows(value: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``value[ids]`` (a new C-contiguous array), for valid ids.
+
+    Rows move as opaque ``void`` items: for 256-byte rows that is ~1.7x as fast as fancy
+    indexing (and ``np.take`` on the numeric array is in between).
+    """
+    rows = _row_view(value)
+    if rows is None:
+        return np.take(value, ids, axis=0)
+    return np.take(rows, ids).view(value.dtype).reshape((ids.size, *value.shape[1:]))
+
+
+def put_rows(value: np.ndarray, ids: np.ndarray, new: np.ndarray) -> None:
+    """``value[ids] = new`` for valid ids (for a repeated id the last row wins)."""
+    rows = _row_view(value)
+    items = None
+    if rows is not None and new.dtype == value.dtype and new.shape == (ids.size, *value.shape[1:]):
+        items = _row_view(np.ascontiguousarray(new))
+    if items is None:
+        value[ids] = new
+    else:
+        np.put(rows, ids, items)
+
+
+def apply_dense(config: dict, value: np.ndarray, slots: dict, grad: np.ndarray) -> None:
+    """Apply one dense update to ``value`` (all rows) in place."""
+    _apply(config, value, slots, grad, None)
+
+
+def apply_sparse(config: dict, value: np.ndarray, slots: dict, ids: np.ndarray,
+                 grad_rows: np.ndarray) -> None:
+    """Apply one sparse update to rows ``ids`` of ``value`` in place (duplicates summed)."""
+    ids, grad_rows = dedupe_rows(ids, grad_rows)
+    _apply(config, value, slots, grad_rows, ids)
+
+
+def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> None:
+    """One update of ``value`` (rows ``ids``, distinct; or all rows when None) in place.
+
+    Sparse updates read the rows they touch with :func:`take_rows`, compute on those
+    copies in place, and write them back with :func:`put_rows`.
+    """
+    kind = config["kind"]
+    dt = value.dtype
+    g = np.asarray(g, dtype=dt)
+    lr = dt.type(config["learning_rate"])
+
+    def get(arr):
+        return arr if ids is None else take_rows(arr, ids)
+
+    def put(arr, new):
+        if ids is None:
+            if new is not arr:
+                arr[...] = new
+        else:
+            put_rows(arr, ids, new)
+
+    if kind == "sgd":
+        mom = dt.type(config.get("momentum") or 0.0)
+        if not mom:
+            if ids is None:
+                value -= lr * g
+            else:
+                rows = take_rows(value, ids)
+                rows -= lr * g
+                put_rows(value, ids, rows)
+            return
+        vel = get(slots["momentum"])
+        vel *= mom  # in place: a copy when sparse, the slot itself when dense
+        vel -= lr * g
+        put(slots["momentum"], vel)
+        step = mom * vel - lr * g if config.get("nesterov") else vel
+        rows = get(value)
+        rows += step
+        put(value, rows)
+    elif kind == "adagrad":
+        acc = get(slots["accumulator"])
+        acc += g * g
+        put(slots["accumulator"], acc)
+        upd = np.sqrt(acc, out=np.empty_like(acc))  # an array even when 0-d
+        upd += dt.type(config["epsilon"])
+        np.divide(lr * g, upd, out=upd)
+        rows = get(value)
+        rows -= upd
+        put(value, rows)
+    elif kind == "adam":
+        it = slots["iterations"]
+        it[...] = it + 1
+        t = float(it)
+        b1, b2 = config["beta_1"], config["beta_2"]
+        alpha = dt.type(config["learning_rate"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))
+        m = get(slots["m"])
+        m *= dt.type(b1)
+        m += g * dt.type(1 - b1)
+        v = get(slots["v"])
+        v *= dt.type(b2)
+        v += (g * g) * dt.type(1 - b2)
+        put(slots["m"], m)
+        put(slots["v"], v)
+        upd = np.sqrt(v, out=np.empty_like(v))
+        upd += dt.type(config["epsilon"])
+        np.divide(alpha * m, upd, out=upd)
+        rows = get(value)
+        rows -= upd
+        put(value, rows)
+    else:
+        raise ValueError(f"unknown optimizer kind {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# whole-value and row updates
+# ---------------------------------------------------------------------------------------
+
+#: ``kind -> ufunc`` of the whole-value updates (``assign`` has none: it copies).
+_DENSE_UFUNCS = {"assign": None, "assign_add": np.add, "assign_sub": np.subtract}
+assert tuple(_DENSE_UFUNCS) == UPDATE_KINDS
+
+#: ``kind -> ufunc`` of the row updates (``update`` has none: the last row wins).
+_SCATTER_UFUNCS = {"add": np.add, "sub": np.subtract, "update": None, "mul": np.multiply,
+                   "div": np.divide, "max": np.maximum, "min": np.minimum}
+assert tuple(_SCATTER_UFUNCS) == SCATTER_KINDS
+
+
+def update_dense(value: np.ndarray, kind: str, delta: Any, *, copy: bool = False) -> np.ndarray:
+    """``assign`` / ``assign_add`` / ``assign_sub`` ``delta`` (broadcast) to ``value``.
+
+    In place unless ``copy``: then ``value`` is left alone and a fresh C-contiguous array is
+    returned (the copy costs no extra pass: it is the update's output). Returns the new value.
+    """
+    if kind not in _DENSE_UFUNCS:
+        raise ValueError(f"unknown update kind {kind!r}; expected one of {UPDATE_KINDS}")
+    ufunc = _DENSE_UFUNCS[kind]
+    if copy:
+        if ufunc is None:
+            return np.array(np.broadcast_to(delta, value.shape), dtype=value.dtype, order="C")
+        # out= keeps a 0-d result an array (a bare ufunc call would return a scalar)
+        return ufunc(value, delta, out=np.empty_like(value, order="C"))
+    if ufunc is None:
+        value[...] = delta
+    else:
+        ufunc(value, delta, out=value)
+    return value
+
+
+def _divide(ufunc, dtype):
+    return np.floor_divide if ufunc is np.divide and dtype.kind in "iu" else ufunc
+
+
+def scatter_rows(value: np.ndarray, kind: str, ids: np.ndarray, rows: np.ndarray) -> None:
+    """Row update ``kind`` of rows ``ids`` of ``value`` with ``rows``, in place.
+
+    Duplicate ids accumulate (``add``/``sub``/``mul``/``div``/``max``/``min``); for ``update``
+    the last one wins. Integer variables divide with floor division.
+    """
+    if kind not in _SCATTER_UFUNCS:
+        raise ValueError(f"unknown scatter kind {kind!r}; expected one of {SCATTER_KINDS}")
+    ufunc = _SCATTER_UFUNCS[kind]
+    if ufunc is None:
+        put_rows(value, ids, rows)
+        return
+    ufunc = _divide(ufunc, value.dtype)
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # clients send sorted distinct ids
+        cur = take_rows(value, ids)
+        ufunc(cur, rows, out=cur, casting="unsafe")
+        put_rows(value, ids, cur)
+    else:
+        ufunc.at(value, ids, rows)
+
+
+# ---------------------------------------------------------------------------------------
+# initializers
+# ---------------------------------------------------------------------------------------
+
+
+def _accepts(fn) -> tuple[set[str], bool]:
+    """``(keyword parameter names, takes **kwargs)`` of ``fn``; ``(set(), False)`` if unknown."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return set(), False
+    names = {p.name for p in params
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def initial_value(fn, shape: tuple, dtype, offset: int = 0,
+                  full_shape: tuple | None = None) -> tuple[np.ndarray, bool]:
+    """Call initializer ``fn`` for the partition ``shape`` at row ``offset``: ``(value, sliced)``.
+
+    The convention is chosen from ``fn``'s signature, so a ``TypeError`` raised inside ``fn``
+    reaches the caller as itself:
+
+    - ``shard_info``: TensorFlow's ``fn(shard_info=ShardInfo(shape, offset))`` (plus
+      ``shape=full_shape``/``dtype`` when it takes them);
+    - ``partition_shape`` (or ``**kwargs``): Keras initializers,
+      ``fn(shape=full_shape, dtype=, partition_shape=, partition_offset=)``;
+    - ``partition_offset``: this package's ``fn(shape=partition shape, dtype=, partition_offset=)``;
+    - ``shape``/``dtype``: ``fn(shape=full_shape, dtype=)``; nothing: ``fn()``.
+
+    A value of the partition's shape is used as it is; a value of the full shape is sliced
+    (``sliced=True``: the caller may warn that this is memory-inefficient).
+    """
+    shape = tuple(shape)
+    full_shape = shape if full_shape is None else tuple(full_shape)
+    dtype = np.dtype(dtype) if dtype is not None else None
+    part_offset = (int(offset),) + (0,) * max(0, len(shape) - 1)
+    names, var_kw = _accepts(fn)
+    base = {k: v for k, v in (("shape", full_shape), ("dtype", dtype))
+            if k in names or var_kw}
+    if "shard_info" in names:
+        value = fn(shard_info=ShardInfo(shape, part_offset), **base)
+    elif "partition_shape" in names or (var_kw and "partition_offset" not in names):
+        value = fn(**base, partition_shape=shape, partition_offset=part_offset)
+    elif "partition_offset" in names:
+        value = fn(**{**base, "shape": shape}, partition_offset=part_offset)
+    else:
+        value = fn(**base)
+    value = np.asarray(value, dtype=dtype)
+    if value.shape == shape:
+        return value, False
+    if value.shape != full_shape or not shape:
+        raise ShapeMismatchError(
+            f"initializer returned shape {value.shape}; expected the partition {shape} at "
+            f"row {offset} or the whole variable {full_shape}")
+    return value[offset:offset + shape[0]], True

@@ -1,0 +1,158 @@
+"""How variable handles reach parameter servers, from wherever they run.
+
+- In a scheduled function on a training worker, the runner thread installs a
+  :class:`~._channel.Pipeline` (``_thread.pipeline``): ordered channels, updates not waited
+  for (see :mod:`._channel`).
+- In any other Dask task: the worker's RPC pool, driven on the worker's event loop.
+- On the coordinator: the client of the strategy that created the handle. Handles name
+  their strategy by id (``owner``); :func:`register_owner` maps live strategies' ids to
+  their clients, weakly. There is no "most recent strategy": two strategies in one process
+  never cross, and a handle whose strategy is gone says so.
+
+Every blocking call here must come from a thread that is not the event loop it drives; any
+other thread works, including one that runs an event loop of its own (a Jupyter kernel).
+Every request is bounded by ``dataservice.ps.request-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from typing import Any
+
+from distributed import get_worker
+from distributed.utils import sync
+
+from .. import config
+from .._rpc import raise_for_status
+from ._exceptions import ParameterServerError, ParameterServerUnavailableError
+from ._types import Call, Tag
+
+__all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "register_owner",
+           "run_sync", "send_updates", "tag"]
+
+#: Per-thread state: ``worker`` (the runner thread's worker), ``pipeline``, ``fn``.
+_thread = threading.local()
+
+#: ``{strategy id: strategy}`` of the live strategies of this process (weak values).
+_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class FunctionContext:
+    """The scheduled function running in this thread: its id, its update counter, its worker."""
+
+    __slots__ = ("fn_id", "seq", "worker_index")
+
+    def __init__(self, fn_id: int, worker_index: int | None = None):
+        self.fn_id = fn_id
+        self.seq = 0
+        self.worker_index = worker_index
+
+
+def register_owner(uid: str, strategy: Any) -> None:
+    """Let handles created by ``strategy`` (``owner=uid``) find its client here."""
+    _owners[uid] = strategy
+
+
+def owner(uid: str | None) -> Any:
+    """The live strategy ``uid`` of this process, or None."""
+    return None if uid is None else _owners.get(uid)
+
+
+def client_of(uid: str | None, client=None):
+    """The client to use on the coordinator for a handle of strategy ``uid``."""
+    if client is not None:
+        return client
+    strategy = owner(uid)
+    return None if strategy is None else strategy.client
+
+
+def tag() -> Tag:
+    """Exactly-once tag for the next update: ``{"fn_id", "seq"}``, or ``{}`` outside a function."""
+    ctx = getattr(_thread, "fn", None)
+    if ctx is None:
+        return {}
+    ctx.seq += 1
+    return {"fn_id": ctx.fn_id, "seq": ctx.seq}
+
+
+def timeout() -> float:
+    return config.get_seconds("ps.request-timeout")
+
+
+def check(response: Any, call: Call) -> dict:
+    """The response if OK; else raise the error it carries."""
+    return raise_for_status(
+        response, f"{call.op} request to {call.address}",
+        missing="the parameter-server plugin is not installed there",
+        missing_error=ParameterServerError, closing_error=ParameterServerUnavailableError)
+
+
+def _route(client=None, uid: str | None = None):
+    worker = getattr(_thread, "worker", None)
+    if worker is None:
+        try:
+            worker = get_worker()
+        except ValueError:
+            worker = None
+    if worker is not None:
+        return worker.loop, worker.rpc
+    client = client_of(uid, client)
+    if client is None or client.status in ("closed", "closing"):
+        raise ParameterServerError(
+            "cannot reach the parameter servers from here: use the variable inside a function "
+            "scheduled with ClusterCoordinator.schedule (or a Dask task), or on the "
+            "coordinator while its ParameterServerStrategy's client is open")
+    return client.loop, client.rpc
+
+
+async def call_async(rpc, call: Call, limit: float) -> dict:
+    try:
+        response = await asyncio.wait_for(getattr(rpc(call.address), call.op)(**call.kwargs),
+                                          limit)
+    except (OSError, TimeoutError) as e:  # CommClosedError is an OSError
+        what = f"did not answer within {limit:g} s" if isinstance(e, TimeoutError) \
+            else f"is unreachable: {type(e).__name__}: {e}"
+        raise ParameterServerUnavailableError(
+            f"parameter server {call.address} {what} ({call.op})") from e
+    return check(response, call)
+
+
+async def _gather(rpc, calls: list[Call], limit: float) -> list[dict]:
+    if len(calls) == 1:
+        return [await call_async(rpc, calls[0], limit)]
+    return list(await asyncio.gather(*(call_async(rpc, c, limit) for c in calls)))
+
+
+def run_sync(loop, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on ``loop`` from this thread (any thread but the loop's own)."""
+    return sync(loop, fn, *args, **kwargs)
+
+
+def call_many(calls: list[Call], client=None, uid: str | None = None) -> list[dict]:
+    """Send ``calls`` in parallel and wait for all replies (in order)."""
+    if not calls:
+        return []
+    calls = [c if isinstance(c, Call) else Call(*c) for c in calls]
+    pipeline = getattr(_thread, "pipeline", None)
+    if pipeline is not None:
+        return pipeline.call_many(calls)
+    loop, rpc = _route(client, uid)
+    return run_sync(loop, _gather, rpc, calls, timeout())
+
+
+def send_updates(calls: list[Call], client=None, nbytes: int = 0, uid: str | None = None) -> None:
+    """Send updates; inside a scheduled function, without waiting for the replies."""
+    if not calls:
+        return
+    pipeline = getattr(_thread, "pipeline", None)
+    if pipeline is not None:
+        pipeline.send([c if isinstance(c, Call) else Call(*c) for c in calls], nbytes)
+    else:
+        call_many(calls, client, uid)
+
+
+def call(address: str, op: str, client=None, kwargs: dict | None = None,
+         uid: str | None = None) -> dict:
+    return call_many([Call(address, op, kwargs or {})], client, uid)[0]

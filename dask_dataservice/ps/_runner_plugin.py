@@ -1,0 +1,231 @@
+"""TrainingWorkerPlugin: runs batches of scheduled functions on a training worker.
+
+Theory of operation
+-------------------
+- ``ps_run_closures`` receives a batch: the pickled functions (each distinct function once)
+  and, per closure, its id, the index of its function and its pickled arguments. Nothing is
+  unpickled on the event loop: the batch runs in the plugin's runner thread, one closure
+  after the other (never in the worker's task executor).
+- Inside a closure, variable handles reach the parameter servers from that thread over one
+  ordered :class:`~._channel.Channel` per PS (updates not waited for, reads wait; see
+  :mod:`._channel`). Before it answers, the runner waits for every update of the batch to be
+  acknowledged and fails any closure whose update failed.
+- A closure that raises poisons its coordinator's *generation*: later closures of that
+  generation in this worker's batches are skipped (the coordinator cancels them). The
+  record is dropped as soon as a batch of a newer generation arrives, and at most
+  ``_MAX_POISONED`` coordinators are remembered.
+- The plugin also holds this worker's per-worker dataset iterators, created on first use.
+
+Everything the plugin starts is owned: the runner thread (an owned executor), the channels'
+tasks (a :class:`~dask_dataservice._async.TaskGroup`); ``teardown`` stops and joins them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+from typing import Any
+
+import cloudpickle
+from distributed.comm import connect
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.utils import run_in_executor_with_context
+
+from .. import config
+from .._async import TaskGroup, owned_executor, shutdown_executor
+from .._rpc import handler
+from . import _routing
+from ._channel import Channel, Pipeline
+from ._exceptions import ParameterServerError
+
+__all__ = ["RUNNER_NAME", "PerWorkerDataset", "PerWorkerIterator", "TrainingWorkerPlugin"]
+
+RUNNER_NAME = "dataservice-ps-runner"
+
+#: Coordinators whose failed generation a worker remembers (oldest forgotten first).
+_MAX_POISONED = 64
+
+
+class TrainingWorkerPlugin(WorkerPlugin):
+    """Runs batches of scheduled functions on a training worker (``ps_run_closures``)."""
+
+    name = RUNNER_NAME
+    idempotent = True
+
+    async def setup(self, worker) -> None:
+        self.worker = worker
+        self._runner = owned_executor("dds-ps-runner", 1)
+        self._group = TaskGroup("ps-channels")
+        #: ``{iterator uid: iterator}`` and ``{dataset uid: newest iterator uid}``.
+        self._iterators: dict[str, Any] = {}
+        self._newest: dict[str, str] = {}
+        #: ``{coordinator uid: failed generation}``, bounded (see the module doc).
+        self.poisoned: OrderedDict[int, int] = OrderedDict()
+        #: ``{PS address: Channel}``: ordered connections used by the runner thread.
+        self.channels: dict[str, Channel] = {}
+        self._pipeline = bool(config.get("ps.pipeline-updates"))
+        self._max_bytes = config.get_bytes("ps.unacked-bytes")
+        self._max_messages = int(config.get("ps.unacked-messages"))
+        self._connect_timeout = config.get_seconds("ps.connect-timeout")
+        self.stats = {"closures": 0, "batches": 0}
+        worker.handlers["ps_run_closures"] = self.run_closures
+        worker.extensions[RUNNER_NAME] = self
+
+    async def teardown(self, worker) -> None:
+        worker.handlers.pop("ps_run_closures", None)
+        worker.extensions.pop(RUNNER_NAME, None)
+        for channel in self.channels.values():
+            channel.close()
+        await self._group.stop()
+        shutdown_executor(self._runner)
+        self._iterators.clear()
+        self._newest.clear()
+
+    @property
+    def idle(self) -> bool:
+        """No channel has a request in flight (cleanup checks use it)."""
+        return all(ch.idle for ch in self.channels.values())
+
+    # -- handlers ----------------------------------------------------------------------------
+    @handler
+    async def run_closures(self, fns: list, closures: list, coordinator: int, generation: int,
+                           worker_index: int | None = None) -> dict:
+        results = await run_in_executor_with_context(
+            self._runner, self._run_batch, fns, closures, coordinator, generation, worker_index)
+        return {"status": "OK", "results": results}
+
+    # -- methods for the runner thread -------------------------------------------------------
+    async def _connect(self, address: str):
+        comm = await connect(address, timeout=self._connect_timeout, deserialize=True,
+                             **self.worker.connection_args)
+        comm.name = "dataservice-ps-channel"
+        # Messages here are small dicts and to_serialize'd arrays, cheap to (de)serialise at
+        # any size: skip the per-message sizeof() walk that decides whether to offload.
+        comm.allow_offload = False
+        return comm
+
+    def _channel(self, address: str) -> Channel:
+        ch = self.channels.get(address)
+        if ch is None:
+            ch = self.channels[address] = Channel(self.worker.loop.asyncio_loop, address,
+                                                  self._connect, self._group)
+        return ch
+
+    def _poisoned(self, coordinator: int, generation: int) -> bool:
+        failed = self.poisoned.get(coordinator)
+        if failed is not None and failed < generation:
+            del self.poisoned[coordinator]  # a newer generation: the failure was handled
+            return False
+        return failed is not None and failed >= generation
+
+    def _poison(self, coordinator: int, generation: int) -> None:
+        self.poisoned[coordinator] = generation
+        self.poisoned.move_to_end(coordinator)
+        while len(self.poisoned) > _MAX_POISONED:
+            self.poisoned.popitem(last=False)
+
+    def _run_batch(self, fns: list, closures: list, coordinator: int, generation: int,
+                   worker_index: int | None) -> list:
+        from distributed.worker import _worker_cvar
+
+        _worker_cvar.set(self.worker)
+        _routing._thread.worker = self.worker
+        functions = [cloudpickle.loads(f) for f in fns]
+        results: list[tuple[bool, bytes]] = []
+        self.stats["batches"] += 1
+        pipeline = None
+        if self._pipeline:
+            pipeline = Pipeline(self._channel, _routing.check, self._max_bytes,
+                                self._max_messages, _routing.timeout())
+        _routing._thread.pipeline = pipeline
+        try:
+            for index, (fn_id, fn_index, payload) in enumerate(closures):
+                if self._poisoned(coordinator, generation):
+                    break  # an earlier closure of this generation failed: cancel the rest
+                _routing._thread.fn = _routing.FunctionContext(fn_id, worker_index)
+                if pipeline is not None:
+                    pipeline.current = index
+                try:
+                    args, kwargs = cloudpickle.loads(payload)
+                    value, ok = functions[fn_index](*args, **kwargs), True
+                except Exception as e:  # noqa: BLE001 - returned to the coordinator
+                    value, ok = e, False
+                    self._poison(coordinator, generation)
+                finally:
+                    _routing._thread.fn = None
+                self.stats["closures"] += 1
+                results.append((ok, _dumps_result(ok, value)))
+            if pipeline is not None:
+                # A function's result counts once its updates landed: wait for them all,
+                # and charge a failed update to the function that sent it.
+                pipeline.drain()
+                for index, err in sorted(pipeline.errors.items()):
+                    if index < len(results) and results[index][0]:
+                        results[index] = (False, _dumps_result(False, err))
+                        self._poison(coordinator, generation)
+        finally:
+            _routing._thread.pipeline = None
+        return results
+
+    def iterator(self, handle: PerWorkerIterator):
+        it = self._iterators.get(handle.uid)
+        if it is None:
+            old = self._newest.get(handle.dataset_uid)
+            if old is not None:
+                self._iterators.pop(old, None)
+            ds = handle.dataset_fn()
+            it = self._iterators[handle.uid] = iter(ds)
+            self._newest[handle.dataset_uid] = handle.uid
+        return it
+
+
+def _dumps_result(ok: bool, value: Any) -> bytes:
+    try:
+        return cloudpickle.dumps(value, protocol=5)
+    except Exception as e:  # noqa: BLE001
+        what = "result" if ok else "error"
+        return cloudpickle.dumps(ParameterServerError(
+            f"the scheduled function's {what} could not be pickled: {type(e).__name__}: {e}; "
+            f"{what} was {value!r:.200}"))
+
+
+# ---------------------------------------------------------------------------------------
+# per-worker datasets
+# ---------------------------------------------------------------------------------------
+
+
+class PerWorkerDataset:
+    """A dataset built lazily on each training worker (``create_per_worker_dataset``)."""
+
+    def __init__(self, dataset_fn):
+        self._dataset_fn = dataset_fn
+        self._uid = secrets.token_hex(6)
+
+    def __iter__(self) -> PerWorkerIterator:
+        """A fresh per-worker iterator (each worker starts its dataset again)."""
+        return PerWorkerIterator(self._uid, self._dataset_fn)
+
+    def build(self) -> PerWorkerDataset:
+        return self
+
+
+class PerWorkerIterator:
+    """Pass it to scheduled functions; ``next(it)`` there reads this worker's dataset."""
+
+    def __init__(self, dataset_uid: str, dataset_fn):
+        self.dataset_uid = dataset_uid
+        self.dataset_fn = dataset_fn
+        self.uid = secrets.token_hex(6)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        worker = getattr(_routing._thread, "worker", None)
+        plugin = worker.extensions.get(RUNNER_NAME) if worker is not None else None
+        if plugin is None:
+            raise RuntimeError("a per-worker iterator is read inside a function scheduled with "
+                               "ClusterCoordinator.schedule, on a training worker")
+        return next(plugin.iterator(self))
+
+    get_next = __next__
