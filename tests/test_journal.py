@@ -601,11 +601,14 @@ def test_append_needs_a_running_loop_and_a_started_writer(tmp_path):
 def test_records_queued_on_a_loop_that_closed_fail_the_writer(tmp_path):
     # asyncio.run returns while an append is still being written: the flush task is cancelled.
     writer = JournalWriter.open(tmp_path)
+    futures = []
 
     async def queue_and_return():
-        writer.append(b"unawaited")
+        futures.append(writer.append(b"unawaited"))
 
     asyncio.run(queue_and_return())
+    # the append's future failed with the cancelled flush (retrieved: none is dropped)
+    assert isinstance(futures[0].exception(), JournalClosedError)
 
     async def append_again():
         with pytest.raises(JournalClosedError, match="has failed.*may or may not be durable"):

@@ -346,13 +346,35 @@ def test_register_remove_and_reregister_worker(state):
         ("a",),
     )
     assert worker.registered and worker.status == "registered"
+    task_id = create_task(state, create_iteration(state, create_job(state, register_dataset(state))))
     state.apply(RemoveWorker(address=W1))
-    assert state.worker(W1).registered is False
+    # its lost task still names it: a departed worker stays known
+    assert state.worker(W1).registered is False and state.worker(W1).num_tasks == 1
     assert state.list_workers() == []
     assert [w.address for w in state.list_workers(include_departed=True)] == [W1]
     assert state.tasks_for_worker(W1) == []
     state.apply(RegisterWorker(address=W1, host="h1b", nthreads=1))
     assert state.worker(W1).registered and state.worker(W1).host == "h1b"
+    assert state.worker(W1).num_tasks == 1 and state.task(task_id).status == "lost"
+
+
+def test_departed_workers_are_forgotten_once_no_task_names_them(state):
+    """Worker churn does not grow the state (issue 10, finding 8)."""
+    iteration_id = create_iteration(state, create_job(state, register_dataset(state)))
+    for i in range(50):  # 50 short-lived workers, each with a task of the same iteration
+        address = register_worker(state, f"tcp://churn:{i}")
+        create_task(state, iteration_id, address)
+        state.apply(RemoveWorker(address))
+    register_worker(state, "tcp://idle:1")
+    state.apply(RemoveWorker("tcp://idle:1"))  # no task: forgotten at once
+    assert len(state.list_workers(include_departed=True)) == 50
+    assert_refused(state, RemoveWorker("tcp://idle:1"), WorkerNotFoundError)
+    state.apply(GarbageCollectIteration(iteration_id))
+    assert state.list_workers(include_departed=True) == []
+    assert state.snapshot()["workers"] == {} and state.snapshot()["tasks_by_worker"] == {}
+    # and the worker may come back as a new one
+    register_worker(state, "tcp://churn:0")
+    assert state.worker("tcp://churn:0").num_tasks == 0
 
 
 def test_illegal_worker_updates(state):
@@ -369,6 +391,7 @@ def test_illegal_worker_updates(state):
         IllegalUpdateError,
         f"RegisterWorker: worker {W1!r} is registered",
     )
+    create_task(state, create_iteration(state, create_job(state, register_dataset(state))))
     state.apply(RemoveWorker(address=W1))
     assert_refused(
         state,
@@ -541,10 +564,12 @@ def test_illegal_create_task(state):
         state, CreateTask(4000, iteration_id, W1), WorkerNotFoundError, f"Worker {W1!r} not found"
     )
     register_worker(state)
+    other = create_iteration(state, create_job(state, 1000))
+    task_id = create_task(state, other, W1)  # keeps W1 known once it departed
     state.apply(RemoveWorker(W1))
     assert_refused(
         state,
-        CreateTask(4000, iteration_id, W1),
+        CreateTask(task_id + 1, iteration_id, W1),
         IllegalUpdateError,
         f"CreateTask: worker {W1!r} is departed",
     )

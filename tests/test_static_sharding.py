@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from _helpers import distribute, read  # noqa: E402
 from distributed import Worker
-from distributed.utils_test import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.data import readers
-from dask_dataservice.service.client import _install_async
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.service.client import _install_async
 from dask_dataservice.service.worker import current_task
+from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
 

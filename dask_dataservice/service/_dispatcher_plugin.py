@@ -30,6 +30,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
+from .._async import owned_executor, shutdown_executor
 from .._rpc import handler, strip_protocol
 from ..data._base import INFINITE, UNKNOWN
 from ._exceptions import (
@@ -234,8 +235,13 @@ class DispatcherPlugin(SchedulerPlugin):
             return state, n
 
         loop = asyncio.get_running_loop()
-        self.state, self.recovered_updates = await loop.run_in_executor(None, replay)
-        self._journal = await loop.run_in_executor(None, JournalWriter.open, work_dir)
+        # file I/O and the replay stay off the scheduler's loop, in a thread owned here
+        executor = owned_executor("dds-dispatcher-recovery")
+        try:
+            self.state, self.recovered_updates = await loop.run_in_executor(executor, replay)
+            self._journal = await loop.run_in_executor(executor, JournalWriter.open, work_dir)
+        finally:
+            shutdown_executor(executor)
         # Rebuild what is not journaled. Workers of the previous run are gone (a Dask worker
         # does not outlive its scheduler): their tasks are lost, and so are the splits they
         # held, which are never handed out again. Clients restart their liveness timers.
@@ -277,15 +283,25 @@ class DispatcherPlugin(SchedulerPlugin):
                     f"; no longer configured: {gone}" if gone else "")
 
     async def close(self) -> None:
+        """Stop the GC and close the journal (every queued record made durable first).
+
+        Idempotent (the scheduler calls it at shutdown, tests may call it before). The
+        plugin starts no task of its own: its background work is the GC periodic callback
+        and the journal writer's flush (owned and awaited by the writer); pushes that wait
+        for durability are callbacks on the journal's futures, dropped once it is closed.
+        """
+        if self._closed:
+            return
         self._closed = True
-        if self._journal is not None:
-            try:
-                await self._journal.aclose()
-            except Exception as e:  # noqa: BLE001 - closing anyway
-                logger.warning("dataservice: closing the journal failed: %r", e)
         pc = self.scheduler.periodic_callbacks.pop("dataservice-gc", None)
         if pc is not None:
             pc.stop()
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            try:
+                await journal.aclose()
+            except Exception as e:  # noqa: BLE001 - closing anyway
+                logger.warning("dataservice: closing the journal failed: %r", e)
         # Handlers stay installed: requests still in flight get answers, not "unknown op".
         self.scheduler.extensions.pop("dataservice", None)
 

@@ -69,7 +69,8 @@ class Dataset:
 
 @dataclass(slots=True)
 class Worker:
-    """A data worker. ``registered`` is False after it left (its address stays known)."""
+    """A data worker. ``registered`` is False after it left (its address stays known while
+    a task names it)."""
 
     address: str
     host: str
@@ -77,6 +78,10 @@ class Worker:
     resources: dict[str, float]
     tags: tuple[str, ...]
     registered: bool = True
+    #: Tasks in the state (of iterations not garbage collected) that name this worker. A
+    #: departed worker is forgotten as soon as no task names it, so worker churn does not
+    #: make the state grow.
+    num_tasks: int = 0
 
     @property
     def status(self) -> str:

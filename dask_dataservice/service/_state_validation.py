@@ -62,10 +62,23 @@ def validate_state(state: DispatcherState) -> None:
         "fingerprint index has entries for unknown datasets",
     )
 
-    # Workers: tasks_by_worker has exactly the registered ones.
+    # Workers: tasks_by_worker has exactly the registered ones; a departed worker is kept
+    # only while a task names it, and num_tasks counts those tasks.
+    num_tasks = dict.fromkeys(state._workers, 0)
+    for task in state._tasks.values():
+        if task.worker_address in num_tasks:
+            num_tasks[task.worker_address] += 1
     for address, worker in state._workers.items():
         _invariant(
             worker.address == address, f"worker {address!r} stored under another address"
+        )
+        _invariant(
+            worker.num_tasks == num_tasks[address],
+            f"worker {address!r} counts {worker.num_tasks} tasks, {num_tasks[address]} name it",
+        )
+        _invariant(
+            worker.registered or worker.num_tasks > 0,
+            f"departed worker {address!r} is kept although no task names it",
         )
         _invariant(
             (address in state._tasks_by_worker) == worker.registered,

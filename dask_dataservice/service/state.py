@@ -109,8 +109,11 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 # ``GarbageCollectIteration``; the state only stores what the records say.
 #
 # Memory. Datasets, jobs and iterations stay in the state after GC (a few hundred bytes each,
-# as in TensorFlow); tasks and clients are removed. ``splits_in_flight`` stays small as long as
-# workers acknowledge the splits they finish.
+# as in TensorFlow, plus a DYNAMIC iteration's cursor and the splits it lost, kept as the
+# record of what it missed); tasks and clients are removed with their iteration, and a
+# departed worker is forgotten once no remaining task names it (so worker churn does not grow
+# the state). ``splits_in_flight`` stays small as long as workers
+# acknowledge the splits they finish.
 
 from __future__ import annotations
 
@@ -688,13 +691,16 @@ class DispatcherState(StateChecks):
         self._next_dataset_id = max(self._next_dataset_id, u.dataset_id + 1)
 
     def _register_worker(self, u: RegisterWorker) -> None:
-        # A departed worker coming back is replaced: its host or threads may have changed.
+        # A departed worker coming back is replaced: its host or threads may have changed
+        # (the tasks of its previous life still name it).
+        previous = self._workers.get(u.address)
         self._workers[u.address] = Worker(
             address=u.address,
             host=u.host,
             nthreads=u.nthreads,
             resources=dict(u.resources),
             tags=u.tags,
+            num_tasks=0 if previous is None else previous.num_tasks,
         )
         self._tasks_by_worker[u.address] = {}
 
@@ -708,6 +714,7 @@ class DispatcherState(StateChecks):
             iteration = self._iterations[iteration_id]
             iteration.num_lost_tasks += 1
             iteration.finished = derived_finished(iteration)
+        self._forget_if_unused(u.address)
 
     def _create_job(self, u: CreateJob) -> None:
         self._jobs[u.job_id] = Job(
@@ -747,6 +754,7 @@ class DispatcherState(StateChecks):
         )
         self._tasks_by_iteration[u.iteration_id][u.task_id] = None
         self._tasks_by_worker[u.worker_address][u.iteration_id] = u.task_id
+        self._workers[u.worker_address].num_tasks += 1
         iteration = self._iterations[u.iteration_id]
         iteration.num_tasks += 1
         iteration.finished = derived_finished(iteration)
@@ -811,6 +819,8 @@ class DispatcherState(StateChecks):
             if task.status == "active":
                 del self._tasks_by_worker[task.worker_address][u.iteration_id]
             self._splits_in_flight.pop(task_id, None)
+            self._workers[task.worker_address].num_tasks -= 1
+            self._forget_if_unused(task.worker_address)
         iteration = self._iterations[u.iteration_id]
         iteration.finished = True
         iteration.garbage_collected = True
@@ -821,6 +831,11 @@ class DispatcherState(StateChecks):
             if job.job_name is not None:
                 del self._jobs_by_name[job.job_name]
 
+
+    def _forget_if_unused(self, address: str) -> None:
+        worker = self._workers[address]
+        if not worker.registered and worker.num_tasks == 0:
+            del self._workers[address]
 
 
 def replay(updates: Iterable[Update]) -> DispatcherState:
