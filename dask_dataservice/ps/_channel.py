@@ -133,9 +133,11 @@ class Channel:
                 fut = self._pending.popleft()
                 if not fut.done():
                     fut.set_result(reply)
+            error: Exception = ConnectionError("the connection was closed")
         except Exception as e:  # noqa: BLE001
-            if comm is self._comm:
-                self._fail(e)
+            error = e
+        if comm is self._comm:  # whatever ended the reads, nothing waits forever
+            self._fail(error)
 
     def _fail(self, e: BaseException) -> None:
         comm, self._comm = self._comm, None
