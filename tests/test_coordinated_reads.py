@@ -7,10 +7,14 @@ import itertools
 
 import numpy as np
 import pytest
-from distributed.utils_test import gen_cluster
+from dask_dataservice.testing import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service.client import _install_async
+
+#: Named jobs of infinite datasets are collected soon after their consumers leave, so that
+#: the workers are idle when gen_cluster's cleanup asserts run.
+GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval": "50ms"}
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +44,7 @@ def read_rounds(c, dataset_id, index, rounds, job="coordinated"):
         it.close()
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], config=GC)
 async def test_every_round_reads_one_bucket(c, s, a, b):
     await _install_async(c)
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, bucketed())
@@ -57,7 +61,7 @@ async def test_every_round_reads_one_bucket(c, s, a, b):
     assert len({bucket_of(x) for x in out0}) == 3
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=GC)
 async def test_round_elements_are_consecutive_per_consumer(c, s, a):
     await _install_async(c)
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10**9).repeat())
@@ -71,7 +75,7 @@ async def test_round_elements_are_consecutive_per_consumer(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
-             config={"dataservice.worker.coordinated-read-timeout": "1s"})
+             config={**GC, "dataservice.worker.coordinated-read-timeout": "1s"})
 async def test_consumer_that_stops_gives_others_a_timeout_error(c, s, a):
     await _install_async(c)
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10**9).repeat())
@@ -81,7 +85,7 @@ async def test_consumer_that_stops_gives_others_a_timeout_error(c, s, a):
         await asyncio.to_thread(read_rounds, c, dataset_id, 0, 10_000)
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=GC)
 async def test_coordinated_read_argument_errors(c, s, a):
     await _install_async(c)
     finite = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10))
@@ -112,7 +116,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60)
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60, config=GC)
 async def test_consumers_in_separate_processes_stay_in_step(c, s, a, b):
     import json
     import sys

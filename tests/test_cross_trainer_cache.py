@@ -6,10 +6,14 @@ import asyncio
 import itertools
 
 import pytest
-from distributed.utils_test import gen_cluster
+from dask_dataservice.testing import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service.client import _install_async
+
+#: Named jobs of infinite datasets are collected soon after their consumers leave, so that
+#: the workers are idle when gen_cluster's cleanup asserts run.
+GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval": "50ms"}
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +46,7 @@ def trainer(c, dataset_id, trainer_id, job="shared"):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
-             config={"dataservice.client.request-elements": 512})
+             config={**GC, "dataservice.client.request-elements": 512})
 async def test_two_trainers_share_productions(c, s, a):
     dataset_id = await register(c, dds.Dataset.range(100_000).repeat())
     k = 20_000
@@ -57,7 +61,7 @@ async def test_two_trainers_share_productions(c, s, a):
     assert produced(a) < 1.2 * k, produced(a)
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=GC)
 async def test_same_trainer_id_splits_elements(c, s, a):
     dataset_id = await register(c, dds.Dataset.range(100_000).repeat())
     out1, out2 = await asyncio.gather(
@@ -71,7 +75,7 @@ async def test_same_trainer_id_splits_elements(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
-             config={"dataservice.worker.cross-trainer-cache-bytes": 800})  # ~100 elements
+             config={**GC, "dataservice.worker.cross-trainer-cache-bytes": 800})  # ~100 elements
 async def test_slow_trainer_skips_ahead_and_never_blocks_the_fast_one(c, s, a):
     dataset_id = await register(c, dds.Dataset.range(10**9).repeat())
     slow_it = iter(trainer(c, dataset_id, "slow"))

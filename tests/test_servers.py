@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from _helpers import poll as _poll  # noqa: E402
 from distributed import Client
-from distributed.utils_test import gen_cluster
+from dask_dataservice.testing import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service._exceptions import DataServiceError

@@ -20,7 +20,7 @@ from _helpers import (  # noqa: E402
     read,
 )
 from distributed import Nanny, Worker
-from distributed.utils_test import gen_cluster
+from dask_dataservice.testing import assert_data_worker_cleanup, gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service._sharding import ShardingPolicy
@@ -50,13 +50,10 @@ async def assert_dispatcher_cleanup(s, timeout=5.0):
 
 
 async def assert_worker_cleanup(*workers, timeout=5.0):
-    def clean():
-        return all(not w.extensions["dataservice"].tasks for w in workers)
-
-    await poll(clean, timeout, "worker cleanup")
-    for w in workers:
-        await poll(lambda w=w: not any(t.name.startswith("dds-task") for t in threading.enumerate()),
-                   timeout, "task threads to exit")
+    """Every task dropped (the dispatcher collected the iterations), then the plugin idle."""
+    await poll(lambda: all(not w.extensions["dataservice"].tasks for w in workers), timeout,
+               "worker cleanup")
+    await assert_data_worker_cleanup(*workers, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------

@@ -228,6 +228,7 @@ class IterationReader:
         self.trainer_id = cache.trainer_id if cache is not None else None
         self.task_done = asyncio.Event()
         self.stopped = False
+        self._release: asyncio.Task | None = None
         #: Set once :meth:`run` returned (the channel holds its last item).
         self.done = threading.Event()
         self.max_elements = int(config.get("client.request-elements"))
@@ -246,6 +247,7 @@ class IterationReader:
         try:
             await self._read(view)
             if not self.stopped:
+                self._start_release()  # in flight while the consumer takes the end
                 self.channel.put_nowait(END)
         except asyncio.CancelledError:
             if not self.stopped:
@@ -406,22 +408,30 @@ class IterationReader:
             self.task_done.set()
 
     def stop(self) -> None:
-        """Stop reading (on the loop): cancel every fetch and request, keep ``run``."""
+        """Stop reading (on the loop): cancel every fetch and request (not the release)."""
         self.stopped = True
-        current = asyncio.current_task()
+        keep = {asyncio.current_task(), self._release}
         for task in self.group.tasks:
-            if task is not current and not task.done():
+            if task not in keep and not task.done():
                 task.cancel()
 
-    async def close(self) -> None:
-        """Stop, wait for every task of the reader, and release the iteration client."""
-        self.stop()
-        await self.group.stop()
+    def _start_release(self) -> None:
+        if self._release is None:
+            self._release = self.group.spawn(self._release_client)
+
+    async def _release_client(self) -> None:
         try:
-            await self.client.scheduler.dataservice_release_iteration_client(
-                iteration_client_id=self.client_id)
+            await asyncio.wait_for(self.client.scheduler.dataservice_release_iteration_client(
+                iteration_client_id=self.client_id), 10)
         except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
             logger.debug("dataservice: release failed: %r", e)
+
+    async def close(self) -> None:
+        """Stop, release the iteration client, and wait for every task of the reader."""
+        self.stop()
+        self._start_release()
+        await asyncio.wait([self._release])
+        await self.group.stop()
 
 
 class CoordinatedReader(IterationReader):
@@ -538,7 +548,10 @@ def read(spec: ReadSpec, repetition: int) -> Iterator:
                 raise exc
             yield from item
     finally:
-        _close_soon(client, reader)
+        if reader.done.is_set():  # the end (or an error) came: the release is in flight
+            _close_soon(client, reader)
+        else:  # the consumer stopped early: release before it goes on (and may close its client)
+            _close_now(client, reader)
 
 
 async def aread(spec: ReadSpec, repetition: int) -> AsyncIterator:
@@ -561,6 +574,17 @@ async def aread(spec: ReadSpec, repetition: int) -> AsyncIterator:
                 yield x
     finally:
         await reader.close()
+
+
+def _close_now(client: Client, reader: IterationReader) -> None:
+    """Close the reader and wait (a consumer that stops early; never on the client's loop)."""
+    if client.status in ("closed", "closing") or _connection.on_loop_thread(client):
+        _close_soon(client, reader)
+        return
+    try:
+        _connection.run_blocking(client, reader.close)
+    except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
+        logger.debug("dataservice: closing a reader failed: %r", e)
 
 
 def _close_soon(client: Client, reader: IterationReader) -> None:
