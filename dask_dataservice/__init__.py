@@ -54,14 +54,7 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'dask_dataservice' has no attribute {name!r}")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            raise AttributeError(
-                f"dask_dataservice.{name} is not available yet ({module} is not built)"
-            ) from e
-        raise
+    mod = importlib.import_module(module)
     value = mod if name == "partitioners" else getattr(mod, name)
     globals()[name] = value
     return value

@@ -20,14 +20,14 @@ from _helpers import (  # noqa: E402
     read,
 )
 from distributed import Nanny, Worker
-from dask_dataservice.testing import assert_data_worker_cleanup, gen_cluster
 
 import dask_dataservice as dds
-from dask_dataservice.service._sharding import ShardingPolicy
-from dask_dataservice.service._exceptions import DatasetNotFoundError
-from dask_dataservice.service.client import _install_async
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
+from dask_dataservice.service._exceptions import DatasetNotFoundError
+from dask_dataservice.service._sharding import ShardingPolicy
+from dask_dataservice.service.client import _install_async
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
+from dask_dataservice.testing import assert_data_worker_cleanup, gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -535,3 +535,18 @@ def test_requests_behind_the_head_gather_a_slow_pipelines_elements(linger, most_
         assert batches > 100, batches  # one small batch per wake-up of the head request
     else:
         assert batches <= most_batches, batches  # lingering requests carry several each
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_worker_keeps_few_unused_pipelines(c, s, a):
+    """Finding 8: unpickled pipelines of datasets no task uses are dropped (a few stay)."""
+    from dask_dataservice.service._worker_plugin import _UNUSED_DATASETS
+
+    n = _UNUSED_DATASETS + 4
+    for i in range(n):
+        ds = await distribute(dds.Dataset.range(i + 1), "parallel_epochs", c)
+        assert await read(ds) == list(range(i + 1))
+    ext = a.extensions["dataservice"]
+    await poll(lambda: not ext.tasks, what="iterations collected")
+    assert len(ext._datasets) == _UNUSED_DATASETS
+    assert not ext._loading

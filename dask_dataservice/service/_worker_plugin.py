@@ -530,6 +530,8 @@ class DataWorkerPlugin(WorkerPlugin):
             for key in [k for k in self._order if k[0] == task_id]:
                 del self._order[key]
             self._rounds.pop(task_id, None)
+        if cancelled:
+            self._release_unused_datasets()
         for task in new_tasks:
             tid = task["task_id"]
             if tid in self.tasks or tid in self.finished_tasks:
