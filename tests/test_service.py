@@ -288,37 +288,48 @@ async def test_worker_joins_mid_job(c, s, a):
 
 
 @pytest.mark.slow
-@gen_cluster(client=True, Worker=Nanny, nthreads=[("", 1), ("", 1)], timeout=60,
+@gen_cluster(client=True, Worker=Nanny, nthreads=[("", 1)], timeout=60,
              config={"distributed.scheduler.allowed-failures": 0})
-async def test_worker_killed_dynamic_at_most_once(c, s, a, b):
+async def test_worker_killed_dynamic_at_most_once(c, s, a):
+    """The victim holds a split forever (its pipeline blocks in its process), so it is killed
+    mid-epoch by construction; a second worker joins and serves the other splits."""
     n = 20_000
+    victim_pid = a.process.process.pid
 
-    def pause(x):  # ~0.2 ms per element (built here: pickled by value for the processes)
-        import time
+    def block_in_victim(x):  # built here: pickled by value for the processes
+        import os
+        import threading
 
-        time.sleep(0.0002)
+        if os.getpid() == victim_pid:
+            threading.Event().wait()  # until the process is killed
         return x
 
-    ds_source = dds.Dataset.range(n).map(pause)  # slow, so the kill lands mid-epoch
-    dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds_source)
+    dataset_id = await asyncio.to_thread(
+        dds.register_dataset, c, dds.Dataset.range(n).map(block_in_victim))
     splits = await asyncio.to_thread(dds.Dataset.range(n).splits)
     ds = dds.from_dataset_id("distributed_epoch", c, dataset_id)
     it_future = asyncio.ensure_future(read(ds))
     plugin = s.plugins[PLUGIN_NAME]
     victim = a.worker_address
 
-    def produced_some():
-        its = plugin.state.list_iterations()
-        return bool(its) and plugin.state.split_cursor(its[0].iteration_id).next_index >= 10
+    def victim_holds_a_split():
+        return any(
+            t.worker_address == victim and plugin.state.task_splits(t.task_id)
+            for it in plugin.state.list_iterations()
+            for t in plugin.state.tasks_for_iteration(it.iteration_id)
+        )
 
-    await poll(produced_some, what="some splits produced")
-    assert plugin.state.list_iterations()[0].status == "running", "killed too late"
-    await a.process.process.kill()
-    out = await asyncio.wait_for(it_future, 30)
+    await poll(victim_holds_a_split, what="the victim to hold a split")
+    async with Nanny(s.address, nthreads=1):
+        await poll(lambda: len(s.workers) == 2, what="the second worker")
+        assert plugin.state.list_iterations()[0].status == "running"
+        await a.process.process.kill()
+        out = await asyncio.wait_for(it_future, 30)
     counts = collections.Counter(out)
     assert max(counts.values()) == 1, "an element arrived twice"
     missing = set(range(n)) - set(out)
-    it = [i for i in plugin.state.list_iterations()][0]
+    assert missing, "the victim's split was lost with it"
+    it = plugin.state.list_iterations()[0]
     lost = plugin.state.lost_splits(it.iteration_id)
     lost_elements = set()
     for _, index in lost:
