@@ -74,6 +74,10 @@ HANDLERS = {
 }
 
 
+#: Arrays of the gradient's size an optimizer step reads and writes (value + slots).
+_ARRAYS_TOUCHED = {"sgd": 2, "adagrad": 2, "adam": 3}
+
+
 def _check_ids(shard: Shard, ids: Any) -> np.ndarray:
     ids = np.asarray(unwire(ids))
     if ids.dtype.kind not in "iu":
@@ -290,8 +294,9 @@ class ParameterServerPlugin(WorkerPlugin):
             grad = _as_value(shard, grad, (ids.size, *shard.value.shape[1:]))
         else:
             grad = _as_value(shard, grad)
-        # optimizers touch the value and up to three slots of the same size
-        nbytes = 4 * grad.nbytes
+        nbytes = grad.nbytes * _ARRAYS_TOUCHED.get(optimizer.get("kind"), 3)
+        if optimizer.get("kind") == "sgd" and not optimizer.get("momentum"):
+            nbytes = grad.nbytes
         return self._count(await self._on_lane(shard, nbytes, shard.apply, optimizer, grad, ids,
                                                fn_id, seq))
 
