@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from _helpers import wait as _wait  # noqa: E402
@@ -128,19 +127,11 @@ def test_fault_tolerant_mode_needs_work_dir():
 # ---------------------------------------------------------------------------------------
 
 
-def _slow_source(n):
-    """range(n) with about 0.2 ms of 'work' per element, so a kill lands mid-epoch.
-
-    The function is built here so that cloudpickle ships it by value: worker processes
-    cannot import this test module.
-    """
-
-    def pause(x):
-
-        time.sleep(0.0002)
-        return x
-
-    return dds.Dataset.range(n).map(pause)
+#: Elements a worker task may buffer in these tests. Production is then held back by
+#: consumption (back-pressure), so a scheduler killed after the consumer read 2,000 of 20,000
+#: elements always lands mid-epoch: at most ~(buffer + the consumer's read-ahead) elements
+#: were produced. This replaces a sleep per element that only made the kill *likely* early.
+BUFFER_ELEMENTS = 256
 
 
 #: The console script, as a user runs it (installed beside this interpreter).
@@ -157,7 +148,7 @@ class _Cluster:
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.logs = tmp_path
         self.work_dir = tmp_path / "journal"
-        self.env = dict(os.environ)
+        self.env = dict(os.environ, DASK_DATASERVICE__WORKER__BUFFER_ELEMENTS=str(BUFFER_ELEMENTS))
         self.starts = 0
         self.scheduler = self._start_scheduler()
         self.workers = [
@@ -207,7 +198,7 @@ def test_sigkill_scheduler_mid_epoch_dynamic(tmp_path):
     try:
         with Client(cluster.address, timeout="30s") as c:
             _wait(lambda: len(_state(c)["workers"]) == 2, what="workers")
-            source = _slow_source(20_000)
+            source = dds.Dataset.range(20_000)
             dataset_id = dds.register_dataset(c, source)
             ds = dds.from_dataset_id("distributed_epoch", c, dataset_id,
                                      max_outstanding_requests=1)
@@ -215,8 +206,9 @@ def test_sigkill_scheduler_mid_epoch_dynamic(tmp_path):
             seen = [next(it) for _ in range(2_000)]
             cluster.kill_and_restart_scheduler()
             seen += list(it)  # the same iteration goes on against the new scheduler
+            # the workers come back by themselves (the read may end before the second does)
+            _wait(lambda: len(_state(c)["workers"]) == 2, what="workers to come back")
             state = _state(c)
-            assert len(state["workers"]) == 2, "the workers came back by themselves"
     finally:
         cluster.close()
     counts = collections.Counter(seen)
@@ -235,7 +227,7 @@ def test_sigkill_scheduler_named_job_two_consumers(tmp_path):
     try:
         with Client(cluster.address, timeout="30s") as c:
             _wait(lambda: len(_state(c)["workers"]) == 2, what="workers")
-            source = _slow_source(20_000)
+            source = dds.Dataset.range(20_000)
             dataset_id = dds.register_dataset(c, source)
             outs: list[list] = [[], []]
             started = threading.Barrier(3)
