@@ -20,7 +20,7 @@ import dask_dataservice as dds
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.journal import read_journal
 from dask_dataservice.service.state import CreateJob, CreateTask, decode_update
-from dask_dataservice.testing import assert_dispatcher_cleanup
+from dask_dataservice.testing import assert_dispatcher_cleanup, gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,3 +114,59 @@ async def test_handlers_answer_errors_as_values():
             "status": "closing"}
         assert s.plugins[PLUGIN_NAME] is plugin
         await assert_dispatcher_cleanup(s, timeout=1)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_installation_wires_every_handler(c, s, a):
+    from dask_dataservice.service.client import _install_async
+
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    for op in ("register_dataset", "get_dataset", "get_or_create_job", "get_or_create_iteration",
+               "client_heartbeat", "release_iteration_client", "get_split", "finish_task",
+               "ack_splits", "worker_heartbeat"):
+        assert s.handlers[f"dataservice_{op}"] == getattr(plugin, op)
+    assert s.handlers["dataservice_state"] == plugin.state_summary
+    assert s.extensions["dataservice"] is plugin
+    assert "dataservice-gc" in s.periodic_callbacks
+    # the data worker registers itself with its first heartbeat
+    await poll(lambda: [w.address for w in plugin.state.list_workers()] == [a.address],
+               what="the worker to register")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_iteration_views_carry_task_infos(c, s, a):
+    """The wire shape readers rely on: tasks are TaskInfo dicts (issue 10 finding 4)."""
+    from dask_dataservice.service.client import _install_async
+
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: plugin.state.list_workers(), what="the worker to register")
+    dataset_id = await register(plugin, dds.Dataset.range(3))
+    job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
+                                               processing_mode="OFF"))["job_id"]
+    view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+    [task] = view["tasks"]
+    assert task == {"task_id": task["task_id"], "worker_address": a.address,
+                    "status": task["status"]}
+    assert view["processing_mode"] == "OFF" and view["num_consumers"] is None
+    ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"]))
+    # an anonymous job is collected as soon as its last client leaves
+    assert plugin.state.iteration(view["iteration_id"]).garbage_collected
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_cleanup_assert_sees_what_is_left(c, s):
+    from dask_dataservice.service.client import _install_async
+
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    dataset_id = await register(plugin, dds.Dataset.range(3))
+    job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
+                                               processing_mode="OFF"))["job_id"]
+    view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+    with pytest.raises(AssertionError, match=r"1 iteration client\(s\) still acquired.*"
+                       r"iteration \d+ of an anonymous job is not collected"):
+        await assert_dispatcher_cleanup(s, timeout=0.05)
+    ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"]))
+    await assert_dispatcher_cleanup(s, timeout=0.05)
