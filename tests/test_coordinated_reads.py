@@ -7,10 +7,10 @@ import itertools
 
 import numpy as np
 import pytest
-from dask_dataservice.testing import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service.client import _install_async
+from dask_dataservice.testing import gen_cluster
 
 #: Named jobs of infinite datasets are collected soon after their consumers leave, so that
 #: the workers are idle when gen_cluster's cleanup asserts run.

@@ -6,10 +6,10 @@ import asyncio
 import itertools
 
 import pytest
-from dask_dataservice.testing import gen_cluster
 
 import dask_dataservice as dds
 from dask_dataservice.service.client import _install_async
+from dask_dataservice.testing import gen_cluster
 
 #: Named jobs of infinite datasets are collected soon after their consumers leave, so that
 #: the workers are idle when gen_cluster's cleanup asserts run.

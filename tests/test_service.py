@@ -561,3 +561,43 @@ async def test_worker_keeps_few_unused_pipelines(c, s, a):
     await poll(lambda: not ext.tasks, what="iterations collected")
     assert len(ext._datasets) == _UNUSED_DATASETS
     assert not ext._loading
+
+
+# ---------------------------------------------------------------------------------------
+# where users run: asynchronous clients, threads with their own running loop (Jupyter)
+# ---------------------------------------------------------------------------------------
+
+
+@gen_cluster(client=True)
+async def test_asynchronous_client_awaits_and_async_for(c, s, a, b):
+    """issue 9 item 1: with Client(asynchronous=True) the API returns awaitables."""
+    assert c.asynchronous
+    await dds.install(c)
+    dataset_id = await dds.register_dataset(c, dds.Dataset.range(300))
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id)
+    assert sorted([x async for x in ds]) == list(range(300))
+    assert sorted([x async for x in ds]) == list(range(300))  # a second pass
+    ds2 = await dds.distribute("parallel_epochs", c)(dds.Dataset.range(10))
+    assert sorted([x async for x in ds2]) == sorted(list(range(10)) * 2)
+    with pytest.raises(RuntimeError, match="async for"):
+        list(ds)  # a blocking pass on the client's own loop would deadlock
+
+
+@gen_cluster(client=True)
+async def test_blocking_api_from_a_thread_running_another_loop(c, s, a, b):
+    """issue 9 item 1: a Jupyter cell runs inside the kernel's loop, which is not the
+    Client's: every blocking call works there."""
+    from distributed import Client
+
+    def in_foreign_loop():
+        async def cell():  # what a notebook cell does, with a running loop
+            with Client(s.address, set_as_default=False) as client:
+                ds = dds.Dataset.range(100).apply(dds.distribute("distributed_epoch", client))
+                dataset_id = dds.register_dataset(client, dds.Dataset.range(50))
+                again = dds.from_dataset_id("distributed_epoch", client, dataset_id)
+                return sorted(ds), sorted(again)
+
+        return asyncio.run(cell())
+
+    out, again = await asyncio.to_thread(in_foreign_loop)
+    assert out == list(range(100)) and again == list(range(50))
