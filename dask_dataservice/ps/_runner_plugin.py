@@ -37,6 +37,7 @@ from .._rpc import handler
 from . import _routing
 from ._channel import Channel, Pipeline
 from ._exceptions import ParameterServerError
+from ._types import ClosuresReply
 
 __all__ = ["RUNNER_NAME", "PerWorkerDataset", "PerWorkerIterator", "TrainingWorkerPlugin"]
 
@@ -89,7 +90,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
     # -- handlers ----------------------------------------------------------------------------
     @handler
     async def run_closures(self, fns: list, closures: list, coordinator: int, generation: int,
-                           worker_index: int | None = None) -> dict:
+                           worker_index: int | None = None) -> ClosuresReply:
         results = await run_in_executor_with_context(
             self._runner, self._run_batch, fns, closures, coordinator, generation, worker_index)
         return {"status": "OK", "results": results}

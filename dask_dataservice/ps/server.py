@@ -50,7 +50,7 @@ from .._rpc import handler
 from . import _kernels, _store
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
 from ._shard import Lane, Shard
-from ._types import SCATTER_KINDS, UPDATE_KINDS, unwire
+from ._types import SCATTER_KINDS, UPDATE_KINDS, CreateReply, UpdateReply, ValueReply, unwire
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class ParameterServerPlugin(WorkerPlugin):
     # -- creation ------------------------------------------------------------------------
     @handler
     async def create(self, key: str, shape=None, dtype=None, value=None, init=None,
-                     offset: int = 0, full_shape=None, exist_ok: bool = False) -> dict:
+                     offset: int = 0, full_shape=None, exist_ok: bool = False) -> CreateReply:
         """Create shard ``key`` from ``value`` or by calling the pickled ``init`` here (on the
         I/O thread; see :func:`._kernels.initial_value` for the calling conventions)."""
         if not self.is_ps:
@@ -236,13 +236,13 @@ class ParameterServerPlugin(WorkerPlugin):
 
     # -- reads ---------------------------------------------------------------------------
     @handler
-    async def read(self, key: str) -> dict:
+    async def read(self, key: str) -> ValueReply:
         shard = self._shard(key)
         # Zero-copy: the reply sends the live buffer and the next update copies first.
         return {"status": "OK", "value": to_serialize(await self._on_lane(shard, 0, shard.read))}
 
     @handler
-    async def gather(self, key: str, ids) -> dict:
+    async def gather(self, key: str, ids) -> ValueReply:
         """Rows ``ids`` (shard-local, any order, duplicates allowed) of shard ``key``."""
         shard = self._shard(key)
         ids = _check_ids(shard, ids)
@@ -258,13 +258,13 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK", "slots": {k: to_serialize(v) for k, v in slots.items()}}
 
     # -- updates -------------------------------------------------------------------------
-    def _count(self, applied: bool) -> dict:
+    def _count(self, applied: bool) -> UpdateReply:
         self.stats["updates" if applied else "skipped"] += 1
         return {"status": "OK", "applied": applied}
 
     @handler
     async def update(self, key: str, kind: str, value, fn_id: int | None = None,
-                     seq: int | None = None) -> dict:
+                     seq: int | None = None) -> UpdateReply:
         """``assign`` / ``assign_add`` / ``assign_sub`` the whole shard."""
         shard = self._shard(key)
         _check_kind(kind, UPDATE_KINDS)
@@ -274,7 +274,7 @@ class ParameterServerPlugin(WorkerPlugin):
 
     @handler
     async def scatter(self, key: str, kind: str, ids, updates, fn_id: int | None = None,
-                      seq: int | None = None) -> dict:
+                      seq: int | None = None) -> UpdateReply:
         """Rows ``ids`` of shard ``key``: ``add``/``sub``/``mul``/``div``/``max``/``min``
         (duplicates accumulate), ``update`` (the last duplicate wins)."""
         shard = self._shard(key)
@@ -286,7 +286,7 @@ class ParameterServerPlugin(WorkerPlugin):
 
     @handler
     async def apply(self, key: str, optimizer: dict, grad, ids=None, fn_id: int | None = None,
-                    seq: int | None = None) -> dict:
+                    seq: int | None = None) -> UpdateReply:
         """Apply one optimizer step to shard ``key``: dense ``grad``, or rows ``ids``."""
         shard = self._shard(key)
         if ids is not None:
