@@ -167,3 +167,18 @@ async def test_pipeline_reads_raise_the_remote_error():
         await asyncio.to_thread(pipeline.call_many, calls)
     ch.close()
     await group.stop()
+
+
+def test_runner_poisoned_records_are_dropped_and_bounded():
+    from dask_dataservice.ps import _runner_plugin
+    from dask_dataservice.ps._runner_plugin import TrainingWorkerPlugin
+
+    runner = TrainingWorkerPlugin()
+    runner.poisoned = _runner_plugin.OrderedDict()
+    runner._poison(coordinator=1, generation=0)
+    assert runner._poisoned(1, 0)  # the rest of generation 0 is skipped
+    assert not runner._poisoned(1, 1) and runner.poisoned == {}  # a newer one: forgotten
+    for uid in range(_runner_plugin._MAX_POISONED + 10):
+        runner._poison(coordinator=uid, generation=3)
+    assert len(runner.poisoned) == _runner_plugin._MAX_POISONED
+    assert 0 not in runner.poisoned and _runner_plugin._MAX_POISONED + 9 in runner.poisoned

@@ -3,4 +3,13 @@
 The public names are exported from :mod:`dask_dataservice`: ``ParameterServerStrategy``,
 ``ClusterCoordinator``, ``Variable``, ``ShardedVariable``, ``Checkpoint`` and
 ``partitioners``. Server-side optimizers are in :mod:`dask_dataservice.ps.optimizers`.
+
+Layout (each module imports only those above it; ``tests/test_ps_layering.py`` checks it):
+
+- ``_types`` (wire types, ``wire``/``unwire``), ``_exceptions``, ``partitioners``;
+- ``_kernels`` (numpy updates, optimizers' math, initializer conventions);
+- ``_shard`` (a shard and its serial lane), ``_store`` (zarr I/O);
+- ``_channel`` (the ordered channel to a PS), ``_routing`` (how a handle reaches its PS);
+- ``variables``, ``optimizers``, ``server`` (the PS plugin), ``_runner_plugin`` (the
+  training-worker plugin), ``strategy``, ``coordinator``, ``coordinator_context``, ``checkpoint``.
 """

@@ -362,6 +362,9 @@ class ParameterServerStrategy:
     def _create_variable(self, initial_value=None, trainable=True, name=None, dtype=None,
                          shape=None, **kwargs):
         name = name or "Variable"
+        if self._client is None:
+            raise RuntimeError("variables are created on the coordinator, in the scope of the "
+                               "strategy that holds the client (this is a stand-in for it)")
         if initial_value is None:
             raise ValueError("initial_value must be given to create a variable in scope")
         init_from_fn = callable(initial_value)
