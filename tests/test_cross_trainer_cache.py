@@ -105,3 +105,29 @@ async def test_cache_needs_infinite_dataset_and_job_name(c, s, a):
                             cross_trainer_cache=dds.CrossTrainerCache("t1"))
     with pytest.raises(ValueError, match="trainer_id must be a non-empty string"):
         dds.CrossTrainerCache("")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=GC)
+async def test_iterating_one_cached_dataset_twice_is_an_error(c, s, a):
+    """issue 9, 2.11: as TensorFlow, a second pass over the same distributed dataset would be
+    a new repetition that reuses nothing from the cache: refused."""
+    dataset_id = await register(c, dds.Dataset.range(10**9).repeat())
+    ds = trainer(c, dataset_id, "t1")
+    assert await asyncio.to_thread(take, ds, 10) == list(range(10))
+    with pytest.raises(ValueError, match="disallows multiple repetitions"):
+        await asyncio.to_thread(take, ds, 10)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], config=GC)
+async def test_dynamic_trainers_see_the_same_elements(c, s, a, b):
+    """issue 9, 2.11: under DYNAMIC, two trainers read the same tasks' windows."""
+    dataset_id = await register(c, dds.Dataset.range(10**9).repeat())
+
+    def dyn(trainer_id):
+        return dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="dyn",
+                                   cross_trainer_cache=dds.CrossTrainerCache(trainer_id))
+
+    out1 = await asyncio.to_thread(take, dyn("t1"), 200)
+    out2 = await asyncio.to_thread(take, dyn("t2"), 200)
+    assert len(out1) == len(out2) == 200
+    assert len(set(out1) & set(out2)) >= 100, "the second trainer reads what the first read"

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from _helpers import poll as _poll  # noqa: E402
 from distributed import Client
-from dask_dataservice.testing import gen_cluster
 
 import dask_dataservice as dds
-from dask_dataservice.service._exceptions import DataServiceError
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.service._exceptions import DataServiceError
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
+from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,3 +105,32 @@ def _dispatcher_dies_mid_iteration():
     with pytest.raises(DataServiceError, match="lost contact with the data service"):
         for _ in it:
             pass
+
+
+def test_stopped_dispatcher_then_a_new_one_at_the_same_address():
+    """issue 9, 2.12: readers that connected by address string get a clear error after
+    DispatchServer.stop(), and a later server at the same address works."""
+    import dask
+
+    with dask.config.set({"dataservice.client.connect-timeout": "2s"}):
+        _stopped_then_new_server()
+
+
+def _stopped_then_new_server():
+    dispatcher = dds.DispatchServer()
+    port = int(dispatcher._address.rsplit(":", 1)[1])
+    worker = dds.WorkerServer(dds.WorkerConfig(dispatcher._address))
+    ds = dds.Dataset.range(10).apply(dds.distribute("parallel_epochs", dispatcher.target))
+    assert list(ds) == list(range(10))
+    worker.stop()
+    dispatcher.stop()
+    with pytest.raises(DataServiceError, match="cannot reach the data service"):
+        list(ds)
+    dispatcher = dds.DispatchServer(dds.DispatcherConfig(port=port))
+    worker = dds.WorkerServer(dds.WorkerConfig(dispatcher._address))
+    try:
+        again = dds.Dataset.range(5).apply(dds.distribute("parallel_epochs", dispatcher.target))
+        assert list(again) == list(range(5))
+    finally:
+        worker.stop()
+        dispatcher.stop()

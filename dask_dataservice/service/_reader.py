@@ -87,10 +87,20 @@ class ServiceSource(Op):
             repetition = self._repetitions
             if self.spec.job_name is not None:
                 self._repetitions += 1
+        self.check_repetition(repetition)
         return repetition
 
     def iterate(self, ctx: IterContext) -> Iterator:
         return read(self.spec, self.next_repetition())
+
+    def check_repetition(self, repetition: int) -> None:
+        """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:
+        it would be a new repetition of the job, which reuses nothing from the cache)."""
+        if repetition > 0 and self.spec.cross_trainer_cache is not None:
+            raise ValueError(
+                "Cross-trainer caching requires infinite datasets and disallows multiple "
+                "repetitions of the same dataset: iterate this distributed dataset once (it "
+                "is infinite), or call from_dataset_id again for another pass")
 
 
 # ---------------------------------------------------------------------------------------
