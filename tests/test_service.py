@@ -601,3 +601,18 @@ async def test_blocking_api_from_a_thread_running_another_loop(c, s, a, b):
 
     out, again = await asyncio.to_thread(in_foreign_loop)
     assert out == list(range(100)) and again == list(range(50))
+
+
+@gen_cluster(client=True)
+async def test_double_distribute(c, s, a, b):
+    """issue 9, 2.5: distribute() over a dataset that already reads from the service works as
+    in TensorFlow (the outer job's workers read the inner job); DYNAMIC says why not."""
+    inner = await distribute(dds.Dataset.range(20), "parallel_epochs", c)  # 2 copies
+    outer = await distribute(inner, "parallel_epochs", c)  # each outer worker reads it all
+    assert collections.Counter(await read(outer)) == collections.Counter(
+        {i: 4 for i in range(20)})
+    mapped = await distribute(inner.map(lambda x: -x), "parallel_epochs", c)
+    assert collections.Counter(await read(mapped)) == collections.Counter(
+        {-i: 4 for i in range(20)})
+    with pytest.raises(dds.NotSplittableError, match="already reads from the data service"):
+        await distribute(inner, "distributed_epoch", c)

@@ -88,8 +88,6 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         raise TypeError(f"dataset must be a dask_dataservice Dataset, got {type(dataset).__name__}")
     if compression not in ("AUTO", None):
         raise ValueError(f"compression must be 'AUTO' or None, got {compression!r}")
-    if isinstance(dataset, DistributedDataset):
-        raise TypeError("dataset already reads from the data service; register its source pipeline")
     try:
         pipeline = cloudpickle.dumps(dataset)
     except Exception as e:
