@@ -170,3 +170,26 @@ async def test_cleanup_assert_sees_what_is_left(c, s):
         await assert_dispatcher_cleanup(s, timeout=0.05)
     ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"]))
     await assert_dispatcher_cleanup(s, timeout=0.05)
+
+
+# -- issue 9, section 2: tf.data service semantics ---------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_job_names_are_scoped_per_dataset(c, s, a):
+    """Two different datasets may each have a job named "shared_job" (TF, 2.1)."""
+    from _helpers import distribute, read
+
+    first = await distribute(dds.Dataset.range(5), "OFF", c, job_name="shared_job")
+    second = await distribute(dds.Dataset.range(100, 103), "OFF", c, job_name="shared_job")
+    assert sorted(await read(first)) == list(range(5))
+    assert sorted(await read(second)) == [100, 101, 102]
+    plugin = s.plugins[PLUGIN_NAME]
+    jobs = [j for j in plugin.state.list_jobs() if j.job_name == "shared_job"]
+    assert len({j.dataset_id for j in jobs}) == 2
+    # the same dataset in another mode under that name is still refused
+    dataset_id = jobs[0].dataset_id
+    reply = await plugin.get_or_create_job(dataset_id=dataset_id, processing_mode="DYNAMIC",
+                                           job_name="shared_job")
+    assert reply["status"] == "error"
+    assert "already exists with processing mode OFF" in str(reply["exception"])

@@ -441,9 +441,27 @@ def test_job_name_in_use(state):
         state,
         CreateJob(job_id=5001, job_name="shared", dataset_id=dataset_id, processing_mode="OFF"),
         JobNameInUseError,
-        "Job name 'shared' is in use by job 5000",
+        "Job name 'shared' is in use by job 5000 of dataset 1000",
     )
     assert isinstance(error, ValueError)
+
+
+def test_job_names_are_scoped_per_dataset(state):
+    """Two datasets may each have a job named "shared" (TF; issue 9, 2.1)."""
+    first, second = register_dataset(state, "a"), register_dataset(state, "b")
+    job_a = create_job(state, first, job_name="shared")
+    job_b = create_job(state, second, job_name="shared", processing_mode="DYNAMIC")
+    assert job_a != job_b
+    assert state.job_by_name("shared", first).job_id == job_a
+    assert state.job_by_name("shared", second).job_id == job_b
+    with pytest.raises(JobNotFoundError, match="Several datasets have a job named 'shared'"):
+        state.job_by_name("shared")
+    with pytest.raises(JobNotFoundError, match="Job named 'x' for dataset 1000 not found"):
+        state.job_by_name("x", first)
+    # collecting one frees only its own name
+    iteration_id = create_iteration(state, job_a)
+    state.apply(GarbageCollectIteration(iteration_id))
+    assert state.job_by_name("shared").job_id == job_b
 
 
 @pytest.mark.parametrize(
@@ -970,8 +988,9 @@ def test_validate_state_catches_a_drifted_index():
     state = DispatcherState()
     job_id = create_job(state, register_dataset(state), job_name="shared")
     state.validate_state()
-    state._jobs_by_name["other"] = job_id  # what the Rules forbid
-    with pytest.raises(AssertionError, match="job name 'other' indexes job 5000 wrongly"):
+    state._jobs_by_name[(1000, "other")] = job_id  # what the Rules forbid
+    with pytest.raises(AssertionError,
+                       match="job name 'other' of dataset 1000 indexes job 5000 wrongly"):
         state.validate_state()
 
 

@@ -407,7 +407,7 @@ class DispatcherPlugin(SchedulerPlugin):
             _require_shared_infinite("the cross-trainer cache", job_name, dataset)
         if job_name is not None:
             try:
-                job = self.state.job_by_name(job_name)
+                job = self.state.job_by_name(job_name, dataset_id)  # scoped per dataset (TF)
             except JobNotFoundError:
                 job = None
             if job is not None:
@@ -416,11 +416,11 @@ class DispatcherPlugin(SchedulerPlugin):
                         f"job {job_name!r} was created with num_consumers="
                         f"{job.num_consumers}, not {num_consumers}"
                     )
-                if job.dataset_id != dataset_id or job.processing_mode != mode.name:
+                if job.processing_mode != mode.name:
                     raise ValueError(
-                        f"job {job_name!r} already exists for dataset {job.dataset_id} with "
-                        f"processing mode {job.processing_mode}; it cannot be shared with "
-                        f"dataset {dataset_id} in mode {mode.name}"
+                        f"job {job_name!r} of dataset {dataset_id} already exists with "
+                        f"processing mode {job.processing_mode}; it cannot be read in mode "
+                        f"{mode.name}"
                     )
                 return {"status": "OK", "job_id": job.job_id}
         job_id = self.state.next_job_id()

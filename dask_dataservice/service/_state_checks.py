@@ -172,9 +172,10 @@ class StateChecks:
                 _illegal(u, "cross_trainer_cache needs a job_name")
         elif not u.job_name:
             _illegal(u, "job_name must be a non-empty string or None")
-        elif u.job_name in self._jobs_by_name:
+        elif (u.dataset_id, u.job_name) in self._jobs_by_name:
             raise JobNameInUseError(
-                f"Job name {u.job_name!r} is in use by job {self._jobs_by_name[u.job_name]}"
+                f"Job name {u.job_name!r} is in use by job "
+                f"{self._jobs_by_name[(u.dataset_id, u.job_name)]} of dataset {u.dataset_id}"
             )
 
     def _check_create_iteration(self, u: CreateIteration) -> None:

@@ -125,14 +125,17 @@ def validate_state(state: DispatcherState) -> None:
             )
         else:
             _invariant(
-                (state._jobs_by_name.get(job.job_name) == job_id) != job.garbage_collected,
+                (state._jobs_by_name.get((job.dataset_id, job.job_name)) == job_id)
+                != job.garbage_collected,
                 f"job {job_id}: name index disagrees with garbage_collected={job.garbage_collected}",
             )
-    for job_name, job_id in state._jobs_by_name.items():
+    for (dataset_id, job_name), job_id in state._jobs_by_name.items():
         job = state._jobs.get(job_id)
         _invariant(
-            job is not None and job.job_name == job_name and not job.garbage_collected,
-            f"job name {job_name!r} indexes job {job_id} wrongly",
+            job is not None
+            and (job.dataset_id, job.job_name) == (dataset_id, job_name)
+            and not job.garbage_collected,
+            f"job name {job_name!r} of dataset {dataset_id} indexes job {job_id} wrongly",
         )
 
     # Iterations, their keys, their counts and derived flags.

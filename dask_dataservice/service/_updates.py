@@ -171,7 +171,8 @@ class CreateJob(_Record):
     job_id : int
         Field 1. From :meth:`DispatcherState.next_job_id`.
     job_name : str or None
-        Field 2. ``None`` for an anonymous job. Unique among live jobs.
+        Field 2. ``None`` for an anonymous job. Unique among the live jobs of its dataset
+        (names are scoped per dataset, as in TensorFlow).
     dataset_id : int
         Field 3. A registered dataset.
     processing_mode : str

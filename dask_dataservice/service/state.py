@@ -249,7 +249,7 @@ class DispatcherState(StateChecks):
         #: ``{job_id: Job}``, every job ever created.
         self._jobs: dict[int, Job] = {}
         #: ``{job_name: job_id}`` of the live named jobs.
-        self._jobs_by_name: dict[str, int] = {}
+        self._jobs_by_name: dict[tuple[int, str], int] = {}
         #: ``{iteration_id: Iteration}``, every iteration ever created.
         self._iterations: dict[int, Iteration] = {}
         #: ``{(job_id, repetition): iteration_id}``, every iteration ever created.
@@ -457,17 +457,30 @@ class DispatcherState(StateChecks):
         """
         return copy.copy(self._get_job(job_id))
 
-    def job_by_name(self, job_name: str) -> Job:
-        """The live job with this name.
+    def job_by_name(self, job_name: str, dataset_id: int | None = None) -> Job:
+        """The live job named ``job_name`` for ``dataset_id``.
+
+        Job names are scoped per dataset, as in TensorFlow: two datasets may each have a job
+        named ``"shared"``. Without ``dataset_id`` (for tests and debugging; O(jobs)), the one
+        live job with this name.
 
         Raises
         ------
         JobNotFoundError
-            No live job has this name (there may be garbage-collected ones).
+            No live job has this name (there may be garbage-collected ones), or, without
+            ``dataset_id``, several datasets have one.
         """
-        job_id = self._jobs_by_name.get(job_name)
+        if dataset_id is not None:
+            job_id = self._jobs_by_name.get((dataset_id, job_name))
+        else:
+            ids = [i for (_, name), i in self._jobs_by_name.items() if name == job_name]
+            if len(ids) > 1:
+                raise JobNotFoundError(
+                    f"Several datasets have a job named {job_name!r}: give the dataset_id")
+            job_id = ids[0] if ids else None
         if job_id is None:
-            raise JobNotFoundError(f"Job named {job_name!r} not found")
+            where = "" if dataset_id is None else f" for dataset {dataset_id}"
+            raise JobNotFoundError(f"Job named {job_name!r}{where} not found")
         return self.job(job_id)
 
     def list_jobs(self) -> list[Job]:
@@ -728,7 +741,7 @@ class DispatcherState(StateChecks):
             worker_addresses=u.worker_addresses,
         )
         if u.job_name is not None:
-            self._jobs_by_name[u.job_name] = u.job_id
+            self._jobs_by_name[(u.dataset_id, u.job_name)] = u.job_id
         self._next_job_id = max(self._next_job_id, u.job_id + 1)
 
     def _create_iteration(self, u: CreateIteration) -> None:
@@ -829,7 +842,7 @@ class DispatcherState(StateChecks):
         if job.num_live_iterations == 0:
             job.garbage_collected = True
             if job.job_name is not None:
-                del self._jobs_by_name[job.job_name]
+                del self._jobs_by_name[(job.dataset_id, job.job_name)]
 
 
     def _forget_if_unused(self, address: str) -> None:
