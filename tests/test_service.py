@@ -616,3 +616,18 @@ async def test_double_distribute(c, s, a, b):
         {-i: 4 for i in range(20)})
     with pytest.raises(dds.NotSplittableError, match="already reads from the data service"):
         await distribute(inner, "distributed_epoch", c)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_split_size_through_distribute_and_register(c, s, a):
+    """issue 9, 2.14: the DYNAMIC split granularity is the user's choice."""
+    ds = await distribute(dds.Dataset.range(100), "distributed_epoch", c, split_size=10)
+    assert sorted(await read(ds)) == list(range(100))
+    _, splits = a.extensions["dataservice"]._datasets[ds.dataset_id]
+    assert len(splits) == 10
+    coarse = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(100),
+                                     split_size=50)
+    assert coarse != ds.dataset_id  # another split size: another dataset
+    out = await read(dds.from_dataset_id("distributed_epoch", c, coarse))
+    assert sorted(out) == list(range(100))
+    assert len(a.extensions["dataservice"]._datasets[coarse][1]) == 2

@@ -66,7 +66,7 @@ class CrossTrainerCache:
 
 
 def register_dataset(service: Any, dataset: Dataset, compression: str | None = "AUTO",
-                     dataset_id: str | None = None):
+                     dataset_id: str | None = None, split_size: int | None = None):
     """Register ``dataset`` with the data service and return its dataset id.
 
     The pipeline is pickled here (so an unpicklable function fails now, with a message
@@ -83,6 +83,14 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
     compression
         ``"AUTO"`` or None. Elements travel uncompressed on the fast paths measured so far;
         accepted for compatibility with tf.data service.
+    dataset_id
+        An explicit id (TensorFlow's string ids) instead of the pipeline's fingerprint.
+    split_size
+        Elements per split of a splittable source (DYNAMIC sharding hands out splits):
+        smaller splits balance workers more finely and lose less when a worker dies (at most
+        once visitation), larger ones cost fewer dispatcher round trips. Default: about 256
+        splits of at most 65,536 elements (see ``Dataset.splits``). A pipeline registered
+        with another split size is another dataset.
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a dask_dataservice Dataset, got {type(dataset).__name__}")
@@ -98,12 +106,14 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         ) from e
     why_not = dataset.why_not_splittable()
     if why_not is None:
-        splits_list = dataset.splits()
+        splits_list = dataset.splits(split_size)
         splits = cloudpickle.dumps(splits_list)
         num_splits = len(splits_list)
     else:
         splits, num_splits = b"", -1
     fingerprint = dataset_id or dataset.fingerprint()
+    if split_size is not None and not dataset_id:
+        fingerprint = f"{fingerprint}/split_size={split_size}"
     client = _connection.client_for(service)
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
@@ -229,12 +239,13 @@ def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
                consumer_index: int | None = None, num_consumers: int | None = None,
                max_outstanding_requests: int | None = None, data_transfer_protocol: str | None = None,
                compression: str | None = "AUTO", cross_trainer_cache: Any = None,
-               target_workers: str = "AUTO"):
+               target_workers: str = "AUTO", split_size: int | None = None):
     """A transformation that moves a pipeline onto the data service.
 
     Use with ``Dataset.apply``: ``ds.apply(distribute("distributed_epoch", client))``
     registers ``ds`` and returns a :class:`DistributedDataset` reading it (with an
-    asynchronous client, an awaitable of it: ``await ds.apply(distribute(...))``).
+    asynchronous client, an awaitable of it: ``ds = await distribute(...)(dataset)``, since
+    ``Dataset.apply`` needs a dataset at once). ``split_size`` is :func:`register_dataset`'s.
     """
     mode = parse_processing_mode(processing_mode)
     _connection.service_address(service)
@@ -250,7 +261,8 @@ def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
                 cross_trainer_cache=cross_trainer_cache, target_workers=target_workers,
             )
 
-        dataset_id = register_dataset(service, dataset, compression=compression)
+        dataset_id = register_dataset(service, dataset, compression=compression,
+                                      split_size=split_size)
         if isinstance(dataset_id, int):
             return read(dataset_id)
 
