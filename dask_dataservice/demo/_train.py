@@ -1,7 +1,8 @@
 """The parameter-server stage of ``dask-dataservice demo``: train a click-through model.
 
-:func:`train_click_model` takes a connected client and a click-through input pipeline (the
-demo's ``make_click_dataset``: batches of ``{"dense", "sparse", "label"}``), registers the
+:func:`train_click_model` takes a connected client and a click-through input pipeline
+(:func:`~dask_dataservice.demo.make_click_dataset`: batches of ``{"dense", "sparse",
+"label"}``), registers the
 pipeline with the data service, and trains on it with parameter-server training:
 
 - each training worker reads the *same* data-service job under DYNAMIC sharding as its
@@ -15,6 +16,9 @@ pipeline with the data service, and trains on it with parameter-server training:
 Accuracy and log loss are "progressive validation" figures: each batch is scored with the
 parameters of the moment, before its own update, so they are measured on examples the model
 had not seen yet.
+
+The demo is an application of the package: it uses the public API (``import
+dask_dataservice as dds``), as a user's script would; nothing in the package imports it.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ __all__ = ["TrainResult", "train_click_model"]
 class TrainResult:
     """What :func:`train_click_model` did."""
 
-    #: Scheduled steps, and those that got a batch (the others found their worker's stream
-    #: over while another worker still had batches).
+    #: Training steps: scheduled calls that got a batch and trained on it.
     steps: int
-    batches: int
+    #: All scheduled calls: also those that found their worker's stream over while another
+    #: worker still had batches (they train on nothing).
+    scheduled: int
     #: Examples trained on (each exactly once under DYNAMIC sharding).
     examples: int
     seconds: float
@@ -103,65 +108,65 @@ def train_click_model(client, dataset, *, examples: int, batch_size: int,
     """
     import dask_dataservice as dds
     from dask_dataservice.ps import optimizers
-    from dask_dataservice.ps.strategy import cluster_roles
+    from dask_dataservice.ps import strategy as ps_strategy
 
-    num_ps = max(1, len(cluster_roles(client)[0]))
+    num_ps = max(1, len(ps_strategy.cluster_roles(client)[0]))
     strategy = dds.ParameterServerStrategy(
         client, variable_partitioner=dds.partitioners.MinSizePartitioner(
             min_shard_bytes=64 << 10, max_shards=num_ps))
     coordinator = dds.ClusterCoordinator(strategy)
-    with strategy.scope():
-        emb = dds.Variable(_embedding_init, shape=(vocab_size, embedding_dim), dtype="float32",
-                           name="embedding")
-        u = dds.Variable(np.full(embedding_dim, 0.1, np.float32), name="projection")
-        w = dds.Variable(np.zeros(dense_features, np.float32), name="dense_weights")
-        b = dds.Variable(np.float32(0), name="bias")
-        steps = dds.Variable(0, dtype="int64", name="step")
-    opt = optimizers.get({"kind": optimizer, "learning_rate": learning_rate,
-                          "name": f"demo_{optimizer}"})
+    try:
+        with strategy.scope():
+            emb = dds.Variable(_embedding_init, shape=(vocab_size, embedding_dim), dtype="float32",
+                               name="embedding")
+            u = dds.Variable(np.full(embedding_dim, 0.1, np.float32), name="projection")
+            w = dds.Variable(np.zeros(dense_features, np.float32), name="dense_weights")
+            b = dds.Variable(np.float32(0), name="bias")
+            steps = dds.Variable(0, dtype="int64", name="step")
+        opt = optimizers.get({"kind": optimizer, "learning_rate": learning_rate,
+                              "name": f"demo_{optimizer}"})
 
-    dataset_id = dds.register_dataset(client, dataset)
-    address = client.scheduler.address
-    job = job_name or f"ps-demo-{dataset_id}"
+        dataset_id = dds.register_dataset(client, dataset)
+        address = client.scheduler.address
+        job = job_name or f"ps-demo-{dataset_id}"
 
-    def dataset_fn():
-        return dds.from_dataset_id("distributed_epoch", address, dataset_id, job_name=job)
+        def dataset_fn():
+            return dds.from_dataset_id("distributed_epoch", address, dataset_id, job_name=job)
 
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    # The workers share one DYNAMIC job, but not evenly: a worker whose stream has ended
-    # answers its steps with nothing while another still has batches. So steps go out in
-    # rounds, each sized to what is left (and at least a few steps per worker feeder, so
-    # every worker gets some), until every example was trained on, or rounds keep finding
-    # no data at all (the stream is over: examples were lost).
-    start = time.perf_counter()
-    rows: list[tuple[int, int, float]] = []
-    done, empty_rounds = 0, 0
-    feeders = len(strategy.worker_addresses) * 4
-    while done < examples and empty_rounds < 5:
-        left = max(feeders, math.ceil((examples - done) / batch_size))
-        results = [coordinator.schedule(_train_step, args=(iterator, emb, u, w, b, opt, steps))
-                   for _ in range(left)]
-        while not coordinator.done():
-            if progress is not None:
-                progress(done + sum(r.fetch()[0] for r in results if r.done()), examples)
-            time.sleep(0.05)
-        coordinator.join()
-        got = [r.fetch() for r in results]
-        rows += got
-        new = sum(r[0] for r in got)
-        done += new
-        empty_rounds = 0 if new else empty_rounds + 1
-    seconds = time.perf_counter() - start
-    n = sum(r[0] for r in rows)
-    if progress is not None:
-        progress(n, examples)
-    path = None
-    if checkpoint_dir is not None:
-        ckpt = dds.Checkpoint(model={"embedding": emb, "projection": u, "dense_weights": w,
-                                     "bias": b}, step=steps, optimizer=opt)
-        path = ckpt.save(checkpoint_dir)
-    coordinator.shutdown()
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        # The workers share one DYNAMIC job, but not evenly: a worker whose stream has ended
+        # answers its steps with nothing while another still has batches. So steps go out in
+        # rounds, each sized to what is left (and at least a few steps per worker feeder, so
+        # every worker gets some), until every example was trained on, or rounds keep finding
+        # no data at all (the stream is over: examples were lost).
+        start = time.perf_counter()
+        rows: list[tuple[int, int, float]] = []
+        done, empty_rounds = 0, 0
+        feeders = len(strategy.worker_addresses) * 4
+        while done < examples and empty_rounds < 5:
+            left = max(feeders, math.ceil((examples - done) / batch_size))
+            results = [coordinator.schedule(_train_step, args=(iterator, emb, u, w, b, opt, steps))
+                       for _ in range(left)]
+            new = 0
+            for result in results:  # in order: each fetch waits for its step, no polling
+                got = result.fetch()
+                rows.append(got)
+                new += got[0]
+                if progress is not None:
+                    progress(done + new, examples)
+            coordinator.join()
+            done += new
+            empty_rounds = 0 if new else empty_rounds + 1
+        seconds = time.perf_counter() - start
+        n = sum(r[0] for r in rows)
+        path = None
+        if checkpoint_dir is not None:
+            ckpt = dds.Checkpoint(model={"embedding": emb, "projection": u, "dense_weights": w,
+                                         "bias": b}, step=steps, optimizer=opt)
+            path = ckpt.save(checkpoint_dir)
+    finally:
+        coordinator.shutdown()
     return TrainResult(
-        steps=len(rows), batches=sum(1 for r in rows if r[0]), examples=n, seconds=seconds,
+        steps=sum(1 for r in rows if r[0]), scheduled=len(rows), examples=n, seconds=seconds,
         accuracy=sum(r[1] for r in rows) / n if n else float("nan"),
         logloss=sum(r[2] for r in rows) / n if n else float("nan"), checkpoint=path)
