@@ -157,12 +157,34 @@ class TensorSlices(Source):
         return (map_structure(lambda leaf, i=i: leaf[i], data) for i in range(start, stop))
 
 
+def _is_dask_collection(x: Any) -> bool:
+    """Dask's collection protocol (``dask.is_dask_collection``) without importing Dask: a
+    ``__dask_graph__`` method that returns a graph (xarray objects return None unless they
+    hold Dask arrays)."""
+    graph = getattr(type(x), "__dask_graph__", None)
+    if not callable(graph):
+        return False
+    try:
+        return x.__dask_graph__() is not None
+    except Exception:  # noqa: BLE001 - not a working collection: let numpy judge it
+        return False
+
+
 def _as_arrays(data: Any) -> Any:
     if isinstance(data, dict):
         return {k: _as_arrays(v) for k, v in data.items()}
     if isinstance(data, tuple):
         items = [_as_arrays(v) for v in data]
         return type(data)(*items) if hasattr(data, "_fields") else tuple(items)
+    if _is_dask_collection(data):
+        # np.asarray would compute the whole collection here, on the client
+        kind = f"{type(data).__module__}.{type(data).__qualname__}"
+        raise TypeError(
+            f"from_tensor_slices() got a Dask collection ({kind}): it will not compute it on "
+            "the client. Read Dask collections with the Dask-collection source "
+            "(Dataset.from_dask, planned), which reads each chunk where the pipeline runs; "
+            "or pass the computed values yourself: from_tensor_slices(x.compute())"
+        )
     try:
         arr = np.asarray(data)
     except ValueError as e:  # numpy 2 refuses ragged nested lists
