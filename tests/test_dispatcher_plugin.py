@@ -193,3 +193,37 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
                                            job_name="shared_job")
     assert reply["status"] == "error"
     assert "already exists with processing mode OFF" in str(reply["exception"])
+
+
+@gen_test()
+async def test_explicit_dataset_ids():
+    """register_dataset(dataset_id="name") (TF, 2.2): the string is the id; a different
+    dataset under an id in use is an error instead of silently reading the first one."""
+    plugin = DispatcherPlugin()
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+
+        async def register_as(dataset, name):
+            return await plugin.register_dataset(
+                fingerprint=dataset.fingerprint(), pipeline=cloudpickle.dumps(dataset),
+                splits=b"", num_splits=-1, metadata={"cardinality": 10}, dataset_id=name)
+
+        train, other = dds.Dataset.range(10), dds.Dataset.range(20)
+        assert ok(await register_as(train, "train"))["dataset_id"] == "train"
+        assert ok(await register_as(train, "train"))["dataset_id"] == "train"  # idempotent
+        reply = await register_as(other, "train")
+        assert reply["status"] == "error"
+        assert "'train' is already registered for a different dataset" in str(reply["exception"])
+        assert ok(await register_as(train, "copy"))["dataset_id"] == "copy"
+        # readers name the dataset by its string id
+        got = ok(plugin.get_dataset(dataset_id="train"))
+        assert cloudpickle.loads(got["pipeline"]).fingerprint() == train.fingerprint()
+        job = ok(await plugin.get_or_create_job(dataset_id="train", processing_mode="OFF",
+                                                job_name="j"))
+        assert plugin.state.job(job["job_id"]).dataset_id == \
+            plugin.state.dataset_by_name("train").dataset_id
+        reply = await plugin.get_or_create_job(dataset_id="nope", processing_mode="OFF")
+        assert "Dataset 'nope' not found" in str(reply["exception"])
+        plugin.state.validate_state()
+        await plugin.close()

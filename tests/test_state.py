@@ -446,6 +446,23 @@ def test_job_name_in_use(state):
     assert isinstance(error, ValueError)
 
 
+def test_named_datasets_are_indexed_by_name_not_fingerprint(state):
+    """A user-chosen dataset id (issue 9, 2.2): same pipeline under two names, two datasets."""
+    first = register_dataset(state, "fp", dataset_name="train")
+    second = register_dataset(state, "fp", dataset_name="eval")
+    anonymous = register_dataset(state, "fp")
+    assert len({first, second, anonymous}) == 3
+    assert state.dataset_by_name("train").dataset_id == first
+    assert state.dataset_by_fingerprint("fp").dataset_id == anonymous
+    assert state.dataset(second).dataset_name == "eval"
+    assert_refused(state, RegisterDataset(state.next_dataset_id(), "other", b"p", b"", -1,
+                                          dataset_name="train"),
+                   IllegalUpdateError, f"RegisterDataset: dataset name 'train' is already "
+                   f"dataset {first}")
+    with pytest.raises(DatasetNotFoundError, match="Dataset 'test' not found"):
+        state.dataset_by_name("test")
+
+
 def test_job_names_are_scoped_per_dataset(state):
     """Two datasets may each have a job named "shared" (TF; issue 9, 2.1)."""
     first, second = register_dataset(state, "a"), register_dataset(state, "b")
@@ -1201,11 +1218,13 @@ class DispatcherStateMachine(RuleBasedStateMachine):
             assert self.offer(
                 CreateTask(state.next_task_id(), iteration_id, worker.address, shard))
 
-    @rule(fingerprint=st.sampled_from("abc"), num_splits=st.integers(-1, 3), fresh=st.booleans())
-    def register_dataset(self, fingerprint, num_splits, fresh):
+    @rule(fingerprint=st.sampled_from("abc"), num_splits=st.integers(-1, 3), fresh=st.booleans(),
+          name=st.sampled_from([None, None, "named", ""]))
+    def register_dataset(self, fingerprint, num_splits, fresh, name):
         dataset_id = self.state.next_dataset_id() - (not fresh)
         self.offer(
-            RegisterDataset(dataset_id, fingerprint, b"p", b"s", num_splits, None, {"n": [1]})
+            RegisterDataset(dataset_id, fingerprint, b"p", b"s", num_splits, None, {"n": [1]},
+                            None, name)
         )
 
     @rule(address=st.sampled_from(ADDRESSES), nthreads=st.integers(1, 4))

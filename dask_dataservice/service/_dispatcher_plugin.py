@@ -375,31 +375,62 @@ class DispatcherPlugin(SchedulerPlugin):
     @_durable
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
-                         metadata: dict | None = None, compression: str | None = None) -> dict:
-        try:
-            dataset_id = self.state.dataset_by_fingerprint(fingerprint).dataset_id
-        except DatasetNotFoundError:
-            dataset_id = self.state.next_dataset_id()
-            self._apply(RegisterDataset(
-                dataset_id=dataset_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
-                splits=bytes(splits or b""), num_splits=int(num_splits),
-                element_spec=element_spec, metadata=dict(metadata or {}),
-                compression=compression,
-            ))
-        return {"status": "OK", "dataset_id": dataset_id}
+                         metadata: dict | None = None, compression: str | None = None,
+                         dataset_id: str | None = None) -> dict:
+        """Register a dataset; answer its id.
+
+        Without ``dataset_id`` the same pipeline (fingerprint) always gets the same numeric
+        id. With a ``dataset_id`` of the user's (TensorFlow's explicit id) the answer is that
+        string: registering the same pipeline under it again returns it, a *different*
+        pipeline under it is an error (readers of that id would get the wrong data).
+        """
+        if dataset_id is not None:
+            if not isinstance(dataset_id, str) or not dataset_id:
+                raise TypeError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+            try:
+                existing = self.state.dataset_by_name(dataset_id)
+            except DatasetNotFoundError:
+                existing = None
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise ValueError(
+                        f"dataset_id {dataset_id!r} is already registered for a different "
+                        "dataset; register this one under another id (or without one)")
+                return {"status": "OK", "dataset_id": dataset_id}
+        else:
+            try:
+                return {"status": "OK",
+                        "dataset_id": self.state.dataset_by_fingerprint(fingerprint).dataset_id}
+            except DatasetNotFoundError:
+                pass
+        new_id = self.state.next_dataset_id()
+        self._apply(RegisterDataset(
+            dataset_id=new_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
+            splits=bytes(splits or b""), num_splits=int(num_splits),
+            element_spec=element_spec, metadata=dict(metadata or {}),
+            compression=compression, dataset_name=dataset_id,
+        ))
+        return {"status": "OK", "dataset_id": new_id if dataset_id is None else dataset_id}
+
+    def _dataset(self, dataset_id: int | str):
+        """A dataset by its numeric id or by the id its user chose."""
+        if isinstance(dataset_id, str):
+            return self.state.dataset_by_name(dataset_id)
+        return self.state.dataset(dataset_id)
 
     @handler
-    def get_dataset(self, dataset_id: int) -> dict:
-        ds = self.state.dataset(dataset_id)
+    def get_dataset(self, dataset_id: int | str) -> dict:
+        ds = self._dataset(dataset_id)
         return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
                 "num_splits": ds.num_splits}
 
     @_durable
-    def get_or_create_job(self, dataset_id: int, processing_mode: Any, job_name: str | None = None,
-                          num_consumers: int | None = None, target_workers: str = "AUTO",
-                          cross_trainer_cache: bool = False) -> dict:
+    def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
+                          job_name: str | None = None, num_consumers: int | None = None,
+                          target_workers: str = "AUTO", cross_trainer_cache: bool = False) -> dict:
         mode = parse_processing_mode(processing_mode)
-        dataset = self.state.dataset(dataset_id)
+        dataset = self._dataset(dataset_id)
+        dataset_id = dataset.dataset_id
         mode = self._check_mode(mode, dataset)
         if num_consumers is not None:
             _require_shared_infinite("coordinated reads", job_name, dataset)

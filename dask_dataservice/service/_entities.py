@@ -60,6 +60,7 @@ class Dataset:
     element_spec: bytes | None
     metadata: dict[str, Any]
     compression: str | None
+    dataset_name: str | None = None
 
     @property
     def splittable(self) -> bool:

@@ -125,11 +125,18 @@ class StateChecks:
 
     def _check_register_dataset(self, u: RegisterDataset) -> None:
         self._check_fresh(u, "dataset", u.dataset_id, self._next_dataset_id)
-        existing = self._dataset_by_fingerprint.get(u.fingerprint)
-        if existing is not None:
-            _illegal(
-                u, f"fingerprint {u.fingerprint!r} is already registered as dataset {existing}"
-            )
+        if u.dataset_name is not None:
+            if not u.dataset_name:
+                _illegal(u, "dataset_name must be a non-empty string or None")
+            existing = self._dataset_by_name.get(u.dataset_name)
+            if existing is not None:
+                _illegal(u, f"dataset name {u.dataset_name!r} is already dataset {existing}")
+        else:
+            existing = self._dataset_by_fingerprint.get(u.fingerprint)
+            if existing is not None:
+                _illegal(
+                    u, f"fingerprint {u.fingerprint!r} is already registered as dataset {existing}"
+                )
         if u.num_splits < -1:
             _illegal(u, f"num_splits must be >= 0, or -1 if not splittable; got {u.num_splits}")
 

@@ -44,7 +44,8 @@ def validate_state(state: DispatcherState) -> None:
         for used in ids:
             _invariant(base <= used < counter, f"{name} id {used} outside [{base}, {counter})")
 
-    # Datasets and the fingerprint index are a bijection.
+    # Unnamed datasets and the fingerprint index are a bijection, and so are named datasets
+    # and the name index.
     for dataset_id, dataset in state._datasets.items():
         _invariant(
             dataset.dataset_id == dataset_id, f"dataset {dataset_id} stored under another id"
@@ -53,13 +54,19 @@ def validate_state(state: DispatcherState) -> None:
             dataset.num_splits >= -1,
             f"dataset {dataset_id} has num_splits {dataset.num_splits}",
         )
-        _invariant(
-            state._dataset_by_fingerprint.get(dataset.fingerprint) == dataset_id,
-            f"dataset {dataset_id} missing from the fingerprint index",
-        )
+        if dataset.dataset_name is None:
+            _invariant(
+                state._dataset_by_fingerprint.get(dataset.fingerprint) == dataset_id,
+                f"dataset {dataset_id} missing from the fingerprint index",
+            )
+        else:
+            _invariant(
+                state._dataset_by_name.get(dataset.dataset_name) == dataset_id,
+                f"dataset {dataset_id} missing from the name index",
+            )
     _invariant(
-        len(state._dataset_by_fingerprint) == len(state._datasets),
-        "fingerprint index has entries for unknown datasets",
+        len(state._dataset_by_fingerprint) + len(state._dataset_by_name) == len(state._datasets),
+        "fingerprint or name index has entries for unknown datasets",
     )
 
     # Workers: tasks_by_worker has exactly the registered ones; a departed worker is kept

@@ -82,10 +82,16 @@ class RegisterDataset(_Record):
         Tuples are stored as lists, so that a journal round trip gives back an equal record.
     compression : str or None
         Field 8. Element compression the workers should use, e.g. ``"AUTO"``.
+    dataset_name : str or None
+        Field 9. The id the user chose (TensorFlow's ``register_dataset(..., dataset_id=...)``),
+        unique among datasets; readers may name the dataset by it. A named dataset is found
+        by its name, not by its fingerprint: the same pipeline may be registered under two
+        names, and a different pipeline under a name in use is refused by the dispatcher.
+        ``None`` for a dataset registered without one (deduplicated by fingerprint).
 
     Notes
     -----
-    Next field: 9. Removed fields: none.
+    Next field: 10. Removed fields: none.
     """
 
     dataset_id: int  # 1
@@ -96,6 +102,7 @@ class RegisterDataset(_Record):
     element_spec: bytes | None = None  # 6
     metadata: dict[str, Any] = field(default_factory=dict)  # 7
     compression: str | None = None  # 8
+    dataset_name: str | None = None  # 9
 
     def __post_init__(self) -> None:
         _check_fields(self)
