@@ -233,6 +233,10 @@ def test_demo_verbose_shuts_down_without_a_traceback():
     assert "Traceback" not in output, output
     assert "CommClosedError" not in output, output
     assert ACCURACY.match(proc.stdout.splitlines()[0]), proc.stdout
+    # the status line names the parameter servers in plain words (was "2's parameter servers")
+    assert "demo: training on 2 workers (they also serve the data) with 2 parameter servers" \
+        in proc.stderr, proc.stderr
+    assert "'s parameter servers" not in proc.stderr
 
 
 def _process_group(pgid: int) -> list[int]:
