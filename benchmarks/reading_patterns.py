@@ -8,6 +8,9 @@ Prints JSON lines. Workers and consumers are separate processes on this machine 
 - W6 cross-trainer cache: 2 trainers read K elements each from one job; reports pipeline
   productions per consumed element (target: the second trainer costs <= 10% extra pipeline
   work, i.e. productions <= 1.1 K) and throughput against one trainer alone.
+- W7 shared named job: what the bounded read-ahead of shared jobs costs (smaller requests:
+  ``dataservice.client.shared-job-request-elements``): one consumer reading K scalar elements
+  from a named job against the same from an anonymous job (best of 3 each).
 
 Usage: ``python benchmarks/reading_patterns.py [--quick]``
 """
@@ -145,6 +148,23 @@ def main() -> None:
              one_trainer_elements_per_s=round(one_rate), two_trainers_elements_per_s_each=round(two_rate),
              throughput_vs_one_trainer=round(two_rate / one_rate, 3),
              target="extra_pipeline_work <= 0.10", target_met=productions / k - 1 <= 0.10)
+
+        # W7: bounded read-ahead of shared jobs ---------------------------------------------
+        source_id = dds.register_dataset(client, dds.Dataset.range(k))
+
+        def best(job_name):
+            rates = []
+            for r in range(3):
+                name = None if job_name is None else f"{job_name}-{r}"
+                n, dt = take(dds.from_dataset_id("parallel_epochs", client, source_id,
+                                                 job_name=name), k)
+                rates.append(n / dt)
+            return max(rates)
+
+        anonymous, named = best(None), best("shared")
+        emit(bench="W7 shared named job", consumers=1, workers=2, elements=k,
+             anonymous_elements_per_s=round(anonymous), named_elements_per_s=round(named),
+             named_vs_anonymous=round(named / anonymous, 3))
 
 
 if __name__ == "__main__":

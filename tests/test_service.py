@@ -631,3 +631,21 @@ async def test_split_size_through_distribute_and_register(c, s, a):
     out = await read(dds.from_dataset_id("distributed_epoch", c, coarse))
     assert sorted(out) == list(range(100))
     assert len(a.extensions["dataservice"]._datasets[coarse][1]) == 2
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_shared_job_consumers_share_fairly(c, s, a):
+    """issue 9, 2.3: a consumer that started first but reads slowly does not drain a shared
+    job ahead of the others (its read-ahead is bounded)."""
+    n = 20_000
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(n))
+
+    def consumer():
+        return dds.from_dataset_id("parallel_epochs", c, dataset_id, job_name="fair")
+
+    first = iter(consumer())
+    head = await asyncio.to_thread(next, first)  # started, then pauses with its read-ahead
+    rest = await read(consumer())
+    tail = await asyncio.to_thread(list, first)
+    assert sorted([head, *rest, *tail]) == list(range(n))  # each element once between them
+    assert len(rest) >= 0.75 * n, f"the second consumer got only {len(rest)} of {n}"

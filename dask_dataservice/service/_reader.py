@@ -136,6 +136,8 @@ class Channel:
         self._items = asyncio.Event()  # for aget: set on every put
         self._lock = threading.Lock()
         self._want_space = False
+        #: Batches the consumer took so far.
+        self.taken = 0
 
     async def put(self, item: Any) -> None:
         while True:
@@ -159,10 +161,20 @@ class Channel:
     def _took(self) -> None:
         with self._lock:
             self._size -= 1
+            self.taken += 1
             wake = self._want_space
             self._want_space = False
         if wake:
             self._space_waker.wake()
+
+    @property
+    def queued(self) -> int:
+        """Batches waiting for the consumer."""
+        return self._size
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
 
     def get(self, timeout: float | None = None) -> Any:
         """Take a batch (consumer thread); raises ``queue.Empty`` after ``timeout``."""
@@ -186,6 +198,7 @@ class Channel:
                 continue
             with self._lock:
                 self._size -= 1
+                self.taken += 1
                 self._want_space = False
             self._space.set()
             return item
@@ -196,6 +209,9 @@ class Channel:
 # ---------------------------------------------------------------------------------------
 
 _STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
+#: Default of ``dataservice.client.shared-job-request-elements``: elements per request when
+#: consumers share a named job (a consumer holds at most about (2 + channel batches) x this).
+SHARED_JOB_REQUEST_ELEMENTS = 256
 
 
 def _local_host(scheduler_address: str) -> str:
@@ -242,6 +258,15 @@ class IterationReader:
         #: Set once :meth:`run` returned (the channel holds its last item).
         self.done = threading.Event()
         self.max_elements = int(config.get("client.request-elements"))
+        #: Elements per request now: a shared job starts small and grows while the consumer
+        #: keeps up (see :meth:`_request_size`).
+        self.request_elements = self.max_elements
+        self.shared = spec.job_name is not None and self.trainer_id is None
+        if self.shared:
+            self.request_elements = min(self.max_elements, int(config.get(
+                "client.shared-job-request-elements", SHARED_JOB_REQUEST_ELEMENTS)))
+        self.min_request_elements = self.request_elements
+        self._taken_seen = 0
         self.max_bytes = config.get_bytes("client.request-bytes")
         self.long_poll = config.get_seconds("client.long-poll")
         self.depth = max(1, int(config.get("client.requests-per-task")))
@@ -381,7 +406,8 @@ class IterationReader:
                 while len(pending) < self.depth:
                     request = self.group.spawn(
                         rpc.dataservice_get_elements,
-                        task_id=task_id, max_elements=self.max_elements, max_bytes=self.max_bytes,
+                        task_id=task_id, max_elements=self._request_size(),
+                        max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=seq,
                         trainer_id=self.trainer_id,
                         # the head request answers at once; the ones queued behind it may
@@ -416,6 +442,26 @@ class IterationReader:
             for f in pending:
                 f.cancel()
             self.task_done.set()
+
+    def _request_size(self) -> int:
+        """Elements to ask for in the next request.
+
+        Consumers of a shared job take its elements first come, first served (issue 9,
+        2.3): what one consumer holds ahead (requests in flight and its channel) is taken
+        from the others. So requests start at ``client.shared-job-request-elements``,
+        double while the consumer empties its channel (it keeps up: full throughput), and
+        halve back once the channel is half full (it does not: little read-ahead).
+        Private jobs always ask for ``client.request-elements``.
+        """
+        if self.shared:
+            queued, taken = self.channel.queued, self.channel.taken
+            if queued <= 1 and taken > self._taken_seen:  # the consumer keeps up: grow
+                self.request_elements = min(self.max_elements, 2 * self.request_elements)
+            elif 2 * queued >= self.channel.capacity:
+                self.request_elements = max(self.min_request_elements,
+                                            self.request_elements // 2)
+            self._taken_seen = taken
+        return self.request_elements
 
     def stop(self) -> None:
         """Stop reading (on the loop): cancel every fetch and request (not the release)."""
