@@ -14,7 +14,7 @@ from dask_dataservice.testing import gen_cluster
 
 #: Named jobs of infinite datasets are collected soon after their consumers leave, so that
 #: the workers are idle when gen_cluster's cleanup asserts run.
-GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval": "50ms"}
+GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval": "50ms", "dataservice.dispatcher.gc-dynamic-sharding-jobs": True}
 
 pytestmark = pytest.mark.timeout(60)
 

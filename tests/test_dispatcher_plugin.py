@@ -227,3 +227,43 @@ async def test_explicit_dataset_ids():
         assert "Dataset 'nope' not found" in str(reply["exception"])
         plugin.state.validate_state()
         await plugin.close()
+
+
+@gen_test()
+async def test_named_dynamic_jobs_are_kept_while_readable():
+    """2.4: an idle named DYNAMIC iteration is not collected while unfinished (TF keeps it);
+    other named iterations are collected after job-gc-timeout, and so is a finished one."""
+    from dask_dataservice.service.state import FinishTask, RegisterWorker
+
+    plugin = DispatcherPlugin(job_gc_timeout=0.0, gc_interval=3600)
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        ds = dds.Dataset.range(10)
+        reply = await plugin.register_dataset(
+            fingerprint=ds.fingerprint(), pipeline=cloudpickle.dumps(ds),
+            splits=cloudpickle.dumps(ds.splits()), num_splits=len(ds.splits()),
+            metadata={"cardinality": 10})
+        dataset_id = ok(reply)["dataset_id"]
+        views = {}
+        for mode in ("DYNAMIC", "OFF"):
+            job_id = ok(await plugin.get_or_create_job(
+                dataset_id=dataset_id, processing_mode=mode, job_name=f"named-{mode}"))["job_id"]
+            views[mode] = ok(await plugin.get_or_create_iteration(job_id=job_id))
+            ok(await plugin.release_iteration_client(
+                iteration_client_id=views[mode]["iteration_client_id"]))
+        plugin._gc()  # the timeout (0 s) has passed for both
+        dynamic = views["DYNAMIC"]["iteration_id"]
+        assert not plugin.state.iteration(dynamic).garbage_collected
+        assert plugin.state.iteration(views["OFF"]["iteration_id"]).garbage_collected
+        # once every split was read (its task finished), the idle DYNAMIC iteration goes too
+        plugin._apply(RegisterWorker(address="tcp://fake:1", host="fake", nthreads=1))
+        task_id = plugin.state.next_task_id()
+        plugin._apply(CreateTask(task_id=task_id, iteration_id=dynamic,
+                                 worker_address="tcp://fake:1"))
+        plugin._gc()
+        assert not plugin.state.iteration(dynamic).garbage_collected  # still running
+        plugin._apply(FinishTask(task_id=task_id))
+        plugin._gc()
+        assert plugin.state.iteration(dynamic).garbage_collected
+        await plugin.close()

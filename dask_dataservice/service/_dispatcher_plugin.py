@@ -167,6 +167,7 @@ class DispatcherPlugin(SchedulerPlugin):
             self.fault_tolerant_mode = bool(config.get("dispatcher.fault-tolerant-mode"))
         if self.work_dir is None:
             self.work_dir = config.get("dispatcher.work-dir")
+        self._gc_dynamic_jobs = bool(config.get("dispatcher.gc-dynamic-sharding-jobs"))
         if self.worker_addresses is None and config.get("dispatcher.worker-addresses"):
             self.worker_addresses = _worker_list(config.get("dispatcher.worker-addresses"))
         self._journal = None
@@ -757,7 +758,22 @@ class DispatcherPlugin(SchedulerPlugin):
                     continue
                 # after a restart, every timer starts again (nothing is collected early)
                 released = max(it.last_client_released_micros, self._recovered_at)
-                if now - released >= gc_timeout:
+                if now - released >= gc_timeout and self._collectable(it):
                     self._garbage_collect(it.iteration_id)
         except Exception:  # noqa: BLE001 - a periodic callback must not die
             logger.exception("dataservice: garbage collection failed")
+
+    def _collectable(self, iteration) -> bool:
+        """Whether an idle named iteration may be collected once ``job-gc-timeout`` passed.
+
+        A DYNAMIC job promises that every split is read once (TensorFlow's visitation
+        guarantee): a consumer that comes back later under the job's name goes on where the
+        job stopped. So, as in TensorFlow, an unfinished DYNAMIC iteration is kept while it
+        can still be read, unless ``dataservice.dispatcher.gc-dynamic-sharding-jobs`` (TF's
+        ``gc_dynamic_sharding_jobs``) says otherwise; it is collected once it finished (and
+        stayed idle). Other modes are collected after the timeout as before; anonymous jobs
+        never get here (they go as soon as their consumer leaves).
+        """
+        if iteration.finished or self._gc_dynamic_jobs:
+            return True
+        return self.state.job(iteration.job_id).processing_mode != "DYNAMIC"
