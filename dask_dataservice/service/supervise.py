@@ -10,8 +10,9 @@ registers. A child that fails (non-zero exit code, e.g. a bad option) ends the s
 the same code; a child that ends cleanly soon after its start is restarted with a growing
 delay (so ``dask worker --version`` cannot turn into a busy loop).
 
-SIGTERM or SIGINT to the supervisor is passed to the child; the supervisor returns the
-child's exit code once it has ended. :class:`~.servers.WorkerSupervisor` is the in-process
+SIGTERM or SIGINT to the supervisor is passed to the child (which runs in its own process
+group, so that Ctrl-C on a terminal reaches it once); the supervisor returns the child's exit
+code once it has ended. :class:`~.servers.WorkerSupervisor` is the in-process
 counterpart, for ``WorkerServer``.
 """
 
@@ -56,7 +57,10 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
         delay, starts = _DELAY_MIN, 0
         while not stop.is_set():
             started = time.monotonic()
-            child[:] = [subprocess.Popen(list(cmd), env=None if env is None else dict(env))]
+            # its own process group: Ctrl-C on a terminal reaches the supervisor only, which
+            # passes it on once (a second signal would cut the worker's graceful close short)
+            child[:] = [subprocess.Popen(list(cmd), env=None if env is None else dict(env),
+                                         process_group=0)]
             starts += 1
             announce(f"started `dask worker` (pid {child[0].pid})" if starts == 1 else
                      f"the worker ended; started a new one (pid {child[0].pid}, restart "
