@@ -267,3 +267,28 @@ async def test_named_dynamic_jobs_are_kept_while_readable():
         plugin._gc()
         assert plugin.state.iteration(dynamic).garbage_collected
         await plugin.close()
+
+
+@gen_test()
+async def test_coordinated_reads_refuse_only_a_known_finite_cardinality():
+    """2.9: TF refuses a known finite cardinality only (a flat_map's is unknown)."""
+    from dask_dataservice.data._base import INFINITE, UNKNOWN
+
+    plugin = DispatcherPlugin()
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        results = {}
+        for name, cardinality in (("finite", 10), ("unknown", UNKNOWN), ("infinite", INFINITE)):
+            ds = dds.Dataset.range(10).map(lambda x, n=name: x)
+            dataset_id = ok(await plugin.register_dataset(
+                fingerprint=name, pipeline=cloudpickle.dumps(ds), splits=b"", num_splits=-1,
+                metadata={"cardinality": cardinality}))["dataset_id"]
+            results[name] = await plugin.get_or_create_job(
+                dataset_id=dataset_id, processing_mode="OFF", job_name=f"c-{name}",
+                num_consumers=2)
+        assert results["unknown"]["status"] == results["infinite"]["status"] == "OK"
+        assert results["finite"]["status"] == "error"
+        assert "coordinated reads need an infinite dataset" in str(results["finite"]["exception"])
+        assert "has cardinality 10" in str(results["finite"]["exception"])
+        await plugin.close()

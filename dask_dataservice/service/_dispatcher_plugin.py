@@ -91,18 +91,23 @@ def _durable(method):
     return wrapper
 
 
-def _require_shared_infinite(feature: str, job_name: str | None, dataset) -> None:
-    """Coordinated reads and the cross-trainer cache: a named job over an endless dataset."""
+def _require_shared_infinite(feature: str, job_name: str | None, dataset, *,
+                             unknown_ok: bool = False) -> None:
+    """Coordinated reads and the cross-trainer cache: a named job over an endless dataset.
+
+    Coordinated reads refuse only a *known finite* cardinality, as TensorFlow does (its own
+    example, a ``flat_map``, has an unknown one): ``unknown_ok=True``.
+    """
+    verb = "need" if feature.startswith("coordinated") else "needs"
     if job_name is None:
-        raise ValueError(f"{feature} need a job_name" if feature.startswith("coordinated")
-                         else f"{feature} needs a job_name")
+        raise ValueError(f"{feature} {verb} a job_name")
     cardinality = dataset.metadata.get("cardinality")
-    if cardinality != INFINITE:
-        verb = "need" if feature.startswith("coordinated") else "needs"
-        raise ValueError(
-            f"{feature} {verb} an infinite dataset (end the pipeline with .repeat()); dataset "
-            f"{dataset.dataset_id} has cardinality {_cardinality_name(cardinality)}"
-        )
+    if cardinality == INFINITE or (unknown_ok and cardinality in (UNKNOWN, None)):
+        return
+    raise ValueError(
+        f"{feature} {verb} an infinite dataset (end the pipeline with .repeat()); dataset "
+        f"{dataset.dataset_id} has cardinality {_cardinality_name(cardinality)}"
+    )
 
 
 def _worker_list(entries) -> list[str]:
@@ -434,7 +439,7 @@ class DispatcherPlugin(SchedulerPlugin):
         dataset_id = dataset.dataset_id
         mode = self._check_mode(mode, dataset)
         if num_consumers is not None:
-            _require_shared_infinite("coordinated reads", job_name, dataset)
+            _require_shared_infinite("coordinated reads", job_name, dataset, unknown_ok=True)
         if cross_trainer_cache:
             _require_shared_infinite("the cross-trainer cache", job_name, dataset)
         if job_name is not None:
