@@ -50,17 +50,6 @@ async def test_reader_reads_every_task_then_ends():
 
 
 @gen_test()
-async def test_reader_accepts_task_lists_of_older_dispatchers():
-    dispatcher = FakeDispatcher([[1, A, "active"]], finished=True)
-    client = FakeClient(dispatcher, {A: FakeWorker({1: range(5)})})
-    channel = Channel(asyncio.get_running_loop(), capacity=4)
-    reader = IterationReader(client, _spec(), 1, 1, channel)
-    reader.start(dispatcher.view())
-    assert await _drain(channel) == list(range(5))
-    await reader.close()
-
-
-@gen_test()
 async def test_close_mid_read_cancels_requests_and_releases():
     gate = asyncio.Event()  # the worker never answers
     dispatcher = FakeDispatcher([{"task_id": 1, "worker_address": A, "status": "active"}])

@@ -225,14 +225,6 @@ def _local_host(scheduler_address: str) -> str:
         return host
 
 
-def _task_info(t) -> TaskInfo:
-    """A task of an iteration view (TaskInfo; older dispatchers sent ``[id, addr, status]``)."""
-    if isinstance(t, dict):
-        return t
-    task_id, address, status = t
-    return TaskInfo(task_id=task_id, worker_address=address, status=status)
-
-
 class IterationReader:
     """Reads one iteration: heartbeats with the dispatcher, one fetch loop per task."""
 
@@ -362,7 +354,7 @@ class IterationReader:
 
     def _select(self, view: dict) -> list[TaskInfo]:
         """The tasks this consumer reads, by ``target_workers`` (see ``from_dataset_id``)."""
-        tasks = [_task_info(t) for t in view["tasks"]]
+        tasks: list[TaskInfo] = view["tasks"]
         target = self.spec.target_workers
         if target == "ANY" or not tasks:
             return tasks
@@ -540,7 +532,7 @@ class CoordinatedReader(IterationReader):
 
     @staticmethod
     def _active(view: dict) -> list[TaskInfo]:
-        return [t for t in map(_task_info, view["tasks"]) if t["status"] == "active"]
+        return [t for t in view["tasks"] if t["status"] == "active"]
 
     async def _heartbeats(self) -> None:
         while not self.stopped:
