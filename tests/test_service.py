@@ -595,12 +595,17 @@ async def test_blocking_api_from_a_thread_running_another_loop(c, s, a, b):
                 ds = dds.Dataset.range(100).apply(dds.distribute("distributed_epoch", client))
                 dataset_id = dds.register_dataset(client, dds.Dataset.range(50))
                 again = dds.from_dataset_id("distributed_epoch", client, dataset_id)
-                return sorted(ds), sorted(again)
+                # by address string (reuses the client this process has for it)
+                by_address = dds.from_dataset_id("distributed_epoch", s.address, dataset_id)
+                return sorted(ds), sorted(again), sorted(by_address)
 
-        return asyncio.run(cell())
+        try:
+            return asyncio.run(cell())
+        finally:
+            dds.service.client.close_clients(s.address)
 
-    out, again = await asyncio.to_thread(in_foreign_loop)
-    assert out == list(range(100)) and again == list(range(50))
+    out, again, by_address = await asyncio.to_thread(in_foreign_loop)
+    assert out == list(range(100)) and again == by_address == list(range(50))
 
 
 @gen_cluster(client=True)
