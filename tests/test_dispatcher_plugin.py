@@ -292,3 +292,35 @@ async def test_coordinated_reads_refuse_only_a_known_finite_cardinality():
         assert "coordinated reads need an infinite dataset" in str(results["finite"]["exception"])
         assert "has cardinality 10" in str(results["finite"]["exception"])
         await plugin.close()
+
+
+@gen_test()
+async def test_target_workers_validations():
+    """2.10: coordinated + LOCAL, static + ANY, and consumers of one job that disagree."""
+    from dask_dataservice.data._base import INFINITE
+
+    plugin = DispatcherPlugin(worker_addresses=["0"])
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        ds = dds.Dataset.range(10)
+        dataset_id = ok(await plugin.register_dataset(
+            fingerprint="endless", pipeline=cloudpickle.dumps(ds), splits=b"", num_splits=-1,
+            metadata={"cardinality": INFINITE}))["dataset_id"]
+
+        async def job(**kwargs):
+            return await plugin.get_or_create_job(dataset_id=dataset_id, **kwargs)
+
+        reply = await job(processing_mode="OFF", job_name="c", num_consumers=2,
+                          target_workers="LOCAL")
+        assert "coordinated reads" in str(reply["exception"]) and "not 'LOCAL'" in str(
+            reply["exception"])
+        reply = await job(processing_mode="DATA", target_workers="ANY")
+        assert "static sharding (DATA)" in str(reply["exception"])
+        assert "'ANY' is not allowed" in str(reply["exception"])
+        ok(await job(processing_mode="DATA", target_workers="local"))  # case-insensitive
+        ok(await job(processing_mode="OFF", job_name="shared", target_workers="LOCAL"))
+        ok(await job(processing_mode="OFF", job_name="shared", target_workers="local"))
+        reply = await job(processing_mode="OFF", job_name="shared", target_workers="ANY")
+        assert "is read with target_workers='LOCAL'" in str(reply["exception"])
+        await plugin.close()

@@ -412,7 +412,7 @@ def test_create_named_and_anonymous_jobs(state):
         job_name="shared",
         processing_mode="DYNAMIC",
         num_consumers=2,
-        target_workers="LOCAL",
+        target_workers="ANY",
         cross_trainer_cache=True,
     )
     anonymous = create_job(state, dataset_id)
@@ -426,7 +426,7 @@ def test_create_named_and_anonymous_jobs(state):
     ) == (
         "DYNAMIC",
         2,
-        "LOCAL",
+        "ANY",
         True,
     )
     assert state.job(anonymous).job_name is None and anonymous == 5001
@@ -491,6 +491,10 @@ def test_job_names_are_scoped_per_dataset(state):
         ({"num_consumers": 2}, "coordinated reads (num_consumers) need a job_name"),
         ({"cross_trainer_cache": True}, "cross_trainer_cache needs a job_name"),
         ({"job_name": ""}, "job_name must be a non-empty string or None"),
+        ({"job_name": "j", "num_consumers": 2, "target_workers": "LOCAL"},
+         "coordinated reads (num_consumers) cannot use target_workers LOCAL"),
+        ({"processing_mode": "DATA", "worker_addresses": ("w",), "target_workers": "ANY"},
+         "static sharding (DATA) cannot use target_workers ANY"),
     ],
 )
 def test_illegal_create_job(state, changes, message):

@@ -110,6 +110,20 @@ def _require_shared_infinite(feature: str, job_name: str | None, dataset, *,
     )
 
 
+def _check_target_workers(mode: ShardingPolicy, target_workers: str,
+                          num_consumers: int | None) -> None:
+    """The combinations TensorFlow refuses, each with the reason."""
+    if num_consumers is not None and target_workers == "LOCAL":
+        raise ValueError(
+            "coordinated reads (num_consumers) read every round from one worker in turn, "
+            "which cannot be limited to local workers: use target_workers='AUTO' or 'ANY', "
+            "not 'LOCAL'")
+    if mode in STATIC_POLICIES and target_workers == "ANY":
+        raise ValueError(
+            f"static sharding ({mode.name}) reads each worker's shard from that worker's "
+            "host: target_workers='ANY' is not allowed (use 'AUTO' or 'LOCAL')")
+
+
 def _worker_list(entries) -> list[str]:
     """The static worker list as strings (config files may give names as numbers)."""
     return [str(entry) for entry in entries]
@@ -438,6 +452,8 @@ class DispatcherPlugin(SchedulerPlugin):
         dataset = self._dataset(dataset_id)
         dataset_id = dataset.dataset_id
         mode = self._check_mode(mode, dataset)
+        target_workers = str(target_workers).upper()
+        _check_target_workers(mode, target_workers, num_consumers)
         if num_consumers is not None:
             _require_shared_infinite("coordinated reads", job_name, dataset, unknown_ok=True)
         if cross_trainer_cache:
@@ -459,12 +475,18 @@ class DispatcherPlugin(SchedulerPlugin):
                         f"processing mode {job.processing_mode}; it cannot be read in mode "
                         f"{mode.name}"
                     )
+                if job.target_workers != target_workers:
+                    raise ValueError(
+                        f"job {job_name!r} is read with target_workers="
+                        f"{job.target_workers!r}; all its consumers must use the same, not "
+                        f"{target_workers!r}"
+                    )
                 return {"status": "OK", "job_id": job.job_id}
         job_id = self.state.next_job_id()
         self._apply(CreateJob(
             job_id=job_id, job_name=job_name, dataset_id=dataset_id,
             processing_mode=mode.name, num_consumers=num_consumers,
-            target_workers=str(target_workers).upper(),
+            target_workers=target_workers,
             cross_trainer_cache=bool(cross_trainer_cache),
             worker_addresses=tuple(self.worker_addresses) if mode in STATIC_POLICIES else (),
         ))

@@ -170,6 +170,10 @@ class StateChecks:
                 _illegal(u, f"worker_addresses must be distinct and non-empty: {u.worker_addresses}")
         elif u.worker_addresses:
             _illegal(u, f"worker_addresses is only for static sharding, not {u.processing_mode}")
+        if u.num_consumers is not None and u.target_workers == "LOCAL":
+            _illegal(u, "coordinated reads (num_consumers) cannot use target_workers LOCAL")
+        if u.processing_mode in STATIC_MODES and u.target_workers == "ANY":
+            _illegal(u, f"static sharding ({u.processing_mode}) cannot use target_workers ANY")
         if u.num_consumers is not None and u.num_consumers < 1:
             _illegal(u, f"num_consumers must be >= 1 or None, got {u.num_consumers}")
         if u.job_name is None:
