@@ -324,3 +324,30 @@ async def test_target_workers_validations():
         reply = await job(processing_mode="OFF", job_name="shared", target_workers="ANY")
         assert "is read with target_workers='LOCAL'" in str(reply["exception"])
         await plugin.close()
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_huge_range_registers_in_constant_time_and_reads_dynamically(c, s, a):
+    """2.7: Dataset.range(2**55) (TF's endless idiom) registers at once: its splits are
+    computed on demand (IndexRanges), and the dispatcher only journals a cursor."""
+    import asyncio
+    import itertools
+
+    from _helpers import distribute
+
+    ds = dds.Dataset.range(2**55)
+    assert len(cloudpickle.dumps(ds.splits())) < 200  # two numbers, not 2**39 splits
+    distributed_ds = await asyncio.wait_for(distribute(ds, "DYNAMIC", c), 30)
+
+    def first(n):
+        it = iter(distributed_ds)
+        try:
+            return list(itertools.islice(it, n))
+        finally:
+            it.close()
+
+    out = await asyncio.wait_for(asyncio.to_thread(first, 100), 30)
+    assert out == list(range(100))  # one worker: the first split, in order
+    plugin = s.plugins[PLUGIN_NAME]
+    [dataset] = plugin.state.list_datasets()
+    assert dataset.num_splits == 2**55 // 65_536

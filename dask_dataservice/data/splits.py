@@ -2,8 +2,10 @@
 
 A *split* is a small, picklable descriptor of one piece of a source: an index range for
 ``range`` / ``from_tensor_slices`` / ``from_zarr``, one file for file sources. Splits are
-enumerated once, where the pipeline is defined (``Dataset.splits()``), and stored as plain
-data, so whoever hands them out (the dispatcher) never runs user code. A worker iterates
+described once, where the pipeline is defined (``Dataset.splits()``), and stored as plain
+data, so whoever hands them out (the dispatcher) never runs user code. Index ranges are not
+enumerated: :class:`IndexRanges` computes split ``i`` on demand, so a source of any size
+(``Dataset.range(2**55)``) registers in O(1); the dispatcher journals only its cursor. A worker iterates
 the pipeline with a :class:`SplitProvider`; the source then reads only the splits served,
 in the order served, and every transformation above it runs unchanged.
 
@@ -22,6 +24,7 @@ __all__ = [
     "SHARD_HINT",
     "ComponentSplit",
     "IndexRange",
+    "IndexRanges",
     "FileSplit",
     "SplitProvider",
     "ListSplitProvider",
@@ -73,11 +76,63 @@ class FileSplit:
     path: str
 
 
-def index_ranges(n: int, split_size: int) -> list[IndexRange]:
-    """Cut ``n`` positions into consecutive ranges of ``split_size`` (the last may be short)."""
-    if split_size < 1:
-        raise ValueError(f"split_size must be a positive integer, got {split_size}")
-    return [IndexRange(i, min(i + split_size, n)) for i in range(0, n, split_size)]
+class IndexRanges(Sequence):
+    """The splits of ``n`` positions cut into ranges of ``split_size``, computed on demand.
+
+    A sequence of :class:`IndexRange` whose length and every item are O(1) to compute, and
+    which pickles as its two numbers: registering ``Dataset.range(2**55)`` (TensorFlow's
+    idiom for an endless source) costs the same as ``Dataset.range(10)``. The dispatcher
+    only ever hands out indices into it (its split cursor), and a worker computes split
+    ``i`` when it is served. Equal to any sequence of the same splits.
+    """
+
+    __slots__ = ("n", "split_size")
+
+    def __init__(self, n: int, split_size: int):
+        if split_size < 1:
+            raise ValueError(f"split_size must be a positive integer, got {split_size}")
+        self.n = max(0, n)
+        self.split_size = split_size
+
+    def __len__(self) -> int:
+        return -(-self.n // self.split_size)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):  # a strided selection (static sharding): a plain list
+            return [self[i] for i in range(len(self))[index]]
+        length = len(self)
+        if index < 0:
+            index += length
+        if not 0 <= index < length:
+            raise IndexError(f"split {index} out of range ({length} splits)")
+        start = index * self.split_size
+        return IndexRange(start, min(start + self.split_size, self.n))
+
+    def __iter__(self):
+        for start in range(0, self.n, self.split_size):
+            yield IndexRange(start, min(start + self.split_size, self.n))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IndexRanges):
+            return len(self) == len(other) and (
+                len(self) == 0 or (self.n, self.split_size) == (other.n, other.split_size))
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (IndexRanges, (self.n, self.split_size))
+
+    def __repr__(self) -> str:
+        return f"IndexRanges(n={self.n}, split_size={self.split_size})"
+
+
+def index_ranges(n: int, split_size: int) -> IndexRanges:
+    """Cut ``n`` positions into consecutive ranges of ``split_size`` (the last may be short),
+    lazily (see :class:`IndexRanges`)."""
+    return IndexRanges(n, split_size)
 
 
 def default_split_size(n: int) -> int:
@@ -114,7 +169,8 @@ class ListSplitProvider(SplitProvider):
     """
 
     def __init__(self, splits: Iterable[object]):
-        self.splits: Sequence[object] = list(splits)
+        # a sequence (such as lazy IndexRanges) is kept as it is: split i is read on demand
+        self.splits: Sequence[object] = splits if isinstance(splits, Sequence) else list(splits)
         self._pos = 0
         self.repetition = 0
 
