@@ -379,8 +379,8 @@ async def test_bad_arguments(c, s, a, b):
         dds.from_dataset_id("sideways", c, 1000)
     with pytest.raises(TypeError, match="service must be a distributed.Client or a scheduler address"):
         dds.from_dataset_id("parallel_epochs", 42, 1000)
-    with pytest.raises(TypeError, match="dataset_id must be an int"):
-        dds.from_dataset_id("parallel_epochs", c, "1000")
+    with pytest.raises(TypeError, match="dataset_id must be an int or a non-empty string"):
+        dds.from_dataset_id("parallel_epochs", c, 10.5)
     with pytest.raises(ValueError, match="consumer_index and num_consumers"):
         dds.from_dataset_id("parallel_epochs", c, 1000, consumer_index=0)
     with pytest.raises(ValueError, match="target_workers"):
@@ -654,3 +654,19 @@ async def test_shared_job_consumers_share_fairly(c, s, a):
     tail = await asyncio.to_thread(list, first)
     assert sorted([head, *rest, *tail]) == list(range(n))  # each element once between them
     assert len(rest) >= 0.75 * n, f"the second consumer got only {len(rest)} of {n}"
+
+
+@gen_cluster(client=True)
+async def test_register_with_a_string_id(c, s, a, b):
+    """issue 9, 2.2 (client side): a string dataset_id is returned and readable; a different
+    pipeline under the same id is refused."""
+    name = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(30),
+                                   dataset_id="my-data")
+    assert name == "my-data"
+    again = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(30),
+                                    dataset_id="my-data")
+    assert again == "my-data"
+    assert sorted(await read(dds.from_dataset_id("distributed_epoch", c, "my-data"))) == list(range(30))
+    with pytest.raises(ValueError, match="already registered for a different dataset"):
+        await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(31),
+                                dataset_id="my-data")

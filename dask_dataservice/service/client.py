@@ -84,7 +84,9 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         ``"AUTO"`` or None. Elements travel uncompressed on the fast paths measured so far;
         accepted for compatibility with tf.data service.
     dataset_id
-        An explicit id (TensorFlow's string ids) instead of the pipeline's fingerprint.
+        An id of your choice (a string, as TensorFlow's): returned instead of a number, and
+        accepted by :func:`from_dataset_id`. Registering the same pipeline under it again
+        returns it; a different pipeline under an id already in use is a ``ValueError``.
     split_size
         Elements per split of a splittable source (DYNAMIC sharding hands out splits):
         smaller splits balance workers more finely and lose less when a worker dies (at most
@@ -111,8 +113,10 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         num_splits = len(splits_list)
     else:
         splits, num_splits = b"", -1
-    fingerprint = dataset_id or dataset.fingerprint()
-    if split_size is not None and not dataset_id:
+    if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):
+        raise TypeError(f"dataset_id must be a non-empty string or None, got {dataset_id!r}")
+    fingerprint = dataset.fingerprint()
+    if split_size is not None:
         fingerprint = f"{fingerprint}/split_size={split_size}"
     client = _connection.client_for(service)
     metadata = {
@@ -126,7 +130,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
             await installing
         resp = await client.scheduler.dataservice_register_dataset(
             fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
-            compression=compression, metadata=metadata,
+            compression=compression, metadata=metadata, dataset_id=dataset_id,
         )
         return raise_for_status(resp, "dataset registration")["dataset_id"]
 
@@ -168,7 +172,7 @@ class DistributedDataset(Dataset):
         return aread(self.source.spec, self.source.next_repetition())
 
 
-def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int, element_spec: Any = None,
+def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, element_spec: Any = None,
                     job_name: str | None = None, consumer_index: int | None = None,
                     num_consumers: int | None = None, max_outstanding_requests: int | None = None,
                     data_transfer_protocol: str | None = None, cross_trainer_cache: Any = None,
@@ -194,8 +198,9 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int, element
         Accepted for compatibility with tf.data service; not needed here.
     """
     mode = parse_processing_mode(processing_mode)
-    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int):
-        raise TypeError(f"dataset_id must be an int, got {type(dataset_id).__name__} {dataset_id!r:.40}")
+    if isinstance(dataset_id, bool) or not isinstance(dataset_id, (int, str)) or dataset_id == "":
+        raise TypeError("dataset_id must be an int or a non-empty string (from register_dataset), "
+                        f"got {type(dataset_id).__name__} {dataset_id!r:.40}")
     if job_name is not None and (not isinstance(job_name, str) or not job_name):
         raise ValueError(f"job_name must be a non-empty string or None, got {job_name!r}")
     if (consumer_index is None) != (num_consumers is None):
