@@ -670,3 +670,20 @@ async def test_register_with_a_string_id(c, s, a, b):
     with pytest.raises(ValueError, match="already registered for a different dataset"):
         await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(31),
                                 dataset_id="my-data")
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_worker_teardown_joins_its_task_threads(c, s):
+    """Finding 2: a worker that closes while its task thread is blocked (its buffer is full,
+    nobody reads) cancels the task and joins the thread before it is gone."""
+    async with Worker(s.address, nthreads=1) as w:
+        ds = await distribute(dds.Dataset.range(10**9), "parallel_epochs", c)
+        it = iter(ds)
+        assert await asyncio.to_thread(next, it) == 0
+        ext = w.extensions["dataservice"]
+        (runner,) = [r for r in ext.tasks.values() if r is not None]
+        await poll(lambda: len(runner.buffer) > 0, what="the buffer to fill")
+        assert runner.thread.is_alive()
+    assert not runner.thread.is_alive()  # joined by teardown, not left running
+    assert not ext._group.tasks
+    await asyncio.to_thread(it.close)
