@@ -212,9 +212,10 @@ def wait_for_data_workers(client: Any, want: int | None, timeout: float = 30.0) 
             raise _NotYet
 
     async def wait() -> None:
-        # the dispatcher has no "workers changed" event to wait on: ask again with backoff
+        # the dispatcher has no "workers changed" event to wait on: ask again with backoff,
+        # until the deadline (not the count) ends it
         with contextlib.suppress(TimeoutError, _NotYet):
-            await asyncio.wait_for(retry(enough, count=1_000_000, delay_min=0.01, delay_max=0.5,
+            await asyncio.wait_for(retry(enough, count=sys.maxsize, delay_min=0.01, delay_max=0.5,
                                          retry_on_exceptions=(_NotYet,)), timeout)
 
     client.sync(wait)

@@ -192,7 +192,7 @@ def _train(opts: DemoOptions, client: Any) -> int:
     n_ps, _ = _cluster.parameter_servers(client)
     opts.say(f"training on {workers} worker{'s' if workers != 1 else ''} (they also serve the "
              f"data) with {n_ps} parameter server{'s' if n_ps != 1 else ''}")
-    opts.say("waiting for the first batches (each worker starts its share of the pipeline)")
+    opts.say("placing the model on the parameter servers, then waiting for the first batches")
     with _progress(opts, opts.elements, "train") as bar:
         done = [0]
 
@@ -211,7 +211,7 @@ def _train(opts: DemoOptions, client: Any) -> int:
     if opts.checkpoint:
         opts.say(f"checkpoint written to {opts.checkpoint}")
     print(f"demo: accuracy {result.accuracy:.3f}, log loss {result.logloss:.3f}, "
-          f"{result.steps} steps")
+          f"{result.steps} steps", flush=True)
     rate = result.examples / result.seconds if result.seconds > 0 else float("inf")
     print(f"demo: {result.examples} elements in {result.seconds:.2f} s ({rate:.0f} elements/s)",
           flush=True)
