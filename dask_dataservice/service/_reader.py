@@ -590,11 +590,7 @@ def read(spec: ReadSpec, repetition: int) -> Iterator:
                     ) from None
             if item is END:
                 return
-            if type(item) is Failure:
-                exc = item.exc
-                item.exc = None
-                raise exc
-            yield from item
+            yield from _batch(item)
     finally:
         if reader.done.is_set():  # the end (or an error) came: the release is in flight
             _close_soon(client, reader)
@@ -614,14 +610,19 @@ async def aread(spec: ReadSpec, repetition: int) -> AsyncIterator:
             item = await reader.channel.aget()
             if item is END:
                 return
-            if type(item) is Failure:
-                exc = item.exc
-                item.exc = None
-                raise exc
-            for x in item:
+            for x in _batch(item):
                 yield x
     finally:
         await reader.close()
+
+
+def _batch(item) -> list:
+    """A batch taken from the channel, or the error that ended the read, raised."""
+    if type(item) is Failure:
+        exc = item.exc
+        item.exc = None  # no reference cycle through the traceback
+        raise exc
+    return item
 
 
 def _close_now(client: Client, reader: IterationReader) -> None:
