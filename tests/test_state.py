@@ -377,6 +377,15 @@ def test_departed_workers_are_forgotten_once_no_task_names_them(state):
     assert state.worker("tcp://churn:0").num_tasks == 0
 
 
+def test_live_iterations_leave_out_the_collected_ones(state):
+    job_id = create_job(state, register_dataset(state), job_name="n")
+    first = create_iteration(state, job_id, 0)
+    second = create_iteration(state, job_id, 1)
+    state.apply(GarbageCollectIteration(first))
+    assert [i.iteration_id for i in state.list_iterations()] == [first, second]
+    assert [i.iteration_id for i in state.list_live_iterations()] == [second]
+
+
 def test_illegal_worker_updates(state):
     assert_refused(
         state,

@@ -91,14 +91,13 @@ def _durable(method):
     return wrapper
 
 
-def _require_shared_infinite(feature: str, job_name: str | None, dataset, *,
+def _require_shared_infinite(feature: str, verb: str, job_name: str | None, dataset, *,
                              unknown_ok: bool = False) -> None:
     """Coordinated reads and the cross-trainer cache: a named job over an endless dataset.
 
     Coordinated reads refuse only a *known finite* cardinality, as TensorFlow does (its own
     example, a ``flat_map``, has an unknown one): ``unknown_ok=True``.
     """
-    verb = "need" if feature.startswith("coordinated") else "needs"
     if job_name is None:
         raise ValueError(f"{feature} {verb} a job_name")
     cardinality = dataset.metadata.get("cardinality")
@@ -272,8 +271,8 @@ class DispatcherPlugin(SchedulerPlugin):
             self._apply(ClientHeartbeat(iteration_client_id=client.iteration_client_id,
                                         time_micros=now))
         self._idle_iterations = {
-            it.iteration_id for it in self.state.list_iterations()
-            if not it.garbage_collected and not it.num_clients
+            it.iteration_id for it in self.state.list_live_iterations()
+            if not it.num_clients
             and it.last_client_released_micros is not None
         }
         self._warn_changed_worker_lists()
@@ -455,9 +454,10 @@ class DispatcherPlugin(SchedulerPlugin):
         target_workers = str(target_workers).upper()
         _check_target_workers(mode, target_workers, num_consumers)
         if num_consumers is not None:
-            _require_shared_infinite("coordinated reads", job_name, dataset, unknown_ok=True)
+            _require_shared_infinite("coordinated reads", "need", job_name, dataset,
+                                     unknown_ok=True)
         if cross_trainer_cache:
-            _require_shared_infinite("the cross-trainer cache", job_name, dataset)
+            _require_shared_infinite("the cross-trainer cache", "needs", job_name, dataset)
         if job_name is not None:
             try:
                 job = self.state.job_by_name(job_name, dataset_id)  # scoped per dataset (TF)
@@ -594,9 +594,7 @@ class DispatcherPlugin(SchedulerPlugin):
         if not known:
             self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
                                        resources=dict(ws.resources)))
-            for iteration in self.state.list_iterations():
-                if iteration.status == "garbage_collected":
-                    continue
+            for iteration in self.state.list_live_iterations():
                 job = self.state.job(iteration.job_id)
                 if job.num_consumers is not None:
                     continue  # coordinated reads: the task list is fixed at the start

@@ -19,6 +19,9 @@ from typing import TypedDict
 
 from distributed.protocol import dask_deserialize, dask_serialize
 
+from .._rpc import raise_for_status as _raise_for_status
+from ._exceptions import DispatcherUnavailableError
+
 __all__ = ["ElementBatch", "IterationView", "TaskDef", "TaskInfo", "raise_for_status"]
 
 
@@ -86,9 +89,6 @@ def _deserialize_batch(header: dict, frames: list) -> ElementBatch:
 
 def raise_for_status(response, what: str = "request") -> dict:
     """:func:`dask_dataservice._rpc.raise_for_status` with the data service's errors."""
-    from .._rpc import raise_for_status as _raise_for_status
-    from ._exceptions import DispatcherUnavailableError
-
     return _raise_for_status(
         response, what,
         missing=("is dask_dataservice installed on this cluster? (dds.install(client), or start "

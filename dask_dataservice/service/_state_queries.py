@@ -148,6 +148,11 @@ class StateQueries:
         """All iterations ever created, in creation order."""
         return [copy.copy(iteration) for iteration in self._iterations.values()]
 
+    def list_live_iterations(self) -> list[Iteration]:
+        """The iterations not garbage collected, in creation order: O(live iterations), not
+        O(every iteration ever created) (collected ones stay in the state)."""
+        return [copy.copy(self._iterations[i]) for i in self._tasks_by_iteration]
+
     def task(self, task_id: int) -> Task:
         """The task with this id.
 
