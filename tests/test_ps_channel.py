@@ -182,3 +182,29 @@ def test_runner_poisoned_records_are_dropped_and_bounded():
         runner._poison(coordinator=uid, generation=3)
     assert len(runner.poisoned) == _runner_plugin._MAX_POISONED
     assert 0 not in runner.poisoned and _runner_plugin._MAX_POISONED + 9 in runner.poisoned
+
+
+@gen_test()
+async def test_reads_are_bounded_by_the_request_timeout_but_bulk_requests_are_not():
+    loop = asyncio.get_running_loop()
+
+    class SlowServer:
+        """``ps_read`` never answers; ``ps_save`` answers after 4x the timeout."""
+
+        def __init__(self, address):
+            pass
+
+        def __getattr__(self, op):
+            async def call(**kwargs):
+                done = asyncio.Event()
+                if op == "ps_save":
+                    loop.call_later(0.2, done.set)
+                await done.wait()
+                return {"status": "OK"}
+
+            return call
+
+    save = Call("tcp://ps:1", "ps_save", {})
+    assert await _routing.call_async(SlowServer, save, 0.05) == {"status": "OK"}
+    with pytest.raises(ParameterServerUnavailableError, match="did not answer within 0.05 s"):
+        await _routing.call_async(SlowServer, Call("tcp://ps:1", "ps_read", {}), 0.05)

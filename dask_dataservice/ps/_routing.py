@@ -11,7 +11,9 @@
 
 Every blocking call here must come from a thread that is not the event loop it drives; any
 other thread works, including one that runs an event loop of its own (a Jupyter kernel).
-Every request is bounded by ``dataservice.ps.request-timeout``.
+Every request is bounded by ``dataservice.ps.request-timeout``, except the bulk ones
+(:data:`BULK_OPS`: creating, flushing, saving and restoring shards take as long as the data
+needs).
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def tag() -> Tag:
     return {"fn_id": ctx.fn_id, "seq": ctx.seq}
 
 
+#: Requests whose duration grows with the data (building, writing or reading whole shards):
+#: not bounded by ``dataservice.ps.request-timeout``.
+BULK_OPS = frozenset({"ps_create", "ps_flush", "ps_save", "ps_restore"})
+
+
 def timeout() -> float:
     return config.get_seconds("ps.request-timeout")
 
@@ -107,19 +114,21 @@ def _route(client=None, uid: str | None = None):
     return client.loop, client.rpc
 
 
-async def call_async(rpc, call: Call, limit: float) -> dict:
+async def call_async(rpc, call: Call, limit: float | None) -> dict:
+    if call.op in BULK_OPS:
+        limit = None
     try:
         response = await asyncio.wait_for(getattr(rpc(call.address), call.op)(**call.kwargs),
                                           limit)
     except (OSError, TimeoutError) as e:  # CommClosedError is an OSError
-        what = f"did not answer within {limit:g} s" if isinstance(e, TimeoutError) \
+        what = f"did not answer within {limit:g} s" if isinstance(e, TimeoutError) and limit \
             else f"is unreachable: {type(e).__name__}: {e}"
         raise ParameterServerUnavailableError(
             f"parameter server {call.address} {what} ({call.op})") from e
     return check(response, call)
 
 
-async def _gather(rpc, calls: list[Call], limit: float) -> list[dict]:
+async def _gather(rpc, calls: list[Call], limit: float | None) -> list[dict]:
     if len(calls) == 1:
         return [await call_async(rpc, calls[0], limit)]
     return list(await asyncio.gather(*(call_async(rpc, c, limit) for c in calls)))
