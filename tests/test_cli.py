@@ -477,6 +477,45 @@ def test_scheduler_and_worker_commands(servers, tmp_path):
     assert "End scheduler" in servers.stop(scheduler)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_supervised_workers_come_back_with_their_options_after_a_scheduler_restart(servers):
+    from distributed import Client
+
+    exe = str(_console_script())
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    scheduler_argv = (exe, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
+                      "--no-dashboard")
+    scheduler = servers.start(*scheduler_argv)
+    supervised = servers.start(exe, "worker", "--supervise", address, "--host", "127.0.0.1",
+                               "--nworkers", "2", "--nthreads", "1", "--resources", "ps=1",
+                               "--no-dashboard", "--name", "ps")
+
+    def workers(client) -> list:
+        client.wait_for_workers(2, timeout=60)
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        return sorted((w["name"], w["nthreads"], w["resources"]) for w in info)
+
+    expected = [("ps-0", 1, {"ps": 1}), ("ps-1", 1, {"ps": 1})]
+    with Client(address, timeout="30s", set_as_default=False) as client:
+        assert workers(client) == expected
+    servers.stop(scheduler)  # the workers lose their scheduler, and `dask worker` exits
+    scheduler = servers.start(*scheduler_argv)
+    with Client(address, timeout="30s", set_as_default=False) as client:
+        assert workers(client) == expected  # a new `dask worker`, with every option again
+    # clean=False: losing its scheduler, the first worker logged distributed's INFO lines on
+    # the closed comms, with their tracebacks (expected here)
+    err = servers.stop(supervised, clean=False)
+    assert "restart 1)" in err, err
+    servers.stop(scheduler)
+
+
 def test_worker_command_alone_installs_the_worker_plugin(servers, tmp_path):
     """A plain ``dask scheduler``: the worker gets its data-service half from its own preload."""
     from distributed import Client
