@@ -351,3 +351,33 @@ async def test_huge_range_registers_in_constant_time_and_reads_dynamically(c, s,
     plugin = s.plugins[PLUGIN_NAME]
     [dataset] = plugin.state.list_datasets()
     assert dataset.num_splits == 2**55 // 65_536
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
+    """2.6 (dispatcher side): a task finishes when its elements were *produced*; a worker
+    that joins (or is restarted) while consumers still read an OFF iteration gets a task
+    and serves a full repetition, as in TensorFlow. Before, it got none."""
+    from dask_dataservice.service.client import _install_async
+
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: plugin.state.list_workers(), what="the worker to register")
+    dataset_id = await register(plugin, dds.Dataset.range(3))
+    job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
+                                               processing_mode="OFF"))["job_id"]
+    view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+    iteration_id = view["iteration_id"]
+    # worker a produced its 3 elements (they wait in its buffer: nobody read them yet)
+    await poll(lambda: plugin.state.iteration(iteration_id).status == "finished",
+               what="the first task to finish producing")
+    async with Worker(s.address, nthreads=1) as late:
+        await poll(lambda: any(t.worker_address == late.address
+                               for t in plugin.state.tasks_for_iteration(iteration_id)),
+                   what="a task for the worker that joined mid-read")
+        heartbeat = ok(await plugin.client_heartbeat(
+            iteration_client_id=view["iteration_client_id"]))
+        assert {t["worker_address"] for t in heartbeat["tasks"]} == {a.address, late.address}
+        ok(await plugin.release_iteration_client(
+            iteration_client_id=view["iteration_client_id"]))
+    assert plugin.state.iteration(iteration_id).garbage_collected

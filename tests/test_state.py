@@ -636,11 +636,14 @@ def test_finish_task_finishes_iteration_when_all_tasks_finish(state):
     assert state.iteration(iteration_id).status == "finished"
     assert_refused(state, FinishTask(t1), IllegalUpdateError, f"FinishTask: task {t1} is finished")
     assert_refused(state, FinishTask(4999), TaskNotFoundError, "Task 4999 not found")
-    # Clients may still join a finished iteration; it takes no new task.
+    # Clients may still join a finished iteration, and a new task (a worker that joins while
+    # consumers still read an OFF iteration serves a full repetition) reopens it.
     acquire_client(state, iteration_id)
     register_worker(state, "tcp://late:1")
-    assert_refused(state, CreateTask(4002, iteration_id, "tcp://late:1"), IllegalUpdateError,
-                   f"CreateTask: iteration {iteration_id} is finished")
+    state.apply(CreateTask(4002, iteration_id, "tcp://late:1"))
+    assert state.iteration(iteration_id).status == "running"
+    state.apply(FinishTask(4002))
+    assert state.iteration(iteration_id).status == "finished"
 
 
 # -- static sharding: the worker list and the shard indices are journaled ---------------------

@@ -598,9 +598,7 @@ class DispatcherPlugin(SchedulerPlugin):
                 job = self.state.job(iteration.job_id)
                 if job.num_consumers is not None:
                     continue  # coordinated reads: the task list is fixed at the start
-                # a running iteration, or a static one still missing a shard (the state
-                # keeps it running until every shard of its worker list finished)
-                if iteration.status == "running":
+                if self._serves(iteration, job):
                     self._create_task(iteration.iteration_id, address, job, push=False)
         for tid in finished_tasks:
             try:
@@ -665,6 +663,21 @@ class DispatcherPlugin(SchedulerPlugin):
             self._send_when_durable(address, {
                 "op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
                 "cancelled": []})
+
+    @staticmethod
+    def _serves(iteration, job) -> bool:
+        """Whether a worker that joins now gets a task of this live iteration.
+
+        A running one, yes (a static one stays running until every shard of its worker list
+        finished, so a listed worker joining late gets its shard). An OFF iteration whose
+        tasks all finished producing while consumers still read it, too: as in TensorFlow,
+        a worker added or restarted mid-read serves a full repetition (before, a worker
+        restarted mid-read never ran its task again and the read ended short). A finished
+        DYNAMIC iteration has no split left to hand out.
+        """
+        if iteration.status == "running":
+            return True
+        return job.processing_mode == "OFF" and iteration.num_clients > 0
 
     def _task_def(self, task) -> TaskDef:
         iteration = self.state.iteration(task.iteration_id)

@@ -610,9 +610,10 @@ ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
     "running": frozenset(
         {CreateTask, ProduceSplit, AcquireIterationClient, GarbageCollectIteration}
     ),
-    # A static-sharding iteration stays running until every shard of its worker list
-    # finished (a listed worker may join late), so a finished iteration takes no new task.
-    "finished": frozenset({AcquireIterationClient, GarbageCollectIteration}),
+    # CreateTask reopens a finished iteration: a worker that joins (or comes back) while
+    # consumers still read an OFF iteration serves a full repetition, as in TensorFlow. (A
+    # static-sharding iteration stays running until every shard of its list finished.)
+    "finished": frozenset({CreateTask, AcquireIterationClient, GarbageCollectIteration}),
     "garbage_collected": frozenset(),
 }
 

@@ -78,8 +78,10 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 #              list (``CreateJob.worker_addresses``) and each task its shard index in it
 #              (``CreateTask.shard_index``); the iteration is finished only once a task of
 #              every shard 0..n-1 finished, so a listed worker that joins late, or comes
-#              back after losing its task, still gets its shard. A finished iteration takes
-#              no new task.
+#              back after losing its task, still gets its shard. ``finished --CreateTask-->
+#              running``: the dispatcher gives a worker that joins (or comes back) while
+#              consumers still read a finished OFF iteration a task, which serves a full
+#              repetition, as in TensorFlow.
 #   job        live --GC of its last live iteration--> garbage_collected (its name is freed,
 #              and a new job may take it; the old job accepts no more iterations)
 #   worker     registered --RemoveWorker--> departed --RegisterWorker--> registered
