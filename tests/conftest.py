@@ -6,14 +6,41 @@
   Client, Worker, Nanny or comm it started may outlive it (threads get distributed's 5 s grace).
   A test that must share such a resource with later tests is marked ``no_leak_check`` and says
   why.
+- zarr runs its I/O on a process-wide event loop thread ("zarr_io") and thread pool, created on
+  first use and closed at exit (zarr's design, like distributed's offload pool). They are started
+  once, before the first test, so the leak checks count them as pre-existing instead of blaming
+  whichever test touched zarr first.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
 import pytest
 from distributed.utils_test import clean
+
+#: Threads of zarr's process-wide pool (fixed, so it cannot grow during a test).
+ZARR_THREADS = 4
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zarr_threads_up_front():
+    import zarr
+    from zarr.core.sync import _get_executor, sync
+
+    zarr.config.set({"threading.max_workers": ZARR_THREADS})
+
+    async def noop() -> None:
+        return None
+
+    sync(noop())  # starts the zarr_io loop thread and creates the pool
+    pool = _get_executor()
+    barrier = threading.Barrier(ZARR_THREADS + 1)
+    for _ in range(ZARR_THREADS):  # every pool thread exists once all wait together
+        pool.submit(barrier.wait, 10)
+    barrier.wait(10)
+    yield
 
 
 def _is_gen_test(fn) -> bool:

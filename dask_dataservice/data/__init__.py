@@ -7,6 +7,7 @@ and the data service (:mod:`dask_dataservice.service`) runs the same objects on 
 from . import readers
 from ._base import AUTOTUNE, INFINITE, UNKNOWN
 from .dataset import Dataset
+from .spec import TensorSpec
 from .splits import (
     SHARD_HINT,
     ComponentSplit,
@@ -29,5 +30,6 @@ __all__ = [
     "ListSplitProvider",
     "NotSplittableError",
     "SplitProvider",
+    "TensorSpec",
     "readers",
 ]

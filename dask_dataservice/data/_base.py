@@ -22,6 +22,7 @@ repetition starts.
 
 from __future__ import annotations
 
+import logging
 import os
 import reprlib
 from collections.abc import Callable, Iterator
@@ -106,6 +107,10 @@ class IterContext:
     """
 
     split_provider: Any = None
+    #: Set by ``ignore_errors()`` for the ops below it: drop an element whose production raised.
+    ignore_errors: bool = False
+    #: With ``ignore_errors``: log each dropped element's error (``log_warning=True``).
+    log_errors: bool = False
     #: Per-op counters of how often an op was (re)started in this iteration (shuffle epochs).
     epochs: dict[int, int] = field(default_factory=dict)
 
@@ -117,7 +122,16 @@ class IterContext:
 
     def nested(self) -> IterContext:
         """A context for a dataset built inside a user function (no split provider)."""
-        return IterContext()
+        return IterContext(ignore_errors=self.ignore_errors, log_errors=self.log_errors)
+
+    def ignored(self, exc: BaseException) -> bool:
+        """Whether ``ignore_errors()`` swallows ``exc`` here (it is logged when asked)."""
+        if not self.ignore_errors or not isinstance(exc, Exception):
+            return False
+        if self.log_errors:
+            logging.getLogger("dask_dataservice.data").warning(
+                "ignore_errors: dropped an element: %s: %s", type(exc).__name__, exc)
+        return True
 
 
 class Op:

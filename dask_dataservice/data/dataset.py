@@ -17,11 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from . import ops, sources
+from . import ops, ops_more, sources
 from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
-from .splits import ComponentSplit, ListSplitProvider, NotSplittableError, SplitProvider, shared_splits
+from .spec import relax_leading_dim, spec_of
+from .splits import (
+    ComponentSplit,
+    ListSplitProvider,
+    NotSplittableError,
+    SplitProvider,
+    shared_splits,
+)
 
 __all__ = ["Dataset", "AUTOTUNE", "INFINITE", "UNKNOWN"]
 
@@ -246,6 +253,99 @@ class Dataset:
             self._op, element_length_func, bucket_boundaries, bucket_batch_sizes, padded_shapes,
             padding_values, pad_to_bucket_boundary, no_padding, drop_remainder))
 
+    # -- the tf.data transformations beyond the core set (data/ops_more.py) ----------------
+    @staticmethod
+    def sample_from_datasets(datasets: list[Dataset], weights: Any = None, seed: int | None = None,
+                             stop_on_empty_dataset: bool = False,
+                             rerandomize_each_iteration: bool | None = None) -> Dataset:
+        """Interleave ``datasets`` at random, input ``i`` chosen with probability ``weights[i]``.
+
+        When an input ends, ``stop_on_empty_dataset`` ends the result; otherwise the others
+        go on (their weights renormalised). A ``seed`` makes the order reproducible
+        (different per repetition unless ``rerandomize_each_iteration=False``).
+        """
+        return Dataset(ops_more.SampleFromDatasets(
+            _ops_of("sample_from_datasets", datasets), weights, seed, stop_on_empty_dataset,
+            rerandomize_each_iteration))
+
+    @staticmethod
+    def choose_from_datasets(datasets: list[Dataset], choice_dataset: Dataset,
+                             stop_on_empty_dataset: bool = True) -> Dataset:
+        """Element k comes from ``datasets[choice_dataset[k]]`` (integer scalars).
+
+        With ``stop_on_empty_dataset`` (TF's default) the result ends when a chosen input is
+        empty; otherwise choices of an ended input are skipped.
+        """
+        if not isinstance(choice_dataset, Dataset):
+            raise TypeError(f"choice_dataset must be a Dataset, got {type(choice_dataset).__name__}")
+        return Dataset(ops_more.ChooseFromDatasets(
+            _ops_of("choose_from_datasets", datasets), choice_dataset._op, stop_on_empty_dataset))
+
+    def scan(self, initial_state: Any, scan_func: Callable) -> Dataset:
+        """``scan_func(state, element) -> (new_state, output)``: a running computation."""
+        return Dataset(ops_more.Scan(self._op, initial_state, scan_func))
+
+    def window(self, size: int, shift: int | None = None, stride: int = 1,
+               drop_remainder: bool = False) -> Dataset:
+        """Windows of ``size`` elements as datasets (a structure of datasets for tuple/dict
+        elements, as TF), starting every ``shift`` elements, taking every ``stride``-th one.
+
+        ``ds.window(4).flat_map(lambda w: w.batch(4))`` turns windows into arrays.
+        """
+        return Dataset(ops_more.Window(self._op, size, shift, stride, drop_remainder))
+
+    def group_by_window(self, key_func: Callable, reduce_func: Callable, window_size: int | None = None,
+                        window_size_func: Callable | None = None) -> Dataset:
+        """Group elements by ``key_func(x)`` (an int); a window of ``window_size`` elements of
+        one key becomes ``reduce_func(key, window_dataset)``'s elements. Partial windows are
+        reduced at the end of the input."""
+        return Dataset(ops_more.GroupByWindow(self._op, key_func, reduce_func, window_size,
+                                              window_size_func))
+
+    def rebatch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+        """Re-cut batched elements into batches of ``batch_size`` (rows carry over between
+        input batches)."""
+        return Dataset(ops_more.Rebatch(self._op, batch_size, drop_remainder))
+
+    def unique(self) -> Dataset:
+        """Each distinct element once (integer or string scalars, as TF)."""
+        return Dataset(ops_more.Unique(self._op))
+
+    def ignore_errors(self, log_warning: bool = False) -> Dataset:
+        """Drop elements whose production raised (a failing ``map`` call, an unreadable file)
+        instead of failing; ``log_warning`` logs each dropped error."""
+        return Dataset(ops_more.IgnoreErrors(self._op, log_warning))
+
+    def cache(self, filename: str = "") -> Dataset:
+        """Keep the elements of the first complete iteration (in memory, or in ``filename``)
+        and replay them on later iterations."""
+        return Dataset(ops_more.Cache(self._op, filename))
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure of :class:`~dask_dataservice.data.TensorSpec` of the elements.
+
+        Found by producing the first element (the pipeline runs arbitrary Python, so shapes are
+        not known beforehand); a batch without ``drop_remainder`` gets an unknown (``None``)
+        first dimension, as in TF. An empty dataset raises ValueError.
+        """
+        it = iter(self)
+        try:
+            first = next(it)
+        except StopIteration:
+            raise ValueError("element_spec: the dataset is empty, so its elements have no spec") from None
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        spec = spec_of(first)
+        op = self._op
+        while isinstance(op, _SHAPE_PRESERVING):
+            op = op.input
+        if isinstance(op, (ops.Batch, ops_more.Rebatch)) and not op.drop_remainder:
+            spec = relax_leading_dim(spec)
+        return spec
+
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
         """Return ``transformation_func(self)`` (e.g. ``ds.apply(dds.distribute(...))``)."""
         out = transformation_func(self)
@@ -443,4 +543,18 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> l
     if len(op.inputs) != 1:
         return f"{op.name}() reads {len(op.inputs)} inputs and cannot be split"
     return _split_plan(op.inputs[0], split_size, in_component)
+
+
+#: Ops that keep the shape of their input's elements (``element_spec`` looks through them).
+_SHAPE_PRESERVING = (ops.Prefetch, ops.Take, ops.Skip, ops.Repeat, ops.Shuffle, ops.Filter,
+                     ops.Shard, ops_more.Cache, ops_more.IgnoreErrors)
+
+
+def _ops_of(what: str, datasets: Any) -> tuple[Op, ...]:
+    if not isinstance(datasets, (list, tuple)) or not datasets:
+        raise TypeError(f"{what}() takes a non-empty list of datasets, got {datasets!r:.60}")
+    for d in datasets:
+        if not isinstance(d, Dataset):
+            raise TypeError(f"{what}() takes datasets, got {type(d).__name__}")
+    return tuple(d._op for d in datasets)
 

@@ -9,6 +9,7 @@ type and traceback and gains a note naming the op and the element.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import threading
@@ -88,6 +89,20 @@ def _call_annotated(fn: Callable, x: Any, op: str) -> Any:
     try:
         return fn(*x) if type(x) is tuple else fn(x)
     except Exception as e:
+        annotate_user_error(e, op, fn, x)
+        raise
+
+
+#: What ``_call_dropping`` returns for an element ``ignore_errors()`` drops.
+_DROPPED = object()
+
+
+def _call_dropping(ctx: IterContext, fn: Callable, x: Any, op: str) -> Any:
+    try:
+        return fn(*x) if type(x) is tuple else fn(x)
+    except Exception as e:
+        if ctx.ignored(e):
+            return _DROPPED
         annotate_user_error(e, op, fn, x)
         raise
 
@@ -234,20 +249,29 @@ class Map(Unary):
     def iterate(self, ctx):
         it = self.input.iterate(ctx)
         if self.num_parallel_calls and self.num_parallel_calls > 1:
-            return self._parallel(it)
-        return self._sequential(it)
+            return self._parallel(it, ctx)
+        return self._sequential(it, ctx)
 
-    def _sequential(self, it):
+    def _sequential(self, it, ctx):
         fn = self.fn
         for x in it:
             try:
                 y = fn(*x) if type(x) is tuple else fn(x)
             except Exception as e:
+                if ctx.ignored(e):
+                    continue
                 annotate_user_error(e, "map", fn, x)
                 raise
             yield y
 
-    def _parallel(self, it):
+    def _parallel(self, it, ctx):
+        results = self._parallel_results(it, ctx)
+        if not ctx.ignore_errors:
+            return results
+        return (y for y in results if y is not _DROPPED)
+
+    def _parallel_results(self, it, ctx):
+        call = _call_annotated if not ctx.ignore_errors else functools.partial(_call_dropping, ctx)
         n = self.num_parallel_calls
         pool = ThreadPoolExecutor(n, thread_name_prefix="dds-map")
         pending: deque = deque()
@@ -255,7 +279,7 @@ class Map(Unary):
         try:
             if self.deterministic:
                 for x in it:
-                    pending.append(pool.submit(_call_annotated, self.fn, x, "map"))
+                    pending.append(pool.submit(call, self.fn, x, "map"))
                     if len(pending) >= in_flight:
                         yield pending.popleft().result()
                 while pending:
@@ -263,7 +287,7 @@ class Map(Unary):
             else:
                 running: set = set()
                 for x in it:
-                    running.add(pool.submit(_call_annotated, self.fn, x, "map"))
+                    running.add(pool.submit(call, self.fn, x, "map"))
                     if len(running) >= in_flight:
                         done, running = wait(running, return_when=FIRST_COMPLETED)
                         for f in done:
@@ -299,6 +323,8 @@ class Filter(Unary):
             try:
                 keep = pred(*x) if type(x) is tuple else pred(x)
             except Exception as e:
+                if ctx.ignored(e):
+                    continue
                 annotate_user_error(e, "filter", pred, x)
                 raise
             if keep:
@@ -597,6 +623,14 @@ class Interleave(Unary):
                                     f"dds-{self.name}")
         return op.iterate(ctx.nested())
 
+    def _open_or_drop(self, x: Any, ctx: IterContext, parallel: bool) -> Iterator | None:
+        try:
+            return self._open(x, ctx, parallel)
+        except Exception as e:
+            if ctx.ignored(e):
+                return None
+            raise
+
     def iterate(self, ctx):
         outer = self.input.iterate(ctx)
         parallel = bool(self.num_parallel_calls and self.num_parallel_calls > 1)
@@ -618,13 +652,18 @@ class Interleave(Unary):
                     except StopIteration:
                         end_of_input = True
                         break
-                    slots[to_fill.popleft()] = self._open(x, ctx, parallel)
+                    inner = self._open_or_drop(x, ctx, parallel)
+                    if inner is None:
+                        continue
+                    slots[to_fill.popleft()] = inner
                     num_open += 1
                 inner = slots[index]
                 if inner is not None:
                     try:
                         y = next(inner)
-                    except StopIteration:
+                    except Exception as e:  # StopIteration included: the inner dataset ended
+                        if not isinstance(e, StopIteration) and not ctx.ignored(e):
+                            raise
                         slots[index] = None
                         num_open -= 1
                         _close(inner)
@@ -642,8 +681,10 @@ class Interleave(Unary):
                     except StopIteration:
                         end_of_input = True
                         continue
-                    slots[index] = self._open(x, ctx, parallel)
-                    num_open += 1
+                    inner = self._open_or_drop(x, ctx, parallel)
+                    if inner is not None:
+                        slots[index] = inner
+                        num_open += 1
                 else:
                     index, taken = (index + 1) % n, 0
         finally:

@@ -20,7 +20,7 @@ from .ops import _close, check_int
 from .splits import FileSplit, IndexRange, default_split_size, index_ranges
 from .structure import flatten
 
-__all__ = ["Source", "RangeSource", "TensorSlices", "ListFiles", "FromFiles", "FromZarr", "FromGenerator"]
+__all__ = ["Source", "ListSource", "RangeSource", "TensorSlices", "ListFiles", "FromFiles", "FromZarr", "FromGenerator"]
 
 
 class Source(Op):
@@ -44,9 +44,28 @@ class Source(Op):
 
     def iterate(self, ctx: IterContext) -> Iterator:
         provider = ctx.split_provider
+        if ctx.ignore_errors:  # a split (file) that fails is dropped from the error on
+            return self._iterate_ignoring(ctx, provider)
         if provider is None:
             return self.iterate_all(ctx)
         return self._iterate_provider(provider)
+
+    def _iterate_ignoring(self, ctx: IterContext, provider) -> Iterator:
+        if provider is None and (not self.splittable or type(self).iterate_all is not Source.iterate_all):
+            # one stream (a generator, a shuffled file list): an error ends it, since a Python
+            # iterator that raised cannot go on
+            try:
+                yield from self.iterate_all(ctx)
+            except Exception as e:
+                if not ctx.ignored(e):
+                    raise
+            return
+        for split in (provider if provider is not None else self.splits()):
+            try:
+                yield from self.read_split(split)
+            except Exception as e:
+                if not ctx.ignored(e):
+                    raise
 
     def _iterate_provider(self, provider) -> Iterator:
         while (split := provider.get_next()) is not None:
@@ -78,6 +97,31 @@ def _user_iterable(fn, args: tuple, op: str, call_context: Any, element_context:
             yield x
     finally:
         _close(it)
+
+
+class ListSource(Source):
+    """Elements already in memory (the windows of ``window``/``group_by_window``)."""
+
+    name = "from_list"
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def params(self):
+        return (tuple(map(repr, self.items[:8])), len(self.items))
+
+    def cardinality(self) -> int:
+        return len(self.items)
+
+    def splits(self, split_size=None):
+        n = len(self.items)
+        return index_ranges(n, split_size or default_split_size(n))
+
+    def iterate_all(self, ctx):
+        return iter(self.items)
+
+    def read_split(self, split: IndexRange):
+        return iter(self.items[split.start : split.stop])
 
 
 class RangeSource(Source):

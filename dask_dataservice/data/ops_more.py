@@ -1,0 +1,506 @@
+"""The tf.data transformations users port most, beyond the core set in :mod:`.ops`.
+
+``sample_from_datasets``, ``choose_from_datasets``, ``scan``, ``window``, ``group_by_window``,
+``rebatch``, ``unique``, ``ignore_errors`` and ``cache`` (in memory or in a file), with
+TensorFlow's semantics. Each op follows the rules of :mod:`._base`: immutable after
+``__init__``, per-iteration state in the generator it returns (``cache`` is the one op that
+keeps what an iteration produced, as TF's does; the cache is not pickled with the pipeline).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ._base import _NO_ELEMENT, INFINITE, UNKNOWN, IterContext, Op, annotate_user_error
+from .ops import Unary, _close, check_bool, check_callable, check_int
+from .structure import stack, unstack
+
+__all__ = [
+    "Cache", "ChooseFromDatasets", "GroupByWindow", "IgnoreErrors", "Rebatch", "SampleFromDatasets",
+    "Scan", "Unique", "Window",
+]
+
+
+def _call(fn, op: str, *args):
+    try:
+        return fn(*args)
+    except Exception as e:
+        annotate_user_error(e, op, fn, args[-1] if args else _NO_ELEMENT)
+        raise
+
+
+# ----------------------------------------------------------------------------------------
+# choosing between datasets
+# ----------------------------------------------------------------------------------------
+
+
+class SampleFromDatasets(Op):
+    """Each element comes from input ``i`` with probability ``weights[i]`` (TF's semantics).
+
+    When an input ends: with ``stop_on_empty_dataset`` the result ends; otherwise that input
+    is dropped and the weights of the others are renormalised.
+    """
+
+    name = "sample_from_datasets"
+
+    def __init__(self, inputs: tuple[Op, ...], weights, seed, stop_on_empty_dataset,
+                 rerandomize_each_iteration):
+        if not inputs:
+            raise ValueError("sample_from_datasets() needs at least one dataset")
+        self.inputs = tuple(inputs)
+        if weights is None:
+            weights = [1.0 / len(inputs)] * len(inputs)
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(inputs),):
+            raise ValueError(f"weights must have one entry per dataset ({len(inputs)}), got {list(weights)!r:.80}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError(f"weights must be finite, >= 0 and not all 0, got {w.tolist()}")
+        self.weights = tuple(float(x) for x in w / w.sum())
+        self.seed = None if seed is None else check_int("seed", seed)
+        self.stop_on_empty_dataset = check_bool("stop_on_empty_dataset", stop_on_empty_dataset)
+        self.rerandomize = True if rerandomize_each_iteration is None else check_bool(
+            "rerandomize_each_iteration", rerandomize_each_iteration)
+
+    def params(self):
+        return (self.weights, self.seed, self.stop_on_empty_dataset, self.rerandomize)
+
+    def cardinality(self):
+        ns = [op.cardinality() for op in self.inputs]
+        if all(n == INFINITE for n in ns):
+            return INFINITE
+        return UNKNOWN
+
+    def split_blocker(self):
+        return "sample_from_datasets() mixes several pipelines; read each with the service and sample locally"
+
+    def iterate(self, ctx):
+        epoch = ctx.next_epoch(self)
+        if self.seed is None:
+            rng = random.Random()
+        else:
+            rng = random.Random(self.seed * 1_000_003 + (epoch if self.rerandomize else 0))
+        its = [op.iterate(ctx) for op in self.inputs]
+        live = list(range(len(its)))
+        weights = list(self.weights)
+        try:
+            while live:
+                if sum(weights[i] for i in live) <= 0:
+                    return
+                i = rng.choices(live, weights=[weights[j] for j in live])[0]
+                try:
+                    x = next(its[i])
+                except StopIteration:
+                    if self.stop_on_empty_dataset:
+                        return
+                    live.remove(i)
+                    continue
+                yield x
+        finally:
+            for it in its:
+                _close(it)
+
+
+class ChooseFromDatasets(Op):
+    """Element k comes from input ``choice[k]`` (TF's ``choose_from_datasets``)."""
+
+    name = "choose_from_datasets"
+
+    def __init__(self, inputs: tuple[Op, ...], choice: Op, stop_on_empty_dataset: bool):
+        if not inputs:
+            raise ValueError("choose_from_datasets() needs at least one dataset")
+        self.inputs = (choice, *inputs)
+        self.stop_on_empty_dataset = check_bool("stop_on_empty_dataset", stop_on_empty_dataset)
+
+    def params(self):
+        return (self.stop_on_empty_dataset,)
+
+    def cardinality(self):
+        return UNKNOWN if self.inputs[0].cardinality() != INFINITE else INFINITE
+
+    def split_blocker(self):
+        return "choose_from_datasets() mixes several pipelines; read each with the service and choose locally"
+
+    def iterate(self, ctx):
+        choice = self.inputs[0].iterate(ctx)
+        its = [op.iterate(ctx) for op in self.inputs[1:]]
+        ended = [False] * len(its)
+        try:
+            for c in choice:
+                if isinstance(c, np.ndarray) and c.ndim == 0:
+                    c = c.item()
+                if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+                    raise TypeError(f"choose_from_datasets(): the choice dataset must yield integer scalars, got {c!r:.40}")
+                c = int(c)
+                if not 0 <= c < len(its):
+                    raise ValueError(
+                        f"choose_from_datasets(): choice {c} is out of range for {len(its)} datasets")
+                if ended[c]:
+                    continue
+                try:
+                    yield next(its[c])
+                except StopIteration:
+                    ended[c] = True
+                    if self.stop_on_empty_dataset:
+                        return
+        finally:
+            _close(choice)
+            for it in its:
+                _close(it)
+
+
+# ----------------------------------------------------------------------------------------
+# stateful and windowing transformations
+# ----------------------------------------------------------------------------------------
+
+
+class Scan(Unary):
+    """``scan_func(state, element) -> (new_state, output)``, state starting at ``initial_state``."""
+
+    name = "scan"
+
+    def __init__(self, input, initial_state, scan_func):
+        super().__init__(input)
+        self.initial_state = initial_state
+        self.fn = check_callable("scan_func", scan_func)
+
+    def params(self):
+        return (self.initial_state, self.fn)
+
+    def iterate(self, ctx):
+        state = self.initial_state
+        fn = self.fn
+        for x in self.input.iterate(ctx):
+            out = _call(fn, self.name, state, *(x if type(x) is tuple else (x,)))
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError(
+                    f"Dataset.scan: scan_func must return (new_state, output), got {type(out).__name__}")
+            state, y = out
+            yield y
+
+
+def _window_structure(items: list, template: Any):
+    """TF's window element: a structure of datasets, one per component of the elements."""
+    from .dataset import Dataset  # noqa: PLC0415 - dataset imports this module's ops lazily
+    from .sources import ListSource
+
+    if isinstance(template, (tuple, dict)):
+        def component(path):
+            return Dataset(ListSource([_get(x, path) for x in items]))
+        return _map_paths(template, component)
+    return Dataset(ListSource(items))
+
+
+def _map_paths(template: Any, fn, path=()):
+    if isinstance(template, dict):
+        return {k: _map_paths(v, fn, (*path, k)) for k, v in template.items()}
+    if isinstance(template, tuple):
+        return tuple(_map_paths(v, fn, (*path, i)) for i, v in enumerate(template))
+    return fn(path)
+
+
+def _get(x: Any, path: tuple) -> Any:
+    for p in path:
+        x = x[p]
+    return x
+
+
+class Window(Unary):
+    """Windows of ``size`` elements, a new one every ``shift``, taking every ``stride``-th."""
+
+    name = "window"
+
+    def __init__(self, input, size, shift=None, stride=1, drop_remainder=False):
+        super().__init__(input)
+        self.size = check_int("size", size, minimum=1)
+        self.shift = self.size if shift is None else check_int("shift", shift, minimum=1)
+        self.stride = check_int("stride", stride, minimum=1)
+        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
+
+    def params(self):
+        return (self.size, self.shift, self.stride, self.drop_remainder)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        if n < 0:
+            return n
+        span = (self.size - 1) * self.stride + 1
+        if self.drop_remainder:
+            return 0 if n < span else (n - span) // self.shift + 1
+        return -(-n // self.shift)
+
+    def iterate(self, ctx):
+        span = (self.size - 1) * self.stride + 1
+        buf: list = []
+        it = self.input.iterate(ctx)
+        try:
+            end = False
+            while True:
+                while len(buf) < span and not end:
+                    try:
+                        buf.append(next(it))
+                    except StopIteration:
+                        end = True
+                if not buf:
+                    return
+                window = buf[: span: self.stride]
+                if len(window) < self.size and (self.drop_remainder or not window):
+                    return
+                if end and len(buf) < span and self.drop_remainder:
+                    return
+                yield _window_structure(window, window[0])
+                if self.shift >= len(buf):
+                    # skip the elements between this window's end and the next start
+                    skip = self.shift - len(buf)
+                    buf = []
+                    for _ in range(skip):
+                        try:
+                            next(it)
+                        except StopIteration:
+                            end = True
+                            break
+                    if end:
+                        return
+                else:
+                    buf = buf[self.shift:]
+                    if end and not buf:
+                        return
+        finally:
+            _close(it)
+
+
+class GroupByWindow(Unary):
+    """Group elements by ``key_func``; each full window goes through ``reduce_func``."""
+
+    name = "group_by_window"
+
+    def __init__(self, input, key_func, reduce_func, window_size=None, window_size_func=None):
+        super().__init__(input)
+        self.key_func = check_callable("key_func", key_func)
+        self.reduce_func = check_callable("reduce_func", reduce_func)
+        if (window_size is None) == (window_size_func is None):
+            raise ValueError("group_by_window() needs exactly one of window_size and window_size_func")
+        self.window_size = None if window_size is None else check_int("window_size", window_size, minimum=1)
+        self.window_size_func = None if window_size_func is None else check_callable(
+            "window_size_func", window_size_func)
+
+    def params(self):
+        return (self.key_func, self.reduce_func, self.window_size, self.window_size_func)
+
+    def cardinality(self):
+        return UNKNOWN
+
+    def _key(self, x):
+        k = _call(self.key_func, self.name, *(x if type(x) is tuple else (x,)))
+        if isinstance(k, np.ndarray) and k.ndim == 0:
+            k = k.item()
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"Dataset.group_by_window: key_func must return an integer scalar, got {k!r:.40}")
+        return int(k)
+
+    def _size(self, key: int) -> int:
+        if self.window_size is not None:
+            return self.window_size
+        return check_int("window_size_func(key)", _call(self.window_size_func, self.name, key), minimum=1)
+
+    def _reduce(self, key: int, items: list):
+        from .dataset import Dataset  # noqa: PLC0415
+
+        window = _window_structure(items, items[0])
+        args = (key, *window) if isinstance(window, tuple) else (key, window)
+        out = _call(self.reduce_func, self.name, *args)
+        if not isinstance(out, Dataset):
+            raise TypeError(f"Dataset.group_by_window: reduce_func must return a Dataset, got {type(out).__name__}")
+        return out._op.iterate(IterContext())
+
+    def iterate(self, ctx):
+        groups: dict[int, list] = {}
+        sizes: dict[int, int] = {}
+        for x in self.input.iterate(ctx):
+            key = self._key(x)
+            group = groups.setdefault(key, [])
+            if key not in sizes:
+                sizes[key] = self._size(key)
+            group.append(x)
+            if len(group) >= sizes[key]:
+                del groups[key]
+                yield from self._reduce(key, group)
+        for key, group in groups.items():  # the partial windows, in order of first element
+            yield from self._reduce(key, group)
+
+
+class Rebatch(Unary):
+    """Re-cut batched elements into batches of ``batch_size`` (across input batches)."""
+
+    name = "rebatch"
+
+    def __init__(self, input, batch_size, drop_remainder=False):
+        super().__init__(input)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
+
+    def params(self):
+        return (self.batch_size, self.drop_remainder)
+
+    def cardinality(self):
+        return INFINITE if self.input.cardinality() == INFINITE else UNKNOWN
+
+    def iterate(self, ctx):
+        n = self.batch_size
+        rows: list = []
+        for batch in self.input.iterate(ctx):
+            rows.extend(batch if isinstance(batch, np.ndarray) else unstack(batch))
+            while len(rows) >= n:
+                yield stack(rows[:n])
+                del rows[:n]
+        if rows and not self.drop_remainder:
+            yield stack(rows)
+
+
+def _hashable(x: Any, op: str) -> Any:
+    if isinstance(x, np.ndarray):
+        if x.ndim != 0:
+            raise TypeError(f"Dataset.{op} needs scalar elements (ints or strings), got an array of shape {x.shape}")
+        x = x.item()
+    elif isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float):
+        raise TypeError(f"Dataset.{op} needs integer or string elements (as TF), got the float {x!r}")
+    if not isinstance(x, (int, str, bytes)):
+        raise TypeError(f"Dataset.{op} needs integer or string elements (as TF), got {type(x).__name__}")
+    return x
+
+
+class Unique(Unary):
+    """Each distinct element once, at its first occurrence (ints and strings, as TF)."""
+
+    name = "unique"
+
+    def cardinality(self):
+        return UNKNOWN
+
+    def iterate(self, ctx):
+        seen: set = set()
+        for x in self.input.iterate(ctx):
+            key = _hashable(x, self.name)
+            if key not in seen:
+                seen.add(key)
+                yield x
+
+
+class IgnoreErrors(Unary):
+    """Drop the elements whose production raised, instead of failing the pipeline.
+
+    Errors of the ops below (a ``map``/``filter``/``flat_map``/``interleave`` function, a
+    reader on a file) skip that element (a reader: the rest of that file). The ops see
+    ``ctx.ignore_errors`` and handle it themselves, because a Python generator that raised
+    cannot be resumed.
+    """
+
+    name = "ignore_errors"
+
+    def __init__(self, input, log_warning=False):
+        super().__init__(input)
+        self.log_warning = check_bool("log_warning", log_warning)
+
+    def params(self):
+        return (self.log_warning,)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        return n if n == INFINITE else UNKNOWN
+
+    def iterate(self, ctx):
+        return self.input.iterate(replace(ctx, ignore_errors=True, log_errors=self.log_warning))
+
+
+class Cache(Unary):
+    """Elements of the first complete iteration, kept in memory or in ``filename``.
+
+    Like TF: an iteration that stops early does not fill the cache; a file cache is written
+    next to a ``.complete`` marker that makes it valid (a crash mid-write leaves no marker),
+    and later iterations (in this process or another) read the file instead of the input.
+    The in-memory cache belongs to this pipeline object in this process; it is not pickled.
+    """
+
+    name = "cache"
+
+    def __init__(self, input, filename=""):
+        super().__init__(input)
+        if not isinstance(filename, (str, os.PathLike)):
+            raise TypeError(f"filename must be a string, got {type(filename).__name__}")
+        self.filename = os.fspath(filename)
+        self._memory: list | None = None
+        self._lock = threading.Lock()
+
+    def params(self):
+        return (self.filename,)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_memory"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def split_blocker(self):
+        return ("cache() after the source would replay this worker's splits of the first epoch; "
+                "cache before reading from the service, or use OFF sharding")
+
+    def iterate(self, ctx):
+        if self.filename:
+            return self._file(ctx)
+        return self._mem(ctx)
+
+    def _mem(self, ctx):
+        cached = self._memory
+        if cached is not None:
+            yield from cached
+            return
+        items = []
+        for x in self.input.iterate(ctx):
+            items.append(x)
+            yield x
+        with self._lock:
+            if self._memory is None:
+                self._memory = items
+
+    def _file(self, ctx) -> Iterator:
+        data, marker = self.filename + ".data", self.filename + ".complete"
+        if os.path.exists(marker):
+            with open(data, "rb") as f:
+                while True:
+                    try:
+                        yield pickle.load(f)
+                    except EOFError:
+                        return
+        tmp = f"{data}.{os.getpid()}.{threading.get_ident()}.tmp"
+        os.makedirs(os.path.dirname(os.path.abspath(data)), exist_ok=True)
+        complete = False
+        try:
+            with open(tmp, "wb") as f:
+                for x in self.input.iterate(ctx):
+                    pickle.dump(x, f, protocol=5)
+                    yield x
+                f.flush()
+                os.fsync(f.fileno())
+            complete = True
+        finally:
+            if complete and not os.path.exists(marker):
+                os.replace(tmp, data)
+                with open(marker, "w") as m:
+                    m.write("ok\n")
+            elif os.path.exists(tmp):
+                os.remove(tmp)
+
+
