@@ -247,6 +247,14 @@ class Variable(_Handle):
         self._owner = None
         self._ready = True
 
+    def __reduce_ex__(self, protocol):
+        if self._local is not None:
+            return object.__reduce_ex__(self, protocol)  # the value travels: __getstate__
+        # A remote handle travels as plain strings and ints: pickling it (once per scheduled
+        # function, in the user's thread) costs ~5 us instead of ~45 us for its __dict__.
+        return (_remote_handle, (self._name, self._shape, self._dtype.str, self._trainable,
+                                 self._address, self._key, self._ps_index, self._owner))
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_client", None)
@@ -326,6 +334,10 @@ class Variable(_Handle):
             [Call(self._address, "ps_update",
                   {"key": self._key, "kind": kind, "value": wire(arr), **_routing.tag()})],
             self._client, arr.nbytes, self._owner)
+
+
+def _remote_handle(name, shape, dtype, trainable, address, key, ps_index, owner) -> Variable:
+    return Variable._remote(name, shape, dtype, trainable, address, key, ps_index, None, owner)
 
 
 class ShardedVariable(_Handle):
