@@ -9,12 +9,22 @@ Responsibilities
 - Push task assignments to data workers (stream op ``dataservice-tasks``) as soon as they
   exist, and reconcile on every worker heartbeat so that a lost message is repaired.
 - Liveness: release clients that stopped sending heartbeats, garbage-collect iterations
-  with no clients (anonymous ones at once, named ones after ``job-gc-timeout``), and mark
-  the tasks of departed workers lost (their splits in flight are never handed out again).
+  with no clients (anonymous ones at once, named ones after ``job-gc-timeout``, except an
+  unfinished DYNAMIC one, kept while it can be read, as in TensorFlow), and mark the tasks
+  of departed workers lost (their splits in flight are never handed out again).
+- Decide nothing the state cannot replay: a static job's worker list and each task's shard
+  index are journaled (``CreateJob.worker_addresses``, ``CreateTask.shard_index``), so a
+  restart with another config never reassigns shards.
 
-No user code runs here: datasets arrive as opaque bytes with their splits enumerated on
-the client, and every handler does O(1) work, apart from heartbeats (O(tasks of the
-caller)) and garbage collection (O(tasks of the collected iteration)).
+Every handler goes through :func:`~dask_dataservice._rpc.handler` (errors travel as
+values); the mutating ones through :func:`_durable` as well. Replies use the wire shapes of
+:mod:`._messages` (``TaskDef``, ``TaskInfo``, ``IterationView``). No user code runs here:
+datasets arrive as opaque bytes with their splits described on the client, and every
+handler does O(1) work, apart from heartbeats (O(tasks of the caller); a newly registered
+worker: O(live iterations)) and garbage collection (O(tasks of the collected iteration)).
+The plugin starts no task of its own: its background work is the GC periodic callback,
+stopped in :meth:`DispatcherPlugin.close`, and the journal writer's flush, which the
+writer owns and ``close`` awaits.
 """
 
 from __future__ import annotations
