@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from . import ops, ops_more, sources
+from . import formats, ops, ops_more, sources
 from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
+from ._fs import expand as _expand_globs
 from .spec import relax_leading_dim, spec_of
 from .splits import (
     ComponentSplit,
@@ -105,6 +106,43 @@ class Dataset:
         See :mod:`dask_dataservice.data.readers` for readers of ``.npy``, text and zarr.
         """
         return cls(sources.FromFiles(paths, reader))
+
+    @classmethod
+    def from_csv(cls, file_pattern: str | list[str], header: bool = True, field_delim: str = ",",
+                 column_names: list[str] | None = None, select_columns: list[str] | None = None,
+                 column_defaults: dict[str, Any] | None = None) -> Dataset:
+        """Rows of CSV files as dicts of numpy scalars (TF's ``make_csv_dataset`` without
+        batching); each file is a split. See :func:`~dask_dataservice.data.formats.csv_rows`."""
+        return cls.from_files(_expand("from_csv", file_pattern), functools.partial(
+            formats.csv_rows, header=header, field_delim=field_delim, column_names=column_names,
+            select_columns=select_columns, column_defaults=column_defaults))
+
+    @classmethod
+    def from_json_lines(cls, file_pattern: str | list[str]) -> Dataset:
+        """One element per line of JSON-lines files (lists become arrays); each file a split."""
+        return cls.from_files(_expand("from_json_lines", file_pattern), formats.json_lines)
+
+    @classmethod
+    def from_tfrecord(cls, filenames: str | list[str]) -> Dataset:
+        """Records of TFRecord files as bytes, CRCs checked (TF's ``TFRecordDataset``); decode
+        ``tf.train.Example`` records with :func:`~dask_dataservice.data.tfrecord.parse_example`."""
+        return cls.from_files(_expand("from_tfrecord", filenames), formats.tfrecords)
+
+    @classmethod
+    def from_parquet(cls, file_pattern: str | list[str], columns: list[str] | None = None,
+                     rows: bool = True, batch_rows: int = 65_536) -> Dataset:
+        """Rows of Parquet files as dicts of numpy scalars (or, with ``rows=False``, record
+        batches as dicts of column arrays of up to ``batch_rows``); each row group is a split.
+        Needs ``pyarrow`` (``pip install 'dask-dataservice[parquet]'``)."""
+        return cls(formats.FromParquet(_expand("from_parquet", file_pattern), columns, rows, batch_rows))
+
+    @classmethod
+    def from_images(cls, file_pattern: str | list[str], mode: str | None = None) -> Dataset:
+        """Images decoded with Pillow to uint8 arrays, one per file (``mode`` converts, e.g.
+        ``"RGB"``). Needs ``Pillow`` (``pip install 'dask-dataservice[images]'``)."""
+        formats.optional_import("PIL.Image", "images", "from_images()")
+        return cls.from_files(_expand("from_images", file_pattern),
+                              functools.partial(formats.image, mode=mode))
 
     @classmethod
     def from_zarr(cls, array_or_path: Any, rows_per_split: int | None = None,
@@ -557,4 +595,18 @@ def _ops_of(what: str, datasets: Any) -> tuple[Op, ...]:
         if not isinstance(d, Dataset):
             raise TypeError(f"{what}() takes datasets, got {type(d).__name__}")
     return tuple(d._op for d in datasets)
+
+
+def _expand(what: str, patterns: Any) -> list[str]:
+    """Glob ``patterns`` (a path/URL or a list) where the dataset is defined."""
+    import os
+
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    if not isinstance(patterns, (list, tuple)) or not patterns:
+        raise TypeError(f"{what}() takes a path, URL or glob, or a list of them; got {patterns!r:.60}")
+    files = _expand_globs([os.fspath(p) for p in patterns])
+    if not files:
+        raise FileNotFoundError(f"{what}(): no files match {list(patterns)}")
+    return files
 

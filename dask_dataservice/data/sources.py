@@ -7,7 +7,6 @@ split provider, a source reads everything in order.
 
 from __future__ import annotations
 
-import glob
 import os
 import random
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
+from ._fs import expand
 from .ops import _close, check_int
 from .splits import FileSplit, IndexRange, default_split_size, index_ranges
 from .structure import flatten
@@ -262,14 +262,13 @@ class ListFiles(Source):
             )
         if not patterns:
             raise ValueError("list_files() needs at least one pattern")
-        files: set[str] = set()
         for p in patterns:
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"file_pattern must be a string or a list of strings, got {p!r:.60}")
-            files.update(glob.glob(os.fspath(p), recursive=True))
+        files = expand([os.fspath(p) for p in patterns])
         if not files:
             raise FileNotFoundError(f"list_files(): no files match {patterns}")
-        self.files = tuple(sorted(files))
+        self.files = tuple(files)
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r:.40}")
         self.shuffle = bool(shuffle)
