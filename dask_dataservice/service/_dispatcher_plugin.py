@@ -41,8 +41,7 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import config
 from .._async import owned_executor, shutdown_executor
-from .._rpc import handler, strip_protocol
-from ..data._base import INFINITE, UNKNOWN
+from .._rpc import handler
 from ._exceptions import (
     DataServiceError,
     DatasetNotFoundError,
@@ -50,6 +49,13 @@ from ._exceptions import (
     JobNotFoundError,
     TaskNotFoundError,
     WorkerNotFoundError,
+)
+from ._job_checks import (
+    check_mode,
+    check_target_workers,
+    require_shared_infinite,
+    shard_index,
+    worker_list,
 )
 from ._messages import IterationView, TaskDef, TaskInfo
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
@@ -101,47 +107,6 @@ def _durable(method):
     return wrapper
 
 
-def _require_shared_infinite(feature: str, verb: str, job_name: str | None, dataset, *,
-                             unknown_ok: bool = False) -> None:
-    """Coordinated reads and the cross-trainer cache: a named job over an endless dataset.
-
-    Coordinated reads refuse only a *known finite* cardinality, as TensorFlow does (its own
-    example, a ``flat_map``, has an unknown one): ``unknown_ok=True``.
-    """
-    if job_name is None:
-        raise ValueError(f"{feature} {verb} a job_name")
-    cardinality = dataset.metadata.get("cardinality")
-    if cardinality == INFINITE or (unknown_ok and cardinality in (UNKNOWN, None)):
-        return
-    raise ValueError(
-        f"{feature} {verb} an infinite dataset (end the pipeline with .repeat()); dataset "
-        f"{dataset.dataset_id} has cardinality {_cardinality_name(cardinality)}"
-    )
-
-
-def _check_target_workers(mode: ShardingPolicy, target_workers: str,
-                          num_consumers: int | None) -> None:
-    """The combinations TensorFlow refuses, each with the reason."""
-    if num_consumers is not None and target_workers == "LOCAL":
-        raise ValueError(
-            "coordinated reads (num_consumers) read every round from one worker in turn, "
-            "which cannot be limited to local workers: use target_workers='AUTO' or 'ANY', "
-            "not 'LOCAL'")
-    if mode in STATIC_POLICIES and target_workers == "ANY":
-        raise ValueError(
-            f"static sharding ({mode.name}) reads each worker's shard from that worker's "
-            "host: target_workers='ANY' is not allowed (use 'AUTO' or 'LOCAL')")
-
-
-def _worker_list(entries) -> list[str]:
-    """The static worker list as strings (config files may give names as numbers)."""
-    return [str(entry) for entry in entries]
-
-
-def _cardinality_name(n) -> str:
-    return {INFINITE: "INFINITE", UNKNOWN: "UNKNOWN", None: "UNKNOWN"}.get(n, str(n))
-
-
 def _now_micros() -> int:
     return int(time.time() * 1_000_000)
 
@@ -172,7 +137,7 @@ class DispatcherPlugin(SchedulerPlugin):
         self.gc_interval = gc_interval
         #: The fixed worker list of static sharding: addresses (``tcp://h:p`` or ``h:p``) or
         #: Dask worker names; a worker's index in it is its shard index.
-        self.worker_addresses = _worker_list(worker_addresses) if worker_addresses else None
+        self.worker_addresses = worker_list(worker_addresses) if worker_addresses else None
         self.state = DispatcherState()
         self._journal = None
         self._journal_tail = None
@@ -197,7 +162,7 @@ class DispatcherPlugin(SchedulerPlugin):
             self.work_dir = config.get("dispatcher.work-dir")
         self._gc_dynamic_jobs = bool(config.get("dispatcher.gc-dynamic-sharding-jobs"))
         if self.worker_addresses is None and config.get("dispatcher.worker-addresses"):
-            self.worker_addresses = _worker_list(config.get("dispatcher.worker-addresses"))
+            self.worker_addresses = worker_list(config.get("dispatcher.worker-addresses"))
         self._journal = None
         self._journal_tail = None
         self._journal_error = None
@@ -462,12 +427,12 @@ class DispatcherPlugin(SchedulerPlugin):
         dataset_id = dataset.dataset_id
         mode = self._check_mode(mode, dataset)
         target_workers = str(target_workers).upper()
-        _check_target_workers(mode, target_workers, num_consumers)
+        check_target_workers(mode, target_workers, num_consumers)
         if num_consumers is not None:
-            _require_shared_infinite("coordinated reads", "need", job_name, dataset,
+            require_shared_infinite("coordinated reads", "need", job_name, dataset,
                                      unknown_ok=True)
         if cross_trainer_cache:
-            _require_shared_infinite("the cross-trainer cache", "needs", job_name, dataset)
+            require_shared_infinite("the cross-trainer cache", "needs", job_name, dataset)
         if job_name is not None:
             try:
                 job = self.state.job_by_name(job_name, dataset_id)  # scoped per dataset (TF)
@@ -700,50 +665,13 @@ class DispatcherPlugin(SchedulerPlugin):
                        num_consumers=job.num_consumers,
                        cross_trainer_cache=job.cross_trainer_cache)
 
-    # Static sharding
-    #################
     def _check_mode(self, mode: ShardingPolicy, dataset) -> ShardingPolicy:
-        """Validate a processing mode for a dataset; FILE_OR_DATA resolves to FILE or DATA."""
-        if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
-            reason = dataset.metadata.get("why_not_splittable") or "it has no splits"
-            raise ValueError(
-                f"dataset {dataset.dataset_id} cannot be read with DYNAMIC sharding: {reason}"
-            )
-        if mode not in STATIC_POLICIES:
-            return mode
-        if not self.worker_addresses:
-            raise ValueError(
-                f"sharding policy {mode.name} needs a fixed list of workers: start the "
-                "dispatcher with DispatcherConfig(worker_addresses=[...]) (or the config "
-                "key dataservice.dispatcher.worker-addresses)"
-            )
-        file_based = bool(dataset.metadata.get("file_based"))
-        if mode == ShardingPolicy.FILE_OR_DATA:
-            mode = ShardingPolicy.FILE if file_based else ShardingPolicy.DATA
-        if mode == ShardingPolicy.FILE:
-            if not file_based:
-                raise ValueError(
-                    f"FILE sharding needs a dataset read from files (list_files or "
-                    f"from_files); dataset {dataset.dataset_id} is not; use DATA or FILE_OR_DATA"
-                )
-            if dataset.num_splits < len(self.worker_addresses):
-                raise ValueError(
-                    f"FILE sharding: dataset {dataset.dataset_id} has {dataset.num_splits} "
-                    f"files, fewer than the {len(self.worker_addresses)} workers; every worker "
-                    "needs at least one file (use DATA sharding, or fewer workers)"
-                )
-        return mode
+        return check_mode(mode, dataset, self.worker_addresses)
 
     def _shard_index(self, entries: tuple[str, ...], address: str) -> int | None:
         """A worker's position in a job's worker list (by address, host:port, or Dask name)."""
         ws = self.scheduler.workers.get(address)
-        keys = {address, strip_protocol(address)}
-        if ws is not None and ws.name is not None:
-            keys.add(str(ws.name))
-        for i, entry in enumerate(entries):
-            if entry in keys:
-                return i
-        return None
+        return shard_index(entries, address, None if ws is None else ws.name)
 
     def _task_exists(self, task_id: int) -> bool:
         try:
