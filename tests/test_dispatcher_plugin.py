@@ -8,6 +8,7 @@ data-worker plugin the dispatcher installs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import cloudpickle
@@ -37,25 +38,32 @@ async def register(plugin, dataset) -> int:
     return ok(reply)["dataset_id"]
 
 
-def tasks_of(plugin, address):
-    state = plugin.state
-    try:
-        return [t for t in state.tasks_for_worker(address)]
-    except Exception:  # noqa: BLE001 - not registered yet
-        return []
+@contextlib.asynccontextmanager
+async def dispatcher(**kwargs):
+    """A DispatcherPlugin started on a fresh in-process scheduler; closed at the end."""
+    plugin = DispatcherPlugin(**kwargs)
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            yield plugin, s
+        finally:
+            await plugin.close()
+
+
+def tasks_on(plugin, iteration_id, address):
+    return [t for t in plugin.state.tasks_for_iteration(iteration_id)
+            if t.worker_address == address]
 
 
 @gen_test(timeout=60)
-async def test_restart_with_another_worker_list_keeps_the_journaled_shards(tmp_path=None):
+async def test_restart_with_another_worker_list_keeps_the_journaled_shards():
     import tempfile
 
     work_dir = tempfile.mkdtemp()
     # 1. A DATA job over ["0", "1"]; only worker "0" is up, so shard 1 is still to run.
-    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=work_dir,
-                              worker_addresses=["0", "1"])
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
+    async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir,
+                          worker_addresses=["0", "1"]) as (plugin, s):
         job_id = None
         async with Worker(s.address, nthreads=1, name="0") as w0:
             dataset_id = await register(plugin, dds.Dataset.range(10))
@@ -66,28 +74,22 @@ async def test_restart_with_another_worker_list_keeps_the_journaled_shards(tmp_p
                        what="a task for worker 0")
             task = plugin.state.tasks_for_iteration(view["iteration_id"])[0]
             assert (task.worker_address, task.shard_index) == (w0.address, 0)
-        await plugin.close()
     records = [decode_update(r) for r in read_journal(work_dir)]
     assert [r.worker_addresses for r in records if isinstance(r, CreateJob)] == [("0", "1")]
     assert [r.shard_index for r in records if isinstance(r, CreateTask)] == [0]
 
     # 2. Restart with the list swapped: the job keeps its journaled list, says so, and
     #    worker "1" gets shard 1 (the new config would have made it shard 0).
-    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=work_dir,
-                              worker_addresses=["1", "0"])
     with captured_logger("dask_dataservice.service._dispatcher_plugin",
                          level=logging.WARNING) as log:
-        async with Scheduler(dashboard_address=":0", port=0) as s:
-            s.add_plugin(plugin)
-            await plugin.start(s)
+        async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir,
+                              worker_addresses=["1", "0"]) as (plugin, s):
             assert "keeps the worker list it was created with, ['0', '1']" in log.getvalue()
             assert plugin.state.job(job_id).worker_addresses == ("0", "1")
             async with Worker(s.address, nthreads=1, name="1") as w1:
-                await poll(lambda: tasks_of(plugin, w1.address) or [
-                    t for t in plugin.state.tasks_for_iteration(view["iteration_id"])
-                    if t.worker_address == w1.address], what="a task for worker 1")
-                task = next(t for t in plugin.state.tasks_for_iteration(view["iteration_id"])
-                            if t.worker_address == w1.address)
+                await poll(lambda: tasks_on(plugin, view["iteration_id"], w1.address),
+                           what="a task for worker 1")
+                [task] = tasks_on(plugin, view["iteration_id"], w1.address)
                 assert task.shard_index == 1
                 assert plugin._task_def(task)["worker_index"] == 1
                 assert plugin._task_def(task)["num_workers"] == 2
@@ -96,15 +98,11 @@ async def test_restart_with_another_worker_list_keeps_the_journaled_shards(tmp_p
                 dataset_id=dataset_id, processing_mode="DATA"))["job_id"]
             assert plugin.state.job(new_job).worker_addresses == ("1", "0")
             plugin.state.validate_state()
-            await plugin.close()
 
 
 @gen_test()
 async def test_handlers_answer_errors_as_values():
-    plugin = DispatcherPlugin()
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
+    async with dispatcher() as (plugin, s):
         reply = await plugin.get_or_create_job(dataset_id=999, processing_mode="OFF")
         assert reply["status"] == "error" and "Dataset 999 not found" in str(reply["exception"])
         reply = plugin.get_dataset(dataset_id=999)
@@ -199,10 +197,7 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
 async def test_explicit_dataset_ids():
     """register_dataset(dataset_id="name") (TF, 2.2): the string is the id; a different
     dataset under an id in use is an error instead of silently reading the first one."""
-    plugin = DispatcherPlugin()
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
+    async with dispatcher() as (plugin, s):
 
         async def register_as(dataset, name):
             return await plugin.register_dataset(
@@ -226,7 +221,6 @@ async def test_explicit_dataset_ids():
         reply = await plugin.get_or_create_job(dataset_id="nope", processing_mode="OFF")
         assert "Dataset 'nope' not found" in str(reply["exception"])
         plugin.state.validate_state()
-        await plugin.close()
 
 
 @gen_test()
@@ -235,10 +229,7 @@ async def test_named_dynamic_jobs_are_kept_while_readable():
     other named iterations are collected after job-gc-timeout, and so is a finished one."""
     from dask_dataservice.service.state import FinishTask, RegisterWorker
 
-    plugin = DispatcherPlugin(job_gc_timeout=0.0, gc_interval=3600)
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
+    async with dispatcher(job_gc_timeout=0.0, gc_interval=3600) as (plugin, s):
         ds = dds.Dataset.range(10)
         reply = await plugin.register_dataset(
             fingerprint=ds.fingerprint(), pipeline=cloudpickle.dumps(ds),
@@ -266,7 +257,6 @@ async def test_named_dynamic_jobs_are_kept_while_readable():
         plugin._apply(FinishTask(task_id=task_id))
         plugin._gc()
         assert plugin.state.iteration(dynamic).garbage_collected
-        await plugin.close()
 
 
 @gen_test()
@@ -274,10 +264,7 @@ async def test_coordinated_reads_refuse_only_a_known_finite_cardinality():
     """2.9: TF refuses a known finite cardinality only (a flat_map's is unknown)."""
     from dask_dataservice.data._base import INFINITE, UNKNOWN
 
-    plugin = DispatcherPlugin()
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
+    async with dispatcher() as (plugin, s):
         results = {}
         for name, cardinality in (("finite", 10), ("unknown", UNKNOWN), ("infinite", INFINITE)):
             ds = dds.Dataset.range(10).map(lambda x, n=name: x)
@@ -291,7 +278,6 @@ async def test_coordinated_reads_refuse_only_a_known_finite_cardinality():
         assert results["finite"]["status"] == "error"
         assert "coordinated reads need an infinite dataset" in str(results["finite"]["exception"])
         assert "has cardinality 10" in str(results["finite"]["exception"])
-        await plugin.close()
 
 
 @gen_test()
@@ -299,10 +285,7 @@ async def test_target_workers_validations():
     """2.10: coordinated + LOCAL, static + ANY, and consumers of one job that disagree."""
     from dask_dataservice.data._base import INFINITE
 
-    plugin = DispatcherPlugin(worker_addresses=["0"])
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
+    async with dispatcher(worker_addresses=["0"]) as (plugin, s):
         ds = dds.Dataset.range(10)
         dataset_id = ok(await plugin.register_dataset(
             fingerprint="endless", pipeline=cloudpickle.dumps(ds), splits=b"", num_splits=-1,
@@ -323,7 +306,6 @@ async def test_target_workers_validations():
         ok(await job(processing_mode="OFF", job_name="shared", target_workers="local"))
         reply = await job(processing_mode="OFF", job_name="shared", target_workers="ANY")
         assert "is read with target_workers='LOCAL'" in str(reply["exception"])
-        await plugin.close()
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
@@ -372,8 +354,7 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
     await poll(lambda: plugin.state.iteration(iteration_id).status == "finished",
                what="the first task to finish producing")
     async with Worker(s.address, nthreads=1) as late:
-        await poll(lambda: any(t.worker_address == late.address
-                               for t in plugin.state.tasks_for_iteration(iteration_id)),
+        await poll(lambda: tasks_on(plugin, iteration_id, late.address),
                    what="a task for the worker that joined mid-read")
         heartbeat = ok(await plugin.client_heartbeat(
             iteration_client_id=view["iteration_client_id"]))
