@@ -57,7 +57,7 @@ from ._job_checks import (
     shard_index,
     worker_list,
 )
-from ._messages import IterationView, TaskDef, TaskInfo
+from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from .state import (
     AckSplits,
@@ -561,7 +561,7 @@ class DispatcherPlugin(SchedulerPlugin):
         """Register a data worker if needed and tell it which tasks to start and drop."""
         ws = self.scheduler.workers.get(address)
         if ws is None:
-            return {"status": "OK", "new_tasks": [], "cancelled": list(active_tasks)}
+            return TaskChanges(status="OK", new_tasks=[], cancelled=list(active_tasks))
         try:
             known = self.state.worker(address).registered
         except WorkerNotFoundError:
@@ -586,7 +586,7 @@ class DispatcherPlugin(SchedulerPlugin):
         new_tasks = [self._task_def(t) for tid, t in assigned.items()
                      if tid not in reported and t.status == "active"]
         cancelled = [tid for tid in reported if not self._task_exists(tid)]
-        return {"status": "OK", "new_tasks": new_tasks, "cancelled": cancelled}
+        return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled)
 
     @handler
     def state_summary(self) -> dict:
@@ -635,9 +635,8 @@ class DispatcherPlugin(SchedulerPlugin):
         self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address,
                                shard_index=shard_index))
         if push:
-            self._send_when_durable(address, {
-                "op": "dataservice-tasks", "new_tasks": [self._task_def(self.state.task(task_id))],
-                "cancelled": []})
+            self._send_when_durable(address, TaskChanges(
+                op=TASKS_OP, new_tasks=[self._task_def(self.state.task(task_id))], cancelled=[]))
 
     @staticmethod
     def _serves(iteration, job) -> bool:
@@ -714,7 +713,7 @@ class DispatcherPlugin(SchedulerPlugin):
         for address, task_ids in by_worker.items():
             if address in self.scheduler.workers:
                 self._send_when_durable(
-                    address, {"op": "dataservice-tasks", "new_tasks": [], "cancelled": task_ids})
+                    address, TaskChanges(op=TASKS_OP, new_tasks=[], cancelled=task_ids))
 
     def _gc(self) -> None:
         """Periodic: release silent clients, collect iterations nobody reads."""

@@ -6,6 +6,8 @@ workers and the readers agree on field names instead of list positions.
 
 - :class:`TaskDef`: what a data worker needs to run a task (dispatcher → worker, pushed with the
   stream op ``dataservice-tasks`` and answered to heartbeats).
+- :class:`TaskChanges`: which tasks a data worker starts and drops (the stream op
+  ``dataservice-tasks`` and the reply to its heartbeat carry the same two lists).
 - :class:`TaskInfo` / :class:`IterationView`: what a reader sees of an iteration (dispatcher →
   client, in replies to ``get_or_create_iteration`` and client heartbeats).
 - :class:`ElementBatch`: a list of elements: one pickle (protocol 5) of the list, with every numpy
@@ -22,7 +24,18 @@ from distributed.protocol import dask_deserialize, dask_serialize
 from .._rpc import raise_for_status as _raise_for_status
 from ._exceptions import DispatcherUnavailableError
 
-__all__ = ["ElementBatch", "IterationView", "TaskDef", "TaskInfo", "raise_for_status"]
+__all__ = [
+    "TASKS_OP",
+    "ElementBatch",
+    "IterationView",
+    "TaskChanges",
+    "TaskDef",
+    "TaskInfo",
+    "raise_for_status",
+]
+
+#: The stream op the dispatcher pushes task changes to a data worker with.
+TASKS_OP = "dataservice-tasks"
 
 
 class TaskDef(TypedDict):
@@ -42,6 +55,18 @@ class TaskDef(TypedDict):
     num_consumers: int | None
     #: Whether the job uses the cross-trainer cache.
     cross_trainer_cache: bool
+
+
+class TaskChanges(TypedDict, total=False):
+    """Tasks a data worker starts and drops (a push, or the reply to its heartbeat)."""
+
+    #: ``TASKS_OP`` on a push; absent from a heartbeat reply.
+    op: str
+    #: ``"OK"`` in a heartbeat reply; absent from a push.
+    status: str
+    new_tasks: list[TaskDef]
+    #: Ids of tasks to stop and forget (their iteration was collected, or is unknown).
+    cancelled: list[int]
 
 
 class TaskInfo(TypedDict):
