@@ -9,7 +9,6 @@ started as subprocesses on 127.0.0.1 and stopped with SIGTERM. Every wait is bou
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -17,14 +16,15 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
 from dask_dataservice import cli, demo
+from dask_dataservice.demo._cluster import wait_for_data_workers
 from dask_dataservice.service.supervise import supervise
 
 pytestmark = pytest.mark.timeout(90)
@@ -59,18 +59,6 @@ def _last_line(out: str) -> re.Match:
     return m
 
 
-def _wait_until(cond, timeout: float, what: str, interval: float = 0.05):
-    # polls a subprocess's effects (files, process tables): there is nothing to wait on
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
 def _run(*argv: str, timeout: float = 80) -> subprocess.CompletedProcess:
     """Run a command in its own process group; fail if it leaves a process behind (after
     killing it)."""
@@ -78,7 +66,8 @@ def _run(*argv: str, timeout: float = 80) -> subprocess.CompletedProcess:
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-        _wait_until(lambda: not _process_group(proc.pid), 10, "the worker processes to exit")
+        _, alive = psutil.wait_procs(_process_group(proc.pid), timeout=10)
+        assert not alive, f"processes outlived the command: {alive}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -239,14 +228,13 @@ def test_demo_verbose_shuts_down_without_a_traceback():
     assert "'s parameter servers" not in proc.stderr
 
 
-def _process_group(pgid: int) -> list[int]:
-    import psutil
-
+def _process_group(pgid: int) -> list:
+    """The live processes of the process group ``pgid``."""
     alive = []
     for p in psutil.process_iter():
         try:
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(p.pid)
+                alive.append(p)
         except (ProcessLookupError, psutil.Error):
             pass
     return alive
@@ -400,27 +388,6 @@ def servers():
         s.close()
 
 
-def _scheduler_address(path: Path, proc: subprocess.Popen, timeout: float = 30) -> str:
-    def ready():
-        if proc.poll() is not None:
-            raise AssertionError(f"the scheduler exited ({proc.returncode}): {proc.stderr.read()}")
-        try:
-            return json.loads(path.read_text())["address"]
-        except (OSError, ValueError, KeyError):
-            return None
-
-    return _wait_until(ready, timeout, "the scheduler file")
-
-
-def _data_workers(client, n: int, timeout: float = 30) -> list[str]:
-    return _wait_until(
-        lambda: (w := client.sync(client.scheduler.dataservice_state)["workers"]) and len(w) >= n
-        and list(w),
-        timeout,
-        f"{n} data worker(s) to register with the dispatcher",
-    )
-
-
 def test_scheduler_and_worker_commands(servers, tmp_path):
     from distributed import Client
 
@@ -432,17 +399,19 @@ def test_scheduler_and_worker_commands(servers, tmp_path):
         exe, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
         "--scheduler-file", str(scheduler_file),
     )
-    address = _scheduler_address(scheduler_file, scheduler)
-    assert address.startswith("tcp://127.0.0.1:")
-    # the scheduler address as an argument, the worker in a nanny (dask's default)
-    worker = servers.start(exe, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-                           "--no-dashboard", "--name", "data")
-    with Client(address, timeout="20s", set_as_default=False) as client:
-        client.wait_for_workers(1, timeout=30)
+    # the client waits for the scheduler file (Dask options reach `dask scheduler`)
+    with Client(scheduler_file=str(scheduler_file), timeout="30s", set_as_default=False) as client:
+        address = client.scheduler.address
+        assert address.startswith("tcp://127.0.0.1:")
         # the dispatcher came with the scheduler: it answers before anyone installed anything
         state = client.sync(client.scheduler.dataservice_state)
         assert state["status"] == "OK"
-        workers = _data_workers(client, 1)
+        # the scheduler address as an argument, the worker in a nanny (dask's default)
+        worker = servers.start(exe, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
+                               "--no-dashboard", "--name", "data")
+        client.wait_for_workers(1, timeout=30)
+        assert wait_for_data_workers(client, 1) == 1
+        workers = list(client.sync(client.scheduler.dataservice_state)["workers"])
         assert client.run(lambda dask_worker: "dataservice" in dask_worker.extensions) == {
             w: True for w in workers
         }
@@ -525,7 +494,6 @@ def test_worker_command_alone_installs_the_worker_plugin(servers, tmp_path):
         sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
         "--port", "0", "--no-dashboard", "--scheduler-file", str(scheduler_file),
     )
-    _scheduler_address(scheduler_file, scheduler)
     worker = servers.start(
         str(_console_script()), "worker", "--scheduler-file", str(scheduler_file),
         "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
