@@ -118,10 +118,9 @@ def test_end_of_sequence_wins_over_a_reader_that_stopped(monkeypatch):
         status = "running"
         asynchronous = False
 
-    monkeypatch.setattr(_reader._connection, "client_for", lambda address: Client())
     monkeypatch.setattr(_reader._connection, "check_can_block", lambda c, what: None)
     monkeypatch.setattr(_reader._connection, "ensure_installed", lambda c: None)
     monkeypatch.setattr(_reader._connection, "run_blocking", lambda c, fn, *a: reader)
     monkeypatch.setattr(_reader, "_close_soon", lambda c, r: None)
-    assert list(_reader.read(_spec(), 0)) == []  # no "the reader stopped" error
+    assert list(_reader.read(_spec(), 0, Client())) == []  # no "the reader stopped" error
     assert calls == ["get"]

@@ -687,3 +687,24 @@ async def test_worker_teardown_joins_its_task_threads(c, s):
     assert not runner.thread.is_alive()  # joined by teardown, not left running
     assert not ext._group.tasks
     await asyncio.to_thread(it.close)
+
+
+@gen_cluster(client=True)
+async def test_async_for_reads_with_its_own_client(c, s, a, b):
+    """A process that also has a synchronous client for the same scheduler (a notebook's
+    `client`): `async for` must read with the asynchronous client it was given, on its loop
+    (reading with the other client's comms from this loop broke tornado's streams)."""
+    from distributed import Client
+
+    sync_client = await asyncio.to_thread(Client, s.address, set_as_default=False)
+    try:
+        await asyncio.to_thread(dds.install, sync_client)  # the address's client: sync_client
+        dataset_id = await dds.register_dataset(c, dds.Dataset.range(50))
+        ds = dds.from_dataset_id("distributed_epoch", c, dataset_id)
+        assert sorted([x async for x in ds]) == list(range(50))
+        by_address = dds.from_dataset_id("distributed_epoch", s.address, dataset_id)
+        with pytest.raises(RuntimeError, match="asynchronous distributed.Client"):
+            [x async for x in by_address]
+        assert sorted(await read(by_address)) == list(range(50))  # a plain pass, in a thread
+    finally:
+        await asyncio.to_thread(sync_client.close)

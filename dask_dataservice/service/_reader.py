@@ -58,8 +58,12 @@ class ServiceSource(Op):
     splittable = False
     file_based = False
 
-    def __init__(self, spec: ReadSpec):
+    def __init__(self, spec: ReadSpec, client: Client | None = None):
         self.spec = spec
+        #: The Client given as ``service`` (this process only: never pickled). Reads use it,
+        #: not whichever client this process has for the address: an asynchronous client
+        #: must be read on its own loop.
+        self.client = client
         # How many times this object started reading a named job (its repetition).
         self._repetitions = 0
         self._lock = threading.Lock()
@@ -69,8 +73,17 @@ class ServiceSource(Op):
 
     def __setstate__(self, state):
         self.spec = state["spec"]
+        self.client = None
         self._repetitions = 0
         self._lock = threading.Lock()
+
+    def reader_client(self) -> Client:
+        """The client to read with: the one given as ``service`` while usable, else the one
+        this process has (or opens) for the address."""
+        client = self.client
+        if client is not None and client.status not in ("closed", "closing"):
+            return client
+        return _connection.client_for(self.spec.address)
 
     def params(self):
         return (dataclasses.astuple(self.spec),)
@@ -91,7 +104,7 @@ class ServiceSource(Op):
         return repetition
 
     def iterate(self, ctx: IterContext) -> Iterator:
-        return read(self.spec, self.next_repetition())
+        return read(self.spec, self.next_repetition(), self.reader_client())
 
     def check_repetition(self, repetition: int) -> None:
         """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:
@@ -567,9 +580,8 @@ async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationRe
     return reader
 
 
-def read(spec: ReadSpec, repetition: int) -> Iterator:
+def read(spec: ReadSpec, repetition: int, client: Client) -> Iterator:
     """Generator: one pass over a job of the service (blocking; any thread but the loop's)."""
-    client = _connection.client_for(spec.address)
     _connection.check_can_block(client, "iterating a distributed dataset")
     _connection.ensure_installed(client)
     reader = _connection.run_blocking(client, _start, client, spec, repetition)
@@ -598,9 +610,13 @@ def read(spec: ReadSpec, repetition: int) -> Iterator:
             _close_now(client, reader)
 
 
-async def aread(spec: ReadSpec, repetition: int) -> AsyncIterator:
+async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterator:
     """Async generator: one pass, on an asynchronous client's loop (``async for``)."""
-    client = _connection.client_for(spec.address)
+    if not (client.asynchronous and _connection.on_loop_thread(client)):
+        raise RuntimeError(
+            "`async for` reads with an asynchronous distributed.Client on the running event "
+            "loop: pass Client(asynchronous=True) as the service of from_dataset_id/distribute "
+            "(or iterate with a plain `for` in a thread)")
     installing = _connection.ensure_installed(client)
     if installing is not None:
         await installing

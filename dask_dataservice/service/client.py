@@ -169,7 +169,8 @@ class DistributedDataset(Dataset):
         client's loop. Transformations applied after ``from_dataset_id`` are not run by
         ``async for``: apply them to the elements yourself.
         """
-        return aread(self.source.spec, self.source.next_repetition())
+        source = self.source
+        return aread(source.spec, source.next_repetition(), source.reader_client())
 
 
 def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, element_spec: Any = None,
@@ -237,7 +238,7 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, e
         _connection.client_for(service)  # remember it, so iteration in this process reuses it
     spec = ReadSpec(address, dataset_id, int(mode), job_name, consumer_index, num_consumers,
                      max_outstanding_requests, target, cross_trainer_cache)
-    return DistributedDataset(ServiceSource(spec))
+    return DistributedDataset(ServiceSource(spec, service if isinstance(service, Client) else None))
 
 
 def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
