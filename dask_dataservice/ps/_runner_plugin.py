@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-- ``ps_run_closures`` receives a batch: the pickled functions (each distinct function once)
-  and, per closure, its id, the index of its function and its pickled arguments. Nothing is
-  unpickled on the event loop: the batch runs in the plugin's runner thread, one closure
-  after the other (never in the worker's task executor).
+- ``ps_run_closures`` receives a batch: ``[(closure id, fn, args, kwargs)]`` pickled as one
+  payload (a function or handle used by many closures travels once). Nothing is unpickled
+  on the event loop: the batch runs in the plugin's runner thread, one closure after the
+  other (never in the worker's task executor).
 - Inside a closure, variable handles reach the parameter servers from that thread over one
   ordered :class:`~._channel.Channel` per PS (updates not waited for, reads wait; see
   :mod:`._channel`). Before it answers, the runner waits for every update of the batch to be
@@ -89,10 +89,10 @@ class TrainingWorkerPlugin(WorkerPlugin):
 
     # -- handlers ----------------------------------------------------------------------------
     @handler
-    async def run_closures(self, fns: list, closures: list, coordinator: int, generation: int,
+    async def run_closures(self, payload: bytes, coordinator: int, generation: int,
                            worker_index: int | None = None) -> ClosuresReply:
         results = await run_in_executor_with_context(
-            self._runner, self._run_batch, fns, closures, coordinator, generation, worker_index)
+            self._runner, self._run_batch, payload, coordinator, generation, worker_index)
         return {"status": "OK", "results": results}
 
     # -- methods for the runner thread -------------------------------------------------------
@@ -125,13 +125,13 @@ class TrainingWorkerPlugin(WorkerPlugin):
         while len(self.poisoned) > _MAX_POISONED:
             self.poisoned.popitem(last=False)
 
-    def _run_batch(self, fns: list, closures: list, coordinator: int, generation: int,
+    def _run_batch(self, payload: bytes, coordinator: int, generation: int,
                    worker_index: int | None) -> list:
         from distributed.worker import _worker_cvar
 
         _worker_cvar.set(self.worker)
         _routing._thread.worker = self.worker
-        functions = [cloudpickle.loads(f) for f in fns]
+        closures = cloudpickle.loads(payload)
         results: list[tuple[bool, bytes]] = []
         self.stats["batches"] += 1
         pipeline = None
@@ -140,15 +140,14 @@ class TrainingWorkerPlugin(WorkerPlugin):
                                 self._max_messages, _routing.timeout())
         _routing._thread.pipeline = pipeline
         try:
-            for index, (fn_id, fn_index, payload) in enumerate(closures):
+            for index, (fn_id, fn, args, kwargs) in enumerate(closures):
                 if self._poisoned(coordinator, generation):
                     break  # an earlier closure of this generation failed: cancel the rest
                 _routing._thread.fn = _routing.FunctionContext(fn_id, worker_index)
                 if pipeline is not None:
                     pipeline.current = index
                 try:
-                    args, kwargs = cloudpickle.loads(payload)
-                    value, ok = functions[fn_index](*args, **kwargs), True
+                    value, ok = fn(*args, **kwargs), True
                 except Exception as e:  # noqa: BLE001 - returned to the coordinator
                     value, ok = e, False
                     self._poison(coordinator, generation)
