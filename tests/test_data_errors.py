@@ -271,3 +271,16 @@ def test_list_files_bad_arguments(tmp_path):
 def test_dataset_is_not_built_directly():
     with pytest.raises(TypeError, match="Dataset.range"):
         Dataset(3)
+
+
+def test_batch_of_numbers_and_strings_is_an_error_not_a_string_array():
+    mixed = Dataset.from_generator(lambda: iter([1, "a", 2]))
+    with pytest.raises(ValueError, match="cannot batch numbers together with strings") as info:
+        list(mixed.batch(3))
+    assert "Dataset.batch" in "".join(getattr(info.value, "__notes__", []))
+    arrays = Dataset.from_generator(lambda: iter([np.array([1, 2]), np.array(["a", "b"])]))
+    with pytest.raises(ValueError, match="numbers together with strings"):
+        list(arrays.batch(2))
+    # strings alone, and numbers alone, batch as before
+    assert list(Dataset.from_generator(lambda: iter(["a", "bc"])).batch(2))[0].tolist() == ["a", "bc"]
+    assert list(Dataset.from_generator(lambda: iter([1, 2.5])).batch(2))[0].tolist() == [1.0, 2.5]

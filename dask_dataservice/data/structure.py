@@ -70,18 +70,33 @@ class _Leaves(list):
     """A list of leaves of one position of a structure (marker type for _transpose)."""
 
 
+def _check_one_kind(leaves: list, out: np.ndarray) -> None:
+    """numpy turns ``[1, "a"]`` into strings; a batch mixing numbers and text is an error."""
+    if out.dtype.kind not in "US":
+        return
+    kinds = {"text" if np.asarray(x).dtype.kind in "USO" else "number" for x in leaves}
+    if len(kinds) > 1:
+        examples = [repr(x)[:20] for x in leaves[:4]]
+        raise ValueError(
+            f"cannot batch numbers together with strings (elements such as {', '.join(examples)}); "
+            "numpy would silently turn the numbers into strings")
+
+
 def _stack_leaves(leaves: list) -> np.ndarray:
     first = leaves[0]
     if isinstance(first, np.ndarray):
         try:
-            return np.stack(leaves)
+            out = np.stack(leaves)
         except ValueError as e:
             shapes = sorted({tuple(np.shape(x)) for x in leaves})
             raise ValueError(
                 f"cannot batch arrays of different shapes {shapes[:4]}; "
                 "use padded_batch() or bucket_by_sequence_length()"
             ) from e
+        _check_one_kind(leaves, out)
+        return out
     out = np.asarray(leaves)
+    _check_one_kind(leaves, out)
     if out.dtype == object:
         shapes = sorted({tuple(np.shape(x)) for x in leaves}, key=str)
         raise ValueError(
