@@ -484,8 +484,8 @@ class Repeat(Unary):
                     return
 
 
-class Take(Unary):
-    name = "take"
+class _Counted(Unary):
+    """An op with one ``count`` argument (-1: all)."""
 
     def __init__(self, input, count):
         super().__init__(input)
@@ -493,6 +493,10 @@ class Take(Unary):
 
     def params(self):
         return (self.count,)
+
+
+class Take(_Counted):
+    name = "take"
 
     def cardinality(self):
         n = self.input.cardinality()
@@ -513,15 +517,8 @@ class Take(Unary):
             _close(it)
 
 
-class Skip(Unary):
+class Skip(_Counted):
     name = "skip"
-
-    def __init__(self, input, count):
-        super().__init__(input)
-        self.count = check_int("count", count, minimum=-1)
-
-    def params(self):
-        return (self.count,)
 
     def cardinality(self):
         n = self.input.cardinality()

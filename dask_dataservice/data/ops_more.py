@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._base import _NO_ELEMENT, INFINITE, UNKNOWN, IterContext, Op, annotate_user_error
-from .ops import Unary, _close, check_bool, check_callable, check_int
+from .ops import Batch, Unary, _close, check_bool, check_callable, check_int
 from .structure import stack, unstack
 
 __all__ = [
@@ -336,18 +336,10 @@ class GroupByWindow(Unary):
             yield from self._reduce(key, group)
 
 
-class Rebatch(Unary):
+class Rebatch(Batch):
     """Re-cut batched elements into batches of ``batch_size`` (across input batches)."""
 
     name = "rebatch"
-
-    def __init__(self, input, batch_size, drop_remainder=False):
-        super().__init__(input)
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
-
-    def params(self):
-        return (self.batch_size, self.drop_remainder)
 
     def cardinality(self):
         return INFINITE if self.input.cardinality() == INFINITE else UNKNOWN

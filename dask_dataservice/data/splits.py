@@ -222,7 +222,7 @@ class ConcatenateRouter:
         self._exhausted = False
 
     def component(self, k: int) -> SplitProvider:
-        return _RoutedProvider(self, k)
+        return _ComponentProvider(self, k)
 
     def _next_for(self, k: int) -> object | None:
         if self._stash is None:
@@ -246,13 +246,15 @@ class ConcatenateRouter:
         return split.split
 
 
-class _RoutedProvider(SplitProvider):
-    def __init__(self, router: ConcatenateRouter, k: int):
-        self._router = router
+class _ComponentProvider(SplitProvider):
+    """The provider one input of a zip/concatenate reads: its owner decides what it gets."""
+
+    def __init__(self, owner: ConcatenateRouter | ZipTee, k: int):
+        self._owner = owner
         self._k = k
 
     def get_next(self) -> object | None:
-        return self._router._next_for(self._k)
+        return self._owner._next_for(self._k)
 
 
 class ZipTee:
@@ -268,7 +270,7 @@ class ZipTee:
         self._exhausted = False
 
     def component(self, k: int) -> SplitProvider:
-        return _TeeProvider(self, k)
+        return _ComponentProvider(self, k)
 
     def _next_for(self, k: int) -> object | None:
         i = self._pos[k]
@@ -287,15 +289,6 @@ class ZipTee:
             self._buffer.popleft()
             self._base += 1
         return split
-
-
-class _TeeProvider(SplitProvider):
-    def __init__(self, tee: ZipTee, k: int):
-        self._tee = tee
-        self._k = k
-
-    def get_next(self) -> object | None:
-        return self._tee._next_for(self._k)
 
 
 def shared_splits(lists: list[list], length: int, split_size: int | None, enumerate_with) -> list | str:
