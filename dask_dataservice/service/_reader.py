@@ -31,6 +31,7 @@ from ..data._base import UNKNOWN, IterContext, Op
 from . import _connection
 from ._exceptions import DataServiceError
 from ._messages import TaskInfo, raise_for_status
+from ._sharding import ShardingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,9 @@ _STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
 #: Default of ``dataservice.client.shared-job-request-elements``: elements per request when
 #: consumers share a named job (a consumer holds at most about (2 + channel batches) x this).
 SHARED_JOB_REQUEST_ELEMENTS = 256
+#: Default of ``dataservice.client.cross-trainer-turn-elements``: under DYNAMIC, elements a
+#: cross-trainer-cache consumer takes from each task per turn.
+CROSS_TRAINER_TURN = 64
 
 
 def _local_host(scheduler_address: str) -> str:
@@ -495,57 +499,52 @@ class IterationReader:
         await self.group.stop()
 
 
-class CoordinatedReader(IterationReader):
-    """Coordinated reads: round ``r`` comes from task ``r mod T``, element ``consumer_index``.
+class _FixedTasksReader(IterationReader):
+    """A reader that walks the job's tasks present when it starts, in task-id order, turn by
+    turn: every turn asks each task for its part at once, the next turn is requested while
+    this one is handed over, and the parts are joined in task order. Consumers that read the
+    same job this way see the same sequence."""
 
-    Every consumer of the job walks the same fixed list of tasks (sorted by id), so in each
-    round all consumers read from the same worker. Rounds are fetched ``rounds-per-request``
-    at a time from every task, and the next block is requested while this one is handed
-    over.
-    """
+    what = "reads"
 
     async def _read(self, view: dict) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.dispatcher_timeout
         delay = 0.01
-        while not (active := self._active(view)):
+        while not (active := [t for t in view["tasks"] if t["status"] == "active"]):
             if loop.time() > deadline:
-                raise DataServiceError("coordinated reads: the job has no data workers")
+                raise DataServiceError(f"{self.what}: the job has no data workers")
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.25)
             view = await self._heartbeat()
         tasks = sorted((t["task_id"], t["worker_address"]) for t in active)
         self.group.spawn(self._heartbeats)
-        k = max(1, int(config.get("client.rounds-per-request")))
-        c, n = self.spec.consumer_index, self.spec.num_consumers
 
-        def request(first):
+        def request(turn: int) -> list[asyncio.Task]:
             out = []
             for tid, addr in tasks:
-                t = self.group.spawn(
-                    self.client.rpc(addr).dataservice_get_rounds,
-                    task_id=tid, first_round=first, count=k, consumer_index=c, num_consumers=n)
+                t = self.group.spawn(self._part, tid, addr, turn)
                 t._dds_awaited = True
                 out.append(t)
             return out
 
-        pending = request(0)
-        first = 0
+        turn = 0
+        pending = request(turn)
         try:
             while not self.stopped:
-                replies = await asyncio.gather(*pending)
-                first += k
-                pending = request(first)
-                columns = [raise_for_status(r, "coordinated read")["elements"].items
-                           for r in replies]
-                await self.channel.put([x for row in zip(*columns, strict=True) for x in row])
+                parts = await asyncio.gather(*pending)
+                turn += 1
+                pending = request(turn)
+                await self.channel.put(self._join(parts))
         finally:
             for f in pending:
                 f.cancel()
 
-    @staticmethod
-    def _active(view: dict) -> list[TaskInfo]:
-        return [t for t in view["tasks"] if t["status"] == "active"]
+    async def _part(self, task_id: int, address: str, turn: int) -> list:
+        raise NotImplementedError
+
+    def _join(self, parts: list[list]) -> list:
+        return [x for part in parts for x in part]
 
     async def _heartbeats(self) -> None:
         while not self.stopped:
@@ -553,7 +552,55 @@ class CoordinatedReader(IterationReader):
             try:
                 await self._heartbeat()
             except DataServiceError as e:
-                logger.info("dataservice: coordinated reader heartbeat failed: %r", e)
+                logger.info("dataservice: %s: heartbeat failed: %r", self.what, e)
+
+
+class CoordinatedReader(_FixedTasksReader):
+    """Coordinated reads: round ``r`` comes from task ``r mod T``, element ``consumer_index``.
+
+    Every consumer of the job walks the same fixed list of tasks (sorted by id), so in each
+    round all consumers read from the same worker. Rounds are fetched ``rounds-per-request``
+    at a time from every task.
+    """
+
+    what = "coordinated reads"
+
+    async def _part(self, task_id: int, address: str, turn: int) -> list:
+        k = max(1, int(config.get("client.rounds-per-request")))
+        resp = await self.client.rpc(address).dataservice_get_rounds(
+            task_id=task_id, first_round=turn * k, count=k,
+            consumer_index=self.spec.consumer_index, num_consumers=self.spec.num_consumers)
+        return raise_for_status(resp, "coordinated read")["elements"].items
+
+    def _join(self, parts: list[list]) -> list:
+        return [x for row in zip(*parts, strict=True) for x in row]
+
+
+class CrossTrainerReader(_FixedTasksReader):
+    """The cross-trainer cache under DYNAMIC: the tasks' windows hold different splits, so
+    every trainer takes exactly ``cross-trainer-turn-elements`` elements from each task in
+    task order, turn after turn, and all trainers see the same sequence (issue 9, 2.11)."""
+
+    what = "cross-trainer cache"
+
+    async def _part(self, task_id: int, address: str, turn: int) -> list:
+        k = max(1, int(config.get("client.cross-trainer-turn-elements", CROSS_TRAINER_TURN)))
+        rpc = self.client.rpc(address)
+        out: list = []
+        while len(out) < k:
+            resp = await rpc.dataservice_get_elements(
+                task_id=task_id, max_elements=k - len(out), max_bytes=self.max_bytes,
+                wait=self.long_poll, trainer_id=self.trainer_id)
+            if resp is None or resp.get("closing"):
+                raise DataServiceError(f"cross-trainer cache: the worker of task {task_id} "
+                                       f"({address}) is shutting down")
+            batch = raise_for_status(resp, "element request").get("elements")
+            if batch is not None:
+                out.extend(batch.items)
+            elif resp.get("end_of_sequence"):
+                raise DataServiceError("the cross-trainer cache needs an infinite dataset, and "
+                                       f"task {task_id} ended")
+        return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -574,7 +621,12 @@ async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationRe
         job_id=job["job_id"], repetition=repetition,
     ), "iteration creation")
     channel = Channel(asyncio.get_running_loop(), capacity)
-    cls = IterationReader if spec.num_consumers is None else CoordinatedReader
+    if spec.num_consumers is not None:
+        cls = CoordinatedReader
+    elif spec.cross_trainer_cache is not None and spec.processing_mode == int(ShardingPolicy.DYNAMIC):
+        cls = CrossTrainerReader
+    else:
+        cls = IterationReader
     reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
     reader.start(view)
     return reader
