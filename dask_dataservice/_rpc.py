@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 from distributed.comm.addressing import normalize_address as _normalize
-from distributed.comm.addressing import parse_address
+from distributed.comm.addressing import get_address_host_port, parse_address
 from distributed.core import clean_exception, error_message
 
 __all__ = [
@@ -118,7 +118,11 @@ def normalize_address(address: str) -> str:
     address = address.strip()
     try:
         full = _normalize(address if "://" in address else f"tcp://{address}")
-        parse_address(full)
+        scheme, location = parse_address(full)
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            host, port = get_address_host_port(full)
+            if not host or not port:
+                raise ValueError("it needs a host and a port")
     except (ValueError, TypeError) as e:
         raise ValueError(f"cannot parse the address {address!r}: {e}") from None
     return full

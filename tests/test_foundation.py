@@ -1,0 +1,162 @@
+"""The package's shared foundation on its own: handler/reply conventions, addresses, owned tasks,
+the thread-to-loop waker, the plain-message errors (no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from distributed.core import AsyncTaskGroupClosedError, error_message
+from distributed.protocol import dumps, loads
+
+from dask_dataservice._async import LoopWaker, TaskGroup, owned_executor, shutdown_executor
+from dask_dataservice._exceptions import PlainMessage
+from dask_dataservice._rpc import (
+    ServerClosingError,
+    handler,
+    normalize_address,
+    raise_for_status,
+    strip_protocol,
+)
+from dask_dataservice.ps._exceptions import VariableNotFoundError
+from dask_dataservice.service._exceptions import DispatcherUnavailableError, JobNotFoundError
+from dask_dataservice.service._messages import raise_for_status as service_raise_for_status
+
+
+class Boom(KeyError):
+    pass
+
+
+def wire(reply):
+    """A reply as the caller gets it: through distributed's serialization, as over a comm."""
+    return loads(dumps(reply))
+
+
+def test_handler_turns_errors_into_values_and_keeps_the_handlers_kind():
+    @handler
+    def sync_ok(x):
+        return {"status": "OK", "x": x}
+
+    @handler
+    def sync_bad():
+        raise Boom("no such thing")
+
+    @handler
+    async def async_bad():
+        raise ValueError("bad value")
+
+    assert sync_ok(3) == {"status": "OK", "x": 3}
+    reply = wire(sync_bad())
+    assert reply["status"] == "error"
+    with pytest.raises(Boom, match="no such thing") as info:
+        raise_for_status(reply, "lookup")
+    assert info.traceback  # the remote traceback travels along
+    assert asyncio.iscoroutinefunction(async_bad) and not asyncio.iscoroutinefunction(sync_bad)
+    with pytest.raises(ValueError, match="bad value"):
+        raise_for_status(wire(asyncio.run(async_bad())))
+
+
+def test_handler_lets_cancellation_through():
+    @handler
+    async def cancelled():
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancelled())
+
+
+def test_raise_for_status_missing_and_closing():
+    with pytest.raises(RuntimeError, match="no answer to the split request: the server does not know"):
+        raise_for_status(None, "split request")
+    with pytest.raises(ServerClosingError, match="shutting down"):
+        raise_for_status({"status": "closing"})
+    # the data service's flavour names what to install and its own closing error
+    with pytest.raises(RuntimeError, match="dds.install"):
+        service_raise_for_status(None, "registration")
+    with pytest.raises(DispatcherUnavailableError):
+        service_raise_for_status({"status": "closing"})
+    assert issubclass(DispatcherUnavailableError, ConnectionError)
+    with pytest.raises(JobNotFoundError):
+        service_raise_for_status(wire(error_message(JobNotFoundError("job 5 not found"))))
+
+
+def test_addresses():
+    assert normalize_address("localhost:8786") == "tcp://localhost:8786"
+    assert normalize_address(" tls://h:1 ") == "tls://h:1"
+    assert strip_protocol("tcp://127.0.0.1:5") == "127.0.0.1:5"
+    for bad in ("", "tcp://", "tcp://127.0.0.1", ":80", None):
+        with pytest.raises(ValueError, match="address"):
+            normalize_address(bad)
+
+
+def test_plain_messages():
+    assert str(JobNotFoundError("Job 5 not found")) == "Job 5 not found"  # not "'Job 5 ...'"
+    assert str(VariableNotFoundError("v")) == "v"
+    assert isinstance(JobNotFoundError("x"), KeyError) and isinstance(JobNotFoundError("x"), PlainMessage)
+
+
+def test_task_group_owns_and_stops_its_tasks():
+    async def main():
+        group = TaskGroup("t")
+        started = asyncio.Event()
+        finished = []
+
+        async def forever():
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                finished.append("cancelled")
+
+        async def fails():
+            raise RuntimeError("background failure")
+
+        task = group.spawn(forever)
+        group.spawn(fails)
+        await started.wait()
+        assert task in group.tasks
+        await asyncio.sleep(0)  # let `fails` end: its exception is retrieved, not left dangling
+        await group.stop()
+        assert finished == ["cancelled"] and task.cancelled() and len(group) == 0
+        with pytest.raises(AsyncTaskGroupClosedError):
+            group.spawn(forever)
+
+    asyncio.run(main())
+
+
+def test_loop_waker_folds_a_burst_into_one_callback():
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+        woken = asyncio.Event()
+        waker = LoopWaker(loop, lambda: (calls.append(1), woken.set()))
+        threads = [threading.Thread(target=lambda: [waker.wake() for _ in range(100)]) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        await woken.wait()
+        n = len(calls)
+        assert 1 <= n <= 4  # 400 wakes from 4 threads, at most one callback per burst
+        waker.wake()
+        await asyncio.sleep(0.01)
+        assert len(calls) == n + 1
+
+    asyncio.run(main())
+
+
+def test_waking_a_closed_loop_is_dropped():
+    loop = asyncio.new_event_loop()
+    waker = LoopWaker(loop, lambda: None)
+    loop.close()
+    waker.wake()  # no error: the owner is shutting down
+    waker.wake()
+
+
+def test_owned_executor_threads_are_named_and_joined():
+    ex = owned_executor("dds-test", 2)
+    assert ex.submit(lambda: threading.current_thread().name).result().startswith("dds-test")
+    shutdown_executor(ex)
+    assert not any(t.name.startswith("dds-test") for t in threading.enumerate())
+    shutdown_executor(None)
