@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from distributed.comm.addressing import normalize_address as _normalize
 from distributed.comm.addressing import get_address_host_port, parse_address
+from distributed.comm.addressing import normalize_address as _normalize
 from distributed.core import clean_exception, error_message
 
 __all__ = [
