@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from dask_dataservice.data import (
     SHARD_HINT,
+    ComponentSplit,
     Dataset,
     FileSplit,
     IndexRange,
@@ -27,7 +28,6 @@ from dask_dataservice.data import (
     SplitProvider,
     readers,
 )
-from dask_dataservice.data import ComponentSplit
 
 
 class RecordingProvider(SplitProvider):
