@@ -118,7 +118,8 @@ async def test_iterating_one_cached_dataset_twice_is_an_error(c, s, a):
         await asyncio.to_thread(take, ds, 10)
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], config=GC)
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)],
+             config={**GC, "dataservice.client.cross-trainer-turn-elements": 64})
 async def test_dynamic_trainers_see_the_same_elements(c, s, a, b):
     """issue 9, 2.11: under DYNAMIC the two tasks' windows hold different splits; every
     trainer takes a fixed number of elements from each task in task order, so trainers see
