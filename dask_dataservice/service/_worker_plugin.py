@@ -389,10 +389,10 @@ class DataWorkerPlugin(WorkerPlugin):
             task.add_done_callback(lambda t: _copy_outcome(t, out))
             out.add_done_callback(lambda f: f.cancelled() and _call_soon(self.loop, task.cancel))
 
-        if self.loop.is_closed():
+        try:
+            self.loop.call_soon_threadsafe(start)
+        except RuntimeError:  # the loop is closed: nothing will run it
             out.cancel()
-        else:
-            _call_soon(self.loop, start)
         return out
 
     # Handlers
