@@ -356,7 +356,7 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
     async with Worker(s.address, nthreads=1) as late:
         await poll(lambda: tasks_on(plugin, iteration_id, late.address),
                    what="a task for the worker that joined mid-read")
-        heartbeat = ok(await plugin.client_heartbeat(
+        heartbeat = ok(plugin.client_heartbeat(
             iteration_client_id=view["iteration_client_id"]))
         assert {t["worker_address"] for t in heartbeat["tasks"]} == {a.address, late.address}
         ok(await plugin.release_iteration_client(

@@ -51,6 +51,7 @@ from dask_dataservice.service.state import (
     FinishTask,
     GarbageCollectIteration,
     ProduceSplit,
+    ProduceSplits,
     RegisterDataset,
     RegisterWorker,
     ReleaseIterationClient,
@@ -59,6 +60,7 @@ from dask_dataservice.service.state import (
     encode_update,
     replay,
 )
+from dask_dataservice.service._state_codec import decode_state, encode_state
 
 W1 = "tcp://10.0.0.1:4001"
 W2 = "tcp://10.0.0.2:4002"
@@ -770,6 +772,36 @@ def test_split_cursor_walks_splits_then_repetitions(state):
     assert (cursor.repetition, cursor.next_index, cursor.num_splits) == (2, 1, 3)
 
 
+def test_one_record_hands_out_a_batch_of_splits(state):
+    """``ProduceSplits`` is what one ``get_split(count)`` journals: the same cursor moves and
+    the same splits in flight as that many ``ProduceSplit`` records."""
+    iteration_id, [task_id] = dynamic_iteration(state, num_splits=5)
+    state.apply(ProduceSplits(iteration_id, 0, 0, 3, task_id))
+    assert state.split_position(iteration_id) == (0, 3, 5)
+    assert state.task_splits(task_id) == ((0, 0), (0, 1), (0, 2))
+    state.apply(ProduceSplits(iteration_id, 0, 3, 2, task_id, end_of_splits=True))
+    assert state.split_position(iteration_id) == (1, 0, 5)
+    assert state.task_splits(task_id) == tuple((0, i) for i in range(5))
+    state.apply(ProduceSplits(iteration_id, 1, 0, 5, task_id, end_of_splits=False))
+    state.apply(ProduceSplits(iteration_id, 1, 5, 0, task_id, end_of_splits=True))
+    assert state.split_position(iteration_id) == (2, 0, 5)
+
+
+def test_a_batch_of_splits_is_checked_as_a_whole(state):
+    iteration_id, [task_id] = dynamic_iteration(state, num_splits=4)
+    assert_refused(state, ProduceSplits(iteration_id, 0, 0, 5, task_id), IllegalUpdateError,
+                   "ProduceSplits: 5 splits asked, only 4 of 4 remain")
+    assert_refused(state, ProduceSplits(iteration_id, 0, 0, 0, task_id), IllegalUpdateError,
+                   "ProduceSplits: count must be >= 1, or 0 with end_of_splits; got 0")
+    assert_refused(state, ProduceSplits(iteration_id, 0, 0, 3, task_id, True),
+                   IllegalUpdateError,
+                   "ProduceSplits: finished=True but 1 of 4 splits of repetition 0 remain")
+    assert_refused(state, ProduceSplits(iteration_id, 0, 1, 1, task_id), IllegalUpdateError,
+                   "ProduceSplits: split index 1 is not the next index 0")
+    state.apply(ProduceSplits(iteration_id, 0, 0, 4, task_id, True))
+    assert_refused(state, ProduceSplits(iteration_id, 0, 0, 1, task_id), StaleEpochError)
+
+
 def test_empty_splittable_dataset_ends_at_once(state):
     iteration_id, [task_id] = dynamic_iteration(state, num_splits=0)
     assert produce_split(state, iteration_id, task_id) == (0, 0, True)
@@ -1045,6 +1077,7 @@ EXAMPLES = [
     ReleaseIterationClient(3000, 1_700_000_000_000_001),
     ClientHeartbeat(3000, 1_700_000_000_000_002),
     GarbageCollectIteration(2000),
+    ProduceSplits(2000, 1, 2, 4, 4000, True),
 ]
 
 
@@ -1148,7 +1181,8 @@ class DispatcherStateMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.state = DispatcherState()
-        self.journal: list[bytes] = []
+        self.snapshot: bytes | None = None
+        self.journal: list[bytes] = []  # the records after the snapshot
         self.clock = 0
 
     # -- helpers
@@ -1315,6 +1349,25 @@ class DispatcherStateMachine(RuleBasedStateMachine):
             )
         )
 
+    @precondition(lambda self: self.active_tasks(dynamic_only=True))
+    @rule(data=st.data())
+    def produce_split_batch(self, data):
+        """What ``get_split(count)`` journals: one record for several splits, maybe the end."""
+        task = data.draw(st.sampled_from(self.active_tasks(dynamic_only=True)))
+        cursor = self.state.split_cursor(task.iteration_id)
+        remaining = cursor.num_splits - cursor.next_index
+        count = data.draw(st.integers(min(1, remaining), remaining))
+        end = count == remaining and (count == 0 or data.draw(st.booleans()))
+        assert self.offer(ProduceSplits(task.iteration_id, cursor.repetition, cursor.next_index,
+                                        count, task.task_id, end))
+        # And one that is usually wrong: too many, an end that is not, a wrong index.
+        cursor = self.state.split_cursor(task.iteration_id)
+        self.offer(ProduceSplits(
+            task.iteration_id, cursor.repetition + data.draw(st.integers(-1, 1)),
+            cursor.next_index + data.draw(st.integers(-1, 1)),
+            data.draw(st.integers(-1, cursor.num_splits + 1)), task.task_id,
+            data.draw(st.booleans())))
+
     @precondition(holding_tasks)
     @rule(data=st.data())
     def ack_splits(self, data):
@@ -1358,11 +1411,27 @@ class DispatcherStateMachine(RuleBasedStateMachine):
                     )
         self.offer(GarbageCollectIteration(iteration_id))
 
+    @rule()
+    def take_a_snapshot(self):
+        """What the journal's compaction does: the records so far become one snapshot."""
+        restored = self.restore()
+        self.snapshot = encode_state(restored)
+        self.journal = []
+        decoded = decode_state(self.snapshot)
+        decoded.validate_state()
+        assert decoded == self.state
+
+    def restore(self):
+        state = DispatcherState() if self.snapshot is None else decode_state(self.snapshot)
+        for record in self.journal:
+            state.apply(decode_update(record))
+        return state
+
     @invariant()
     def replay_of_the_journal_equals_the_state(self):
+        """Replay = the last snapshot (if any) + the records after it."""
         self.state.validate_state()
-        restored = replay(decode_update(record) for record in self.journal)
-        assert restored == self.state
+        assert self.restore() == self.state
 
 
 DispatcherStateMachine.TestCase.settings = settings(

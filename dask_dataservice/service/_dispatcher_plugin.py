@@ -8,7 +8,8 @@ Responsibilities
   the DYNAMIC split cursor, task reconciliation with data workers, client heartbeats.
 - Push task assignments to data workers (stream op ``dataservice-tasks``) as soon as they
   exist, and reconcile on every worker heartbeat so that a lost message is repaired.
-- Liveness: release clients that stopped sending heartbeats, garbage-collect iterations
+- Liveness: release clients that stopped sending heartbeats (kept in memory, not journaled:
+  every timer starts again after a restart), garbage-collect iterations
   with no clients (anonymous ones at once, named ones after ``job-gc-timeout``, except an
   unfinished DYNAMIC one, kept while it can be read, as in TensorFlow), and mark the tasks
   of departed workers lost (their splits in flight are never handed out again).
@@ -62,14 +63,13 @@ from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from .state import (
     AckSplits,
     AcquireIterationClient,
-    ClientHeartbeat,
     CreateIteration,
     CreateJob,
     CreateTask,
     DispatcherState,
     FinishTask,
     GarbageCollectIteration,
-    ProduceSplit,
+    ProduceSplits,
     RegisterDataset,
     RegisterWorker,
     ReleaseIterationClient,
@@ -142,8 +142,9 @@ class DispatcherPlugin(SchedulerPlugin):
         self._journal = None
         self._journal_tail = None
         self._journal_error: BaseException | None = None
-        #: Updates replayed from the journal at the last start.
+        #: Updates replayed from the journal at the last start (after its snapshot).
         self.recovered_updates = 0
+        self._client_seen: dict[int, int] = {}
         self._closed = False
 
     # Lifecycle
@@ -168,6 +169,9 @@ class DispatcherPlugin(SchedulerPlugin):
         self._journal_error = None
         self._closed = False
         self._recovered_at = _now_micros()
+        #: ``{iteration_client_id: micros}``: the last heartbeat of each client heard since
+        #: this start (liveness is not journaled; see ``client_heartbeat``).
+        self._client_seen: dict[int, int] = {}
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self._idle_iterations: set[int] = set()
         if self.fault_tolerant_mode:
@@ -214,37 +218,45 @@ class DispatcherPlugin(SchedulerPlugin):
         pc.start()
 
     async def _recover(self) -> None:
-        """Replay the journal (before any handler is served), then open a new segment."""
-        from .journal import JournalWriter, read_journal
-        from .state import decode_update
+        """Replay the journal (before any handler is served), then open a new segment.
+
+        Replay is the newest snapshot plus the records after it; a record that decodes but
+        is illegal for the state replayed so far is :class:`JournalCorruptedError` naming its
+        file and byte offset. The writer folds old segments into snapshots as it goes
+        (``dispatcher.snapshot-records`` / ``snapshot-bytes``); a long replayed tail is
+        folded at once, in the background, so the next restart does not replay it again.
+        """
+        from ._state_codec import compact, restore
+        from .journal import JournalWriter, load_journal
 
         work_dir = os.fspath(self.work_dir)
+        snapshot_records = int(config.get("dispatcher.snapshot-records") or 0) or None
+        snapshot_bytes = config.get_bytes("dispatcher.snapshot-bytes") or None
 
-        def replay() -> tuple[DispatcherState, int]:
-            state = DispatcherState()
-            n = 0
-            for record in read_journal(work_dir):
-                state.apply(decode_update(record))
-                n += 1
-            return state, n
+        def replay() -> tuple[DispatcherState, int, JournalWriter]:
+            contents = load_journal(work_dir)
+            state, n = restore(contents.snapshot, contents.records)
+            writer = JournalWriter.open(work_dir, compact=compact,
+                                        snapshot_records=snapshot_records,
+                                        snapshot_bytes=snapshot_bytes)
+            return state, n, writer
 
         loop = asyncio.get_running_loop()
         # file I/O and the replay stay off the scheduler's loop, in a thread owned here
         executor = owned_executor("dds-dispatcher-recovery")
         try:
-            self.state, self.recovered_updates = await loop.run_in_executor(executor, replay)
-            self._journal = await loop.run_in_executor(executor, JournalWriter.open, work_dir)
+            self.state, self.recovered_updates, self._journal = await loop.run_in_executor(
+                executor, replay)
         finally:
             shutdown_executor(executor)
+        if snapshot_records and self.recovered_updates >= snapshot_records // 2:
+            self._journal.request_snapshot()
         # Rebuild what is not journaled. Workers of the previous run are gone (a Dask worker
         # does not outlive its scheduler): their tasks are lost, and so are the splits they
-        # held, which are never handed out again. Clients restart their liveness timers.
-        now = _now_micros()
+        # held, which are never handed out again. Clients restart their liveness timers
+        # (``_recovered_at``; heartbeats are not journaled).
         for worker in self.state.list_workers():
             self._apply(RemoveWorker(address=worker.address))
-        for client in self.state.list_iteration_clients():
-            self._apply(ClientHeartbeat(iteration_client_id=client.iteration_client_id,
-                                        time_micros=now))
         self._idle_iterations = {
             it.iteration_id for it in self.state.list_live_iterations()
             if not it.num_clients
@@ -494,11 +506,12 @@ class DispatcherPlugin(SchedulerPlugin):
         return {"status": "OK", "iteration_id": iteration_id, "iteration_client_id": client_id,
                 **self._iteration_view(iteration_id)}
 
-    @_durable
+    @handler
     def client_heartbeat(self, iteration_client_id: int) -> dict:
+        """A consumer is alive: remember when (not journaled: liveness need not survive a
+        restart, every timer starts again after recovery); answer its iteration's view."""
         client = self.state.iteration_client(iteration_client_id)
-        self._apply(ClientHeartbeat(iteration_client_id=iteration_client_id,
-                                    time_micros=_now_micros()))
+        self._client_seen[iteration_client_id] = _now_micros()
         return {"status": "OK", **self._iteration_view(client.iteration_id)}
 
     @_durable
@@ -523,16 +536,15 @@ class DispatcherPlugin(SchedulerPlugin):
                 f"task {task_id} asked for repetition {repetition} of iteration "
                 f"{iteration_id}, which is only at repetition {current}"
             )
-        indices: list[int] = []
-        for _ in range(max(1, min(int(count), 1024))):
-            finished = index >= num_splits
-            self._apply(ProduceSplit(iteration_id=iteration_id, repetition=repetition,
-                                     index=index, task_id=task_id, finished=finished))
-            if finished:
-                return {"status": "OK", "split_indices": indices, "end_of_splits": True}
-            indices.append(index)
-            index += 1
-        return {"status": "OK", "split_indices": indices, "end_of_splits": False}
+        count = min(max(1, int(count)), 1024, num_splits - index)
+        end = count == num_splits - index  # nothing after these: say so now
+        if index == num_splits:
+            count, end = 0, True
+        # One record for the whole call, however many splits it hands out.
+        self._apply(ProduceSplits(iteration_id=iteration_id, repetition=repetition, index=index,
+                                  count=count, task_id=task_id, end_of_splits=end))
+        return {"status": "OK", "split_indices": list(range(index, index + count)),
+                "end_of_splits": end}
 
     @_durable
     def ack_splits(self, task_id: int, repetition: int) -> dict:
@@ -695,6 +707,7 @@ class DispatcherPlugin(SchedulerPlugin):
         client = self.state.iteration_client(iteration_client_id)
         self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
                                            time_micros=_now_micros()))
+        self._client_seen.pop(iteration_client_id, None)
         iteration = self.state.iteration(client.iteration_id)
         job = self.state.job(iteration.job_id)
         if iteration.num_clients == 0:
@@ -721,9 +734,12 @@ class DispatcherPlugin(SchedulerPlugin):
             now = _now_micros()
             timeout = int(self.client_timeout * 1_000_000)
             for client in self.state.list_iteration_clients():
-                if now - client.last_seen_micros > timeout:
+                # after a restart, every timer starts again (heartbeats are not journaled)
+                seen = max(client.last_seen_micros, self._recovered_at,
+                           self._client_seen.get(client.iteration_client_id, 0))
+                if now - seen > timeout:
                     logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
-                                client.iteration_client_id, (now - client.last_seen_micros) / 1e6)
+                                client.iteration_client_id, (now - seen) / 1e6)
                     self._release_client(client.iteration_client_id)
             gc_timeout = int(self.job_gc_timeout * 1_000_000)
             for iteration_id in list(self._idle_iterations):

@@ -24,14 +24,23 @@ __all__ = [
     "MAX_RECORD_SIZE",
     "JournalClosedError",
     "JournalCorruptedError",
+    "JournalContents",
     "JournalError",
     "JournalRecord",
     "JournalTornTailWarning",
+    "SNAPSHOT_MAGIC",
+    "Snapshot",
     "encode_record",
     "list_segments",
+    "list_snapshots",
+    "load_journal",
     "read_journal",
+    "read_snapshot",
+    "remove_covered",
     "scan_journal",
     "segment_path",
+    "snapshot_path",
+    "write_snapshot",
 ]
 
 #: First 8 bytes of every segment.
@@ -45,6 +54,11 @@ _SEGMENT_HEADER = struct.Struct("<8sII")  # magic, version, header_crc
 _RECORD_HEADER = struct.Struct("<III")  # length, length_crc, payload_crc
 _LENGTH = struct.Struct("<I")
 _SEGMENT_RE = re.compile(r"journal_(\d+)")
+#: First 8 bytes of every snapshot file.
+SNAPSHOT_MAGIC = b"DDSSNAP\x00"
+_SNAPSHOT_HEADER = struct.Struct("<8sIQI")  # magic, version, base segment, header_crc
+_SNAPSHOT_RE = re.compile(r"snapshot_(\d+)")
+_SNAPSHOT_TMP_RE = re.compile(r"snapshot_(\d+)\.tmp")
 _SEGMENT_DIGITS = 8
 _MASK_DELTA = 0xA282_EAD8
 _SECTOR = 512
@@ -437,7 +451,11 @@ def _scan_segment(
 def scan_journal(
     work_dir: str | os.PathLike[str], *, repair: bool = True
 ) -> Iterator[JournalRecord]:
-    """Yield every record of every segment in order, with its file and offset.
+    """Yield every record after the newest snapshot, in order, with its file and offset.
+
+    Without a snapshot that is every record of every segment. :func:`load_journal` gives
+    the snapshot as well; replaying records without it is only right for a journal that
+    has none.
 
     Parameters
     ----------
@@ -468,7 +486,25 @@ def scan_journal(
     The directory is listed when iteration starts. The repair happens when the iteration
     reaches the torn record; stopping early leaves the file as it is.
     """
+    snapshots = list_snapshots(work_dir)
+    return _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair)
+
+
+def _segments_after(work_dir: str | os.PathLike[str],
+                    snapshot: tuple[int, Path] | None) -> list[tuple[int, Path]]:
+    """The segments a replay reads after ``snapshot`` (``(base, path)``): numbers ``base``,
+    ``base + 1``, ... without a gap (segments before ``base`` are covered by it)."""
     segments = list_segments(work_dir)
+    if snapshot is not None:
+        base, snapshot_file = snapshot
+        segments = [(n, p) for n, p in segments if n >= base]
+        if not segments or segments[0][0] != base:
+            raise JournalCorruptedError(
+                snapshot_file, 0,
+                f"the snapshot covers segments before {base}, but segment {base} "
+                + ("is missing" if not segments else
+                   f"is missing (the next one is {segments[0][1].name})"),
+            )
     for (prev, _), (number, path) in zip(segments, segments[1:], strict=False):
         if number != prev + 1:
             raise JournalCorruptedError(
@@ -477,6 +513,12 @@ def scan_journal(
                 f"segment {number} follows segment {prev}: segment(s) "
                 f"{prev + 1}..{number - 1} are missing",
             )
+    return segments
+
+
+def _scan_segments(work_dir: str | os.PathLike[str], snapshot: tuple[int, Path] | None,
+                   repair: bool) -> Iterator[JournalRecord]:
+    segments = _segments_after(work_dir, snapshot)
     for i, (_, path) in enumerate(segments):
         is_last = i == len(segments) - 1
         next_path = None if is_last else segments[i + 1][1]
@@ -484,7 +526,8 @@ def scan_journal(
 
 
 def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
-    """Yield the payload of every record of every segment, in the order they were appended.
+    """Yield the payload of every record after the newest snapshot (of every record, in a
+    journal without one), in the order they were appended.
 
     Parameters
     ----------
@@ -509,3 +552,210 @@ def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> It
     """
     for record in scan_journal(work_dir, repair=repair):
         yield record.payload
+
+
+# --------------------------------------------------------------------------------------------
+# Snapshots
+
+
+class Snapshot(NamedTuple):
+    """A snapshot read back from the journal directory."""
+
+    #: The snapshot file.
+    path: Path
+    #: The first segment it does not cover: it stands for every record of segments ``< base``.
+    base: int
+    #: Its payload (opaque to the journal).
+    payload: bytes
+
+
+class JournalContents(NamedTuple):
+    """What :func:`load_journal` found: the newest snapshot and the records after it."""
+
+    #: The newest snapshot, or None.
+    snapshot: Snapshot | None
+    #: The records of the segments it does not cover, in journal order (lazily read).
+    records: Iterator[JournalRecord]
+
+
+def snapshot_path(work_dir: str | os.PathLike[str], base: int) -> Path:
+    """The path of the snapshot covering the segments before ``base`` (8+ digits).
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+    base : int
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    return Path(work_dir) / f"snapshot_{base:0{_SEGMENT_DIGITS}d}"
+
+
+def list_snapshots(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The complete snapshots in ``work_dir`` as ``(base, path)``, oldest first.
+
+    Temporary files (``snapshot_<n>.tmp``, left by a crash while one was written) are not
+    snapshots and are not listed.
+
+    Raises
+    ------
+    JournalCorruptedError
+        If two files name the same base.
+    """
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(work_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        m = _SNAPSHOT_RE.fullmatch(entry.name)
+        if m is None or not entry.is_file():
+            continue
+        base = int(m.group(1))
+        if base in found:
+            raise JournalCorruptedError(
+                entry.path, 0,
+                f"snapshot base {base} is used by both {found[base].name} and {entry.name}")
+        found[base] = Path(entry.path)
+    return sorted(found.items())
+
+
+def _snapshot_bytes(base: int, payload: bytes) -> bytes:
+    head = _SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, FORMAT_VERSION, base, 0)[:20]
+    return head + _LENGTH.pack(_masked_crc(head)) + encode_record(payload)
+
+
+def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
+    """Read and check one snapshot file.
+
+    A snapshot is renamed into place only after it was written and fsync'd, so any damage
+    is corruption, never a torn write.
+
+    Raises
+    ------
+    JournalCorruptedError
+        Bad magic, version or checksum, a base that disagrees with the file name, a length
+        that does not match the file.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    hsize = _SNAPSHOT_HEADER.size
+    if len(data) < hsize + _RECORD_HEADER.size:
+        raise JournalCorruptedError(path, 0, f"snapshot file of {len(data)} bytes is too short")
+    magic, version, base, header_crc = _SNAPSHOT_HEADER.unpack_from(data)
+    if magic != SNAPSHOT_MAGIC:
+        raise JournalCorruptedError(path, 0, f"bad magic {magic!r} (expected {SNAPSHOT_MAGIC!r})")
+    if header_crc != _masked_crc(data[:20]):
+        raise JournalCorruptedError(path, 0, "snapshot header checksum mismatch")
+    if version != FORMAT_VERSION:
+        raise JournalCorruptedError(
+            path, 8, f"unsupported snapshot format version {version} (this is {FORMAT_VERSION})")
+    m = _SNAPSHOT_RE.fullmatch(path.name)
+    if m is not None and int(m.group(1)) != base:
+        raise JournalCorruptedError(path, 12, f"snapshot base {base} disagrees with its name")
+    length, length_crc, payload_crc = _RECORD_HEADER.unpack_from(data, hsize)
+    if length_crc != _masked_crc(data[hsize:hsize + 4]):
+        raise JournalCorruptedError(path, hsize, "snapshot length checksum mismatch")
+    start = hsize + _RECORD_HEADER.size
+    if start + length != len(data):
+        raise JournalCorruptedError(
+            path, hsize, f"snapshot payload of {length} bytes, but the file holds "
+            f"{len(data) - start} bytes after the headers")
+    payload = data[start:]
+    if _masked_crc(payload) != payload_crc:
+        raise JournalCorruptedError(path, start, "snapshot payload checksum mismatch")
+    return Snapshot(path, base, payload)
+
+
+def write_snapshot(work_dir: str | os.PathLike[str], base: int, payload: bytes) -> Path:
+    """Write a snapshot covering the segments before ``base``, atomically.
+
+    Written to ``snapshot_<base>.tmp``, fsync'd, renamed to ``snapshot_<base>``, and the
+    directory fsync'd: after a crash the snapshot is either complete or absent (a leftover
+    ``.tmp`` is ignored by readers and removed by the next writer start). Nothing is deleted
+    here; see :func:`remove_covered`.
+
+    Returns
+    -------
+    pathlib.Path
+        The snapshot file.
+    """
+    work_dir = Path(work_dir)
+    final = snapshot_path(work_dir, base)
+    tmp = final.with_name(final.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
+    try:
+        _write_all(fd, _snapshot_bytes(base, payload))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    _sync_dir(work_dir)
+    return final
+
+
+def remove_covered(work_dir: str | os.PathLike[str]) -> list[Path]:
+    """Delete what the newest snapshot makes unnecessary: the segments before its base,
+    older snapshots, and temporary snapshot files; then fsync the directory.
+
+    Safe to interrupt at any point (a crash leaves the newest snapshot and every segment
+    from its base on, plus some of the files this would delete, which replay ignores).
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files deleted.
+    """
+    work_dir = Path(work_dir)
+    snapshots = list_snapshots(work_dir)
+    doomed: list[Path] = []
+    try:
+        entries = list(os.scandir(work_dir))
+    except FileNotFoundError:
+        return []
+    doomed += [Path(e.path) for e in entries if _SNAPSHOT_TMP_RE.fullmatch(e.name)]
+    if snapshots:
+        base = snapshots[-1][0]
+        doomed += [path for number, path in list_segments(work_dir) if number < base]
+        doomed += [path for _, path in snapshots[:-1]]
+    for path in doomed:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    if doomed:
+        _sync_dir(work_dir)
+    return doomed
+
+
+def load_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> JournalContents:
+    """The journal as a replay needs it: the newest snapshot and the records after it.
+
+    Replaying ``records`` on top of the state ``snapshot.payload`` stands for gives the
+    journal's state. Segments and snapshots older than the newest snapshot (left by a crash
+    during a compaction) are ignored.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory.
+    repair : bool, default True
+        See :func:`scan_journal`.
+
+    Returns
+    -------
+    JournalContents
+        ``(snapshot or None, records)``; ``records`` is read lazily.
+
+    Raises
+    ------
+    JournalCorruptedError
+        A damaged snapshot, a missing segment; while iterating ``records``, damaged records.
+    """
+    snapshots = list_snapshots(work_dir)
+    snapshot = read_snapshot(snapshots[-1][1]) if snapshots else None
+    return JournalContents(
+        snapshot, _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair))

@@ -42,6 +42,7 @@ from ._updates import (
     FinishTask,
     GarbageCollectIteration,
     ProduceSplit,
+    ProduceSplits,
     RegisterDataset,
     RegisterWorker,
     ReleaseIterationClient,
@@ -230,39 +231,55 @@ class StateChecks:
         self._require_task(self._get_task(u.task_id), u)
 
     def _check_produce_split(self, u: ProduceSplit) -> None:
-        self._require_iteration(self._get_iteration(u.iteration_id), u)
-        cursor = self._split_cursors.get(u.iteration_id)
+        self._check_split_range(u, u.iteration_id, u.repetition, u.index,
+                                0 if u.finished else 1, u.task_id, u.finished)
+
+    def _check_produce_splits(self, u: ProduceSplits) -> None:
+        if u.count < 0 or (u.count == 0 and not u.end_of_splits):
+            _illegal(u, f"count must be >= 1, or 0 with end_of_splits; got {u.count}")
+        self._check_split_range(u, u.iteration_id, u.repetition, u.index, u.count, u.task_id,
+                                u.end_of_splits)
+
+    def _check_split_range(self, u: Update, iteration_id: int, repetition: int, index: int,
+                           count: int, task_id: int, end_of_splits: bool) -> None:
+        """Splits ``index .. index + count - 1`` of ``repetition`` to ``task_id``, then maybe the end."""
+        self._require_iteration(self._get_iteration(iteration_id), u)
+        cursor = self._split_cursors.get(iteration_id)
         if cursor is None:
-            _illegal(u, f"iteration {u.iteration_id} is not DYNAMIC and has no split cursor")
-        task = self._get_task(u.task_id)
-        if task.iteration_id != u.iteration_id:
+            _illegal(u, f"iteration {iteration_id} is not DYNAMIC and has no split cursor")
+        task = self._get_task(task_id)
+        if task.iteration_id != iteration_id:
             _illegal(
                 u,
-                f"task {u.task_id} belongs to iteration {task.iteration_id}, not {u.iteration_id}",
+                f"task {task_id} belongs to iteration {task.iteration_id}, not {iteration_id}",
             )
         self._require_task(task, u)
-        if u.repetition < cursor.repetition:
+        if repetition < cursor.repetition:
             raise StaleEpochError(
-                f"ProduceSplit: repetition {u.repetition} of iteration {u.iteration_id} is stale; "
-                f"the split cursor is at repetition {cursor.repetition}"
+                f"{type(u).__name__}: repetition {repetition} of iteration {iteration_id} is "
+                f"stale; the split cursor is at repetition {cursor.repetition}"
             )
-        if u.repetition > cursor.repetition:
+        if repetition > cursor.repetition:
             _illegal(
                 u,
-                f"repetition {u.repetition} is ahead of the split cursor of iteration "
-                f"{u.iteration_id} (repetition {cursor.repetition})",
+                f"repetition {repetition} is ahead of the split cursor of iteration "
+                f"{iteration_id} (repetition {cursor.repetition})",
             )
-        if u.index != cursor.next_index:
-            _illegal(u, f"split index {u.index} is not the next index {cursor.next_index}")
-        at_end = cursor.next_index == cursor.num_splits
-        if u.finished and not at_end:
+        if index != cursor.next_index:
+            _illegal(u, f"split index {index} is not the next index {cursor.next_index}")
+        remaining = cursor.num_splits - cursor.next_index
+        if count > remaining:
+            if remaining == 0:
+                _illegal(
+                    u, f"all {cursor.num_splits} splits were handed out; finished must be True"
+                )
+            _illegal(u, f"{count} splits asked, only {remaining} of {cursor.num_splits} remain")
+        if end_of_splits and count < remaining:
             _illegal(
                 u,
-                f"finished=True but {cursor.num_splits - cursor.next_index} of "
+                f"finished=True but {remaining - count} of "
                 f"{cursor.num_splits} splits of repetition {cursor.repetition} remain",
             )
-        if at_end and not u.finished:
-            _illegal(u, f"all {cursor.num_splits} splits were handed out; finished must be True")
 
     def _check_ack_splits(self, u: AckSplits) -> None:
         self._require_task(self._get_task(u.task_id), u)

@@ -34,6 +34,7 @@ __all__ = [
     "FinishTask",
     "GarbageCollectIteration",
     "ProduceSplit",
+    "ProduceSplits",
     "RegisterDataset",
     "RegisterWorker",
     "ReleaseIterationClient",
@@ -320,6 +321,45 @@ class ProduceSplit(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ProduceSplits(_Record):
+    """Hand ``count`` consecutive splits of a DYNAMIC iteration to a task, and say whether the
+    repetition ended after them: one record per ``get_split`` call, however many splits it
+    hands out (the journal holds the cursor's moves, not one record per split).
+
+    :class:`ProduceSplit` is the same with ``count`` 1 (or 0 when ``finished``); journals
+    written before this record existed hold those, and replay still applies them.
+
+    Parameters
+    ----------
+    iteration_id : int
+        Field 1. A running DYNAMIC iteration.
+    repetition : int
+        Field 2. The cursor's repetition; an older one is stale (:class:`StaleEpochError`).
+    index : int
+        Field 3. The cursor's ``next_index``: the first split handed out.
+    count : int
+        Field 4. Splits handed out, ``index .. index + count - 1`` (``index + count`` at most
+        ``num_splits``); 0 only with ``end_of_splits``.
+    task_id : int
+        Field 5. The active task of this iteration that asked.
+    end_of_splits : bool
+        Field 6. The repetition has no split after these (``index + count == num_splits``):
+        the task is told so, and the cursor moves to ``(repetition + 1, 0)``.
+
+    Notes
+    -----
+    Next field: 7. Removed fields: none.
+    """
+
+    iteration_id: int  # 1
+    repetition: int  # 2
+    index: int  # 3
+    count: int  # 4
+    task_id: int  # 5
+    end_of_splits: bool = False  # 6
+
+
+@dataclass(frozen=True, slots=True)
 class AckSplits(_Record):
     """A task is done with every split it holds up to and including ``(repetition, index)``.
 
@@ -393,6 +433,11 @@ class ReleaseIterationClient(_Record):
 class ClientHeartbeat(_Record):
     """A consumer showed it is alive.
 
+    The dispatcher no longer journals heartbeats (liveness need not survive a restart: every
+    client's timer starts again after recovery, and a heartbeat a minute per idle consumer
+    made the journal grow by megabytes a day); journals written before still hold them, and
+    replay applies them.
+
     Parameters
     ----------
     iteration_client_id : int
@@ -443,6 +488,7 @@ UPDATE_TYPES: Final[tuple[type, ...]] = (
     ReleaseIterationClient,
     ClientHeartbeat,
     GarbageCollectIteration,
+    ProduceSplits,
 )
 
 Update = (
@@ -459,6 +505,7 @@ Update = (
     | ReleaseIterationClient
     | ClientHeartbeat
     | GarbageCollectIteration
+    | ProduceSplits
 )
 
 _UPDATES_BY_NAME: Final[dict[str, type]] = {cls.__name__: cls for cls in UPDATE_TYPES}
@@ -486,6 +533,12 @@ _FIELD_SPECS: Final[dict[type, list[tuple[str, tuple[type, ...], bool]]]] = {
         (f.name, *_field_spec(typing.get_type_hints(cls)[f.name])) for f in dataclasses.fields(cls)
     ]
     for cls in UPDATE_TYPES
+}
+
+
+#: ``{record class: frozenset of field names}`` (decode's unknown-field check, per record).
+_FIELD_NAMES: Final[dict[type, frozenset[str]]] = {
+    cls: frozenset(f.name for f in dataclasses.fields(cls)) for cls in UPDATE_TYPES
 }
 
 
@@ -574,7 +627,7 @@ def decode_update(data: bytes) -> Update:
     cls = _UPDATES_BY_NAME.get(name)
     if cls is None:
         raise IllegalUpdateError(f"Cannot decode update: unknown update type {name!r}")
-    unknown = fields.keys() - {f.name for f in dataclasses.fields(cls)}
+    unknown = fields.keys() - _FIELD_NAMES[cls]
     if unknown:
         raise IllegalUpdateError(f"Cannot decode {name}: unknown fields {sorted(unknown)}")
     try:
@@ -593,6 +646,7 @@ def decode_update(data: bytes) -> Update:
 TASK_TRANSITIONS: Final[dict[str, dict[type, str]]] = {
     "active": {
         ProduceSplit: "active",
+        ProduceSplits: "active",
         AckSplits: "active",
         FinishTask: "finished",
         RemoveWorker: "lost",
@@ -608,7 +662,8 @@ TASK_TRANSITIONS: Final[dict[str, dict[type, str]]] = {
 #: ``-> garbage_collected`` is GarbageCollectIteration.
 ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
     "running": frozenset(
-        {CreateTask, ProduceSplit, AcquireIterationClient, GarbageCollectIteration}
+        {CreateTask, ProduceSplit, ProduceSplits, AcquireIterationClient,
+         GarbageCollectIteration}
     ),
     # CreateTask reopens a finished iteration: a worker that joins (or comes back) while
     # consumers still read an OFF iteration serves a full repetition, as in TensorFlow. (A

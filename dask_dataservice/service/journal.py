@@ -21,7 +21,7 @@ Usage::
 
 Directory layout
 ----------------
-``work_dir`` holds one file per writer start, ``journal_<n>``, where ``<n>`` is a decimal
+``work_dir`` holds one file per writer start (and per rotation, see Snapshots), ``journal_<n>``, where ``<n>`` is a decimal
 number. This module writes ``<n>`` zero-padded to 8 digits (``journal_00000003``) so that
 ``ls`` sorts them, but it parses any number of digits (``journal_3`` is the same segment
 number), matching the whole name against ``journal_(\\d+)``; other files are ignored. Two names
@@ -89,6 +89,53 @@ the last, a bad segment magic or header checksum, an unknown version.
    the reader reports corruption rather than guess; truncate the last segment by hand at the
    reported offset after checking that the records after it were not acknowledged.
 
+Snapshots
+---------
+A journal that only grows would make every restart replay the whole history. A writer given
+a ``compact`` callback therefore folds old segments into a *snapshot*: when the current
+segment holds ``snapshot_records`` records or ``snapshot_bytes`` bytes (at least the size of
+the last snapshot, so a large state is not rewritten more often than the journal grows by
+its size), the I/O thread starts segment ``n + 1`` after the batch's fsync, and a
+compaction thread of the writer's builds ``compact(newest snapshot, records of the segments
+it does not cover and before n + 1)`` and writes it as ``snapshot_<n + 1>``. The snapshot
+stands for every record of the segments before its *base* ``n + 1``; replay is the newest
+snapshot plus the segments from its base on (:func:`load_journal`). The event loop does no
+part of it.
+
+A snapshot file (all integers little-endian)::
+
+    offset  size  field
+    0       8     magic            b"DDSSNAP\x00"
+    8       4     version          u32, currently 1 (the journal's FORMAT_VERSION)
+    12      8     base             u64, the first segment it does not cover (as in its name)
+    20      4     header_crc       u32, masked CRC-32 of bytes 0..19
+    24      12    record header    as a journal record's: length, length_crc, payload_crc
+    36      length payload         opaque bytes (the dispatcher's: see ``_state_codec``)
+
+and nothing after the payload. It is written as ``snapshot_<base>.tmp``, fsync'd, renamed to
+``snapshot_<base>`` and the directory fsync'd; only then are the covered segments, older
+snapshots and ``.tmp`` files deleted (:func:`remove_covered`), oldest first. Every crash
+point leaves a journal that replays to the same state:
+
+- during the write: a ``.tmp`` file, ignored by readers and deleted by the next start;
+- after the rename, before or during the deletions: the new snapshot and some or all of
+  the segments and snapshots it covers, which replay ignores (and the next start deletes).
+
+A snapshot is complete before it has its name, so any damage in one (checksum, length,
+version, a base that disagrees with its name) is :class:`JournalCorruptedError`, as is a
+missing segment ``base`` (it is created durably before the snapshot is requested). A
+compaction that fails (an I/O error, a record its callback refuses) is logged and counted
+(``metrics.compaction_errors``); the journal keeps its segments and stays correct, only
+larger. Closing the writer abandons a compaction under way at its next record.
+
+Boundaries. The journal promises that every record whose ``append`` returned (every reply
+the dispatcher sent after it) is replayed after a crash, and that a record torn by the crash
+is dropped with a warning. A segment cut *exactly* at a record boundary is a valid, shorter
+journal: nothing in the format tells it from one whose writer simply appended less (there is
+no footer or record count), so the journal cannot tell that acknowledged records went
+missing through damage after the fact, e.g. a file truncated by hand or a disk that lost
+synced data. See ``docs/guarantees.md``.
+
 Group commit
 ------------
 :meth:`JournalWriter.append` frames the record and queues it at once (its position in the file
@@ -119,9 +166,12 @@ torn tail and cut it off.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,41 +180,68 @@ from ._journal_format import (
     FORMAT_VERSION,
     MAGIC,
     MAX_RECORD_SIZE,
+    SNAPSHOT_MAGIC,
     JournalClosedError,
+    JournalContents,
     JournalCorruptedError,
     JournalError,
     JournalRecord,
     JournalTornTailWarning,
+    Snapshot,
     _frame,
     _make_dirs,
     _scan_segment,
     _segment_header,
+    _segments_after,
     _sync,
     _sync_dir,
     _write_all,
     encode_record,
     list_segments,
+    list_snapshots,
+    load_journal,
     read_journal,
+    read_snapshot,
+    remove_covered,
     scan_journal,
     segment_path,
+    snapshot_path,
+    write_snapshot,
 )
+
+logger = logging.getLogger(__name__)
+
+#: ``compact(snapshot, records) -> payload``: the new snapshot's payload from the newest
+#: snapshot (or None) and the records of the segments it folds in (run on a thread of the
+#: writer's; raising leaves the journal as it was).
+Compactor = Callable[[Snapshot | None, Iterator[JournalRecord]], bytes]
 
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "MAX_RECORD_SIZE",
+    "SNAPSHOT_MAGIC",
+    "Compactor",
     "JournalClosedError",
+    "JournalContents",
     "JournalCorruptedError",
     "JournalError",
     "JournalRecord",
     "JournalTornTailWarning",
     "JournalWriter",
     "JournalWriterMetrics",
+    "Snapshot",
     "encode_record",
     "list_segments",
+    "list_snapshots",
+    "load_journal",
     "read_journal",
+    "read_snapshot",
+    "remove_covered",
     "scan_journal",
     "segment_path",
+    "snapshot_path",
+    "write_snapshot",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -190,6 +267,17 @@ class JournalWriterMetrics:
     sync_seconds: float = 0.0
     #: Names of the threads that ran the fsyncs (the event loop thread must not be one).
     sync_thread_names: set[str] = field(default_factory=set)
+    #: Segments this writer started after its first (rotations that make room for a snapshot).
+    rotations: int = 0
+    #: Snapshots written, and the size in bytes of the last one.
+    snapshots_written: int = 0
+    last_snapshot_bytes: int = 0
+    #: Files deleted because a snapshot covers them.
+    files_deleted: int = 0
+    #: Seconds spent compacting (replaying, encoding, writing snapshots), summed.
+    compaction_seconds: float = 0.0
+    #: Compactions that failed (the journal then stays as it was, only larger).
+    compaction_errors: int = 0
 
     @property
     def records_per_fsync(self) -> float:
@@ -220,7 +308,9 @@ class JournalWriter:
     >>> writer.metrics.records_per_fsync                 # doctest: +SKIP
     """
 
-    def __init__(self, work_dir: str | os.PathLike[str], *, repair_tail: bool = True) -> None:
+    def __init__(self, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
+                 compact: Compactor | None = None, snapshot_records: int | None = None,
+                 snapshot_bytes: int | None = None) -> None:
         #: The journal directory.
         self.work_dir = Path(work_dir)
         #: This writer's segment file (``None`` until started).
@@ -245,11 +335,23 @@ class JournalWriter:
         self._flush_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
+        # Snapshots (see "Snapshots" in the module docstring). The counters are of the current
+        # segment and touched only by the I/O thread; the compaction runs on its own thread.
+        self._compact = compact
+        self._snapshot_records = snapshot_records
+        self._snapshot_bytes = snapshot_bytes
+        self._segment_records = 0
+        self._segment_bytes = 0
+        self._compactor: ThreadPoolExecutor | None = None
+        self._compaction: concurrent.futures.Future[None] | None = None
+        self._compaction_lock = threading.Lock()
+        self._stop_compaction = threading.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, work_dir: str | os.PathLike[str], *, repair_tail: bool = True) -> JournalWriter:
+    def open(cls, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
+             **snapshots) -> JournalWriter:
         """Create a writer and :meth:`start` it.
 
         Parameters
@@ -258,12 +360,14 @@ class JournalWriter:
             The journal directory, created if missing.
         repair_tail : bool, default True
             See :class:`JournalWriter`.
+        **snapshots
+            ``compact``, ``snapshot_records``, ``snapshot_bytes``: see :class:`JournalWriter`.
 
         Returns
         -------
         JournalWriter
         """
-        writer = cls(work_dir, repair_tail=repair_tail)
+        writer = cls(work_dir, repair_tail=repair_tail, **snapshots)
         writer.start()
         return writer
 
@@ -286,14 +390,27 @@ class JournalWriter:
             raise JournalError(f"journal writer for {self.work_dir} was already started")
         self._started = True
         _make_dirs(self.work_dir)
-        segments = list_segments(self.work_dir)
+        # Leftovers of a crash during a compaction: a partial snapshot, covered segments.
+        self.metrics.files_deleted += len(remove_covered(self.work_dir))
+        snapshots = list_snapshots(self.work_dir)
+        segments = _segments_after(self.work_dir, snapshots[-1] if snapshots else None)
         if segments and self._repair_tail:
             for _ in _scan_segment(segments[-1][1], is_last=True, repair=True, next_path=None):
                 pass
         number = segments[-1][0] + 1 if segments else 0
+        self._fd, self.path = self._new_segment(number)
+        self.segment = number
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="dds-journal")
+        if self._compact is not None:
+            self._compactor = ThreadPoolExecutor(1, thread_name_prefix="dds-journal-compact")
+            if snapshots:
+                self.metrics.last_snapshot_bytes = snapshots[-1][1].stat().st_size
+
+    def _new_segment(self, number: int) -> tuple[int, Path]:
+        """Create segment ``number`` with its header, durably (file and directory entry)."""
         path = segment_path(self.work_dir, number)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o600)
         try:
             _write_all(fd, _segment_header())
             _sync(fd)
@@ -301,10 +418,7 @@ class JournalWriter:
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd
-        self.path = path
-        self.segment = number
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="dds-journal")
+        return fd, path
 
     @property
     def closed(self) -> bool:
@@ -339,6 +453,12 @@ class JournalWriter:
         if self._io is not None:
             self._io.shutdown(wait=True)
             self._io = None
+        if self._compactor is not None:
+            # A compaction under way gives up at its next record (its snapshot is not
+            # written; the journal stays as it was).
+            self._stop_compaction.set()
+            self._compactor.shutdown(wait=True, cancel_futures=True)
+            self._compactor = None
         with self._file_lock:
             if self._fd >= 0:
                 os.close(self._fd)
@@ -350,6 +470,10 @@ class JournalWriter:
         task = self._flush_task
         if task is not None:
             await asyncio.wait([task])
+        compaction = self._compaction
+        if compaction is not None and not compaction.done():
+            self._stop_compaction.set()
+            await asyncio.wait([asyncio.wrap_future(compaction)])
         self.close()
 
     def __enter__(self) -> JournalWriter:
@@ -550,3 +674,102 @@ class JournalWriter:
             if count > m.max_batch_records:
                 m.max_batch_records = count
             m.sync_thread_names.add(threading.current_thread().name)
+            self._segment_records += count
+            self._segment_bytes += len(data)
+            if self._compactor is not None and self._segment_full():
+                self._rotate()
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _segment_full(self) -> bool:
+        """Whether the current segment holds enough to be folded into a snapshot.
+
+        By records or bytes; the byte threshold is at least the last snapshot's size, so a
+        large state is not rewritten more often than the journal grows by its size (write
+        amplification at most about 2).
+        """
+        if self._snapshot_records and self._segment_records >= self._snapshot_records:
+            return True
+        if self._snapshot_bytes:
+            bound = max(self._snapshot_bytes, self.metrics.last_snapshot_bytes)
+            return self._segment_bytes >= bound
+        return False
+
+    def _rotate(self) -> None:
+        """Switch to a new segment (on the I/O thread, under the file lock) and compact."""
+        fd, path = self._new_segment(self.segment + 1)
+        os.close(self._fd)
+        self._fd, self.path, self.segment = fd, path, self.segment + 1
+        self._segment_records = self._segment_bytes = 0
+        self.metrics.rotations += 1
+        self._request_compaction(self.segment)
+
+    def request_snapshot(self) -> concurrent.futures.Future[None] | None:
+        """Fold every segment before the current one into a snapshot, in the background.
+
+        The dispatcher calls this after a recovery that replayed a long tail, so that the
+        next restart does not replay it again. Returns the compaction's future (None without
+        a ``compact`` callback, or when one is already queued, which covers the same).
+        """
+        if self._compactor is None or self.segment is None:
+            return None
+        return self._request_compaction(self.segment)
+
+    def _request_compaction(self, base: int) -> concurrent.futures.Future[None] | None:
+        with self._compaction_lock:
+            pending = self._compaction
+            if pending is not None and not pending.running() and not pending.done():
+                return None  # the queued one will read the directory when it runs
+            try:
+                self._compaction = self._compactor.submit(self._compact_before, base)
+            except RuntimeError:  # shut down meanwhile
+                return None
+            return self._compaction
+
+    def _compact_before(self, base: int) -> None:
+        """Write a snapshot covering every segment before ``base``; delete what it covers.
+
+        Runs on the compaction thread. The snapshot is the old one plus the records of the
+        closed segments ``old base .. base - 1``, folded by the ``compact`` callback; it is
+        written atomically (:func:`write_snapshot`) before anything is deleted, so a crash
+        at any point leaves a journal that replays to the same state.
+        """
+        start = time.perf_counter()
+        try:
+            snapshots = list_snapshots(self.work_dir)
+            previous = read_snapshot(snapshots[-1][1]) if snapshots else None
+            if previous is not None and previous.base >= base:
+                return
+            covered = [(n, p) for n, p in _segments_after(
+                self.work_dir, snapshots[-1] if snapshots else None) if n < base]
+            payload = self._compact(previous, self._closed_records(covered))
+            if self._stop_compaction.is_set():
+                return
+            write_snapshot(self.work_dir, base, payload)
+            deleted = remove_covered(self.work_dir)
+            m = self.metrics
+            m.snapshots_written += 1
+            m.last_snapshot_bytes = snapshot_path(self.work_dir, base).stat().st_size
+            m.files_deleted += len(deleted)
+        except _CompactionStopped:
+            pass
+        except Exception:  # noqa: BLE001 - the journal is still whole, only larger
+            self.metrics.compaction_errors += 1
+            logger.exception("journal %s: writing a snapshot before segment %d failed; the "
+                             "journal keeps its segments", self.work_dir, base)
+        finally:
+            self.metrics.compaction_seconds += time.perf_counter() - start
+
+    def _closed_records(self, segments: list[tuple[int, Path]]) -> Iterator[JournalRecord]:
+        for i, (_, path) in enumerate(segments):
+            next_path = (segments[i + 1][1] if i + 1 < len(segments)
+                         else segment_path(self.work_dir, segments[-1][0] + 1))
+            for record in _scan_segment(path, is_last=False, repair=False,
+                                        next_path=next_path):
+                if self._stop_compaction.is_set():
+                    raise _CompactionStopped
+                yield record
+
+
+class _CompactionStopped(Exception):
+    """The writer is closing: abandon the snapshot being made."""

@@ -163,6 +163,7 @@ from ._updates import (
     FinishTask,
     GarbageCollectIteration,
     ProduceSplit,
+    ProduceSplits,
     RegisterDataset,
     RegisterWorker,
     ReleaseIterationClient,
@@ -199,6 +200,7 @@ __all__ = [
     "IterationClient",
     "Job",
     "ProduceSplit",
+    "ProduceSplits",
     "RegisterDataset",
     "RegisterWorker",
     "ReleaseIterationClient",
@@ -302,8 +304,13 @@ class DispatcherState(StateQueries, StateChecks):
         if not checked:
             self.check(update)
         match update:
+            case ProduceSplits():
+                self._produce_splits(update.iteration_id, update.repetition, update.index,
+                                     update.count, update.task_id, update.end_of_splits)
             case ProduceSplit():
-                self._produce_split(update)
+                self._produce_splits(update.iteration_id, update.repetition, update.index,
+                                     0 if update.finished else 1, update.task_id,
+                                     update.finished)
             case AckSplits():
                 self._ack_splits(update)
             case ClientHeartbeat():
@@ -351,6 +358,8 @@ class DispatcherState(StateQueries, StateChecks):
             Any other broken precondition, or not an update at all.
         """
         match update:
+            case ProduceSplits():
+                self._check_produce_splits(update)
             case ProduceSplit():
                 self._check_produce_split(update)
             case AckSplits():
@@ -556,17 +565,18 @@ class DispatcherState(StateQueries, StateChecks):
             iteration.finished_shards = iteration.finished_shards | {task.shard_index}
         iteration.finished = derived_finished(iteration)
 
-    def _produce_split(self, u: ProduceSplit) -> None:
-        cursor = self._split_cursors[u.iteration_id]
-        if u.finished:
+    def _produce_splits(self, iteration_id: int, repetition: int, index: int, count: int,
+                        task_id: int, end_of_splits: bool) -> None:
+        cursor = self._split_cursors[iteration_id]
+        if count:
+            cursor.next_index = index + count
+            held = self._splits_in_flight.get(task_id)
+            if held is None:
+                held = self._splits_in_flight[task_id] = deque()
+            held.extend((repetition, i) for i in range(index, index + count))
+        if end_of_splits:
             cursor.repetition += 1
             cursor.next_index = 0
-            return
-        cursor.next_index += 1
-        held = self._splits_in_flight.get(u.task_id)
-        if held is None:
-            held = self._splits_in_flight[u.task_id] = deque()
-        held.append((u.repetition, u.index))
 
     def _ack_splits(self, u: AckSplits) -> None:
         held = self._splits_in_flight[u.task_id]

@@ -34,6 +34,10 @@ def dispatcher_leftovers(plugin) -> list[str]:
         it = state.iteration(iteration_id)
         if not it.garbage_collected and it.num_clients:
             problems.append(f"idle set names iteration {iteration_id}, which has clients")
+    seen = set(getattr(plugin, "_client_seen", ()))
+    stale = seen - {c.iteration_client_id for c in clients}
+    if stale:
+        problems.append(f"liveness times kept for released clients {sorted(stale)}")
     tail = getattr(plugin, "_journal_tail", None)
     if tail is not None and not tail.done():
         problems.append("a journal append is still waiting to be written")
