@@ -28,8 +28,78 @@ import numpy as np
 from ._exceptions import ShapeMismatchError
 from ._types import SCATTER_KINDS, UPDATE_KINDS, ShardInfo
 
-__all__ = ["apply_dense", "apply_sparse", "dedupe_rows", "initial_value", "new_slots",
-           "put_rows", "scatter_rows", "take_rows", "update_dense"]
+__all__ = ["apply_dense", "apply_sparse", "cast_value", "dedupe_rows", "initial_value",
+           "new_slots", "put_rows", "scatter_rows", "take_rows", "update_dense"]
+
+
+def cast_value(value: Any, dtype: Any, what: str) -> np.ndarray:
+    """``value`` as an array of ``dtype``, refusing casts that would change it silently.
+
+    TensorFlow raises on a dtype mismatch; numpy casts ``0.7`` to int 0 and ``1e30`` to the
+    smallest int64. Here a cast is done when it keeps the value: the same kind or a wider one
+    (an int into a float, a float64 into a float32, as gradients are), floats that are whole
+    numbers into ints, ints that fit into narrower ints. Anything else raises ``TypeError``
+    (a fraction, a complex into a real, a non-bool into a bool) or ``ValueError`` (out of
+    range), naming ``what`` (e.g. ``"assign_add to variable 'v'"``) and both dtypes.
+    Non-numeric dtypes (strings, objects) are left to numpy.
+    """
+    dtype = np.dtype(dtype) if dtype is not None else None
+    arr = np.asarray(value)
+    if dtype is None or arr.dtype == dtype:
+        return arr
+    src = arr.dtype
+    if src.kind not in "biufc" or dtype.kind not in "biufc":
+        return np.asarray(value, dtype=dtype)
+    if np.can_cast(src, dtype, "same_kind") and not (src.kind in "iu" and dtype.kind in "iu"):
+        return arr.astype(dtype)  # the same kind or a wider one (f8 -> f4, i8 -> f4, ...)
+    prefix = f"{what}: a value of dtype {src} cannot become {dtype} without changing it"
+    if dtype.kind == "b" or src.kind == "c":
+        raise TypeError(f"{prefix} (TensorFlow refuses dtype mismatches too)")
+    # into an int: whole numbers in range only
+    if src.kind == "f" and arr.size:
+        whole = np.isfinite(arr) & (arr == np.trunc(np.nan_to_num(arr)))
+        if not bool(whole.all()):
+            bad = arr[~whole].flat[0].item()
+            raise TypeError(f"{prefix}: {bad!r} is not a whole number (TensorFlow refuses "
+                            "dtype mismatches too); round or cast it first")
+    if arr.size and not np.can_cast(src, dtype, "safe"):
+        info = np.iinfo(dtype)
+        lo, hi = arr.min(), arr.max()
+        if src.kind == "f":  # float bounds are exact powers of two
+            out_lo, out_hi = lo < float(info.min), hi >= float(info.max) + 1.0
+        else:
+            out_lo, out_hi = int(lo) < info.min, int(hi) > info.max
+        if out_lo or out_hi:
+            raise ValueError(f"{prefix}: {(lo if out_lo else hi).item()!r} is out of range "
+                             f"[{info.min}, {info.max}]")
+    return arr.astype(dtype)
+    if src.kind == "f" and dtype.kind == "c":
+        return arr.astype(dtype)
+    if src.kind == "c" and dtype.kind == "c":
+        return arr.astype(dtype)
+    prefix = f"{what}: a value of dtype {src} cannot become {dtype} without changing it"
+    if dtype.kind == "b":
+        raise TypeError(f"{prefix} (TensorFlow refuses dtype mismatches too): "
+                        "pass booleans")
+    if src.kind == "c":
+        raise TypeError(f"{prefix}: a complex value does not fit a real variable")
+    # into an int: whole numbers in range only
+    if src.kind == "f":
+        if arr.size and not bool(np.all(np.isfinite(arr))):
+            raise ValueError(f"{prefix}: it holds inf or nan")
+        if arr.size and not bool(np.all(arr == np.trunc(arr))):
+            bad = arr[arr != np.trunc(arr)].flat[0]
+            raise TypeError(f"{prefix}: {bad!r} is not a whole number (TensorFlow refuses "
+                            "dtype mismatches too); round or cast it first")
+    info = np.iinfo(dtype)
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        if (src.kind == "f" and (lo < float(info.min) or hi >= -2.0 * float(info.min) - 1
+                                 if info.min else lo < 0 or hi >= 2.0 ** info.bits)) or \
+                (src.kind != "f" and (int(lo) < info.min or int(hi) > info.max)):
+            bad = lo if (lo < 0 and (info.min == 0 or lo < info.min)) else hi
+            raise ValueError(f"{prefix}: {bad!r} is out of range [{info.min}, {info.max}]")
+    return arr.astype(dtype)
 
 
 def new_slots(config: dict, value: np.ndarray) -> dict[str, np.ndarray]:
@@ -293,7 +363,7 @@ def initial_value(fn, shape: tuple, dtype, offset: int = 0,
         value = fn(**{**base, "shape": shape}, partition_offset=part_offset)
     else:
         value = fn(**base)
-    value = np.asarray(value, dtype=dtype)
+    value = cast_value(value, dtype, "the initializer's value")
     if value.shape == shape:
         return value, False
     if value.shape != full_shape or not shape:

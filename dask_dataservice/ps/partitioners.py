@@ -69,6 +69,18 @@ def _axis(shape: tuple[int, ...], axis: int) -> int:
     return axis
 
 
+def _positive(name: str, value: Any, integer: bool = True):
+    """``value`` if it is a number >= 1 (an int when ``integer``), else a TypeError or
+    ValueError naming the argument (``FixedShardsPartitioner(0)`` is refused at once)."""
+    kinds = (int, np.integer) if integer else (int, np.integer, float, np.floating)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"Argument `{name}` must be {'an int' if integer else 'a number'}, "
+                        f"got {value!r}")
+    if not value >= 1 or (not integer and math.isinf(value)):
+        raise ValueError(f"Argument `{name}` must be positive. Received: {value}")
+    return int(value) if integer else value
+
+
 class Partitioner(abc.ABC):
     """Decides how to shard a variable: ``partitioner(shape, dtype) -> [k, 1, ...]``."""
 
@@ -91,9 +103,7 @@ class FixedShardsPartitioner(Partitioner):
     """Split axis 0 into ``num_shards`` shards (fewer if the axis has fewer rows)."""
 
     def __init__(self, num_shards: int):
-        if isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer):
-            raise TypeError(f"num_shards must be an int, got {num_shards!r}")
-        self._num_shards = int(num_shards)
+        self._num_shards = _positive("num_shards", num_shards)
 
     def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
         del dtype
@@ -113,15 +123,9 @@ class MinSizePartitioner(Partitioner):
 
     def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
                  bytes_per_string: int = 16):
-        if min_shard_bytes < 1:
-            raise ValueError(f"Argument `min_shard_bytes` must be positive. Received: {min_shard_bytes}")
-        if max_shards < 1:
-            raise ValueError(f"Argument `max_shards` must be positive. Received: {max_shards}")
-        if bytes_per_string < 1:
-            raise ValueError(f"Argument `bytes_per_string` must be positive. Received: {bytes_per_string}")
-        self._min_shard_bytes = min_shard_bytes
-        self._max_shards = max_shards
-        self._bytes_per_string = bytes_per_string
+        self._min_shard_bytes = _positive("min_shard_bytes", min_shard_bytes, False)
+        self._max_shards = _positive("max_shards", max_shards)
+        self._bytes_per_string = _positive("bytes_per_string", bytes_per_string)
 
     def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
         dims = _shape(shape)
@@ -143,15 +147,9 @@ class MaxSizePartitioner(Partitioner):
 
     def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
                  bytes_per_string: int = 16):
-        if max_shard_bytes < 1:
-            raise ValueError(f"Argument `max_shard_bytes` must be positive. Received {max_shard_bytes}")
-        if max_shards is not None and max_shards < 1:
-            raise ValueError(f"Argument `max_shards` must be positive. Received {max_shards}")
-        if bytes_per_string < 1:
-            raise ValueError(f"Argument `bytes_per_string` must be positive. Received {bytes_per_string}")
-        self._max_shard_bytes = max_shard_bytes
-        self._max_shards = max_shards
-        self._bytes_per_string = bytes_per_string
+        self._max_shard_bytes = _positive("max_shard_bytes", max_shard_bytes, False)
+        self._max_shards = None if max_shards is None else _positive("max_shards", max_shards)
+        self._bytes_per_string = _positive("bytes_per_string", bytes_per_string)
 
     def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
         dims = _shape(shape)

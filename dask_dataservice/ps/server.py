@@ -91,7 +91,7 @@ def _check_ids(shard: Shard, ids: Any) -> np.ndarray:
 
 
 def _as_value(shard: Shard, value: Any, shape: tuple | None = None) -> np.ndarray:
-    arr = np.asarray(unwire(value))
+    arr = _kernels.cast_value(unwire(value), shard.value.dtype, f"variable {shard.key!r}")
     want = shard.value.shape if shape is None else shape
     if arr.shape != want:
         try:
@@ -209,7 +209,8 @@ class ParameterServerPlugin(WorkerPlugin):
             value, sliced = await run_in_executor_with_context(
                 self._io, _call_initializer, init, tuple(shape), dtype, int(offset),
                 tuple(full_shape) if full_shape is not None else None)
-        arr = np.array(unwire(value), dtype=dtype, copy=True, order="C")
+        arr = np.array(_kernels.cast_value(unwire(value), dtype, f"variable {key!r}"),
+                       copy=True, order="C")
         if shape is not None and arr.shape != tuple(shape):
             raise ShapeMismatchError(
                 f"initial value of {key!r} has shape {arr.shape}, expected {tuple(shape)}")

@@ -41,7 +41,7 @@ import numpy as np
 from distributed import Client, get_worker
 
 from .. import config
-from . import _routing
+from . import _kernels, _routing
 from ._runner_plugin import TrainingWorkerPlugin
 from ._types import Call, wire
 from .partitioners import check_partitions, div_offsets
@@ -375,7 +375,7 @@ class ParameterServerStrategy:
             shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
             value = None
         else:
-            value = np.asarray(initial_value, dtype=dtype)
+            value = _kernels.cast_value(initial_value, dtype, f"variable {name!r}")
             if shape is not None and value.shape != tuple(shape):
                 raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
             shape, dtype = value.shape, value.dtype

@@ -215,7 +215,8 @@ class Variable(_Handle):
                 initial_value = initial_value()
             else:
                 initial_value, _ = _kernels.initial_value(initial_value, tuple(shape), dtype)
-        value = np.array(initial_value, dtype=dtype, copy=True)
+        value = np.array(_kernels.cast_value(initial_value, dtype, f"variable {name!r}"),
+                         copy=True)
         if shape is not None and value.shape != tuple(shape):
             raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
         self._init_handle(name or "Variable", value.shape, value.dtype, trainable,
@@ -317,7 +318,7 @@ class Variable(_Handle):
                              self._owner)["value"]
 
     def _update(self, kind: str, value) -> None:
-        arr = np.asarray(value, dtype=self._dtype)
+        arr = _kernels.cast_value(value, self._dtype, f"{kind} to variable {self._name!r}")
         if arr.shape != self._shape:
             try:
                 fits = np.broadcast_shapes(arr.shape, self._shape) == self._shape
@@ -399,7 +400,7 @@ class ShardedVariable(_Handle):
         return read_values(self)[0]
 
     def _update(self, kind: str, value) -> None:
-        arr = np.asarray(value, dtype=self._dtype)
+        arr = _kernels.cast_value(value, self._dtype, f"{kind} to variable {self._name!r}")
         try:
             full = np.broadcast_to(arr, self._shape)
         except ValueError:
@@ -595,7 +596,7 @@ def _scatter(variables, offsets, shape, dtype, kind, ids, updates, client, uid) 
     name = variables[0].name
     flat, _ = _flat_ids(ids, offsets[-1] if shape else 0, name)
     row_shape = tuple(shape[1:])
-    upd = np.asarray(updates, dtype=dtype)
+    upd = _kernels.cast_value(updates, dtype, f"scatter_{kind} to variable {name!r}")
     try:
         upd = np.broadcast_to(upd, (flat.size, *row_shape))
     except ValueError:
@@ -633,7 +634,8 @@ def apply_gradients(config: dict, grads_and_vars: list) -> None:
         tag = _routing.tag()
         if isinstance(grad, IndexedSlices):
             flat, _ = _flat_ids(grad.indices, offsets[-1], var.name)
-            rows = np.broadcast_to(np.asarray(grad.values, dtype=var.dtype),
+            rows = np.broadcast_to(_kernels.cast_value(
+                grad.values, var.dtype, f"the gradient of variable {var.name!r}"),
                                    (flat.size, *var.shape[1:]))
             plan = _plan(flat, offsets)
             summed = plan.combine(rows, np.add)  # duplicate ids: gradients add up
@@ -644,7 +646,7 @@ def apply_gradients(config: dict, grads_and_vars: list) -> None:
                                    "grad": wire(summed[a:b]), "ids": wire(local), **tag}))
             nbytes += summed.nbytes
         else:
-            g = np.asarray(grad, dtype=var.dtype)
+            g = _kernels.cast_value(grad, var.dtype, f"the gradient of variable {var.name!r}")
             if g.shape != tuple(var.shape):
                 raise ValueError(f"gradient of shape {g.shape} does not fit variable "
                                  f"{var.name!r} of shape {var.shape}")
