@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 
+import dask
 import pytest
 from _helpers import wait as _wait  # noqa: E402
 from distributed import Client
 
 import dask_dataservice as dds
-from dask_dataservice.service.journal import read_journal
-from dask_dataservice.service.state import decode_update, replay
+from dask_dataservice.service._state_codec import restore
+from dask_dataservice.service.journal import list_snapshots, load_journal
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -89,15 +90,23 @@ def _buffered_allowance(seen):
 
 
 def test_journal_replays_to_the_same_state(tmp_path):
+    """Snapshots every few records: replay = the newest snapshot + the records after it."""
     cfg = dds.DispatcherConfig(fault_tolerant_mode=True, work_dir=str(tmp_path))
-    with dds.DispatchServer(cfg) as dispatcher, dds.WorkerServer(dds.WorkerConfig(dispatcher._address)):
+    with dask.config.set({"dataservice.dispatcher.snapshot-records": 4}), \
+            dds.DispatchServer(cfg) as dispatcher, \
+            dds.WorkerServer(dds.WorkerConfig(dispatcher._address)):
         with Client(dispatcher.target) as c:
             ds = dds.Dataset.range(3000).apply(dds.distribute("distributed_epoch", c))
             assert sorted(ds) == list(range(3000))
             assert sorted(ds) == list(range(3000))
             plugin = dispatcher.server.plugins["dataservice-dispatcher"]
+            journal = plugin._journal
+            _wait(lambda: journal.metrics.snapshots_written >= 1, what="a snapshot")
+    assert list_snapshots(tmp_path)
     # every update the dispatcher applied, and nothing else, is in the journal
-    restored = replay(decode_update(r) for r in read_journal(tmp_path))
+    contents = load_journal(tmp_path)
+    assert contents.snapshot is not None
+    restored, _ = restore(*contents)
     assert restored.snapshot() == plugin.state.snapshot()
     assert len(restored.list_iterations()) == 2
     restored.validate_state()

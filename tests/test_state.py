@@ -35,6 +35,7 @@ from dask_dataservice.service._exceptions import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
+from dask_dataservice.service._state_codec import decode_state, encode_state
 from dask_dataservice.service.state import (
     ITERATION_ACCEPTS,
     JOB_ACCEPTS,
@@ -60,7 +61,6 @@ from dask_dataservice.service.state import (
     encode_update,
     replay,
 )
-from dask_dataservice.service._state_codec import decode_state, encode_state
 
 W1 = "tcp://10.0.0.1:4001"
 W2 = "tcp://10.0.0.2:4002"
