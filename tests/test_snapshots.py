@@ -7,6 +7,7 @@ process killed with SIGKILL while it appends and compacts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -17,6 +18,7 @@ import threading
 import warnings
 
 import pytest
+from distributed.utils_test import gen_test
 
 from dask_dataservice.service._state_codec import compact, decode_state, encode_state, restore
 from dask_dataservice.service.journal import (
@@ -396,3 +398,77 @@ def test_sigkill_while_appending_and_compacting_keeps_every_acknowledged_record(
         repetition, index, _ = state.split_position(2000)
         assert (repetition, index) > acknowledged, (round_, acknowledged)
     assert list_snapshots(work_dir), "compactions ran"
+
+
+# -- the dispatcher: what it journals, what it replays ------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def ft_dispatcher(work_dir):
+    """A fault-tolerant DispatcherPlugin on a fresh in-process scheduler (no workers)."""
+    from distributed import Scheduler
+
+    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            yield plugin
+        finally:
+            await plugin.close()
+
+
+def ok(reply):
+    assert reply["status"] == "OK", reply
+    return reply
+
+
+@gen_test(timeout=60)
+async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(tmp_path):
+    async with ft_dispatcher(tmp_path) as plugin:
+        dataset_id = ok(await plugin.register_dataset(
+            fingerprint="fp", pipeline=b"p", splits=b"s", num_splits=100))["dataset_id"]
+        job_id = ok(await plugin.get_or_create_job(
+            dataset_id=dataset_id, processing_mode="DYNAMIC"))["job_id"]
+        view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+        records = plugin._journal.metrics.records_written
+        for _ in range(50):
+            ok(plugin.client_heartbeat(iteration_client_id=view["iteration_client_id"]))
+        assert plugin._journal.metrics.records_written == records
+        # the dispatcher still knows the client is alive (in memory)
+        assert view["iteration_client_id"] in plugin._client_seen
+        # a task to ask for splits, journaled as the dispatcher would for a worker
+        plugin._apply(RegisterWorker(W, "10.0.0.1", 1))
+        plugin._apply(CreateTask(plugin.state.next_task_id(), view["iteration_id"], W))
+        await plugin._wait_durable()
+        records = plugin._journal.metrics.records_written
+        [task] = plugin.state.tasks_for_iteration(view["iteration_id"])
+        reply = ok(await plugin.get_split(iteration_id=view["iteration_id"],
+                                          task_id=task.task_id, repetition=0, count=64))
+        assert reply["split_indices"] == list(range(64))
+        assert not reply["end_of_splits"]
+        assert plugin._journal.metrics.records_written == records + 1
+        reply = ok(await plugin.get_split(iteration_id=view["iteration_id"],
+                                          task_id=task.task_id, repetition=0, count=64))
+        assert reply["split_indices"] == list(range(64, 100))
+        assert reply["end_of_splits"]  # said with the last splits, no extra round trip
+        assert plugin._journal.metrics.records_written == records + 2
+        ok(await plugin.release_iteration_client(
+            iteration_client_id=view["iteration_client_id"]))
+        assert plugin._client_seen == {}
+
+
+@gen_test(timeout=60)
+async def test_a_dispatcher_refuses_to_start_on_a_journal_damaged_for_replay(tmp_path):
+    """Issue 11 s4: not WorkerNotFoundError/IllegalUpdateError without a place, but
+    JournalCorruptedError naming the file and the byte offset."""
+    write_segments(tmp_path, [setup_updates()])
+    with JournalWriter.open(tmp_path) as writer:
+        writer.append_sync(encode_update(RemoveWorker("tcp://nobody:1")))
+    with pytest.raises(JournalCorruptedError) as e:
+        async with ft_dispatcher(tmp_path):
+            pass
+    assert (e.value.path, e.value.offset) == (segment_path(tmp_path, 1), 16)
+    assert "journal_00000001 is corrupted at byte offset 16" in str(e.value)
