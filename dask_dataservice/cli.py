@@ -12,7 +12,9 @@ Subcommands:
     ``dask scheduler`` / ``dask worker`` with ``--preload dask_dataservice``: the way to run
     the data service from a shell. Every other option is passed on to Dask. ``worker
     --supervise`` restarts the worker whenever its scheduler went away
-    (:func:`dask_dataservice.service.supervise.supervise`).
+    (:func:`dask_dataservice.service.supervise.supervise`). ``scheduler`` warns on stderr
+    when the scheduler would listen beyond this machine without TLS
+    (:func:`insecure_listen_warning`; docs/security.md).
 ``version``
     The installed version (``--verbose``: and those of the main dependencies).
 
@@ -35,7 +37,7 @@ from collections.abc import Sequence
 
 import click
 
-__all__ = ["dataservice", "dask_command", "main", "package_version"]
+__all__ = ["dataservice", "dask_command", "insecure_listen_warning", "main", "package_version"]
 
 PROG = "dask-dataservice"
 DIST_NAME = "dask-dataservice"
@@ -188,6 +190,71 @@ def _run(cmd: list[str], env: dict[str, str], *, dry_run: bool, supervise: bool 
     os.execve(cmd[0], cmd, env)  # the new program takes over this process: same pid, signals
 
 
+def _option_values(args: Sequence[str], name: str) -> list[str]:
+    """The values of ``name`` (``--name VALUE`` or ``--name=VALUE``) in a Dask command line."""
+    values = [v for k, v in zip(args, args[1:], strict=False) if k == name]
+    return values + [a.split("=", 1)[1] for a in args if a.startswith(name + "=")]
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an IP address) is this machine's loopback only."""
+    import ipaddress
+    import socket
+
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:  # a host name: loopback if every address it has is
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def insecure_listen_warning(dask_args: Sequence[str]) -> str | None:
+    """The warning for a ``dask scheduler`` command line that listens beyond this machine
+    without TLS (``None`` when it listens on loopback only, or with TLS).
+
+    TLS counts when the command asks for it (``--protocol tls``, a ``tls://`` host, any
+    ``--tls-*`` option) or Dask's configuration does (``distributed.comm.default-scheme``,
+    ``distributed.comm.require-encryption`` or a scheduler certificate). The listening
+    address is ``--host`` (default: every interface) or ``--interface`` (loopback for ``lo``).
+    """
+    import dask.config
+
+    args = list(dask_args)
+    hosts, interfaces = _option_values(args, "--host"), _option_values(args, "--interface")
+    protocols = _option_values(args, "--protocol")
+    schemes = {p.split("://", 1)[0].lower() for p in protocols if p}
+    schemes |= {h.split("://", 1)[0].lower() for h in hosts if "://" in h}
+    if any(a.startswith("--tls-") for a in args) or "tls" in schemes:
+        return None
+    if schemes & {"inproc", "ucx"}:
+        return None  # not a TCP listener (UCX has its own transport security)
+    config = dask.config.get("distributed.comm", {})
+    if (str(config.get("default-scheme", "tcp")).lower() == "tls"
+            or config.get("require-encryption")
+            or (config.get("tls", {}).get("scheduler") or {}).get("cert")):
+        return None
+    host = hosts[-1].split("://", 1)[-1] if hosts else ""
+    host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # host:port
+    if host and _is_loopback(host):
+        return None
+    if not host and interfaces and interfaces[-1] in ("lo", "lo0"):
+        return None
+    where = f"host {host}" if host else (f"interface {interfaces[-1]}" if interfaces
+                                          else "every network interface")
+    return (f"{PROG}: warning: the scheduler listens on {where} without TLS: anyone who can "
+            "reach its port can run code on the workers, read every registered pipeline and "
+            "take other users' data (see the security page of the docs). Give it "
+            "certificates (--tls-ca-file, --tls-cert, --tls-key), or --host 127.0.0.1 for a "
+            "single machine.")
+
+
 _DASK_ARGS = click.argument("dask_args", nargs=-1, type=click.UNPROCESSED)
 _DRY_RUN = click.option("--dry-run", is_flag=True, help="print the command line instead of running it")
 
@@ -216,6 +283,9 @@ def scheduler(dry_run: bool, work_dir: str | None, worker_addresses: str | None,
     if worker_addresses:
         names = [a.strip() for a in worker_addresses.split(",") if a.strip()]
         env["DASK_DATASERVICE__DISPATCHER__WORKER_ADDRESSES"] = json.dumps(names)
+    warning = insecure_listen_warning(dask_args)
+    if warning:
+        click.echo(warning, err=True)
     _run(dask_command("scheduler", dask_args), env, dry_run=dry_run)
 
 

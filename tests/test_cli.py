@@ -574,3 +574,66 @@ def test_scheduler_work_dir_and_worker_list_become_config(tmp_path):
     with dask.config.set(parsed):
         assert config.get("dispatcher.worker-addresses") == ["w0", "w1"]
     assert words[-4:] == ["--preload", "dask_dataservice", "--port", "0"]
+
+
+# ---------------------------------------------------------------------------------------
+# the warning for a scheduler open to the network without TLS (issue 11 s6)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dask_args", [
+    [],  # dask's default: every interface
+    ["--host", "0.0.0.0"],
+    ["--host=192.0.2.7", "--port", "8786"],
+    ["--host", "tcp://0.0.0.0"],
+    ["--interface", "eth0"],
+    ["--protocol", "tcp", "--host", "::"],
+])
+def test_scheduler_warns_when_it_listens_beyond_loopback_without_tls(dask_args):
+    rc, out, err = invoke("scheduler", "--dry-run", *dask_args)
+    assert rc == 0
+    assert "warning: the scheduler listens on" in err and "without TLS" in err, err
+    assert "--tls-cert" in err and "--host 127.0.0.1" in err
+    assert shlex.split(out) == cli.dask_command("scheduler", dask_args)  # it still starts
+
+
+@pytest.mark.parametrize("dask_args", [
+    ["--host", "127.0.0.1"],
+    ["--host", "localhost", "--port", "0"],
+    ["--host", "::1"],
+    ["--host", "tcp://127.0.0.2"],
+    ["--interface", "lo"],
+    ["--protocol", "tls"],
+    ["--host", "tls://0.0.0.0"],
+    ["--tls-ca-file", "ca.pem", "--tls-cert", "s.pem", "--tls-key", "s.key"],
+    ["--protocol", "inproc"],
+])
+def test_scheduler_does_not_warn_on_loopback_or_with_tls(dask_args):
+    rc, _, err = invoke("scheduler", "--dry-run", *dask_args)
+    assert rc == 0
+    assert "warning" not in err, err
+
+
+def test_scheduler_does_not_warn_when_dask_config_asks_for_tls():
+    import dask.config
+
+    for key, value in [("distributed.comm.require-encryption", True),
+                       ("distributed.comm.default-scheme", "tls"),
+                       ("distributed.comm.tls.scheduler.cert", "s.pem")]:
+        with dask.config.set({key: value}):
+            assert cli.insecure_listen_warning(["--host", "0.0.0.0"]) is None, key
+    assert cli.insecure_listen_warning(["--host", "0.0.0.0"]) is not None
+
+
+def test_scheduler_process_on_every_interface_warns(servers, tmp_path):
+    # the real command: the warning is on stderr before Dask's own lines, and the scheduler runs
+    from distributed import Client
+
+    scheduler_file = tmp_path / "scheduler.json"
+    proc = servers.start(str(_console_script()), "scheduler", "--port", "0", "--no-dashboard",
+                         "--scheduler-file", str(scheduler_file))
+    with Client(scheduler_file=str(scheduler_file), timeout="30s", set_as_default=False) as client:
+        assert client.sync(client.scheduler.dataservice_state)["status"] == "OK"
+    err = servers.stop(proc)
+    assert err.splitlines()[0].startswith("dask-dataservice: warning: the scheduler listens on "
+                                          "every network interface without TLS"), err
