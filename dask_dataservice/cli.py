@@ -127,15 +127,27 @@ POSITIVE = _PositiveInt()
               help="parameter servers of the embedded cluster when training")
 @click.option("--checkpoint", metavar="DIR", default=None,
               help="write the trained model's checkpoint (a zarr group) to DIR")
+@click.option("--tls-ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="with --scheduler tls://...: CA certificate(s) file (PEM)")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="with --scheduler tls://...: this client's certificate file (PEM)")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="with --scheduler tls://...: this client's private key file (PEM)")
 def demo(**options) -> None:
     """Stream a synthetic click-through input pipeline through the data service (and train
     a model on it with parameter servers)."""
+    import dask.config
+
     from dask_dataservice.demo import DemoError, DemoOptions, DemoUsageError, run_demo
 
     if options["mode"] is not None:
         options["mode"] = options["mode"].lower()
+    tls = _client_tls_config(options.pop("scheduler", None) or "", options.pop("tls_ca_file"),
+                             options.pop("tls_cert"), options.pop("tls_key"))
+    options["scheduler"] = tls.pop("scheduler")
     try:
-        rc = run_demo(DemoOptions(**options))
+        with dask.config.set(tls):
+            rc = run_demo(DemoOptions(**options))
     except DemoUsageError as e:
         raise click.UsageError(str(e)) from None
     except DemoError as e:
@@ -146,6 +158,32 @@ def demo(**options) -> None:
         click.echo(f"{PROG}: interrupted", err=True)
         sys.exit(130)
     sys.exit(rc)
+
+
+def _client_tls_config(scheduler: str, ca_file: str | None, cert: str | None,
+                       key: str | None) -> dict:
+    """Dask configuration for a client of ``scheduler`` from the ``--tls-*`` options (and
+    ``"scheduler"``: the address, or None); a usage error when a ``tls://`` scheduler has no
+    certificates here or in Dask's configuration (Dask would fail with a TypeError)."""
+    import dask.config
+
+    given = {"distributed.comm.tls.ca-file": ca_file, "distributed.comm.tls.client.cert": cert,
+             "distributed.comm.tls.client.key": key}
+    given = {k: v for k, v in given.items() if v}
+    if given and not scheduler:
+        raise click.UsageError("--tls-ca-file, --tls-cert and --tls-key are for --scheduler "
+                               "tls://... (the embedded cluster needs none)")
+    if scheduler.lower().startswith("tls://"):
+        missing = [option for option, k in [("--tls-ca-file", "distributed.comm.tls.ca-file"),
+                                            ("--tls-cert", "distributed.comm.tls.client.cert"),
+                                            ("--tls-key", "distributed.comm.tls.client.key")]
+                   if k not in given and not dask.config.get(k, None)]
+        if missing:
+            raise click.UsageError(
+                f"the scheduler at {scheduler} speaks TLS: give this client certificates with "
+                f"{', '.join(missing)} (or set Dask's distributed.comm.tls.ca-file, "
+                "distributed.comm.tls.client.cert and .key)")
+    return {**given, "scheduler": scheduler or None}
 
 
 # scheduler, worker

@@ -637,3 +637,13 @@ def test_scheduler_process_on_every_interface_warns(servers, tmp_path):
     err = servers.stop(proc)
     assert err.splitlines()[0].startswith("dask-dataservice: warning: the scheduler listens on "
                                           "every network interface without TLS"), err
+
+
+def test_demo_tls_scheduler_without_certificates_is_a_usage_error(tmp_path):
+    rc, _, err = invoke("demo", "--scheduler", "tls://127.0.0.1:1", "--elements", "10")
+    assert rc == 2
+    assert "speaks TLS" in err and "--tls-ca-file, --tls-cert, --tls-key" in err, err
+    pem = tmp_path / "ca.pem"
+    pem.write_text("not used")
+    rc, _, err = invoke("demo", "--tls-ca-file", str(pem), "--elements", "10")
+    assert rc == 2 and "are for --scheduler tls://" in err, err
