@@ -15,6 +15,8 @@ Subcommands:
     (:func:`dask_dataservice.service.supervise.supervise`). ``scheduler`` warns on stderr
     when the scheduler would listen beyond this machine without TLS
     (:func:`insecure_listen_warning`; docs/security.md).
+``ready``
+    Exit 0 when the dispatcher answers: a readiness probe for deployments (docs/deploy.md).
 ``version``
     The installed version (``--verbose``: and those of the main dependencies).
 
@@ -74,6 +76,43 @@ def main(argv: Sequence[str] | None = None) -> None:
 ######
 
 
+def _client_tls_config(scheduler: str, ca_file: str | None, cert: str | None,
+                       key: str | None) -> dict:
+    """Dask configuration for a client of ``scheduler`` from the ``--tls-*`` options (and
+    ``"scheduler"``: the address, or None); a usage error when a ``tls://`` scheduler has no
+    certificates here or in Dask's configuration (Dask would fail with a TypeError)."""
+    import dask.config
+
+    given = {"distributed.comm.tls.ca-file": ca_file, "distributed.comm.tls.client.cert": cert,
+             "distributed.comm.tls.client.key": key}
+    given = {k: v for k, v in given.items() if v}
+    if given and not scheduler:
+        raise click.UsageError("--tls-ca-file, --tls-cert and --tls-key are for --scheduler "
+                               "tls://... (the embedded cluster needs none)")
+    if scheduler.lower().startswith("tls://"):
+        missing = [option for option, k in [("--tls-ca-file", "distributed.comm.tls.ca-file"),
+                                            ("--tls-cert", "distributed.comm.tls.client.cert"),
+                                            ("--tls-key", "distributed.comm.tls.client.key")]
+                   if k not in given and not dask.config.get(k, None)]
+        if missing:
+            raise click.UsageError(
+                f"the scheduler at {scheduler} speaks TLS: give this client certificates with "
+                f"{', '.join(missing)} (or set Dask's distributed.comm.tls.ca-file, "
+                "distributed.comm.tls.client.cert and .key)")
+    return {**given, "scheduler": scheduler or None}
+
+
+def _client_tls_options(command):
+    """The ``--tls-ca-file``/``--tls-cert``/``--tls-key`` options of a command that connects
+    to a ``tls://`` scheduler as a client (see :func:`_client_tls_config`)."""
+    for option, what in reversed([("--tls-ca-file", "CA certificate(s) file"),
+                                  ("--tls-cert", "this client's certificate file"),
+                                  ("--tls-key", "this client's private key file")]):
+        command = click.option(option, type=click.Path(exists=True, dir_okay=False),
+                               default=None, help=f"for a tls:// scheduler: {what} (PEM)")(command)
+    return command
+
+
 class _PositiveInt(click.ParamType):
     name = "integer"
 
@@ -127,12 +166,7 @@ POSITIVE = _PositiveInt()
               help="parameter servers of the embedded cluster when training")
 @click.option("--checkpoint", metavar="DIR", default=None,
               help="write the trained model's checkpoint (a zarr group) to DIR")
-@click.option("--tls-ca-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="with --scheduler tls://...: CA certificate(s) file (PEM)")
-@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="with --scheduler tls://...: this client's certificate file (PEM)")
-@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="with --scheduler tls://...: this client's private key file (PEM)")
+@_client_tls_options
 def demo(**options) -> None:
     """Stream a synthetic click-through input pipeline through the data service (and train
     a model on it with parameter servers)."""
@@ -158,32 +192,6 @@ def demo(**options) -> None:
         click.echo(f"{PROG}: interrupted", err=True)
         sys.exit(130)
     sys.exit(rc)
-
-
-def _client_tls_config(scheduler: str, ca_file: str | None, cert: str | None,
-                       key: str | None) -> dict:
-    """Dask configuration for a client of ``scheduler`` from the ``--tls-*`` options (and
-    ``"scheduler"``: the address, or None); a usage error when a ``tls://`` scheduler has no
-    certificates here or in Dask's configuration (Dask would fail with a TypeError)."""
-    import dask.config
-
-    given = {"distributed.comm.tls.ca-file": ca_file, "distributed.comm.tls.client.cert": cert,
-             "distributed.comm.tls.client.key": key}
-    given = {k: v for k, v in given.items() if v}
-    if given and not scheduler:
-        raise click.UsageError("--tls-ca-file, --tls-cert and --tls-key are for --scheduler "
-                               "tls://... (the embedded cluster needs none)")
-    if scheduler.lower().startswith("tls://"):
-        missing = [option for option, k in [("--tls-ca-file", "distributed.comm.tls.ca-file"),
-                                            ("--tls-cert", "distributed.comm.tls.client.cert"),
-                                            ("--tls-key", "distributed.comm.tls.client.key")]
-                   if k not in given and not dask.config.get(k, None)]
-        if missing:
-            raise click.UsageError(
-                f"the scheduler at {scheduler} speaks TLS: give this client certificates with "
-                f"{', '.join(missing)} (or set Dask's distributed.comm.tls.ca-file, "
-                "distributed.comm.tls.client.cert and .key)")
-    return {**given, "scheduler": scheduler or None}
 
 
 # scheduler, worker
@@ -341,6 +349,67 @@ def worker(dry_run: bool, supervise: bool, dask_args: tuple[str, ...]) -> None:
     """Start a Dask worker with the data service's worker plugin (dask worker SCHEDULER
     --preload dask_dataservice)."""
     _run(dask_command("worker", dask_args), dict(os.environ), dry_run=dry_run, supervise=supervise)
+
+
+# ready
+#######
+
+
+@dataservice.command(context_settings=CONTEXT_SETTINGS,
+                     short_help="exit 0 when the dispatcher answers (a readiness probe)")
+@click.argument("address", required=False, envvar="DASK_SCHEDULER_ADDRESS")
+@click.option("--timeout", default="5s", show_default=True,
+              help="give up connecting and waiting for the reply after this long")
+@click.option("--min-workers", type=int, default=0, show_default=True, metavar="N",
+              help="ready only once N data workers are registered with the dispatcher")
+@_client_tls_options
+def ready(address: str | None, timeout: str, min_workers: int, tls_ca_file: str | None,
+          tls_cert: str | None, tls_key: str | None) -> None:
+    """Exit 0 when the data service's dispatcher at ADDRESS (default: $DASK_SCHEDULER_ADDRESS)
+    answers, having replayed its journal (and has --min-workers data workers); exit 1 with a
+    one-line reason otherwise. Meant for readiness probes (Kubernetes, scripts)."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    if not address:
+        raise click.UsageError("give the scheduler's ADDRESS (or set DASK_SCHEDULER_ADDRESS)")
+    tls = _client_tls_config(address, tls_ca_file, tls_cert, tls_key)
+    tls.pop("scheduler")
+    with dask.config.set(tls):
+        import asyncio
+
+        reason = asyncio.run(_not_ready(address, parse_timedelta(timeout), min_workers))
+    if reason:
+        click.echo(f"{PROG} ready: {reason}", err=True)
+        sys.exit(1)
+    click.echo(f"{PROG} ready: the dispatcher at {address} answers")
+
+
+async def _not_ready(address: str, timeout: float, min_workers: int) -> str | None:
+    """Why the dispatcher at ``address`` is not ready (None: it is)."""
+    import asyncio
+
+    from distributed.core import rpc
+    from distributed.security import Security
+
+    from dask_dataservice._rpc import normalize_address
+
+    address = normalize_address(address)
+    server = rpc(address, timeout=timeout,
+                 connection_args=Security().get_connection_args("client"))
+    try:
+        reply = await asyncio.wait_for(server.dataservice_state(), timeout)
+    except (OSError, TimeoutError) as e:
+        return f"cannot reach the scheduler at {address}: {e or type(e).__name__}"
+    finally:
+        await server.close_rpc()
+    if not isinstance(reply, dict) or reply.get("status") != "OK":
+        return (f"the scheduler at {address} has no data-service dispatcher (started "
+                "without --preload dask_dataservice?)")
+    if len(reply.get("workers", ())) < min_workers:
+        return (f"{len(reply['workers'])} data workers registered with the dispatcher at "
+                f"{address}, waiting for {min_workers}")
+    return None
 
 
 # version

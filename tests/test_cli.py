@@ -496,6 +496,9 @@ def test_worker_command_alone_installs_the_worker_plugin(servers, tmp_path):
         client.wait_for_workers(1, timeout=30)
         assert list(client.run(lambda dask_worker: "dataservice" in dask_worker.extensions).values()) == [True]
         assert client.run_on_scheduler(lambda dask_scheduler: "dataservice" in dask_scheduler.extensions) is False
+        address = client.scheduler.address
+    rc, _, err = invoke("ready", address)  # a plain dask scheduler: no dispatcher
+    assert rc == 1 and "has no data-service dispatcher" in err, err
     servers.stop(worker)
     # clean=False: until the dispatcher is there, the scheduler logs a warning with a
     # traceback for each heartbeat of a preloaded worker (reported; not the CLI's doing)
@@ -542,12 +545,12 @@ def test_version_verbose():
 def test_no_subcommand_prints_help():
     rc, out, err = invoke()
     assert rc == 2
-    for name in ("demo", "scheduler", "worker", "version"):
+    for name in ("demo", "scheduler", "worker", "ready", "version"):
         assert name in out + err
 
 
 def test_subcommands_and_their_help():
-    assert set(cli.dataservice.commands) == {"demo", "scheduler", "worker", "version"}
+    assert set(cli.dataservice.commands) == {"demo", "scheduler", "worker", "ready", "version"}
     rc, out, _ = invoke("demo", "--help")
     assert rc == 0
     assert "--scheduler ADDRESS" in out and "--train / --no-train" in out
@@ -634,6 +637,12 @@ def test_scheduler_process_on_every_interface_warns(servers, tmp_path):
                          "--scheduler-file", str(scheduler_file))
     with Client(scheduler_file=str(scheduler_file), timeout="30s", set_as_default=False) as client:
         assert client.sync(client.scheduler.dataservice_state)["status"] == "OK"
+        address = client.scheduler.address
+    # the readiness probe: the dispatcher answers; with --min-workers it waits for workers
+    rc, out, err = invoke("ready", address)
+    assert (rc, out.strip()) == (0, f"dask-dataservice ready: the dispatcher at {address} answers"), err
+    rc, _, err = invoke("ready", address, "--min-workers", "1")
+    assert rc == 1 and "0 data workers registered" in err, err
     err = servers.stop(proc)
     assert err.splitlines()[0].startswith("dask-dataservice: warning: the scheduler listens on "
                                           "every network interface without TLS"), err
@@ -647,3 +656,12 @@ def test_demo_tls_scheduler_without_certificates_is_a_usage_error(tmp_path):
     pem.write_text("not used")
     rc, _, err = invoke("demo", "--tls-ca-file", str(pem), "--elements", "10")
     assert rc == 2 and "are for --scheduler tls://" in err, err
+
+
+def test_ready_without_a_scheduler():
+    rc, _, err = invoke("ready", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1s")
+    assert rc == 1 and "cannot reach the scheduler at tcp://127.0.0.1:" in err, err
+    rc, _, err = invoke("ready", "tls://127.0.0.1:1")
+    assert rc == 2 and "speaks TLS" in err, err
+    result = CliRunner(env={"DASK_SCHEDULER_ADDRESS": None}).invoke(cli.dataservice, ["ready"])
+    assert result.exit_code == 2 and "give the scheduler's ADDRESS" in result.stderr

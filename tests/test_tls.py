@@ -227,6 +227,9 @@ def test_cli_scheduler_and_supervised_worker_with_tls_options(processes, tmp_pat
         ds = dds.Dataset.range(2000).apply(dds.distribute("distributed_epoch", client))
         assert sorted(ds) == list(range(2000))
 
+        # the readiness probe over TLS
+        rc, out, err = _invoke("ready", address, *_tls_args(certs))
+        assert rc == 0, err
         # the demo without certificates: a usage error naming the options, not a TypeError
         rc, _, err = _invoke("demo", "--scheduler", address, "--elements", "10")
         assert rc == 2 and "speaks TLS" in err, err
