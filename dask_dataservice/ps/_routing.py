@@ -139,8 +139,12 @@ def run_sync(loop, fn, *args, **kwargs):
     return sync(loop, fn, *args, **kwargs)
 
 
-def call_many(calls: list[Call], client=None, uid: str | None = None) -> list[dict]:
-    """Send ``calls`` in parallel and wait for all replies (in order)."""
+def call_many(calls: list[Call], client=None, uid: str | None = None,
+              limit: float | None = None) -> list[dict]:
+    """Send ``calls`` in parallel and wait for all replies (in order).
+
+    Each reply is awaited at most ``limit`` seconds (default: ``dataservice.ps.request-timeout``).
+    """
     if not calls:
         return []
     calls = [c if isinstance(c, Call) else Call(*c) for c in calls]
@@ -148,7 +152,7 @@ def call_many(calls: list[Call], client=None, uid: str | None = None) -> list[di
     if pipeline is not None:
         return pipeline.call_many(calls)
     loop, rpc = _route(client, uid)
-    return run_sync(loop, _gather, rpc, calls, timeout())
+    return run_sync(loop, _gather, rpc, calls, timeout() if limit is None else limit)
 
 
 def send_updates(calls: list[Call], client=None, nbytes: int = 0, uid: str | None = None) -> None:

@@ -26,6 +26,18 @@ not become tasks. Instead:
   finish afterwards are cancelled too: their ``fetch()`` raises ClosureCancelledError.
 - A membership loop polls the scheduler for training workers that joined or left; a worker
   whose request failed is remembered as dead only while the scheduler still lists it.
+- A liveness loop probes every training worker and parameter server each
+  ``membership-interval``, each probe bounded by ``dataservice.ps.liveness-timeout``
+  (seconds; Dask's worker-ttl is minutes). A training worker that does not answer (frozen,
+  hung) is treated like a dead one: its feeders are cancelled, its batch goes back to the
+  queue and re-runs elsewhere (exactly-once updates keep the counters exact); it is used
+  again once it answers. A parameter server that does not answer fails the scheduled
+  functions in flight at once with ParameterServerUnavailableError (``join()`` raises it
+  within seconds), and new ones while it stays silent; one that answers again is used
+  again (the training workers' channels reconnect by themselves).
+- Parameter servers fence late updates: after ``join()`` the coordinator tells them that
+  every function below a bound finished (``ps_forget``), and an update of such a function
+  that arrives later (from a worker that was frozen, then woke up) is dropped.
 - Every task the coordinator starts belongs to its TaskGroup; ``shutdown`` stops them.
 """
 
@@ -171,12 +183,16 @@ class ClusterCoordinator:
         self._worker_index: dict[str, int] = {}
         #: Names of parameter servers the scheduler does not list now.
         self._ps_down: set[str] = set()
+        #: Names of listed parameter servers that did not answer the last liveness probe.
+        self._ps_silent: set[str] = set()
+        self._liveness = config.get_seconds("ps.liveness-timeout")
         self._max_batch = int(config.get("ps.closures-per-batch"))
         self._slots = int(config.get("ps.batches-in-flight"))
         self._interval = config.get_seconds("ps.membership-interval")
         #: Counters: closures finished, re-queued after a worker loss, batches sent.
         self.stats = {"finished": 0, "requeued": 0, "batches": 0, "workers_lost": 0,
-                      "reconnects": 0}
+                      "workers_silent": 0, "workers_back": 0, "reconnects": 0,
+                      "ps_silent": 0, "ps_back": 0}
         _routing.run_sync(self._client.loop, self._start)
         strategy._cluster_coordinator = self
         self._started = True
@@ -200,9 +216,15 @@ class ClusterCoordinator:
             self._check_alive()
             self._raise_error_locked()
             remote = RemoteValue(self)
-            self._queue.append(_Closure(self._fn_base + next(self._counter), fn, args, kwargs,
-                                        remote, self._generation))
+            closure = _Closure(self._fn_base + next(self._counter), fn, args, kwargs, remote,
+                               self._generation)
             self._unfinished += 1
+            if self._ps_silent:  # fails at once: the feeders may be waiting on that PS
+                err = self._silent_ps_error()
+                self._settle_locked(closure, _FAILED, err)
+                self._record_error_locked(err)
+                return remote
+            self._queue.append(closure)
         self._waker.wake()
         return remote
 
@@ -281,8 +303,8 @@ class ClusterCoordinator:
         """Tell the PSs to drop the exactly-once records of functions that finished."""
         calls = [Call(a, "ps_forget", {"below": below, "above": self._fn_base})
                  for a in self.strategy.ps_addresses]
-        try:
-            _routing.call_many(calls, self._client)
+        try:  # a small request: bounded by the liveness timeout, not the request timeout
+            _routing.call_many(calls, self._client, limit=self._liveness)
         except ParameterServerUnavailableError:
             raise
         except ParameterServerError as e:
@@ -295,6 +317,7 @@ class ClusterCoordinator:
         self._waker = LoopWaker(asyncio.get_running_loop(), self._have_work.set)
         await self._refresh_workers()
         self._group.spawn(self._membership_loop)
+        self._group.spawn(self._liveness_loop)
 
     async def _membership_loop(self) -> None:
         while not self._closing:
@@ -348,6 +371,68 @@ class ClusterCoordinator:
                 down.add(name)
         self._ps_down = down
 
+    async def _answers(self, address: str) -> bool:
+        """Whether ``address`` answers a probe within the liveness timeout."""
+        try:
+            await asyncio.wait_for(self._client.rpc(address).identity(), self._liveness)
+        except (OSError, TimeoutError):
+            return False
+        return True
+
+    async def _liveness_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._interval)
+            workers = sorted(set(self._feeders) | self._dead)
+            strategy = self.strategy
+            ps = [(n, a) for n, a in zip(strategy._ps_names, strategy.ps_addresses, strict=True)
+                  if n not in self._ps_down]
+            answers = await asyncio.gather(*(self._answers(a) for a in workers),
+                                           *(self._answers(a) for _, a in ps))
+            if self._closing:
+                return
+            for addr, ok in zip(workers, answers, strict=False):
+                if not ok and addr in self._feeders:
+                    self._lose_silent_worker(addr)
+                elif ok and addr in self._dead:
+                    logger.info("training worker %s answers again: using it again", addr)
+                    self._dead.discard(addr)
+                    self.stats["workers_back"] += 1
+            for (name, addr), ok in zip(ps, answers[len(workers):], strict=True):
+                if not ok and name not in self._ps_silent:
+                    self._ps_silent.add(name)
+                    self.stats["ps_silent"] += 1
+                    self._fail_in_flight(self._silent_ps_error())
+                elif ok and name in self._ps_silent:
+                    self._ps_silent.discard(name)
+                    self.stats["ps_back"] += 1
+                    logger.info("parameter server %s (%s) answers again", name, addr)
+
+    def _lose_silent_worker(self, addr: str) -> None:
+        """A training worker that did not answer its probe: handled like a dead one."""
+        logger.warning("training worker %s did not answer within %g s "
+                       "(dataservice.ps.liveness-timeout): its functions run elsewhere",
+                       addr, self._liveness)
+        self.stats["workers_lost"] += 1
+        self.stats["workers_silent"] += 1
+        self._dead.add(addr)
+        for t in self._feeders.pop(addr, []):
+            t.cancel()  # the feeder puts its batch back in the queue
+
+    def _silent_ps_error(self) -> ParameterServerUnavailableError:
+        by_name = dict(zip(self.strategy._ps_names, self.strategy.ps_addresses, strict=True))
+        names = ", ".join(f"{n} ({by_name.get(n)})" for n in sorted(self._ps_silent))
+        return ParameterServerUnavailableError(
+            f"parameter servers {names} did not answer within {self._liveness:g} s "
+            "(dataservice.ps.liveness-timeout): frozen, hung or unreachable")
+
+    def _fail_in_flight(self, err: BaseException) -> None:
+        """Fail the functions scheduled now (``join()`` raises ``err`` at once)."""
+        logger.warning("%s", err)
+        with self._cond:
+            if self._unfinished:
+                self._record_error_locked(err)
+            self._cond.notify_all()
+
     def _take(self) -> list[_Closure]:
         with self._cond:
             if not self._queue:
@@ -366,9 +451,10 @@ class ClusterCoordinator:
                 if not batch:
                     await self._have_work.wait()
                     continue
-            if self._ps_down:
+            if self._ps_down or self._ps_silent:
                 err = ParameterServerUnavailableError(
-                    f"parameter servers {sorted(self._ps_down)} left the cluster")
+                    f"parameter servers {sorted(self._ps_down)} left the cluster") \
+                    if self._ps_down else self._silent_ps_error()
                 self._finish(batch, [(False, cloudpickle.dumps(err))])
                 continue
             generation = batch[0].generation

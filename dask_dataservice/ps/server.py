@@ -25,7 +25,9 @@ each under a key the strategy chose (``"<strategy>/<n>/<name>"`` or ``".../<name
   id and a sequence number (1, 2, ... per function run). A shard remembers the highest
   sequence it applied per function and ignores anything at or below it, so a function
   re-run after its worker died does not apply the updates its first run already landed.
-  The coordinator tells the PSs to forget finished functions (``ps_forget``).
+  The coordinator tells the PSs to forget finished functions (``ps_forget``): the PS keeps
+  the bound, per coordinator, and drops any later update of a function below it (a worker
+  that was frozen, declared lost, and woke up after its functions re-ran elsewhere).
 - **Replies are dicts** (see :mod:`._types`); arrays travel as ``to_serialize`` frames;
   expected errors travel as ``error_message(e)`` values (:func:`dask_dataservice._rpc.handler`).
 """
@@ -134,6 +136,8 @@ class ParameterServerPlugin(WorkerPlugin):
         self._chunk_bytes = config.get_bytes("ps.chunk-bytes")
         #: Counters for tests and dashboards (``offloaded``: lane jobs run on a thread).
         self.stats = {"updates": 0, "skipped": 0, "gathers": 0, "flushes": 0, "offloaded": 0}
+        #: ``{coordinator's id base: bound}``: every function id in ``[base, bound)`` finished.
+        self.finished: dict[int, int] = {}
         work_dir = self.work_dir or config.get("ps.work-dir")
         if work_dir and self.is_ps:
             self.store_path = os.path.join(work_dir, _store.zarr_name(str(worker.name)))
@@ -259,6 +263,10 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK", "slots": {k: to_serialize(v) for k, v in slots.items()}}
 
     # -- updates -------------------------------------------------------------------------
+    def _late(self, fn_id: int | None) -> bool:
+        """An update of a function its coordinator reported finished (a late repeat)."""
+        return fn_id is not None and fn_id < self.finished.get(fn_id >> 32 << 32, 0)
+
     def _count(self, applied: bool) -> UpdateReply:
         self.stats["updates" if applied else "skipped"] += 1
         return {"status": "OK", "applied": applied}
@@ -270,6 +278,8 @@ class ParameterServerPlugin(WorkerPlugin):
         shard = self._shard(key)
         _check_kind(kind, UPDATE_KINDS)
         val = _as_value(shard, value)
+        if self._late(fn_id):
+            return self._count(False)
         return self._count(await self._on_lane(shard, shard.value.nbytes, shard.update, kind,
                                                val, fn_id, seq))
 
@@ -282,6 +292,8 @@ class ParameterServerPlugin(WorkerPlugin):
         _check_kind(kind, SCATTER_KINDS)
         ids = _check_ids(shard, ids)
         upd = _as_value(shard, updates, (ids.size, *shard.value.shape[1:]))
+        if self._late(fn_id):
+            return self._count(False)
         return self._count(await self._on_lane(shard, upd.nbytes, shard.scatter, kind, ids, upd,
                                                fn_id, seq))
 
@@ -295,6 +307,8 @@ class ParameterServerPlugin(WorkerPlugin):
             grad = _as_value(shard, grad, (ids.size, *shard.value.shape[1:]))
         else:
             grad = _as_value(shard, grad)
+        if self._late(fn_id):
+            return self._count(False)
         nbytes = grad.nbytes * _ARRAYS_TOUCHED.get(optimizer.get("kind"), 3)
         if optimizer.get("kind") == "sgd" and not optimizer.get("momentum"):
             nbytes = grad.nbytes
@@ -303,7 +317,10 @@ class ParameterServerPlugin(WorkerPlugin):
 
     @handler
     async def forget(self, below: int, above: int = 0) -> dict:
-        """Drop exactly-once records of functions with ids in ``[above, below)`` (finished)."""
+        """Drop exactly-once records of functions with ids in ``[above, below)`` (finished);
+        later updates of those functions are dropped (see the module doc)."""
+        if above and below >> 32 << 32 == above:
+            self.finished[above] = max(self.finished.get(above, 0), below)
         n = 0
         for shard in list(self.shards.values()):
             n += await self._on_lane(shard, 0, shard.forget, below, above)

@@ -1,0 +1,178 @@
+"""Frozen (SIGSTOP) training workers and parameter servers (issue 11 s2), with Nanny
+processes: ``join()`` never waits for Dask's worker-ttl (minutes), only for
+``dataservice.ps.liveness-timeout`` (seconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import pytest
+from distributed import Client, Nanny, get_worker
+
+import dask_dataservice as dds
+from dask_dataservice.ps import _routing
+from dask_dataservice.ps._exceptions import ParameterServerUnavailableError
+from dask_dataservice.testing import gen_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
+WK = ("127.0.0.1", 1)
+LIVENESS = 2.0
+CONFIG = {"dataservice.ps.liveness-timeout": f"{LIVENESS}s",
+          "dataservice.ps.membership-interval": "200ms",
+          "dataservice.ps.closures-per-batch": 20}
+
+
+@contextmanager
+def frozen(nanny):
+    """SIGSTOP the worker process of ``nanny``; SIGCONT on the way out (whatever happens)."""
+    pid = nanny.process.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _gated_step(counter, total, i, gate):
+    """One step, two updates. The 11th function of a worker's first batch lands the updates
+    of the 10 before it, says so with a marker file, and waits for ``gate``: the test freezes
+    a worker at that known point."""
+    pipeline = _routing._thread.pipeline
+    if pipeline is not None and pipeline.current == 10 and not os.path.exists(gate):
+        pipeline.drain()
+        port = get_worker().address.rsplit(":", 1)[1]
+        open(f"{gate}.{port}", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    counter.assign_add(1)
+    total.assign_add(i)
+    return i
+
+
+def _count_step(counter):
+    counter.assign_add(1)
+
+
+def test_frozen_training_worker(tmp_path):
+    gate = str(tmp_path / "gate")
+
+    @gen_cluster(client=False, Worker=Nanny, nthreads=[PS, PS, WK, WK], timeout=110,
+                 config=CONFIG)
+    async def run(s, p0, p1, w0, w1):
+        c = await asyncio.to_thread(Client, s.address, set_as_default=False)
+        try:
+            await asyncio.to_thread(_frozen_training_worker, c, w0, gate)
+        finally:
+            await asyncio.to_thread(c.close)
+
+    run()
+
+
+def _frozen_training_worker(c, victim, gate):
+    """A training worker frozen mid-batch: its functions re-run elsewhere within seconds and
+    join() returns with every update applied exactly once; woken up after join, its stale
+    updates are dropped by the parameter servers, and it is used again."""
+    n_steps = 400
+    strategy = dds.ParameterServerStrategy(c)
+    coord = dds.ClusterCoordinator(strategy)
+    with strategy.scope():
+        counter = dds.Variable(0, dtype="i8", name="counter")
+        total = dds.Variable(0, dtype="i8", name="total")
+    rvs = [coord.schedule(_gated_step, args=(counter, total, i, gate)) for i in range(n_steps)]
+    marker = f"{gate}.{victim.worker_address.rsplit(':', 1)[1]}"
+    wait_until(lambda: os.path.exists(marker), 30, "the victim to wait mid-batch")
+    with frozen(victim):
+        started = time.monotonic()
+        open(gate, "w").close()  # the other worker goes on; the victim is stopped
+        coord.join()
+        took = time.monotonic() - started
+        assert took < LIVENESS + 15, took  # not Dask's worker-ttl (5 min)
+        assert [rv.fetch() for rv in rvs] == list(range(n_steps))
+        assert coord.stats["workers_silent"] == 1 and coord.stats["requeued"] >= 1
+        assert int(counter.numpy()) == n_steps
+        assert int(total.numpy()) == n_steps * (n_steps - 1) // 2
+        before = _skipped(c, strategy)
+    # woken up after join(): the victim finishes its stale batch (10 functions, 2 updates
+    # each, that re-ran elsewhere and were forgotten by join): all 20 updates are dropped
+    wait_until(lambda: _skipped(c, strategy) >= before + 20, 30, "the stale updates")
+    assert int(counter.numpy()) == n_steps
+    assert int(total.numpy()) == n_steps * (n_steps - 1) // 2
+    wait_until(lambda: coord.stats["workers_back"] >= 1, 30, "the victim to be used again")
+    for _ in range(200):
+        coord.schedule(_count_step, args=(counter,))
+    coord.join()
+    assert int(counter.numpy()) == n_steps + 200
+    ran = c.run(lambda dask_worker: dask_worker.extensions["dataservice-ps-runner"].stats[
+        "batches"], workers=[victim.worker_address])
+    assert ran[victim.worker_address] >= 2  # the stale batch, and new ones
+    coord.shutdown()
+
+
+def _skipped(c, strategy) -> int:
+    return sum(c.sync(c.rpc(a).ps_info)["stats"]["skipped"] for a in strategy.ps_addresses)
+
+
+@gen_cluster(client=False, Worker=Nanny, nthreads=[PS, WK], timeout=110,
+             config={**CONFIG, "dataservice.ps.request-timeout": "30s"})
+async def test_frozen_parameter_server(s, ps, w0):
+    c = await asyncio.to_thread(Client, s.address, set_as_default=False)
+    try:
+        await asyncio.to_thread(_frozen_parameter_server, c, ps)
+    finally:
+        await asyncio.to_thread(c.close)
+
+
+def _frozen_parameter_server(c, ps):
+    """A frozen PS is reported within seconds (not after the 30 s request timeout, nor
+    Dask's worker-ttl), and new functions fail at once while it stays frozen; resumed, it is
+    used again and updates are exact."""
+    strategy = dds.ParameterServerStrategy(c)
+    coord = dds.ClusterCoordinator(strategy)
+    with strategy.scope():
+        counter = dds.Variable(0, dtype="i8", name="counter")
+    for _ in range(50):
+        coord.schedule(_count_step, args=(counter,))
+    coord.join()
+    assert int(counter.numpy()) == 50
+    with frozen(ps):
+        started = time.monotonic()
+        rvs = [coord.schedule(_count_step, args=(counter,)) for _ in range(20)]
+        with pytest.raises(ParameterServerUnavailableError,
+                           match=rf"did not answer within {LIVENESS:g} s .*liveness-timeout"):
+            coord.join()
+        assert time.monotonic() - started < LIVENESS + 6
+        # while it stays frozen, new functions fail at once with the same error
+        wait_until(lambda: coord.stats["ps_silent"] == 1, 10, "the PS to be marked silent")
+        started = time.monotonic()
+        coord.schedule(_count_step, args=(counter,))
+        with pytest.raises(ParameterServerUnavailableError, match="did not answer within"):
+            coord.join()
+        assert time.monotonic() - started < 3
+        assert all(rv.done() or True for rv in rvs)
+    wait_until(lambda: coord.stats["ps_back"] == 1, 15, "the PS to answer again")
+    # the training worker's functions that were in flight when the PS froze finish now;
+    # one more round drains them (one runner thread: batches run in order)
+    for _ in range(10):
+        coord.schedule(_count_step, args=(counter,))
+    coord.join()
+    settled = int(counter.numpy())
+    assert 60 <= settled <= 81
+    for _ in range(10):
+        coord.schedule(_count_step, args=(counter,))
+    coord.join()
+    assert int(counter.numpy()) == settled + 10
+    coord.shutdown()
