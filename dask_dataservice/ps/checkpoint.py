@@ -16,6 +16,13 @@ number of parameter servers and shards than at save time (each new shard reads t
 of the saved shards that overlap its rows). A checkpoint that does not fit (a variable
 missing, another shape or dtype) raises :class:`CheckpointMismatchError` naming the variable
 and both shapes, before anything is changed.
+
+Optimizer slots are saved per variable under the optimizer's name (its class name unless
+given: never a creation-order counter). When the Checkpoint holds optimizers, every saved
+slot group of a restored variable must belong to one of them by name, with the slots that
+optimizer keeps; otherwise the restore raises :class:`CheckpointMismatchError` naming the
+variable and the unmatched slots, before anything is changed (never a partial restore).
+Without optimizers in the Checkpoint, slots are restored under their saved names.
 """
 
 from __future__ import annotations
@@ -39,13 +46,17 @@ __all__ = ["Checkpoint"]
 FORMAT = "dask_dataservice.ps.checkpoint/1"
 
 
-def _flatten(objects: dict) -> dict[str, Variable | ShardedVariable]:
+def _flatten(objects: dict, optimizers: list | None = None
+             ) -> dict[str, Variable | ShardedVariable]:
+    """``{path: variable}`` of ``objects``; their optimizers are appended to ``optimizers``."""
     out: dict[str, Variable | ShardedVariable] = {}
 
     def walk(prefix: str, obj: Any) -> None:
         if isinstance(obj, Variable | ShardedVariable):
             out[prefix] = obj
         elif isinstance(obj, Optimizer) or obj is None:
+            if obj is not None and optimizers is not None:
+                optimizers.append(obj)
             return  # slots are saved beside their variables
         elif isinstance(obj, dict):
             for k, v in obj.items():
@@ -141,7 +152,8 @@ class Checkpoint:
                 f"{path} is not a complete dask_dataservice checkpoint (format "
                 f"{attrs.get('format')!r}, expected {FORMAT!r})")
         saved = attrs["variables"]
-        variables = _flatten(self._objects)
+        optimizers: list[Optimizer] = []
+        variables = _flatten(self._objects, optimizers)
         # Validate everything before changing anything.
         for name, var in variables.items():
             if name not in saved:
@@ -157,6 +169,8 @@ class Checkpoint:
                 raise CheckpointMismatchError(
                     f"variable {name!r} has dtype {np.dtype(var.dtype)} but checkpoint {path} "
                     f"saved it with dtype {np.dtype(s['dtype'])}")
+            if optimizers:
+                _match_slots(name, s.get("slots") or {}, optimizers, path)
         client = _client_of(variables)
         calls = []
         for name, var in variables.items():
@@ -187,6 +201,24 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"<dds.Checkpoint {sorted(self._objects)} save_counter={self.save_counter}>"
+
+
+def _match_slots(name: str, saved: dict, optimizers: list[Optimizer], path: str) -> None:
+    """CheckpointMismatchError unless each saved slot group of variable ``name`` belongs to
+    one of ``optimizers`` (by name) and holds the slots that optimizer keeps."""
+    by_name = {o.name: o for o in optimizers}
+    for key, slots in saved.items():
+        opt = by_name.get(key)
+        if opt is None:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} holds slots {sorted(slots)} of optimizer {key!r} for "
+                f"variable {name!r}, but this Checkpoint's optimizers are named "
+                f"{sorted(by_name)}: give the optimizer the name it had when saved "
+                f"(name={key!r}) so its slots are restored")
+        if set(slots) != set(opt.slot_names):
+            raise CheckpointMismatchError(
+                f"checkpoint {path} holds slots {sorted(slots)} of optimizer {key!r} for "
+                f"variable {name!r}, but {opt!r} keeps slots {sorted(opt.slot_names)}")
 
 
 def _client_of(variables: dict) -> tuple:

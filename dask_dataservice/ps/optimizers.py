@@ -24,7 +24,6 @@ run by the PS); this module holds only the client-side objects.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,15 +35,14 @@ __all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "IndexedSlices", "get", "apply
            "apply_sparse", "dedupe_rows", "take_rows", "put_rows"]
 
 
-_names = itertools.count()
-
-
 class Optimizer:
     """Base class: hyperparameters on the coordinator, slots and updates on the PS.
 
     An optimizer object is small and picklable; use it inside scheduled functions. Its
-    ``name`` keys its slots on the parameter servers, so two optimizers of one model need
-    different names (they get distinct default names).
+    slots live beside each variable it updates, keyed by its ``name``: the class name by
+    default (``"Adagrad"``, as Keras), never a counter, so a fresh process that creates its
+    optimizers in another order finds the slots a checkpoint saved. Two optimizers *of the
+    same kind updating the same variable* need explicit, distinct names.
     """
 
     kind: str = ""
@@ -54,7 +52,9 @@ class Optimizer:
         if not isinstance(learning_rate, int | float) or learning_rate < 0:
             raise ValueError(f"learning_rate must be a non-negative number, got {learning_rate!r}")
         self.learning_rate = float(learning_rate)
-        self.name = name if name is not None else f"{type(self).__name__}_{next(_names)}"
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"an optimizer's name must be a non-empty str, got {name!r}")
+        self.name = name if name is not None else type(self).__name__
 
     def get_config(self) -> dict:
         """The hyperparameters, as sent to the parameter servers with each update."""
