@@ -16,12 +16,22 @@ Measurements, each on a fresh segment in the same directory and process:
 * ``group_commit``: ``concurrency`` coroutines, each awaiting ``writer.append`` in a loop, so
   up to ``concurrency`` records share a write + fsync on the writer's I/O thread.
 
+And, with ``--splits N`` (default 1,000,000; 0 skips them), the dispatcher's journal as a
+whole, through its real handlers on an in-process scheduler, once with snapshots (the default
+config) and once without (the local baseline, ``snapshot-records`` and ``snapshot-bytes`` 0):
+
+* ``register``: ``register_dataset`` of ``Dataset.range(2**40)`` from an asynchronous client
+  (lazy index ranges: the record does not grow with the number of splits), milliseconds.
+* ``restart``: ``N`` splits handed out to one task by ``get_split(count=64)`` calls (never
+  acknowledged: the worst case for the state), the journal's bytes on disk, then the time
+  from a new scheduler's ``start`` with the plugin to the first ``get_split`` answered.
+
 Latency is per record (per ``append`` for the async path), from the call to durable.
 ``vs_unsynced`` is ``records_per_s / unsynced records_per_s``. After each journal run the
 records are read back and checked, outside the timing.
 
 Run from the repository root: ``.venv/bin/python benchmarks/journal.py [-n 5000]
-[--payload 100] [--concurrency 1 16 256] [--dir DIR]``. Point ``--dir`` at the disk the
+[--payload 100] [--concurrency 1 16 256] [--splits 1000000] [--dir DIR]``. Point ``--dir`` at the disk the
 dispatcher will use: on tmpfs fsync is free and the numbers mean nothing.
 """
 
@@ -137,11 +147,116 @@ def bench_group_commit(work_dir: Path, payloads: list[bytes], concurrency: int) 
     )
 
 
+async def _register(work_dir: Path) -> float:
+    """Milliseconds to register a dataset of 2**40 elements (2**24 splits) from a client."""
+    from distributed import Client, Scheduler
+
+    import dask_dataservice as dds
+    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            async with Client(s.address, asynchronous=True) as c:
+                await dds.register_dataset(c, dds.Dataset.range(1000))  # warm up the path
+                start = time.perf_counter()
+                await dds.register_dataset(c, dds.Dataset.range(2**40))
+                return (time.perf_counter() - start) * 1000
+        finally:
+            await plugin.close()
+
+
+async def _hand_out(work_dir: Path, num_splits: int) -> tuple[int, int, int]:
+    """A DYNAMIC iteration of ``num_splits`` splits, all handed out to one task.
+
+    Returns ``(iteration_id, task_id, records written)``.
+    """
+    from distributed import Scheduler
+
+    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.state import CreateTask, RegisterWorker
+
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            dataset_id = (await plugin.register_dataset(
+                fingerprint="bench", pipeline=b"p" * 1000, splits=b"s", num_splits=num_splits,
+            ))["dataset_id"]
+            job_id = (await plugin.get_or_create_job(
+                dataset_id=dataset_id, processing_mode="DYNAMIC", job_name="bench"))["job_id"]
+            iteration_id = (await plugin.get_or_create_iteration(job_id=job_id))["iteration_id"]
+            plugin._apply(RegisterWorker(address="tcp://bench:1", host="bench", nthreads=1))
+            task_id = plugin.state.next_task_id()
+            plugin._apply(CreateTask(task_id=task_id, iteration_id=iteration_id,
+                                     worker_address="tcp://bench:1"))
+            handed = 0
+            while handed < num_splits:
+                reply = await plugin.get_split(iteration_id=iteration_id, task_id=task_id,
+                                               repetition=0, count=64)
+                handed += len(reply["split_indices"])
+            compaction = plugin._journal._compaction
+            if compaction is not None:  # let the last snapshot land, as a running one would
+                await asyncio.wrap_future(compaction)
+            return iteration_id, task_id, plugin._journal.metrics.records_written
+        finally:
+            await plugin.close()
+
+
+async def _restart(work_dir: Path, iteration_id: int, task_id: int) -> tuple[float, int]:
+    """Seconds from a new scheduler + dispatcher start to the first get_split answered."""
+    from distributed import Scheduler
+
+    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+
+    start = time.perf_counter()
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            reply = await plugin.get_split(iteration_id=iteration_id, task_id=task_id,
+                                           repetition=0, count=1)
+            assert reply["status"] == "OK", reply
+            return time.perf_counter() - start, plugin.recovered_updates
+        finally:
+            await plugin.close()
+
+
+def bench_restart(work_dir: Path, num_splits: int, snapshots: bool) -> list[dict]:
+    """The dispatcher's journal with or without snapshots (see the module docstring)."""
+    import dask
+
+    settings = {} if snapshots else {"dataservice.dispatcher.snapshot-records": 0,
+                                     "dataservice.dispatcher.snapshot-bytes": 0}
+    with dask.config.set(settings):
+        register_ms = asyncio.run(_register(work_dir / "register"))
+        start = time.perf_counter()
+        iteration_id, task_id, records = asyncio.run(_hand_out(work_dir / "restart", num_splits))
+        hand_out_s = time.perf_counter() - start
+        journal_bytes = sum(p.stat().st_size for p in (work_dir / "restart").iterdir())
+        restart_s, replayed = asyncio.run(_restart(work_dir / "restart", iteration_id, task_id))
+    label = "snapshots" if snapshots else "no_snapshots (baseline)"
+    return [
+        {"bench": "register", "journal": label, "splits": 2**24,
+         "milliseconds": round(register_ms, 1)},
+        {"bench": "restart", "journal": label, "splits_handed_out": num_splits,
+         "records": records, "hand_out_seconds": round(hand_out_s, 2),
+         "journal_bytes": journal_bytes, "records_replayed_after_snapshot": replayed,
+         "restart_to_serving_seconds": round(restart_s, 3)},
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=5000, help="records per measurement")
     parser.add_argument("--payload", type=int, default=100, help="payload bytes per record")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256])
+    parser.add_argument("--splits", type=int, default=1_000_000,
+                        help="splits handed out before the restart measurement (0: skip it)")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the scratch directory")
     args = parser.parse_args(argv)
 
@@ -174,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             result = bench()
             result["vs_unsynced"] = round(result["records_per_s"] / unsynced, 4)
             print(json.dumps(result), flush=True)
+        if args.splits:
+            for snapshots in (False, True):
+                for line in bench_restart(scratch / f"dispatcher-{snapshots}", args.splits,
+                                          snapshots):
+                    print(json.dumps(line), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

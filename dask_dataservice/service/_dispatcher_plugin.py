@@ -550,10 +550,10 @@ class DispatcherPlugin(SchedulerPlugin):
     def ack_splits(self, task_id: int, repetition: int) -> dict:
         """A task is done with every split it holds of ``repetition`` and before."""
         try:
-            held = self.state.task_splits(task_id)
+            first = self.state.first_split_held(task_id)
         except TaskNotFoundError:
             return {"status": "OK"}  # garbage collected meanwhile
-        if held and held[0][0] <= repetition:
+        if first is not None and first[0] <= repetition:
             self._apply(AckSplits(task_id=task_id, repetition=repetition, index=2**62))
         return {"status": "OK"}
 

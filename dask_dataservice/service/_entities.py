@@ -24,6 +24,7 @@ __all__ = [
     "Task",
     "Worker",
     "derived_finished",
+    "expand_runs",
 ]
 
 #: First id of each namespace. Distinct bases make an id used in the wrong namespace stand out
@@ -203,3 +204,8 @@ def derived_finished(iteration: Iteration) -> bool:
         and iteration.num_finished_tasks + iteration.num_lost_tasks == iteration.num_tasks
         and len(iteration.finished_shards) == iteration.num_shards
     )
+
+
+def expand_runs(runs) -> list[tuple[int, int]]:
+    """``(repetition, index)`` of every split in runs ``(repetition, start, stop)``."""
+    return [(repetition, i) for repetition, start, stop in runs for i in range(start, stop)]

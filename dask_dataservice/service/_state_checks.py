@@ -284,7 +284,7 @@ class StateChecks:
     def _check_ack_splits(self, u: AckSplits) -> None:
         self._require_task(self._get_task(u.task_id), u)
         held = self._splits_in_flight.get(u.task_id)
-        if not held or held[0] > (u.repetition, u.index):
+        if not held or held[0][:2] > (u.repetition, u.index):
             _illegal(u, f"task {u.task_id} holds no split at or before ({u.repetition}, {u.index})")
 
     def _check_acquire_iteration_client(self, u: AcquireIterationClient) -> None:

@@ -16,7 +16,7 @@ Snapshot payload (msgpack map, version 1)::
      "workers": [...], "jobs": [...], "iterations": [...], "tasks": [...],
      "iteration_clients": [...], "split_cursors": [...],
      "lost_splits": [[iteration_id, [repetition, index, ...]], ...],
-     "splits_in_flight": [[task_id, [repetition, index, ...]], ...]}
+     "splits_in_flight": [[task_id, [repetition, start, stop, ...]], ...]}   # runs
 
 Only the primary maps are stored, in their insertion order; the secondary indexes (by
 fingerprint, by name, by key, by worker, by iteration) are rebuilt from them, so a snapshot
@@ -98,8 +98,8 @@ def encode_state(state: DispatcherState) -> bytes:
         payload[key] = [[_plain(getattr(entity, name)) for name in names]
                         for entity in getattr(state, attr).values()]
     payload["lost_splits"] = [[i, _flatten(sorted(s))] for i, s in state._lost_splits.items()]
-    payload["splits_in_flight"] = [[t, _flatten(held)]
-                                   for t, held in state._splits_in_flight.items()]
+    payload["splits_in_flight"] = [[t, [n for run in runs for n in run]]
+                                   for t, runs in state._splits_in_flight.items()]
     return msgpack.packb(payload, use_bin_type=True)
 
 
@@ -187,7 +187,8 @@ def _build(payload: dict) -> DispatcherState:
     for iteration_id, flat in payload["lost_splits"]:
         state._lost_splits[iteration_id] = set(_pairs(flat))
     for task_id, flat in payload["splits_in_flight"]:
-        state._splits_in_flight[task_id] = deque(_pairs(flat))
+        state._splits_in_flight[task_id] = deque(
+            zip(flat[::3], flat[1::3], flat[2::3], strict=True))
     return state
 
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from ._entities import Dataset, Iteration, IterationClient, Job, SplitCursor, Task, Worker
+from ._entities import (
+    Dataset,
+    Iteration,
+    IterationClient,
+    Job,
+    SplitCursor,
+    Task,
+    Worker,
+    expand_runs,
+)
 from ._exceptions import (
     DataServiceError,
     DatasetNotFoundError,
@@ -250,7 +259,7 @@ class StateQueries:
         return {
             split: task_id
             for task_id in self._tasks_by_iteration.get(iteration_id, ())
-            for split in self._splits_in_flight.get(task_id, ())
+            for split in expand_runs(self._splits_in_flight.get(task_id, ()))
         }
 
     def task_splits(self, task_id: int) -> tuple[tuple[int, int], ...]:
@@ -261,7 +270,19 @@ class StateQueries:
         TaskNotFoundError
         """
         self._get_task(task_id)
-        return tuple(self._splits_in_flight.get(task_id, ()))
+        return tuple(expand_runs(self._splits_in_flight.get(task_id, ())))
+
+    def first_split_held(self, task_id: int) -> tuple[int, int] | None:
+        """The oldest ``(repetition, index)`` a task holds, or None; O(1) (the dispatcher's
+        acknowledgement path; :meth:`task_splits` lists them all).
+
+        Raises
+        ------
+        TaskNotFoundError
+        """
+        self._get_task(task_id)
+        held = self._splits_in_flight.get(task_id)
+        return held[0][:2] if held else None
 
     def lost_splits(self, iteration_id: int) -> tuple[tuple[int, int], ...]:
         """The ``(repetition, index)`` splits lost with departed workers, sorted.

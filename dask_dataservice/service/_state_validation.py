@@ -14,6 +14,7 @@ from ._entities import (
     TARGET_WORKERS,
     TASK_ID_BASE,
     derived_finished,
+    expand_runs,
 )
 
 if TYPE_CHECKING:
@@ -288,14 +289,21 @@ def validate_state(state: DispatcherState) -> None:
                 split < (cursor.repetition, cursor.next_index),
                 f"lost split {split} of iteration {iteration_id} is not behind the cursor",
             )
-    for task_id, held in state._splits_in_flight.items():
+    for task_id, runs in state._splits_in_flight.items():
         task = state._tasks.get(task_id)
         _invariant(
             task is not None and task.status == "active",
             f"task {task_id} holds splits but is not active",
         )
-        _invariant(len(held) > 0, f"task {task_id} has an empty in-flight entry")
-        _invariant(list(held) == sorted(set(held)), f"task {task_id}'s splits not ascending")
+        _invariant(len(runs) > 0, f"task {task_id} has an empty in-flight entry")
+        _invariant(all(start < stop for _, start, stop in runs),
+                   f"task {task_id} holds an empty run of splits: {list(runs)}")
+        _invariant(
+            all((r1, b1) < (r2, a2)
+                for (r1, _, b1), (r2, a2, _) in zip(runs, list(runs)[1:], strict=False)),
+            f"task {task_id}'s runs of splits are not ascending and merged: {list(runs)}",
+        )
+        held = expand_runs(runs)
         cursor = state._split_cursors.get(task.iteration_id)
         _invariant(
             cursor is not None, f"task {task_id} holds splits of a non-DYNAMIC iteration"
@@ -309,7 +317,6 @@ def validate_state(state: DispatcherState) -> None:
             not handed_out.intersection(held), f"task {task_id} holds a split twice handed out"
         )
         handed_out.update(held)
-
 
 
 def _invariant(condition: bool, message: str) -> None:

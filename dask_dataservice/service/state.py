@@ -51,7 +51,7 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 #
 # Rule 6: every update is O(1), except ``GarbageCollectIteration`` (O(tasks of the iteration)),
 # ``RemoveWorker`` (O(active tasks of the worker + splits they hold)) and ``AckSplits``
-# (O(splits acknowledged), so O(1) amortised per split produced).
+# (O(runs acknowledged), so O(1) amortised per split produced).
 #
 # Theory of operation
 # ===================
@@ -92,15 +92,19 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 # next_index)``. ``repetition`` is the split provider's epoch inside a task pipeline's
 # ``.repeat()``. A task asks for "the next split of repetition r". If r is older than the
 # cursor, the request is stale (``StaleEpochError``: the dispatcher answers end-of-splits).
-# Otherwise the dispatcher journals ``ProduceSplit(iteration, r, next_index, task, finished)``
-# where ``finished = next_index == num_splits``: not finished hands split ``(r, next_index)`` to
-# the task and advances ``next_index``; finished means end-of-splits for repetition r, and the
-# cursor moves to ``(r + 1, 0)``.
+# Otherwise the dispatcher journals one ``ProduceSplits(iteration, r, next_index, count, task,
+# end_of_splits)`` per request, however many splits it hands out: splits ``next_index ..
+# next_index + count - 1`` go to the task and ``next_index`` advances by ``count``;
+# ``end_of_splits`` (only when no split is left after them) ends repetition r, and the cursor
+# moves to ``(r + 1, 0)``. ``ProduceSplit`` (one split, or the end) is the older record of the
+# same move, still replayed from journals that hold it.
 #
 # Splits in flight and lost splits. Every split handed out is remembered as held by its task
 # until the task acknowledges it (``AckSplits(task, r, i)``: "done with every split up to and
 # including (r, i)") or finishes. A task receives splits in increasing ``(repetition, index)``
-# order, so its held splits are a sorted deque and an acknowledgement pops from its left. When
+# order, so its held splits are a sorted deque of runs ``(r, start, stop)`` (a run grows while
+# the same task gets the next indices, so one task holding a million splits is one entry) and
+# an acknowledgement pops from its left. When
 # a worker leaves, the splits its active tasks held are recorded in the iteration's lost set.
 # The cursor never moves back, so a lost split is never handed out again: DYNAMIC sharding is
 # exactly-once without failures and at-most-once with them.
@@ -141,6 +145,7 @@ from ._entities import (
     Task,
     Worker,
     derived_finished,
+    expand_runs,
 )
 from ._exceptions import (
     IllegalUpdateError,
@@ -267,9 +272,10 @@ class DispatcherState(StateQueries, StateChecks):
         #: ``{iteration_id: {task_id: None}}`` (an ordered set) for each iteration that is not
         #: garbage collected: all its tasks, active, finished or lost.
         self._tasks_by_iteration: dict[int, dict[int, None]] = {}
-        #: ``{task_id: deque[(repetition, index)]}``, ascending: the splits an active task holds
-        #: and has not acknowledged. Tasks holding none have no entry.
-        self._splits_in_flight: dict[int, deque[tuple[int, int]]] = {}
+        #: ``{task_id: deque[(repetition, start, stop)]}``: the splits an active task holds and
+        #: has not acknowledged, as runs of consecutive indices (``start`` to ``stop - 1``),
+        #: ascending, never empty, adjacent runs merged. Tasks holding none have no entry.
+        self._splits_in_flight: dict[int, deque[tuple[int, int, int]]] = {}
         #: ``{iteration_client_id: IterationClient}``, the acquired clients.
         self._iteration_clients: dict[int, IterationClient] = {}
 
@@ -503,7 +509,7 @@ class DispatcherState(StateQueries, StateChecks):
             self._tasks[task_id].lost = True
             held = self._splits_in_flight.pop(task_id, None)
             if held:
-                self._lost_splits[iteration_id].update(held)
+                self._lost_splits[iteration_id].update(expand_runs(held))
             iteration = self._iterations[iteration_id]
             iteration.num_lost_tasks += 1
             iteration.finished = derived_finished(iteration)
@@ -573,7 +579,10 @@ class DispatcherState(StateQueries, StateChecks):
             held = self._splits_in_flight.get(task_id)
             if held is None:
                 held = self._splits_in_flight[task_id] = deque()
-            held.extend((repetition, i) for i in range(index, index + count))
+            if held and held[-1][0] == repetition and held[-1][2] == index:
+                held[-1] = (repetition, held[-1][1], index + count)  # extends the last run
+            else:
+                held.append((repetition, index, index + count))
         if end_of_splits:
             cursor.repetition += 1
             cursor.next_index = 0
@@ -581,8 +590,14 @@ class DispatcherState(StateQueries, StateChecks):
     def _ack_splits(self, u: AckSplits) -> None:
         held = self._splits_in_flight[u.task_id]
         bound = (u.repetition, u.index)
-        while held and held[0] <= bound:
-            held.popleft()
+        while held:
+            repetition, start, stop = held[0]
+            if (repetition, stop - 1) <= bound:
+                held.popleft()
+            else:
+                if (repetition, start) <= bound:  # the bound falls inside this run
+                    held[0] = (repetition, u.index + 1, stop)
+                break
         if not held:
             del self._splits_in_flight[u.task_id]
 
