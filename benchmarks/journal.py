@@ -22,9 +22,10 @@ config) and once without (the local baseline, ``snapshot-records`` and ``snapsho
 
 * ``register``: ``register_dataset`` of ``Dataset.range(2**40)`` from an asynchronous client
   (lazy index ranges: the record does not grow with the number of splits), milliseconds.
-* ``restart``: ``N`` splits handed out to one task by ``get_split(count=64)`` calls (never
-  acknowledged: the worst case for the state), the journal's bytes on disk, then the time
-  from a new scheduler's ``start`` with the plugin to the first ``get_split`` answered.
+* ``restart``: ``--epochs`` repetitions (default 3) of ``N`` splits handed out to 8 tasks
+  asking concurrently with ``get_split(count=64)`` and acknowledging two repetitions back (as
+  data workers do), the journal's bytes on disk, then the time from a new scheduler's
+  ``start`` with the plugin to the first ``get_split`` answered.
 
 Latency is per record (per ``append`` for the async path), from the call to durable.
 ``vs_unsynced`` is ``records_per_s / unsynced records_per_s``. After each journal run the
@@ -168,10 +169,13 @@ async def _register(work_dir: Path) -> float:
             await plugin.close()
 
 
-async def _hand_out(work_dir: Path, num_splits: int) -> tuple[int, int, int]:
-    """A DYNAMIC iteration of ``num_splits`` splits, all handed out to one task.
+async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
+                    tasks: int) -> tuple[int, int, dict]:
+    """A named DYNAMIC job over ``num_splits`` splits read for ``epochs`` repetitions by
+    ``tasks`` tasks asking concurrently (``get_split(count=64)``, acknowledging two
+    repetitions back, as data workers do).
 
-    Returns ``(iteration_id, task_id, records written)``.
+    Returns ``(iteration_id, a task_id, the journal writer's metrics)``.
     """
     from distributed import Scheduler
 
@@ -189,19 +193,30 @@ async def _hand_out(work_dir: Path, num_splits: int) -> tuple[int, int, int]:
             job_id = (await plugin.get_or_create_job(
                 dataset_id=dataset_id, processing_mode="DYNAMIC", job_name="bench"))["job_id"]
             iteration_id = (await plugin.get_or_create_iteration(job_id=job_id))["iteration_id"]
-            plugin._apply(RegisterWorker(address="tcp://bench:1", host="bench", nthreads=1))
-            task_id = plugin.state.next_task_id()
-            plugin._apply(CreateTask(task_id=task_id, iteration_id=iteration_id,
-                                     worker_address="tcp://bench:1"))
-            handed = 0
-            while handed < num_splits:
-                reply = await plugin.get_split(iteration_id=iteration_id, task_id=task_id,
-                                               repetition=0, count=64)
-                handed += len(reply["split_indices"])
+            task_ids = []
+            for i in range(tasks):
+                address = f"tcp://bench:{i + 1}"
+                plugin._apply(RegisterWorker(address=address, host="bench", nthreads=1))
+                task_ids.append(plugin.state.next_task_id())
+                plugin._apply(CreateTask(task_id=task_ids[-1], iteration_id=iteration_id,
+                                         worker_address=address))
+
+            async def read(task_id: int) -> None:
+                for repetition in range(epochs):
+                    while True:
+                        reply = await plugin.get_split(iteration_id=iteration_id,
+                                                       task_id=task_id,
+                                                       repetition=repetition, count=64)
+                        if reply["end_of_splits"]:
+                            break
+                    if repetition >= 2:
+                        await plugin.ack_splits(task_id=task_id, repetition=repetition - 2)
+
+            await asyncio.gather(*(read(t) for t in task_ids))
             compaction = plugin._journal._compaction
             if compaction is not None:  # let the last snapshot land, as a running one would
                 await asyncio.wrap_future(compaction)
-            return iteration_id, task_id, plugin._journal.metrics.records_written
+            return iteration_id, task_ids[0], plugin._journal.metrics
         finally:
             await plugin.close()
 
@@ -226,7 +241,7 @@ async def _restart(work_dir: Path, iteration_id: int, task_id: int) -> tuple[flo
             await plugin.close()
 
 
-def bench_restart(work_dir: Path, num_splits: int, snapshots: bool) -> list[dict]:
+def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool) -> list[dict]:
     """The dispatcher's journal with or without snapshots (see the module docstring)."""
     import dask
 
@@ -235,7 +250,8 @@ def bench_restart(work_dir: Path, num_splits: int, snapshots: bool) -> list[dict
     with dask.config.set(settings):
         register_ms = asyncio.run(_register(work_dir / "register"))
         start = time.perf_counter()
-        iteration_id, task_id, records = asyncio.run(_hand_out(work_dir / "restart", num_splits))
+        iteration_id, task_id, metrics = asyncio.run(
+            _hand_out(work_dir / "restart", num_splits, epochs, tasks=8))
         hand_out_s = time.perf_counter() - start
         journal_bytes = sum(p.stat().st_size for p in (work_dir / "restart").iterdir())
         restart_s, replayed = asyncio.run(_restart(work_dir / "restart", iteration_id, task_id))
@@ -243,8 +259,10 @@ def bench_restart(work_dir: Path, num_splits: int, snapshots: bool) -> list[dict
     return [
         {"bench": "register", "journal": label, "splits": 2**24,
          "milliseconds": round(register_ms, 1)},
-        {"bench": "restart", "journal": label, "splits_handed_out": num_splits,
-         "records": records, "hand_out_seconds": round(hand_out_s, 2),
+        {"bench": "restart", "journal": label, "splits_handed_out": num_splits * epochs,
+         "epochs": epochs, "tasks": 8, "records": metrics.records_written,
+         "records_per_fsync": round(metrics.records_per_fsync, 1),
+         "hand_out_seconds": round(hand_out_s, 2), "snapshots": metrics.snapshots_written,
          "journal_bytes": journal_bytes, "records_replayed_after_snapshot": replayed,
          "restart_to_serving_seconds": round(restart_s, 3)},
     ]
@@ -257,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--splits", type=int, default=1_000_000,
                         help="splits handed out before the restart measurement (0: skip it)")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="repetitions of the --splits dataset read before the restart")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the scratch directory")
     args = parser.parse_args(argv)
 
@@ -292,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.splits:
             for snapshots in (False, True):
                 for line in bench_restart(scratch / f"dispatcher-{snapshots}", args.splits,
-                                          snapshots):
+                                          args.epochs, snapshots):
                     print(json.dumps(line), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
