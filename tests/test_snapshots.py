@@ -472,3 +472,13 @@ async def test_a_dispatcher_refuses_to_start_on_a_journal_damaged_for_replay(tmp
             pass
     assert (e.value.path, e.value.offset) == (segment_path(tmp_path, 1), 16)
     assert "journal_00000001 is corrupted at byte offset 16" in str(e.value)
+
+
+def test_the_journal_is_readable_by_its_owner_only(tmp_path):
+    """It holds pickled pipelines (issue 11 s6): directory 0700, segments and snapshots 0600."""
+    work_dir = tmp_path / "a" / "journal"
+    write_segments(work_dir, [setup_updates(), []])
+    write_snapshot(work_dir, 1, compact(None, scan_segments(work_dir, range(1))))
+    assert (work_dir.stat().st_mode & 0o777, work_dir.parent.stat().st_mode & 0o777) == (
+        0o700, 0o700)
+    assert {p.stat().st_mode & 0o777 for p in work_dir.iterdir()} == {0o600}

@@ -218,7 +218,8 @@ def _sync_dir(path: Path) -> None:
 
 
 def _make_dirs(path: Path) -> None:
-    """Create ``path`` and missing parents, fsyncing each parent that gained an entry."""
+    """Create ``path`` and missing parents (mode 0700), fsyncing each parent that gained an
+    entry."""
     missing = []
     p = path.absolute()
     while not p.exists():
@@ -226,7 +227,7 @@ def _make_dirs(path: Path) -> None:
         p = p.parent
     for d in reversed(missing):
         try:
-            d.mkdir()
+            d.mkdir(mode=0o700)  # the journal holds pickled pipelines: its owner's only
         except FileExistsError:
             pass
         _sync_dir(d.parent)
