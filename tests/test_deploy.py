@@ -150,9 +150,10 @@ def test_jobqueue_recipe_options_build_a_pbs_cluster(jobqueue_recipe):
 
 
 def test_jobqueue_recipe_config_does_not_leak():
-    import dask.config
+    from dask_dataservice import config
 
-    assert dask.config.get("dataservice.dispatcher.work-dir") is None
+    assert config.get("dispatcher.work-dir") is None
+    assert config.get("dispatcher.fault-tolerant-mode") is False
 
 
 def test_jobqueue_worker_command_runs_the_cli():
