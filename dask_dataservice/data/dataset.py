@@ -178,7 +178,7 @@ class Dataset:
         for d in values:
             if not isinstance(d, Dataset):
                 raise TypeError(f"zip() takes datasets, got {type(d).__name__}")
-        return Dataset(ops.Zip(structure))
+        return Dataset(ops_more.Zip(structure))
 
     # ------------------------------------------------------------------------------------
     # transformations
@@ -275,7 +275,7 @@ class Dataset:
         """This dataset's elements, then ``dataset``'s."""
         if not isinstance(dataset, Dataset):
             raise TypeError(f"concatenate() takes a Dataset, got {type(dataset).__name__}")
-        return Dataset(ops.Concatenate(self._op, dataset._op))
+        return Dataset(ops_more.Concatenate(self._op, dataset._op))
 
     def bucket_by_sequence_length(self, element_length_func: Callable, bucket_boundaries: list[int],
                                   bucket_batch_sizes: list[int], padded_shapes: Any = None,
@@ -287,7 +287,7 @@ class Dataset:
         ``bucket_boundaries[i-1] <= length < bucket_boundaries[i]``; bucket ``i`` emits a padded
         batch when it holds ``bucket_batch_sizes[i]`` elements.
         """
-        return Dataset(ops.BucketBySequenceLength(
+        return Dataset(ops_more.BucketBySequenceLength(
             self._op, element_length_func, bucket_boundaries, bucket_batch_sizes, padded_shapes,
             padding_values, pad_to_bucket_boundary, no_padding, drop_remainder))
 
@@ -563,7 +563,7 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> l
         return ("repeat() inside a zip/concatenate component cannot be split (each repetition "
                 "would need the component's splits again); apply repeat() after the "
                 "zip/concatenate")
-    if isinstance(op, ops.Concatenate):
+    if isinstance(op, ops_more.Concatenate):
         plan: list = []
         for k, child in enumerate(op.inputs):
             part = _split_plan(child, split_size, True)
@@ -571,7 +571,7 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> l
                 return part
             plan.extend(ComponentSplit(k, s) for s in part)
         return plan
-    if isinstance(op, ops.Zip):
+    if isinstance(op, ops_more.Zip):
         parts = [_split_plan(child, split_size, True) for child in op.inputs]
         for part in parts:
             if isinstance(part, str):

@@ -16,7 +16,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ from ._base import (
     annotate_user_error,
     autotune_threads,
 )
-from .splits import SHARD_HINT, ConcatenateRouter, ZipTee
+from .splits import SHARD_HINT
 from .structure import pad_stack, stack, unstack
 
 # ----------------------------------------------------------------------------------------
@@ -735,155 +734,3 @@ class Enumerate(Unary):
             yield from enumerate(it, self.start)
         finally:
             _close(it)  # a plain enumerate() would not close its input when abandoned
-
-
-class Zip(Op):
-    name = "zip"
-
-    def __init__(self, structure):
-        if isinstance(structure, dict):
-            self.keys = tuple(structure)
-            self.inputs = tuple(d._op for d in structure.values())
-        else:
-            self.keys = None
-            self.inputs = tuple(d._op for d in structure)
-        if not self.inputs:
-            raise ValueError("zip() needs at least one dataset")
-
-    def params(self):
-        return (self.keys,)
-
-    def cardinality(self):
-        ns = [op.cardinality() for op in self.inputs]
-        if UNKNOWN in ns:  # an input of unknown length may be the shortest
-            return UNKNOWN
-        finite = [n for n in ns if n >= 0]
-        return min(finite) if finite else INFINITE
-
-    def iterate(self, ctx):
-        if ctx.split_provider is None:
-            its = [op.iterate(ctx) for op in self.inputs]
-        else:  # every component reads the same splits
-            tee = ZipTee(ctx.split_provider, len(self.inputs))
-            its = [op.iterate(replace(ctx, split_provider=tee.component(k)))
-                   for k, op in enumerate(self.inputs)]
-        try:
-            if self.keys is None:
-                yield from zip(*its, strict=False)
-            else:
-                keys = self.keys
-                for row in zip(*its, strict=False):
-                    yield dict(zip(keys, row, strict=True))
-        finally:
-            for it in its:
-                _close(it)
-
-
-class Concatenate(Op):
-    name = "concatenate"
-
-    def __init__(self, first: Op, second: Op):
-        self.inputs = (first, second)
-
-    def cardinality(self):
-        a, b = (op.cardinality() for op in self.inputs)
-        if INFINITE in (a, b):
-            return INFINITE
-        if UNKNOWN in (a, b):
-            return UNKNOWN
-        return a + b
-
-    def iterate(self, ctx):
-        router = None if ctx.split_provider is None else ConcatenateRouter(ctx.split_provider)
-        for k, op in enumerate(self.inputs):
-            sub = ctx if router is None else replace(ctx, split_provider=router.component(k))
-            it = op.iterate(sub)
-            try:
-                yield from it
-            finally:
-                _close(it)
-
-
-class BucketBySequenceLength(Unary):
-    name = "bucket_by_sequence_length"
-
-    def __init__(self, input, element_length_func, bucket_boundaries, bucket_batch_sizes,
-                 padded_shapes=None, padding_values=None, pad_to_bucket_boundary=False,
-                 no_padding=False, drop_remainder=False):
-        super().__init__(input)
-        self.length_fn = check_callable("element_length_func", element_length_func)
-        for arg, value in (("bucket_boundaries", bucket_boundaries),
-                           ("bucket_batch_sizes", bucket_batch_sizes)):
-            if not isinstance(value, (list, tuple, np.ndarray)):
-                raise TypeError(f"{arg} must be a list of integers, got {type(value).__name__}")
-        bounds = [check_int(f"bucket_boundaries[{i}]", b, minimum=1)
-                  for i, b in enumerate(bucket_boundaries)]
-        if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)):
-            raise ValueError(f"bucket_boundaries must be strictly increasing, got {bounds}")
-        sizes = [check_int(f"bucket_batch_sizes[{i}]", s, minimum=1)
-                 for i, s in enumerate(bucket_batch_sizes)]
-        if len(sizes) != len(bounds) + 1:
-            raise ValueError(
-                f"bucket_batch_sizes must have len(bucket_boundaries) + 1 = {len(bounds) + 1} "
-                f"entries, got {len(sizes)}"
-            )
-        self.bounds = tuple(bounds)
-        self.sizes = tuple(sizes)
-        self.padded_shapes = padded_shapes
-        self.padding_values = padding_values
-        self.pad_to_bucket_boundary = check_bool("pad_to_bucket_boundary", pad_to_bucket_boundary)
-        self.no_padding = check_bool("no_padding", no_padding)
-        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
-
-    def params(self):
-        return (self.length_fn, self.bounds, self.sizes, self.padded_shapes, self.padding_values,
-                self.pad_to_bucket_boundary, self.no_padding, self.drop_remainder)
-
-    def cardinality(self):
-        n = self.input.cardinality()
-        return n if n == INFINITE else UNKNOWN
-
-    def _bucket(self, length: int) -> int:
-        for i, b in enumerate(self.bounds):
-            if length < b:
-                return i
-        return len(self.bounds)
-
-    def _emit(self, bucket: int, items: list) -> Any:
-        if self.no_padding:
-            return stack(items)
-        shapes = self.padded_shapes
-        if self.pad_to_bucket_boundary:
-            if bucket == len(self.bounds):
-                raise ValueError(
-                    "bucket_by_sequence_length(pad_to_bucket_boundary=True): an element is "
-                    f"longer than the last boundary {self.bounds[-1] - 1}"
-                )
-            shapes = _leading_dim_shapes(items[0], self.bounds[bucket] - 1)
-        return pad_stack(items, shapes, self.padding_values)
-
-    def iterate(self, ctx):
-        buckets: list[list] = [[] for _ in self.sizes]
-        fn = self.length_fn
-        for x in self.input.iterate(ctx):
-            try:
-                length = int(call(fn, x))
-            except Exception as e:
-                annotate_user_error(e, self.name, fn, x)
-                raise
-            b = self._bucket(length)
-            buckets[b].append(x)
-            if len(buckets[b]) == self.sizes[b]:
-                yield self._emit(b, buckets[b])
-                buckets[b] = []
-        if not self.drop_remainder:
-            for b, items in enumerate(buckets):
-                if items:
-                    yield self._emit(b, items)
-
-
-def _leading_dim_shapes(element: Any, length: int) -> Any:
-    from .structure import map_structure
-
-    return map_structure(lambda leaf: [length, *np.shape(leaf)[1:]] if np.ndim(leaf) else [], element)
-

@@ -1,6 +1,8 @@
-"""The tf.data transformations users port most, beyond the core set in :mod:`.ops`.
+"""Transformations beyond the per-element core set in :mod:`.ops`.
 
-``sample_from_datasets``, ``choose_from_datasets``, ``scan``, ``window``, ``group_by_window``,
+Combining datasets: ``zip``, ``concatenate`` (both splittable: see :mod:`.splits`),
+``sample_from_datasets``, ``choose_from_datasets``; grouping: ``bucket_by_sequence_length``; and
+the tf.data transformations users port most: ``choose_from_datasets``, ``scan``, ``window``, ``group_by_window``,
 ``rebatch``, ``unique``, ``ignore_errors`` and ``cache`` (in memory or in a file), with
 TensorFlow's semantics. Each op follows the rules of :mod:`._base`: immutable after
 ``__init__``, per-iteration state in the generator it returns (``cache`` is the one op that
@@ -9,6 +11,7 @@ keeps what an iteration produced, as TF's does; the cache is not pickled with th
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import random
@@ -20,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from ._base import _NO_ELEMENT, INFINITE, UNKNOWN, IterContext, Op, annotate_user_error
-from .ops import Batch, Unary, _close, check_bool, check_callable, check_int
-from .structure import stack, unstack
+from .ops import Batch, Unary, _close, call, check_bool, check_callable, check_int
+from .splits import ConcatenateRouter, ZipTee
+from .structure import pad_stack, stack, unstack
 
 __all__ = [
-    "Cache", "ChooseFromDatasets", "GroupByWindow", "IgnoreErrors", "Rebatch", "SampleFromDatasets",
+    "BucketBySequenceLength", "Cache", "ChooseFromDatasets", "Concatenate", "Zip", "GroupByWindow", "IgnoreErrors", "Rebatch", "SampleFromDatasets",
     "Scan", "Unique", "Window",
 ]
 
@@ -495,4 +499,159 @@ class Cache(Unary):
             elif os.path.exists(tmp):
                 os.remove(tmp)
 
+
+# ----------------------------------------------------------------------------------------
+# zip, concatenate, bucket_by_sequence_length
+# ----------------------------------------------------------------------------------------
+
+
+class Zip(Op):
+    name = "zip"
+
+    def __init__(self, structure):
+        if isinstance(structure, dict):
+            self.keys = tuple(structure)
+            self.inputs = tuple(d._op for d in structure.values())
+        else:
+            self.keys = None
+            self.inputs = tuple(d._op for d in structure)
+        if not self.inputs:
+            raise ValueError("zip() needs at least one dataset")
+
+    def params(self):
+        return (self.keys,)
+
+    def cardinality(self):
+        ns = [op.cardinality() for op in self.inputs]
+        if UNKNOWN in ns:  # an input of unknown length may be the shortest
+            return UNKNOWN
+        finite = [n for n in ns if n >= 0]
+        return min(finite) if finite else INFINITE
+
+    def iterate(self, ctx):
+        if ctx.split_provider is None:
+            its = [op.iterate(ctx) for op in self.inputs]
+        else:  # every component reads the same splits
+            tee = ZipTee(ctx.split_provider, len(self.inputs))
+            its = [op.iterate(replace(ctx, split_provider=tee.component(k)))
+                   for k, op in enumerate(self.inputs)]
+        try:
+            if self.keys is None:
+                yield from zip(*its, strict=False)
+            else:
+                keys = self.keys
+                for row in zip(*its, strict=False):
+                    yield dict(zip(keys, row, strict=True))
+        finally:
+            for it in its:
+                _close(it)
+
+
+class Concatenate(Op):
+    name = "concatenate"
+
+    def __init__(self, first: Op, second: Op):
+        self.inputs = (first, second)
+
+    def cardinality(self):
+        a, b = (op.cardinality() for op in self.inputs)
+        if INFINITE in (a, b):
+            return INFINITE
+        if UNKNOWN in (a, b):
+            return UNKNOWN
+        return a + b
+
+    def iterate(self, ctx):
+        router = None if ctx.split_provider is None else ConcatenateRouter(ctx.split_provider)
+        for k, op in enumerate(self.inputs):
+            sub = ctx if router is None else replace(ctx, split_provider=router.component(k))
+            it = op.iterate(sub)
+            try:
+                yield from it
+            finally:
+                _close(it)
+
+
+class BucketBySequenceLength(Unary):
+    name = "bucket_by_sequence_length"
+
+    def __init__(self, input, element_length_func, bucket_boundaries, bucket_batch_sizes,
+                 padded_shapes=None, padding_values=None, pad_to_bucket_boundary=False,
+                 no_padding=False, drop_remainder=False):
+        super().__init__(input)
+        self.length_fn = check_callable("element_length_func", element_length_func)
+        for arg, value in (("bucket_boundaries", bucket_boundaries),
+                           ("bucket_batch_sizes", bucket_batch_sizes)):
+            if not isinstance(value, (list, tuple, np.ndarray)):
+                raise TypeError(f"{arg} must be a list of integers, got {type(value).__name__}")
+        bounds = [check_int(f"bucket_boundaries[{i}]", b, minimum=1)
+                  for i, b in enumerate(bucket_boundaries)]
+        if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)):
+            raise ValueError(f"bucket_boundaries must be strictly increasing, got {bounds}")
+        sizes = [check_int(f"bucket_batch_sizes[{i}]", s, minimum=1)
+                 for i, s in enumerate(bucket_batch_sizes)]
+        if len(sizes) != len(bounds) + 1:
+            raise ValueError(
+                f"bucket_batch_sizes must have len(bucket_boundaries) + 1 = {len(bounds) + 1} "
+                f"entries, got {len(sizes)}"
+            )
+        self.bounds = tuple(bounds)
+        self.sizes = tuple(sizes)
+        self.padded_shapes = padded_shapes
+        self.padding_values = padding_values
+        self.pad_to_bucket_boundary = check_bool("pad_to_bucket_boundary", pad_to_bucket_boundary)
+        self.no_padding = check_bool("no_padding", no_padding)
+        self.drop_remainder = check_bool("drop_remainder", drop_remainder)
+
+    def params(self):
+        return (self.length_fn, self.bounds, self.sizes, self.padded_shapes, self.padding_values,
+                self.pad_to_bucket_boundary, self.no_padding, self.drop_remainder)
+
+    def cardinality(self):
+        n = self.input.cardinality()
+        return n if n == INFINITE else UNKNOWN
+
+    def _bucket(self, length: int) -> int:
+        for i, b in enumerate(self.bounds):
+            if length < b:
+                return i
+        return len(self.bounds)
+
+    def _emit(self, bucket: int, items: list) -> Any:
+        if self.no_padding:
+            return stack(items)
+        shapes = self.padded_shapes
+        if self.pad_to_bucket_boundary:
+            if bucket == len(self.bounds):
+                raise ValueError(
+                    "bucket_by_sequence_length(pad_to_bucket_boundary=True): an element is "
+                    f"longer than the last boundary {self.bounds[-1] - 1}"
+                )
+            shapes = _leading_dim_shapes(items[0], self.bounds[bucket] - 1)
+        return pad_stack(items, shapes, self.padding_values)
+
+    def iterate(self, ctx):
+        buckets: list[list] = [[] for _ in self.sizes]
+        fn = self.length_fn
+        for x in self.input.iterate(ctx):
+            try:
+                length = int(call(fn, x))
+            except Exception as e:
+                annotate_user_error(e, self.name, fn, x)
+                raise
+            b = self._bucket(length)
+            buckets[b].append(x)
+            if len(buckets[b]) == self.sizes[b]:
+                yield self._emit(b, buckets[b])
+                buckets[b] = []
+        if not self.drop_remainder:
+            for b, items in enumerate(buckets):
+                if items:
+                    yield self._emit(b, items)
+
+
+def _leading_dim_shapes(element: Any, length: int) -> Any:
+    from .structure import map_structure
+
+    return map_structure(lambda leaf: [length, *np.shape(leaf)[1:]] if np.ndim(leaf) else [], element)
 
