@@ -94,8 +94,8 @@ Snapshots
 A journal that only grows would make every restart replay the whole history. A writer given
 a ``compact`` callback therefore folds old segments into a *snapshot*: when the current
 segment holds ``snapshot_records`` records or ``snapshot_bytes`` bytes (at least the size of
-the last snapshot, so a large state is not rewritten more often than the journal grows by
-its size), the I/O thread starts segment ``n + 1`` after the batch's fsync, and a
+the last snapshot; and never less than a quarter of it, so a large state is not rewritten more
+often than the journal grows by a good part of its size), the I/O thread starts segment ``n + 1`` after the batch's fsync, and a
 compaction thread of the writer's builds ``compact(newest snapshot, records of the segments
 it does not cover and before n + 1)`` and writes it as ``snapshot_<n + 1>``. The snapshot
 stands for every record of the segments before its *base* ``n + 1``; replay is the newest
@@ -684,10 +684,13 @@ class JournalWriter:
     def _segment_full(self) -> bool:
         """Whether the current segment holds enough to be folded into a snapshot.
 
-        By records or bytes; the byte threshold is at least the last snapshot's size, so a
-        large state is not rewritten more often than the journal grows by its size (write
-        amplification at most about 2).
+        By records or bytes, but never before the segment holds a quarter of the last
+        snapshot's size (the byte threshold is at least that size): a large state is not
+        rewritten more often than the journal grows by a good part of it (write
+        amplification at most about 4 by records, 2 by bytes).
         """
+        if self._segment_bytes < self.metrics.last_snapshot_bytes // 4:
+            return False
         if self._snapshot_records and self._segment_records >= self._snapshot_records:
             return True
         if self._snapshot_bytes:
