@@ -268,6 +268,27 @@ def segment_path(work_dir: str | os.PathLike[str], number: int) -> Path:
     return Path(work_dir) / f"journal_{number:0{_SEGMENT_DIGITS}d}"
 
 
+def _numbered_files(work_dir: str | os.PathLike[str], pattern: re.Pattern,
+                    what: str) -> list[tuple[int, Path]]:
+    """``(number, path)`` of the files whose whole name matches ``pattern``, by number."""
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(work_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None or not entry.is_file():
+            continue
+        number = int(m.group(1))
+        if number in found:
+            raise JournalCorruptedError(
+                entry.path, 0,
+                f"{what} {number} is used by both {found[number].name} and {entry.name}")
+        found[number] = Path(entry.path)
+    return sorted(found.items())
+
+
 def list_segments(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """List the segments in ``work_dir`` as ``(number, path)`` pairs, in number order.
 
@@ -285,25 +306,7 @@ def list_segments(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     JournalCorruptedError
         If two files name the same segment number (``journal_7`` and ``journal_007``).
     """
-    work_dir = Path(work_dir)
-    found: dict[int, Path] = {}
-    try:
-        entries = list(os.scandir(work_dir))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        m = _SEGMENT_RE.fullmatch(entry.name)
-        if m is None or not entry.is_file():
-            continue
-        number = int(m.group(1))
-        if number in found:
-            raise JournalCorruptedError(
-                entry.path,
-                0,
-                f"segment number {number} is used by both {found[number].name} and {entry.name}",
-            )
-        found[number] = Path(entry.path)
-    return sorted(found.items())
+    return _numbered_files(work_dir, _SEGMENT_RE, "segment number")
 
 
 # --------------------------------------------------------------------------------------------
@@ -605,22 +608,7 @@ def list_snapshots(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     JournalCorruptedError
         If two files name the same base.
     """
-    found: dict[int, Path] = {}
-    try:
-        entries = list(os.scandir(work_dir))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        m = _SNAPSHOT_RE.fullmatch(entry.name)
-        if m is None or not entry.is_file():
-            continue
-        base = int(m.group(1))
-        if base in found:
-            raise JournalCorruptedError(
-                entry.path, 0,
-                f"snapshot base {base} is used by both {found[base].name} and {entry.name}")
-        found[base] = Path(entry.path)
-    return sorted(found.items())
+    return _numbered_files(work_dir, _SNAPSHOT_RE, "snapshot base")
 
 
 def _snapshot_bytes(base: int, payload: bytes) -> bytes:
