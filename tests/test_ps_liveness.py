@@ -11,10 +11,13 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from distributed import Client, Nanny, get_worker
+from distributed import Client, Nanny
+
+# the same gated step as the kill test: the 11th function of a worker's first batch lands
+# the updates of the 10 before it, writes a marker, and waits for the gate file
+from test_ps_faults import _count_step, _gated_step
 
 import dask_dataservice as dds
-from dask_dataservice.ps import _routing
 from dask_dataservice.ps._exceptions import ParameterServerUnavailableError
 from dask_dataservice.testing import gen_cluster
 
@@ -44,27 +47,6 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
-
-
-def _gated_step(counter, total, i, gate):
-    """One step, two updates. The 11th function of a worker's first batch lands the updates
-    of the 10 before it, says so with a marker file, and waits for ``gate``: the test freezes
-    a worker at that known point."""
-    pipeline = _routing._thread.pipeline
-    if pipeline is not None and pipeline.current == 10 and not os.path.exists(gate):
-        pipeline.drain()
-        port = get_worker().address.rsplit(":", 1)[1]
-        open(f"{gate}.{port}", "w").close()
-        deadline = time.monotonic() + 60
-        while not os.path.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.005)
-    counter.assign_add(1)
-    total.assign_add(i)
-    return i
-
-
-def _count_step(counter):
-    counter.assign_add(1)
 
 
 def test_frozen_training_worker(tmp_path):
@@ -100,6 +82,7 @@ def _frozen_training_worker(c, victim, gate):
         open(gate, "w").close()  # the other worker goes on; the victim is stopped
         coord.join()
         took = time.monotonic() - started
+        print(f"join() with a frozen training worker took {took:.1f} s")
         assert took < LIVENESS + 15, took  # not Dask's worker-ttl (5 min)
         assert [rv.fetch() for rv in rvs] == list(range(n_steps))
         assert coord.stats["workers_silent"] == 1 and coord.stats["requeued"] >= 1
@@ -154,7 +137,9 @@ def _frozen_parameter_server(c, ps):
         with pytest.raises(ParameterServerUnavailableError,
                            match=rf"did not answer within {LIVENESS:g} s .*liveness-timeout"):
             coord.join()
-        assert time.monotonic() - started < LIVENESS + 6
+        took = time.monotonic() - started
+        print(f"join() with a frozen parameter server raised after {took:.1f} s")
+        assert took < LIVENESS + 6
         # while it stays frozen, new functions fail at once with the same error
         wait_until(lambda: coord.stats["ps_silent"] == 1, 10, "the PS to be marked silent")
         started = time.monotonic()
@@ -162,7 +147,15 @@ def _frozen_parameter_server(c, ps):
         with pytest.raises(ParameterServerUnavailableError, match="did not answer within"):
             coord.join()
         assert time.monotonic() - started < 3
-        assert all(rv.done() or True for rv in rvs)
+        # requests from the coordinator, bulk ones too (not bounded by the request
+        # timeout), fail after a liveness probe instead of waiting for the frozen PS
+        for request in (counter.numpy, strategy.flush):
+            started = time.monotonic()
+            with pytest.raises(ParameterServerUnavailableError,
+                               match="did not answer a liveness probe"):
+                request()
+            assert time.monotonic() - started < 2 * LIVENESS + 3
+        del rvs
     wait_until(lambda: coord.stats["ps_back"] == 1, 15, "the PS to answer again")
     # the training worker's functions that were in flight when the PS froze finish now;
     # one more round drains them (one runner thread: batches run in order)

@@ -13,7 +13,11 @@ Every blocking call here must come from a thread that is not the event loop it d
 other thread works, including one that runs an event loop of its own (a Jupyter kernel).
 Every request is bounded by ``dataservice.ps.request-timeout``, except the bulk ones
 (:data:`BULK_OPS`: creating, flushing, saving and restoring shards take as long as the data
-needs).
+needs). Every request, bulk ones included, is also guarded by liveness: when no reply came
+for ``dataservice.ps.liveness-timeout``, the parameter server is probed (its event loop
+answers while its threads do the work), and a PS that does not answer the probe within the
+liveness timeout fails the request with ParameterServerUnavailableError (a frozen PS is
+reported within two liveness timeouts, not after the request timeout, nor never).
 """
 
 from __future__ import annotations
@@ -114,12 +118,35 @@ def _route(client=None, uid: str | None = None):
     return client.loop, client.rpc
 
 
+async def _guarded(rpc, call: Call) -> Any:
+    """The reply to ``call``; while none came, probe the PS every liveness timeout."""
+    liveness = config.get_seconds("ps.liveness-timeout")
+    request = asyncio.ensure_future(getattr(rpc(call.address), call.op)(**call.kwargs))
+    try:
+        while True:
+            done, _ = await asyncio.wait({request}, timeout=liveness)
+            if done:
+                return request.result()
+            try:
+                await asyncio.wait_for(rpc(call.address).identity(), liveness)
+            except (OSError, TimeoutError):
+                raise ParameterServerUnavailableError(
+                    f"parameter server {call.address} did not answer a liveness probe within "
+                    f"{liveness:g} s during {call.op} (dataservice.ps.liveness-timeout): "
+                    "frozen, hung or unreachable") from None
+    finally:
+        if not request.done():
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+
+
 async def call_async(rpc, call: Call, limit: float | None) -> dict:
     if call.op in BULK_OPS:
         limit = None
     try:
-        response = await asyncio.wait_for(getattr(rpc(call.address), call.op)(**call.kwargs),
-                                          limit)
+        response = await asyncio.wait_for(_guarded(rpc, call), limit)
+    except ParameterServerUnavailableError:
+        raise
     except (OSError, TimeoutError) as e:  # CommClosedError is an OSError
         what = f"did not answer within {limit:g} s" if isinstance(e, TimeoutError) and limit \
             else f"is unreachable: {type(e).__name__}: {e}"
