@@ -17,6 +17,7 @@ import textwrap
 import threading
 import warnings
 
+import dask
 import pytest
 from distributed.utils_test import gen_test
 
@@ -482,3 +483,20 @@ def test_the_journal_is_readable_by_its_owner_only(tmp_path):
     assert (work_dir.stat().st_mode & 0o777, work_dir.parent.stat().st_mode & 0o777) == (
         0o700, 0o700)
     assert {p.stat().st_mode & 0o777 for p in work_dir.iterdir()} == {0o600}
+
+
+@gen_test(timeout=60)
+async def test_a_restart_that_replayed_a_long_tail_folds_it_into_a_snapshot(tmp_path):
+    """So that the next restart does not replay it again."""
+    seed = _applied(DispatcherState(), setup_updates(num_splits=1000))
+    state = write_segments(tmp_path, [setup_updates(num_splits=1000),
+                                      split_updates(seed, 300, num_splits=1000)])
+    with dask.config.set({"dataservice.dispatcher.snapshot-records": 500}):
+        async with ft_dispatcher(tmp_path) as plugin:
+            assert plugin.recovered_updates > 250
+            await asyncio.wrap_future(plugin._journal._compaction)
+            assert [base for base, _ in list_snapshots(tmp_path)] == [2]
+            assert plugin.state.split_position(2000) == state.split_position(2000)
+        async with ft_dispatcher(tmp_path) as plugin:
+            # the snapshot and the one record the first restart journaled (the lost worker)
+            assert plugin.recovered_updates == 1

@@ -58,6 +58,7 @@ from ._job_checks import (
     shard_index,
     worker_list,
 )
+from ._liveness import WorkerLiveness
 from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from .state import (
@@ -144,6 +145,8 @@ class DispatcherPlugin(SchedulerPlugin):
         self._journal_error: BaseException | None = None
         #: Updates replayed from the journal at the last start (after its snapshot).
         self.recovered_updates = 0
+        #: Seconds the last start spent reading and replaying the journal.
+        self.recovery_seconds = 0.0
         self._client_seen: dict[int, int] = {}
         self._closed = False
 
@@ -201,6 +204,8 @@ class DispatcherPlugin(SchedulerPlugin):
         }
         scheduler.handlers.update(handlers)
         self._handler_names = tuple(handlers)
+        self._liveness = WorkerLiveness(self)  # data workers' heartbeat deadline
+        self._liveness.install(scheduler)
         scheduler.extensions["dataservice"] = self
         # Every worker that joins gets the data-worker half (as P2P does for its plugin).
         from distributed.protocol.pickle import dumps
@@ -244,11 +249,13 @@ class DispatcherPlugin(SchedulerPlugin):
         loop = asyncio.get_running_loop()
         # file I/O and the replay stay off the scheduler's loop, in a thread owned here
         executor = owned_executor("dds-dispatcher-recovery")
+        started = time.perf_counter()
         try:
             self.state, self.recovered_updates, self._journal = await loop.run_in_executor(
                 executor, replay)
         finally:
             shutdown_executor(executor)
+        self.recovery_seconds = time.perf_counter() - started
         if snapshot_records and self.recovered_updates >= snapshot_records // 2:
             self._journal.request_snapshot()
         # Rebuild what is not journaled. Workers of the previous run are gone (a Dask worker
@@ -266,9 +273,10 @@ class DispatcherPlugin(SchedulerPlugin):
         if self._journal_tail is not None:
             await self._journal_tail
         logger.info(
-            "dataservice dispatcher recovered %d journaled updates from %s (%d datasets, %d jobs)",
-            self.recovered_updates, work_dir, len(self.state.list_datasets()),
-            len(self.state.list_jobs()),
+            "dataservice dispatcher recovered %d journaled updates from %s in %.2fs "
+            "(%d datasets, %d jobs)",
+            self.recovered_updates, work_dir, self.recovery_seconds,
+            len(self.state.list_datasets()), len(self.state.list_jobs()),
         )
 
     def _warn_changed_worker_lists(self) -> None:
@@ -314,6 +322,7 @@ class DispatcherPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         if self._closed:  # the scheduler is shutting down: leave the journal as it is
             return
+        self._liveness.forget(worker)
         try:
             if self.state.worker(worker).registered:
                 self._apply(RemoveWorker(address=worker))
@@ -574,6 +583,7 @@ class DispatcherPlugin(SchedulerPlugin):
         ws = self.scheduler.workers.get(address)
         if ws is None:
             return TaskChanges(status="OK", new_tasks=[], cancelled=list(active_tasks))
+        self._liveness.seen(address)
         try:
             known = self.state.worker(address).registered
         except WorkerNotFoundError:
@@ -597,7 +607,7 @@ class DispatcherPlugin(SchedulerPlugin):
         assigned = {t.task_id: t for t in self.state.tasks_for_worker(address)}
         new_tasks = [self._task_def(t) for tid, t in assigned.items()
                      if tid not in reported and t.status == "active"]
-        cancelled = [tid for tid in reported if not self._task_exists(tid)]
+        cancelled = self._liveness.dropped_tasks(reported)
         return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled)
 
     @handler
@@ -731,6 +741,7 @@ class DispatcherPlugin(SchedulerPlugin):
     def _gc(self) -> None:
         """Periodic: release silent clients, collect iterations nobody reads."""
         try:
+            self._liveness.check()
             now = _now_micros()
             timeout = int(self.client_timeout * 1_000_000)
             for client in self.state.list_iteration_clients():
