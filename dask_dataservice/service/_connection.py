@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,8 @@ from ._exceptions import DataServiceError
 from ._messages import raise_for_status
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
+
+logger = logging.getLogger(__name__)
 
 _CLIENTS: dict[str, Client] = {}
 #: Clients this module opened itself (closed at exit or by close_clients()).
@@ -177,6 +180,31 @@ def check_can_block(client: Client, what: str) -> None:
             f"{what} blocks, and was called on the event loop of its own distributed.Client "
             f"(that would deadlock); {hint}"
         )
+
+
+async def call_dispatcher(client: Client, op: str, what: str, **kwargs) -> dict:
+    """``client.scheduler.<op>(**kwargs)``, checked, riding out a restarting dispatcher.
+
+    A dispatcher that is shutting down or restarting answers "closing", or its comm closes
+    under the call (``CommClosedError``): the call is retried, with a backoff of 50 ms
+    doubling to 1 s, for up to ``dataservice.client.dispatcher-timeout``. Only for calls
+    that are idempotent at the dispatcher (registration is, by fingerprint).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.get_seconds("client.dispatcher-timeout")
+    delay = 0.05
+    while True:
+        try:
+            return raise_for_status(await getattr(client.scheduler, op)(**kwargs), what)
+        except OSError as e:  # CommClosedError, DispatcherUnavailableError, refused
+            remaining = deadline - loop.time()
+            if remaining <= 0 or client.status in ("closed", "closing"):
+                raise DataServiceError(
+                    f"{what}: the data service at {client.scheduler.address} did not come back "
+                    f"within dataservice.client.dispatcher-timeout: {e!r}") from e
+            logger.info("dataservice: %s failed (%r); retrying", what, e)
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(2 * delay, 1.0)
 
 
 def _plugins() -> tuple:

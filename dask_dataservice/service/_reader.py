@@ -282,6 +282,10 @@ class IterationReader:
         self.dispatcher_timeout = config.get_seconds("client.dispatcher-timeout")
         self.linger = config.get_seconds("client.linger")
         self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
+        self.request_timeout = _optional_seconds("client.request-timeout")
+        self.stalls = _Tracker.from_config("client.stall-warning", "client.stall-timeout")
+        self.no_workers = _Tracker.from_config("client.no-workers-warning",
+                                               "client.no-workers-timeout")
 
     def start(self, view: dict) -> None:
         self.group.spawn(self.run, view)
@@ -307,9 +311,16 @@ class IterationReader:
 
     async def _read(self, view: dict) -> None:
         self._update_tasks(view)
+        loop = asyncio.get_running_loop()
+        no_workers_since = loop.time()
         while not self.stopped:
             if view.get("garbage_collected"):
                 raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
+            if self.fetchers:
+                no_workers_since = loop.time()
+                self.no_workers.reset()
+            else:
+                await self._no_workers(loop.time() - no_workers_since)
             ended = bool(self.fetchers) and all(f is None or f.done() for f in self.fetchers.values())
             if ended and (view["finished"] or self.local_only):
                 break
@@ -325,6 +336,26 @@ class IterationReader:
                 # tasks ended but the dispatcher has not seen all of them yet (lost
                 # workers, or new tasks being created): wait a little before asking again
                 await asyncio.sleep(min(0.01, self.heartbeat_interval))
+
+    async def _no_workers(self, waited: float) -> None:
+        """The iteration has had no task for ``waited`` seconds: warn, then fail, saying why."""
+        state = self.no_workers.state(waited)
+        if state is None:
+            return
+        try:
+            resp = await asyncio.wait_for(
+                self.client.scheduler.dataservice_data_workers(), self.heartbeat_interval + 5)
+            why = raise_for_status(resp, "data worker query")["reason"]
+        except Exception as e:  # noqa: BLE001 - the message says what it could
+            why = f"the dispatcher could not say why ({e!r})"
+        what = (f"iteration {self.iteration_id} of dataset {self.spec.dataset_id} has had no "
+                f"data worker for {waited:.0f}s: {why}")
+        if state == "fail":
+            raise DataServiceError(
+                f"{what} (gave up after dataservice.client.no-workers-timeout="
+                f"{self.no_workers.timeout:g}s)")
+        logger.warning("dataservice: %s; still waiting (up to dataservice.client."
+                       "no-workers-timeout)", what)
 
     def _fail(self, e: BaseException) -> None:
         if not self.stopped:
@@ -410,6 +441,9 @@ class IterationReader:
         rpc = self.client.rpc(address)
         pending: collections.deque = collections.deque()
         seq = 0
+        loop = asyncio.get_running_loop()
+        last_element = loop.time()
+        stalls = self.stalls.copy()
         try:
             while not self.stopped:
                 while len(pending) < self.depth:
@@ -426,8 +460,14 @@ class IterationReader:
                     request._dds_awaited = True
                     pending.append(request)
                     seq += 1
+                head = pending[0]
+                done, _ = await asyncio.wait((head,), timeout=self.request_timeout)
+                if not done:
+                    await self._unresponsive(task_id, address)
+                    continue  # the request stays in flight: the worker may still answer
+                pending.popleft()
                 try:
-                    resp = await pending.popleft()
+                    resp = head.result()
                 except (TimeoutError, OSError) as e:
                     logger.info("dataservice: lost task %s on %s: %r", task_id, address, e)
                     return
@@ -438,7 +478,11 @@ class IterationReader:
                     raise_for_status(resp, "element request")
                 batch = resp.get("elements")
                 if batch is not None:
+                    last_element = loop.time()
+                    stalls.reset()
                     await self.channel.put(batch.items)
+                elif not resp.get("end_of_sequence"):
+                    self._stalled(stalls, task_id, address, loop.time() - last_element)
                 elif resp.get("end_of_sequence"):
                     return
                 elif resp.get("unknown") and self.lost.get(task_id):
@@ -451,6 +495,35 @@ class IterationReader:
             for f in pending:
                 f.cancel()
             self.task_done.set()
+
+    async def _unresponsive(self, task_id: int, address: str) -> None:
+        """A request to ``address`` went unanswered for ``client.request-timeout``: say so and
+        ask the dispatcher to check the worker (it drops a silent one, and this reader sees
+        the task ``lost`` in its next heartbeat, which cancels this fetch)."""
+        logger.warning(
+            "dataservice: task %s on worker %s has not answered a request for %gs "
+            "(dataservice.client.request-timeout); asking the dispatcher to check the worker",
+            task_id, address, self.request_timeout)
+        try:
+            await asyncio.wait_for(
+                self.client.scheduler.dataservice_suspect_worker(address=address),
+                self.request_timeout)
+        except Exception as e:  # noqa: BLE001 - the dispatcher's own deadline still applies
+            logger.info("dataservice: could not report worker %s: %r", address, e)
+
+    def _stalled(self, stalls: _Tracker, task_id: int, address: str, waited: float) -> None:
+        """Task ``task_id`` has given no element for ``waited`` seconds (a hung pipeline?)."""
+        state = stalls.state(waited)
+        if state is None:
+            return
+        what = (f"task {task_id} of iteration {self.iteration_id} (dataset "
+                f"{self.spec.dataset_id}) on worker {address} has produced no element for "
+                f"{waited:.0f}s: its pipeline may be hung (e.g. a from_generator that never "
+                "yields)")
+        if state == "fail":
+            raise DataServiceError(
+                f"{what}; gave up after dataservice.client.stall-timeout={stalls.timeout:g}s")
+        logger.warning("dataservice: %s", what)
 
     def _request_size(self) -> int:
         """Elements to ask for in the next request.
@@ -603,6 +676,40 @@ class CrossTrainerReader(_FixedTasksReader):
                 raise DataServiceError("the cross-trainer cache needs an infinite dataset, and "
                                        f"task {task_id} ended")
         return out
+
+
+def _optional_seconds(key: str) -> float | None:
+    """A duration key in seconds, or None when it is null (no limit)."""
+    return None if config.get(key) is None else config.get_seconds(key)
+
+
+class _Tracker:
+    """Warn once after ``warning`` seconds (then every ``warning`` seconds), fail after
+    ``timeout`` (None: never)."""
+
+    def __init__(self, warning: float | None, timeout: float | None):
+        self.warning = warning
+        self.timeout = timeout
+        self._next_warning = warning
+
+    @classmethod
+    def from_config(cls, warning_key: str, timeout_key: str) -> _Tracker:
+        return cls(_optional_seconds(warning_key), _optional_seconds(timeout_key))
+
+    def copy(self) -> _Tracker:
+        return _Tracker(self.warning, self.timeout)
+
+    def reset(self) -> None:
+        self._next_warning = self.warning
+
+    def state(self, waited: float) -> str | None:
+        """``"fail"``, ``"warn"`` or None after waiting ``waited`` seconds."""
+        if self.timeout is not None and waited >= self.timeout:
+            return "fail"
+        if self._next_warning is not None and waited >= self._next_warning:
+            self._next_warning = waited + (self.warning or waited)
+            return "warn"
+        return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import pickle
 import threading
 from collections import OrderedDict, deque
 from typing import Any
@@ -35,6 +36,7 @@ import cloudpickle
 from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
+from distributed.protocol.serialize import Serialized, serialize
 from distributed.utils import run_in_executor_with_context
 from distributed.utils_comm import retry
 
@@ -475,7 +477,8 @@ class DataWorkerPlugin(WorkerPlugin):
                 await buf.wait(remaining)
         if items:
             self.stats["batches_served"] += 1
-            return {"status": "OK", "elements": to_serialize(ElementBatch(items)), "end_of_sequence": False}
+            return {"status": "OK", "elements": _serialized_batch(runner, items),
+                    "end_of_sequence": False}
         if buf.end_visible:
             if buf.error is not None:
                 return error_message(buf.error)
@@ -700,6 +703,43 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
         loop.call_soon_threadsafe(callback)
     except RuntimeError:  # the loop is closed: the worker is gone
         pass
+
+
+def _serialized_batch(runner: TaskRunner, items: list) -> Serialized:
+    """``items`` serialized now, so that an element that cannot travel is an error naming
+    its type, its task and its pipeline (serialized by the comm, it would only say "Could
+    not serialize object of type ElementBatch", and the consumer would see a closed comm)."""
+    try:
+        header, frames = serialize(ElementBatch(items), serializers=("dask",), on_error="raise")
+    except Exception as e:
+        raise _unpicklable_element(runner, items, e) from e
+    return Serialized(header, frames)
+
+
+def _unpicklable_element(runner: TaskRunner, items: list, error: Exception) -> TypeError:
+    """The error for a batch that failed to serialize: which element, of which pipeline."""
+    cause: BaseException = error.__cause__ or error
+    for x in items:
+        try:
+            pickle.dumps(x, protocol=5, buffer_callback=_drop)
+        except Exception as e:  # noqa: BLE001 - this element is the culprit
+            cause = e
+            bad = f"an element of type {type(x).__module__}.{type(x).__qualname__}"
+            break
+    else:
+        bad = "a batch of elements"
+    pipeline = repr(runner.dataset)
+    if len(pipeline) > 500:
+        pipeline = pipeline[:500] + "...>"
+    return TypeError(
+        f"{bad} produced by task {runner.task_id} (dataset {runner.dataset_id}) cannot be "
+        f"pickled to travel to the consumer: {type(cause).__name__}: {cause}. Pipeline: "
+        f"{pipeline}. Elements must be picklable (no open files, locks, sockets or "
+        "generators); convert them in a map() before they leave the worker")
+
+
+def _drop(buffer) -> None:
+    return None
 
 
 def _noop() -> None:

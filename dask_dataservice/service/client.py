@@ -25,7 +25,6 @@ from distributed import Client
 from ..data import Dataset
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
-from ._messages import raise_for_status
 from ._reader import ReadSpec, ServiceSource, aread
 from ._sharding import ShardingPolicy, parse_processing_mode
 
@@ -128,11 +127,13 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         installing = _connection.ensure_installed(client)
         if installing is not None:
             await installing
-        resp = await client.scheduler.dataservice_register_dataset(
+        # registration is idempotent (by fingerprint): retried across a dispatcher restart
+        resp = await _connection.call_dispatcher(
+            client, "dataservice_register_dataset", "dataset registration",
             fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
             compression=compression, metadata=metadata, dataset_id=dataset_id,
         )
-        return raise_for_status(resp, "dataset registration")["dataset_id"]
+        return resp["dataset_id"]
 
     if client.asynchronous and _connection.on_loop_thread(client):
         return go()
