@@ -12,8 +12,8 @@ Subcommands:
     ``dask scheduler`` / ``dask worker`` with ``--preload dask_dataservice``: the way to run
     the data service from a shell. Every other option is passed on to Dask. ``worker
     --supervise`` restarts the worker whenever its scheduler went away
-    (:func:`dask_dataservice.service.supervise.supervise`). ``scheduler`` warns on stderr
-    when the scheduler would listen beyond this machine without TLS
+    (:func:`dask_dataservice.service.supervise.supervise`). ``scheduler`` and ``worker`` warn
+    on stderr when the server would listen beyond this machine without TLS
     (:func:`insecure_listen_warning`; docs/security.md).
 ``ready``
     Exit 0 when the dispatcher answers: a readiness probe for deployments (docs/deploy.md).
@@ -261,22 +261,24 @@ def _is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
-def insecure_listen_warning(dask_args: Sequence[str]) -> str | None:
-    """The warning for a ``dask scheduler`` command line that listens beyond this machine
-    without TLS (``None`` when it listens on loopback only, or with TLS).
+def insecure_listen_warning(dask_args: Sequence[str], role: str = "scheduler") -> str | None:
+    """The warning for a ``dask scheduler`` (``role="scheduler"``) or ``dask worker``
+    (``"worker"``) command line that listens beyond this machine without TLS (``None`` when
+    it listens on loopback only, or with TLS).
 
-    TLS counts when the command asks for it (``--protocol tls``, a ``tls://`` host, any
-    ``--tls-*`` option) or Dask's configuration does (``distributed.comm.default-scheme``,
-    ``distributed.comm.require-encryption`` or a scheduler certificate). The listening
-    address is ``--host`` (default: every interface) or ``--interface`` (loopback for ``lo``).
+    TLS counts when the command asks for it (``--protocol tls``, a ``tls://`` address among
+    the arguments, e.g. the scheduler's for a worker, any ``--tls-*`` option) or Dask's
+    configuration does (``distributed.comm.default-scheme``, ``require-encryption`` or a
+    certificate for the role). The listening address is ``--host`` or ``--listen-address``
+    (default: every interface), or ``--interface`` (loopback for ``lo``).
     """
     import dask.config
 
     args = list(dask_args)
-    hosts, interfaces = _option_values(args, "--host"), _option_values(args, "--interface")
-    protocols = _option_values(args, "--protocol")
-    schemes = {p.split("://", 1)[0].lower() for p in protocols if p}
-    schemes |= {h.split("://", 1)[0].lower() for h in hosts if "://" in h}
+    hosts = _option_values(args, "--host") + _option_values(args, "--listen-address")
+    interfaces = _option_values(args, "--interface")
+    schemes = {p.split("://", 1)[0].lower() for p in _option_values(args, "--protocol") if p}
+    schemes |= {a.split("://", 1)[0].lower() for a in args if "://" in a}
     if any(a.startswith("--tls-") for a in args) or "tls" in schemes:
         return None
     if schemes & {"inproc", "ucx"}:
@@ -284,18 +286,21 @@ def insecure_listen_warning(dask_args: Sequence[str]) -> str | None:
     config = dask.config.get("distributed.comm", {})
     if (str(config.get("default-scheme", "tcp")).lower() == "tls"
             or config.get("require-encryption")
-            or (config.get("tls", {}).get("scheduler") or {}).get("cert")):
+            or (config.get("tls", {}).get(role) or {}).get("cert")):
         return None
     host = hosts[-1].split("://", 1)[-1] if hosts else ""
-    host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # host:port
+    if host.startswith("["):  # [IPv6]:port
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:  # host:port
+        host = host.rsplit(":", 1)[0]
     if host and _is_loopback(host):
         return None
     if not host and interfaces and interfaces[-1] in ("lo", "lo0"):
         return None
     where = f"host {host}" if host else (f"interface {interfaces[-1]}" if interfaces
                                           else "every network interface")
-    return (f"{PROG}: warning: the scheduler listens on {where} without TLS: anyone who can "
-            "reach its port can run code on the workers, read every registered pipeline and "
+    return (f"{PROG}: warning: the {role} listens on {where} without TLS: anyone who can "
+            "reach its port can run code on the cluster, read every registered pipeline and "
             "take other users' data (see the security page of the docs). Give it "
             "certificates (--tls-ca-file, --tls-cert, --tls-key), or --host 127.0.0.1 for a "
             "single machine.")
@@ -348,6 +353,9 @@ def scheduler(dry_run: bool, work_dir: str | None, worker_addresses: str | None,
 def worker(dry_run: bool, supervise: bool, dask_args: tuple[str, ...]) -> None:
     """Start a Dask worker with the data service's worker plugin (dask worker SCHEDULER
     --preload dask_dataservice)."""
+    warning = insecure_listen_warning(dask_args, role="worker")
+    if warning:
+        click.echo(warning, err=True)
     _run(dask_command("worker", dask_args), dict(os.environ), dry_run=dry_run, supervise=supervise)
 
 

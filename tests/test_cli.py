@@ -665,3 +665,19 @@ def test_ready_without_a_scheduler():
     assert rc == 2 and "speaks TLS" in err, err
     result = CliRunner(env={"DASK_SCHEDULER_ADDRESS": None}).invoke(cli.dataservice, ["ready"])
     assert result.exit_code == 2 and "give the scheduler's ADDRESS" in result.stderr
+
+
+@pytest.mark.parametrize("dask_args, warns", [
+    (["tcp://10.0.0.1:8786"], True),  # dask's default: every interface
+    (["tcp://10.0.0.1:8786", "--listen-address", "tcp://0.0.0.0:9000"], True),
+    (["tcp://127.0.0.1:8786", "--host", "127.0.0.1"], False),
+    (["tcp://127.0.0.1:8786", "--listen-address", "tcp://127.0.0.1:9000"], False),
+    (["tcp://127.0.0.1:8786", "--listen-address", "tcp://[::1]:9000"], False),
+    (["tls://10.0.0.1:8786"], False),  # a TLS scheduler: the worker speaks TLS too
+    (["--scheduler-file", "s.json", "--tls-ca-file", "ca.pem"], False),
+])
+def test_worker_warns_when_it_listens_beyond_loopback_without_tls(dask_args, warns):
+    rc, out, err = invoke("worker", "--dry-run", *dask_args)
+    assert rc == 0
+    assert ("warning: the worker listens on" in err) is warns, err
+    assert shlex.split(out) == cli.dask_command("worker", dask_args)
