@@ -346,10 +346,11 @@ class _Servers:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, *argv: str) -> subprocess.Popen:
+    def start(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` in its own session (``env``: variables added to this process's)."""
         proc = subprocess.Popen(
             list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True,
+            start_new_session=True, env=None if env is None else {**os.environ, **env},
         )
         self.procs.append(proc)
         return proc
@@ -363,6 +364,12 @@ class _Servers:
             assert "Traceback" not in err, err
         return err
 
+    def __enter__(self) -> _Servers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -375,11 +382,8 @@ class _Servers:
 
 @pytest.fixture
 def servers():
-    s = _Servers()
-    try:
+    with _Servers() as s:
         yield s
-    finally:
-        s.close()
 
 
 def test_scheduler_and_worker_commands(servers, tmp_path):

@@ -16,16 +16,15 @@ one starts a scheduler). No batch system or Kubernetes cluster is needed:
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from test_cli import _Servers
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -252,52 +251,28 @@ def test_helm_values_preload_scheduler_and_workers():
 # ---------------------------------------------------------------------------------------
 
 
-class _Processes:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, *argv: str, env: dict | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True,
-                                env=None if env is None else {**os.environ, **env})
-        self.procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.communicate(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.communicate(timeout=10)
-
-
-@pytest.fixture
-def processes():
-    p = _Processes()
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def _plain_dask(kind: str) -> list[str]:
     return [sys.executable, "-m", f"distributed.cli.dask_{kind}", "--host", "127.0.0.1",
             "--no-dashboard"]
 
 
+
+@pytest.fixture
+def servers():
+    """Processes started by a test, stopped at its end (test_cli's helper)."""
+    with _Servers() as s:
+        yield s
+
 @pytest.mark.slow
-def test_gateway_recipe_install_from_the_client(processes, tmp_path):
+def test_gateway_recipe_install_from_the_client(servers, tmp_path):
     """A scheduler and a worker started by 'someone else' (no preload): the page's recipe."""
     from distributed import Client
 
     scheduler_file = tmp_path / "scheduler.json"
-    processes.start(*_plain_dask("scheduler"), "--port", "0", "--scheduler-file",
-                    str(scheduler_file))
-    processes.start(*_plain_dask("worker"), "--scheduler-file", str(scheduler_file),
-                    "--nthreads", "1")
+    scheduler = servers.start(*_plain_dask("scheduler"), "--port", "0", "--scheduler-file",
+                              str(scheduler_file))
+    first = servers.start(*_plain_dask("worker"), "--scheduler-file", str(scheduler_file),
+                          "--nthreads", "1")
     with Client(scheduler_file=str(scheduler_file), timeout="30s",
                 set_as_default=False) as client:
         client.wait_for_workers(1, timeout=30)
@@ -307,16 +282,18 @@ def test_gateway_recipe_install_from_the_client(processes, tmp_path):
         exec(compile(recipe("recipe-gateway"), str(PAGE), "exec"), namespace)
         assert sorted(namespace["ds"]) == list(range(1000))
         # a worker that joins later gets the data worker from the dispatcher
-        processes.start(*_plain_dask("worker"), "--scheduler-file", str(scheduler_file),
-                        "--nthreads", "1", "--name", "late")
+        late = servers.start(*_plain_dask("worker"), "--scheduler-file", str(scheduler_file),
+                             "--nthreads", "1", "--name", "late")
         client.wait_for_workers(2, timeout=30)
         from dask_dataservice.demo._cluster import wait_for_data_workers
 
         assert wait_for_data_workers(client, 2) == 2
+    for proc in (late, first, scheduler):
+        servers.stop(proc)  # exit code 0, no traceback
 
 
 @pytest.mark.slow
-def test_preload_from_the_environment_only(processes, tmp_path):
+def test_preload_from_the_environment_only(servers, tmp_path):
     """``DASK_DISTRIBUTED__SCHEDULER__PRELOAD`` (the route for launchers that take only
     environment variables) gives the dispatcher, with its config from the environment too."""
     from distributed import Client
@@ -325,10 +302,11 @@ def test_preload_from_the_environment_only(processes, tmp_path):
     env = {"DASK_DISTRIBUTED__SCHEDULER__PRELOAD": '["dask_dataservice"]',
            "DASK_DATASERVICE__DISPATCHER__FAULT_TOLERANT_MODE": "True",
            "DASK_DATASERVICE__DISPATCHER__WORK_DIR": str(tmp_path / "journal")}
-    processes.start(*_plain_dask("scheduler"), "--port", "0", "--scheduler-file",
-                    str(scheduler_file), env=env)
+    scheduler = servers.start(*_plain_dask("scheduler"), "--port", "0", "--scheduler-file",
+                              str(scheduler_file), env=env)
     with Client(scheduler_file=str(scheduler_file), timeout="30s",
                 set_as_default=False) as client:
         assert client.sync(client.scheduler.dataservice_state)["status"] == "OK"
         assert client.run_on_scheduler(lambda dask_scheduler: (
             dask_scheduler.plugins["dataservice-dispatcher"].work_dir)) == str(tmp_path / "journal")
+    servers.stop(scheduler)

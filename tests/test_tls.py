@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +34,7 @@ pytestmark = pytest.mark.timeout(90)
 warm_up_zarr()
 
 from _helpers import distribute, read  # noqa: E402
+from test_cli import _Servers  # noqa: E402
 
 #: One generated certificate for every role (scheduler, worker, client).
 SEC = Security.temporary()
@@ -179,40 +177,23 @@ def _console_script() -> str:
     return str(path)
 
 
+
 @pytest.fixture
-def processes():
-    """Start processes (own session); SIGTERM and wait at the end, SIGKILL if need be."""
-    started: list[subprocess.Popen] = []
-
-    def start(*argv: str) -> subprocess.Popen:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-        started.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in reversed(started):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.communicate(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.communicate(timeout=10)
-
+def servers():
+    """Processes started by a test, stopped at its end (test_cli's helper)."""
+    with _Servers() as s:
+        yield s
 
 @pytest.mark.slow
-def test_cli_scheduler_and_supervised_worker_with_tls_options(processes, tmp_path):
+def test_cli_scheduler_and_supervised_worker_with_tls_options(servers, tmp_path):
     certs = _write_certs(tmp_path)
     scheduler_file = tmp_path / "scheduler.json"
     exe = _console_script()
-    scheduler = processes(exe, "scheduler", "--host", "127.0.0.1", "--port", "0",
+    scheduler = servers.start(exe, "scheduler", "--host", "127.0.0.1", "--port", "0",
                           "--no-dashboard", "--scheduler-file", str(scheduler_file),
                           *_tls_args(certs))
     # the worker finds the scheduler by its file; --supervise passes every --tls-* option on
-    worker = processes(exe, "worker", "--supervise", "--scheduler-file", str(scheduler_file),
+    worker = servers.start(exe, "worker", "--supervise", "--scheduler-file", str(scheduler_file),
                        "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "2",
                        "--no-dashboard", *_tls_args(certs))
     security = Security(tls_ca_file=certs["ca"], tls_client_cert=certs["cert"],
@@ -234,9 +215,5 @@ def test_cli_scheduler_and_supervised_worker_with_tls_options(processes, tmp_pat
         rc, _, err = _invoke("demo", "--scheduler", address, "--elements", "10")
         assert rc == 2 and "speaks TLS" in err, err
 
-    for proc in (worker, scheduler):
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
-    # no warning: the scheduler listened on loopback, with TLS
-    assert "warning: the scheduler listens" not in err
+    assert "warning" not in servers.stop(worker)  # loopback, and TLS
+    assert "warning" not in servers.stop(scheduler)
