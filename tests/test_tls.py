@@ -6,9 +6,10 @@ extra); the command-line tests write it to files, as a deployment would have the
 
 - In-process clusters (``gen_cluster`` on ``tls://127.0.0.1``, every server with the same
   ``Security``): register, ``distribute`` DYNAMIC, read; a few scheduled PS steps.
-- Real processes: ``dask-dataservice scheduler`` and ``worker --supervise`` started with
-  ``--tls-*`` options; a client with the files reads a DYNAMIC job; one without security
-  config gets a clear error.
+- Real processes: ``dask-dataservice scheduler``, ``worker --supervise`` and a parameter
+  server started with ``--tls-*`` options; a client with the files reads a DYNAMIC job and
+  runs a few scheduled PS steps; ``ready`` and ``demo`` without certificates are usage
+  errors, not distributed's TypeError.
 """
 
 from __future__ import annotations
@@ -190,30 +191,49 @@ def test_cli_scheduler_and_supervised_worker_with_tls_options(servers, tmp_path)
     scheduler_file = tmp_path / "scheduler.json"
     exe = _console_script()
     scheduler = servers.start(exe, "scheduler", "--host", "127.0.0.1", "--port", "0",
-                          "--no-dashboard", "--scheduler-file", str(scheduler_file),
-                          *_tls_args(certs))
-    # the worker finds the scheduler by its file; --supervise passes every --tls-* option on
+                              "--no-dashboard", "--scheduler-file", str(scheduler_file),
+                              *_tls_args(certs))
+    # the workers find the scheduler by its file; --supervise passes every --tls-* option on
     worker = servers.start(exe, "worker", "--supervise", "--scheduler-file", str(scheduler_file),
-                       "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "2",
-                       "--no-dashboard", *_tls_args(certs))
+                           "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "2",
+                           "--no-dashboard", *_tls_args(certs))
+    ps = servers.start(exe, "worker", "--scheduler-file", str(scheduler_file), "--host",
+                       "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                       "--resources", "ps=1", "--name", "ps", *_tls_args(certs))
     security = Security(tls_ca_file=certs["ca"], tls_client_cert=certs["cert"],
                         tls_client_key=certs["key"], require_encryption=True)
     with Client(scheduler_file=str(scheduler_file), security=security, timeout="30s",
                 set_as_default=False) as client:
         address = client.scheduler.address
         assert address.startswith("tls://127.0.0.1:")
-        client.wait_for_workers(2, timeout=60)
+        client.wait_for_workers(3, timeout=60)
         workers = client.scheduler_info(n_workers=-1)["workers"]
         assert all(w.startswith("tls://") for w in workers), workers
-        ds = dds.Dataset.range(2000).apply(dds.distribute("distributed_epoch", client))
-        assert sorted(ds) == list(range(2000))
+        ds = dds.Dataset.range(2000).map(lambda x: 3 * x).apply(
+            dds.distribute("distributed_epoch", client))
+        assert sorted(ds) == [3 * x for x in range(2000)]  # the two data workers, not the PS
+
+        # a few training steps: worker processes update the PS process over TLS
+        strategy = dds.ParameterServerStrategy(client)
+        coord = dds.ClusterCoordinator(strategy)
+        with strategy.scope():
+            total = dds.Variable(0, dtype="i8", name="total")
+
+        def step(i):
+            total.assign_add(i)
+            return i
+
+        rvs = [coord.schedule(step, args=(i,)) for i in range(10)]
+        coord.join()
+        assert [rv.fetch() for rv in rvs] == list(range(10))
+        assert int(total.numpy()) == sum(range(10))
 
         # the readiness probe over TLS
-        rc, out, err = _invoke("ready", address, *_tls_args(certs))
+        rc, out, err = _invoke("ready", address, *_tls_args(certs), "--min-workers", "2")
         assert rc == 0, err
         # the demo without certificates: a usage error naming the options, not a TypeError
         rc, _, err = _invoke("demo", "--scheduler", address, "--elements", "10")
         assert rc == 2 and "speaks TLS" in err, err
 
-    assert "warning" not in servers.stop(worker)  # loopback, and TLS
-    assert "warning" not in servers.stop(scheduler)
+    for proc in (worker, ps, scheduler):
+        assert "warning" not in servers.stop(proc)  # loopback, and TLS
