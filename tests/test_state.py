@@ -1158,7 +1158,7 @@ def test_replay_of_a_scenario_equals_the_state(state):
     restored = replay(decode_update(record) for record in journal)
     assert len(journal) == 15
     assert restored == state
-    assert restored.snapshot()["lost_splits"] == {iteration_id: [(0, 0)]}
+    assert restored.snapshot()["lost_splits"] == {iteration_id: [(0, 0, 1)]}  # runs
     assert restored.next_task_id() == state.next_task_id() == 4002
     restored.apply(RegisterDataset(1001, "other", b"", b"", -1))
     assert restored != state

@@ -15,7 +15,7 @@ Snapshot payload (msgpack map, version 1)::
      "datasets": [[value, ...], ...],            # rows in the order of "fields"
      "workers": [...], "jobs": [...], "iterations": [...], "tasks": [...],
      "iteration_clients": [...], "split_cursors": [...],
-     "lost_splits": [[iteration_id, [repetition, index, ...]], ...],
+     "lost_splits": [[iteration_id, [repetition, start, stop, ...]], ...],     # runs
      "splits_in_flight": [[task_id, [repetition, start, stop, ...]], ...]}   # runs
 
 Only the primary maps are stored, in their insertion order; the secondary indexes (by
@@ -68,12 +68,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _flatten(pairs: Iterable[tuple[int, int]]) -> list[int]:
-    return [n for pair in pairs for n in pair]
+def _flatten(runs: Iterable[tuple[int, int, int]]) -> list[int]:
+    return [n for run in runs for n in run]
 
 
-def _pairs(flat: list[int]) -> list[tuple[int, int]]:
-    return list(zip(flat[::2], flat[1::2], strict=True))
+def _runs(flat: list[int]) -> list[tuple[int, int, int]]:
+    if len(flat) % 3:
+        raise ValueError(f"runs of splits need 3 numbers each, got {len(flat)}")
+    return list(zip(flat[::3], flat[1::3], flat[2::3], strict=True))
 
 
 def encode_state(state: DispatcherState) -> bytes:
@@ -97,8 +99,8 @@ def encode_state(state: DispatcherState) -> bytes:
         names = _FIELDS[cls]
         payload[key] = [[_plain(getattr(entity, name)) for name in names]
                         for entity in getattr(state, attr).values()]
-    payload["lost_splits"] = [[i, _flatten(sorted(s))] for i, s in state._lost_splits.items()]
-    payload["splits_in_flight"] = [[t, [n for run in runs for n in run]]
+    payload["lost_splits"] = [[i, _flatten(runs)] for i, runs in state._lost_splits.items()]
+    payload["splits_in_flight"] = [[t, _flatten(runs)]
                                    for t, runs in state._splits_in_flight.items()]
     return msgpack.packb(payload, use_bin_type=True)
 
@@ -185,10 +187,9 @@ def _build(payload: dict) -> DispatcherState:
     for client in _rows(payload, "iteration_clients", IterationClient):
         state._iteration_clients[client.iteration_client_id] = client
     for iteration_id, flat in payload["lost_splits"]:
-        state._lost_splits[iteration_id] = set(_pairs(flat))
+        state._lost_splits[iteration_id] = _runs(flat)
     for task_id, flat in payload["splits_in_flight"]:
-        state._splits_in_flight[task_id] = deque(
-            zip(flat[::3], flat[1::3], flat[2::3], strict=True))
+        state._splits_in_flight[task_id] = deque(_runs(flat))
     return state
 
 

@@ -294,5 +294,5 @@ class StateQueries:
         IterationNotFoundError
         """
         self._get_iteration(iteration_id)
-        return tuple(sorted(self._lost_splits.get(iteration_id, ())))
+        return tuple(sorted(expand_runs(self._lost_splits.get(iteration_id, ()))))
 

@@ -274,7 +274,12 @@ def validate_state(state: DispatcherState) -> None:
 
     # Splits: each handed out at most once, in flight only on active tasks, behind the
     # cursor, ascending per task, and never both in flight and lost.
-    seen: dict[int, set[tuple[int, int]]] = {i: set(s) for i, s in state._lost_splits.items()}
+    seen: dict[int, set[tuple[int, int]]] = {}
+    for iteration_id, runs in state._lost_splits.items():
+        lost = expand_runs(runs)
+        _invariant(all(start < stop for _, start, stop in runs) and len(set(lost)) == len(lost),
+                   f"iteration {iteration_id}'s lost runs are empty or overlap: {runs}")
+        seen[iteration_id] = set(lost)
     for iteration_id, cursor in state._split_cursors.items():
         _invariant(cursor.iteration_id == iteration_id, f"cursor {iteration_id} stored wrongly")
         job = state._jobs[state._iterations[iteration_id].job_id]
@@ -284,7 +289,7 @@ def validate_state(state: DispatcherState) -> None:
             and cursor.repetition >= 0,
             f"cursor of iteration {iteration_id} out of range: {cursor}",
         )
-        for split in state._lost_splits[iteration_id]:
+        for split in seen[iteration_id]:
             _invariant(
                 split < (cursor.repetition, cursor.next_index),
                 f"lost split {split} of iteration {iteration_id} is not behind the cursor",

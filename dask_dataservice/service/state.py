@@ -145,7 +145,6 @@ from ._entities import (
     Task,
     Worker,
     derived_finished,
-    expand_runs,
 )
 from ._exceptions import (
     IllegalUpdateError,
@@ -264,9 +263,9 @@ class DispatcherState(StateQueries, StateChecks):
         self._iterations_by_key: dict[tuple[int, int], int] = {}
         #: ``{iteration_id: SplitCursor}`` of the DYNAMIC iterations.
         self._split_cursors: dict[int, SplitCursor] = {}
-        #: ``{iteration_id: {(repetition, index)}}``: splits held by tasks whose worker left,
-        #: for every DYNAMIC iteration.
-        self._lost_splits: dict[int, set[tuple[int, int]]] = {}
+        #: ``{iteration_id: [(repetition, start, stop)]}``: runs of splits held by tasks whose
+        #: worker left (disjoint, in the order they were lost), for every DYNAMIC iteration.
+        self._lost_splits: dict[int, list[tuple[int, int, int]]] = {}
         #: ``{task_id: Task}``, the tasks of iterations that are not garbage collected.
         self._tasks: dict[int, Task] = {}
         #: ``{iteration_id: {task_id: None}}`` (an ordered set) for each iteration that is not
@@ -443,7 +442,7 @@ class DispatcherState(StateQueries, StateChecks):
             "iterations": {k: dataclasses.asdict(v) for k, v in self._iterations.items()},
             "iterations_by_key": dict(self._iterations_by_key),
             "split_cursors": {k: dataclasses.asdict(v) for k, v in self._split_cursors.items()},
-            "lost_splits": {k: sorted(v) for k, v in self._lost_splits.items()},
+            "lost_splits": {k: sorted(v) for k, v in self._lost_splits.items()},  # runs
             "tasks": {k: dataclasses.asdict(v) for k, v in self._tasks.items()},
             "tasks_by_iteration": {k: list(v) for k, v in self._tasks_by_iteration.items()},
             "splits_in_flight": {k: list(v) for k, v in self._splits_in_flight.items()},
@@ -509,7 +508,7 @@ class DispatcherState(StateQueries, StateChecks):
             self._tasks[task_id].lost = True
             held = self._splits_in_flight.pop(task_id, None)
             if held:
-                self._lost_splits[iteration_id].update(expand_runs(held))
+                self._lost_splits[iteration_id].extend(held)  # O(runs), not O(splits)
             iteration = self._iterations[iteration_id]
             iteration.num_lost_tasks += 1
             iteration.finished = derived_finished(iteration)
@@ -541,7 +540,7 @@ class DispatcherState(StateQueries, StateChecks):
         if job.processing_mode == "DYNAMIC":
             num_splits = self._datasets[job.dataset_id].num_splits
             self._split_cursors[u.iteration_id] = SplitCursor(u.iteration_id, num_splits)
-            self._lost_splits[u.iteration_id] = set()
+            self._lost_splits[u.iteration_id] = []
         job.num_iterations += 1
         job.num_live_iterations += 1
         self._next_iteration_id = max(self._next_iteration_id, u.iteration_id + 1)
