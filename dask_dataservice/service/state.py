@@ -17,6 +17,11 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 
     restored = replay(decode_update(record) for record in journal)
     assert restored == state
+
+A journal that holds a snapshot is replayed from it: :mod:`._state_codec` encodes the whole
+state as one versioned blob (``encode_state`` / ``decode_state``) and ``restore(snapshot,
+records)`` applies the records after it, reporting a record that cannot be applied as journal
+corruption with its file and byte offset.
 """
 
 # Rules
@@ -28,7 +33,10 @@ dataclasses). In fault-tolerant mode the dispatcher journals each update before 
 # with the same rules: ``_updates`` (the records, their msgpack codec and the lifecycle
 # tables), ``_entities`` (the entity dataclasses), ``_state_queries`` (the read-only accessors)
 # and ``_state_checks`` (lookups and the preconditions of each update), two mixins of
-# DispatcherState, and ``_state_validation`` (``validate_state``, every invariant).
+# DispatcherState, and ``_state_validation`` (``validate_state``, every invariant). One
+# exception to "the only way in": ``_state_codec.decode_state`` builds a state from a journal
+# snapshot (primary maps as encoded, indexes rebuilt); the hypothesis machine checks that a
+# decoded snapshot equals the state and passes ``validate_state``.
 #
 # Rule 2: these files do no I/O, no asyncio, reads no clock and imports neither Dask nor user
 # code. The scheduler never unpickles a pipeline: ``Dataset.pipeline`` and ``Dataset.splits``
