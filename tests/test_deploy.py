@@ -218,8 +218,23 @@ def test_kubernetes_operator_specs(kubernetes_recipe):
         assert wargs[wargs.index("--name") + 1] == "$(DASK_WORKER_NAME)"
         assert all(a in wargs for a in tls)
         assert (wargs[wargs.index("--resources") + 1] if "--resources" in wargs else None) == resources
+        # the operator writes a tcp:// address unless one is there: the recipe's is tls://
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["DASK_SCHEDULER_ADDRESS"] == "tls://dds-scheduler:8786"
         assert container["volumeMounts"] == [ns["CERTS_MOUNT"]]
         assert group["spec"]["volumes"] == [ns["CERTS"]]
+    # the operator's own code turns a worker spec into a Deployment: our address and
+    # arguments survive it
+    from dask_kubernetes.operator.controller.controller import build_worker_deployment_spec
+
+    deployment = build_worker_deployment_spec(
+        worker_group_name="dds-ps", namespace="ml", cluster_name="dds", uuid="0",
+        pod_spec=ps["spec"], annotations={}, labels={})
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["DASK_SCHEDULER_ADDRESS"] == "tls://dds-scheduler:8786"
+    assert env["DASK_WORKER_NAME"] == "dds-ps-worker-0"
+    assert container["args"] == ps["spec"]["containers"][0]["args"]
     # `kubectl apply -f` input, as the page says
     docs = list(yaml.safe_load_all(yaml.safe_dump_all([claim, spec, ps_group])))
     assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "DaskCluster", "DaskWorkerGroup"]
