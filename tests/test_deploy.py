@@ -113,6 +113,7 @@ def test_jobqueue_recipe_job_scripts(jobqueue_recipe):
     assert argv[:5] == [sys.executable, "-m", "dask_dataservice.cli", "worker", "--supervise"]
     assert argv[5] == cluster.scheduler_address
     assert "--resources" not in argv
+    assert argv[argv.index("--death-timeout") + 1] == "600"
     tls = {argv[i]: argv[i + 1] for i, a in enumerate(argv) if a.startswith("--tls-")}
     assert tls == {"--tls-ca-file": str(shared / "certs" / "ca.pem"),
                    "--tls-cert": str(shared / "certs" / "cert.pem"),
