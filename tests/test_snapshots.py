@@ -500,3 +500,30 @@ async def test_a_restart_that_replayed_a_long_tail_folds_it_into_a_snapshot(tmp_
         async with ft_dispatcher(tmp_path) as plugin:
             # the snapshot and the one record the first restart journaled (the lost worker)
             assert plugin.recovered_updates == 1
+
+
+def test_a_failed_compaction_leaves_the_journal_whole(tmp_path, caplog):
+    state = write_segments(tmp_path, [setup_updates(), []])
+
+    def broken(snapshot, records):
+        raise OSError(28, "No space left on device")
+
+    writer = JournalWriter.open(tmp_path, compact=broken)
+    try:
+        writer.request_snapshot().result(timeout=30)
+    finally:
+        writer.close()
+    assert writer.metrics.compaction_errors == 1
+    assert "No space left on device" in caplog.text
+    assert list_snapshots(tmp_path) == []
+    assert [n for n, _ in list_segments(tmp_path)] == [0, 1, 2]
+    assert replayed(tmp_path) == state
+
+
+def test_a_writer_deletes_nothing_behind_a_damaged_snapshot(tmp_path):
+    write_segments(tmp_path, [setup_updates(), []])
+    path = write_snapshot(tmp_path, 1, compact(None, scan_segments(tmp_path, range(1))))
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(JournalCorruptedError):
+        JournalWriter.open(tmp_path)
+    assert [n for n, _ in list_segments(tmp_path)] == [0, 1]  # the fallback is still there

@@ -390,9 +390,12 @@ class JournalWriter:
             raise JournalError(f"journal writer for {self.work_dir} was already started")
         self._started = True
         _make_dirs(self.work_dir)
-        # Leftovers of a crash during a compaction: a partial snapshot, covered segments.
-        self.metrics.files_deleted += len(remove_covered(self.work_dir))
+        # Leftovers of a crash during a compaction: a partial snapshot, covered segments. They
+        # are deleted only once the newest snapshot has been checked whole (it replaces them).
         snapshots = list_snapshots(self.work_dir)
+        if snapshots:
+            read_snapshot(snapshots[-1][1])
+        self.metrics.files_deleted += len(remove_covered(self.work_dir))
         segments = _segments_after(self.work_dir, snapshots[-1] if snapshots else None)
         if segments and self._repair_tail:
             for _ in _scan_segment(segments[-1][1], is_last=True, repair=True, next_path=None):
