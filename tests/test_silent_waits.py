@@ -162,3 +162,41 @@ def test_register_dataset_rides_out_a_dispatcher_restart():
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_restarted_dispatcher_whose_plain_workers_did_not_come_back(tmp_path):
+    """A fault-tolerant dispatcher restarted; its plain workers exited with the old scheduler:
+    the reader's error says so (instead of waiting forever for workers)."""
+    import asyncio
+
+    import dask
+    from _helpers import poll
+    from distributed import Scheduler, Worker
+
+    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+
+    def dispatcher():
+        return DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(tmp_path))
+
+    async def main():
+        async with Scheduler(port=0, dashboard_address=":0") as s:
+            plugin = dispatcher()
+            await s.register_scheduler_plugin(plugin, idempotent=False)
+            port = s.port
+            async with Worker(s.address, nthreads=1), \
+                    Client(s.address, asynchronous=True) as c:
+                await poll(lambda: plugin.state.list_workers(), what="a data worker")
+                dataset_id = await dds.register_dataset(c, dds.Dataset.range(10))
+                # a named job read once: its iteration (kept for job-gc-timeout) names the worker
+                assert [x async for x in dds.from_dataset_id(
+                    "parallel_epochs", c, dataset_id, job_name="j")] == list(range(10))
+        async with Scheduler(port=port, dashboard_address=":0") as s:
+            await s.register_scheduler_plugin(dispatcher(), idempotent=False)
+            async with Client(s.address, asynchronous=True) as c:
+                ds = dds.from_dataset_id("parallel_epochs", c, dataset_id)
+                with pytest.raises(DataServiceError, match="did not come back .* supervised"):
+                    async for _ in ds:
+                        pass
+
+    with dask.config.set(FAST_NO_WORKERS):
+        asyncio.run(main())

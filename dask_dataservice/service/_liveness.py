@@ -158,6 +158,13 @@ def describe_data_workers(plugin: Any) -> dict:
     registered = plugin.state.list_workers()
     if not present:
         reason = "no worker is connected to the scheduler"
+        departed = len(plugin.state.list_workers(include_departed=True))
+        if departed:
+            # e.g. a fault-tolerant dispatcher came back and its workers did not: plain
+            # workers exit with their scheduler (distributed does not reconnect them)
+            reason += (f"; the {departed} data workers it knew did not come back (if the "
+                       "scheduler restarted: plain Dask workers exit with their scheduler; "
+                       "run them supervised, e.g. `dask-dataservice worker --supervise`)")
     elif registered:
         reason = f"{len(registered)} data workers registered"
     else:
