@@ -124,3 +124,56 @@ def test_end_of_sequence_wins_over_a_reader_that_stopped(monkeypatch):
     monkeypatch.setattr(_reader, "_close_soon", lambda c, r: None)
     assert list(_reader.read(_spec(), 0, Client())) == []  # no "the reader stopped" error
     assert calls == ["get"]
+
+
+@gen_test()
+async def test_unanswered_request_is_reported_then_the_lost_task_ends_the_read():
+    """A worker that never answers (frozen): after client.request-timeout the reader asks the
+    dispatcher to check it; once the dispatcher reports the task lost, the read ends."""
+    import dask
+
+    gate = asyncio.Event()  # the worker never answers
+    dispatcher = FakeDispatcher([{"task_id": 1, "worker_address": A, "status": "active"},
+                                 {"task_id": 2, "worker_address": B, "status": "active"}])
+    client = FakeClient(dispatcher, {A: FakeWorker({1: range(5)}, gate=gate),
+                                     B: FakeWorker({2: range(100, 103)})})
+    with dask.config.set({"dataservice.client.request-timeout": "200ms",
+                          "dataservice.client.heartbeat-interval": "50ms"}):
+        reader = IterationReader(client, _spec(), 1, 5, Channel(asyncio.get_running_loop(), 4))
+    reader.start(dispatcher.view())
+    deadline = asyncio.get_running_loop().time() + 10
+    while not dispatcher.suspected:
+        assert asyncio.get_running_loop().time() < deadline, "the worker was never reported"
+        await asyncio.sleep(0.01)
+    assert dispatcher.suspected[0] == A
+    # the dispatcher dropped it: its task is lost, the other finished
+    dispatcher.tasks = [{"task_id": 1, "worker_address": A, "status": "lost"},
+                        {"task_id": 2, "worker_address": B, "status": "finished"}]
+    dispatcher.finished = True
+    assert sorted(await asyncio.wait_for(_drain(reader.channel), 10)) == [100, 101, 102]
+    await reader.close()
+
+
+@gen_test()
+async def test_no_task_warns_then_fails_with_the_dispatchers_reason():
+    import dask
+
+    dispatcher = FakeDispatcher([])
+    client = FakeClient(dispatcher, {})
+    with dask.config.set({"dataservice.client.no-workers-warning": "100ms",
+                          "dataservice.client.no-workers-timeout": "500ms",
+                          "dataservice.client.heartbeat-interval": "20ms"}):
+        reader = IterationReader(client, _spec(), 1, 5, Channel(asyncio.get_running_loop(), 4))
+    reader.start(dispatcher.view())
+    with pytest.raises(_reader.DataServiceError, match="no worker is connected.*no-workers-timeout"):
+        await asyncio.wait_for(_drain(reader.channel), 10)
+    await reader.close()
+
+
+def test_tracker_warns_every_interval_and_fails_after_the_timeout():
+    t = _reader._Tracker(warning=1.0, timeout=5.0)
+    assert [t.state(w) for w in (0.5, 1.0, 1.5, 2.1, 4.9, 5.0)] == [
+        None, "warn", None, "warn", "warn", "fail"]
+    t.reset()
+    assert t.state(1.0) == "warn"
+    assert _reader._Tracker(warning=None, timeout=None).state(1e9) is None

@@ -134,3 +134,12 @@ def _stopped_then_new_server():
     finally:
         worker.stop()
         dispatcher.stop()
+
+
+def test_worker_timeout_ms_sets_the_dispatchers_data_worker_deadline():
+    """TF's ``worker_timeout_ms`` is no longer ignored: it is the heartbeat deadline after
+    which a silent data worker is dropped."""
+    with dds.DispatchServer(dds.DispatcherConfig(worker_timeout_ms=1234)) as dispatcher:
+        assert dispatcher.server.plugins[PLUGIN_NAME]._liveness.timeout == pytest.approx(1.234)
+    with dds.DispatchServer() as dispatcher:
+        assert dispatcher.server.plugins[PLUGIN_NAME]._liveness.timeout == pytest.approx(10.0)

@@ -65,6 +65,7 @@ class WorkerLiveness:
         self.timeout = float(timeout)
         #: ``{address: monotonic time of its last heartbeat}``.
         self._seen: dict[str, float] = {}
+        self._last_check = time.monotonic()
         #: Workers removed for silence (address → when), for the log when they come back.
         self.dropped: dict[str, float] = {}
 
@@ -90,6 +91,12 @@ class WorkerLiveness:
     def check(self) -> None:
         """Remove every registered data worker silent for longer than the timeout."""
         now = time.monotonic()
+        last_check, self._last_check = self._last_check, now
+        if now - last_check > self.timeout / 2:
+            # The dispatcher's own loop did not run for a while (blocked, or the process was
+            # stopped): the silence is ours, not the workers'. Start every timer again.
+            self._seen = dict.fromkeys(self._seen, now)
+            return
         for worker in self.plugin.state.list_workers():
             last = self._seen.setdefault(worker.address, now)  # a timer starts at first sight
             if now - last > self.timeout:

@@ -49,8 +49,9 @@ class DispatcherConfig:
     job_gc_check_interval_ms, job_gc_timeout_ms, client_timeout_ms
         Liveness and garbage collection (defaults from ``dataservice.dispatcher.*``).
     worker_timeout_ms
-        Accepted for compatibility and ignored: Dask's scheduler already notices a
-        departed worker (its comm closes, or ``distributed.scheduler.worker-ttl``).
+        A data worker silent (no heartbeat) this long is dropped from its jobs like a dead
+        one, also when its Dask comms stay open (a frozen process); default: config
+        ``dataservice.dispatcher.worker-timeout``.
     host
         Interface to listen on (default 127.0.0.1).
     """
@@ -201,14 +202,17 @@ class DispatchServer(_BackgroundServer):
                 host=cfg.host, port=cfg.port, protocol=self._protocol, dashboard_address=":0",
                 dashboard=False, validate=False,
             )
-            scheduler.add_plugin(DispatcherPlugin(
+            plugin = DispatcherPlugin(
                 gc_interval=None if cfg.job_gc_check_interval_ms is None
                 else cfg.job_gc_check_interval_ms / 1000,
                 job_gc_timeout=None if cfg.job_gc_timeout_ms is None else cfg.job_gc_timeout_ms / 1000,
                 client_timeout=None if cfg.client_timeout_ms is None else cfg.client_timeout_ms / 1000,
                 fault_tolerant_mode=cfg.fault_tolerant_mode, work_dir=cfg.work_dir,
                 worker_addresses=cfg.worker_addresses,
-            ))
+            )
+            if cfg.worker_timeout_ms is not None:
+                plugin.worker_timeout = cfg.worker_timeout_ms / 1000  # read by its liveness
+            scheduler.add_plugin(plugin)
             await scheduler
             return scheduler
 

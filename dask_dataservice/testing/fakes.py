@@ -1,7 +1,7 @@
 """Fakes for the component tier: readers and buffers without a Dask cluster.
 
 - :class:`FakeDispatcher`: answers a reader's heartbeats with a scripted iteration view and
-  records releases.
+  records releases and the workers readers report as unresponsive.
 - :class:`FakeWorker`: serves ``dataservice_get_elements`` from lists of elements per task,
   in batches, optionally held by a gate (an :class:`asyncio.Event`).
 - :class:`FakeClient`: what a reader uses of a ``distributed.Client`` (``scheduler``,
@@ -27,6 +27,8 @@ class FakeDispatcher:
         self.tasks = tasks
         self.finished = finished
         self.released: list[int] = []
+        #: Workers readers reported as unresponsive (``dataservice_suspect_worker``).
+        self.suspected: list[str] = []
         self.heartbeats = 0
 
     def view(self) -> dict:
@@ -36,6 +38,14 @@ class FakeDispatcher:
     async def dataservice_client_heartbeat(self, iteration_client_id: int) -> dict:
         self.heartbeats += 1
         return self.view()
+
+    async def dataservice_data_workers(self) -> dict:
+        return {"status": "OK", "registered": 0, "present": 0,
+                "reason": "no worker is connected to the scheduler"}
+
+    async def dataservice_suspect_worker(self, address: str) -> dict:
+        self.suspected.append(address)
+        return {"status": "OK", "dropped": False}
 
     async def dataservice_release_iteration_client(self, iteration_client_id: int) -> dict:
         self.released.append(iteration_client_id)
