@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 
 import pytest
 from distributed.utils_test import gen_test
@@ -150,6 +151,45 @@ async def test_pipeline_times_out_a_hung_server_and_charges_updates_to_their_fun
     assert set(errors) == {0, 1}
     assert isinstance(errors[0], ParameterServerUnavailableError)
     assert "did not answer op within 0.2 s" in str(errors[0])
+    ch.close()
+    await group.stop()
+
+
+@gen_test()
+async def test_pipeline_probes_a_server_that_does_not_reply():
+    """No reply for a liveness timeout: the PS is probed. One that answers the probe is
+    waited for; a silent one fails the wait at once, long before the request timeout."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Event()  # the server replies once the gate opens
+    comm = FakeComm(gate)
+
+    async def connect(address):
+        return comm
+
+    group = TaskGroup("test")
+    ch = Channel(loop, "tcp://ps:1", connect, group)
+    probes: list[str] = []
+    alive = True
+
+    def probe(address, limit):
+        probes.append(address)
+        if alive and len(probes) == 3:  # slow, but alive: it replies after three probes
+            loop.call_soon_threadsafe(gate.set)
+        return alive
+
+    pipeline = Pipeline(lambda address: ch, _routing.check, 1 << 20, 100, timeout=60,
+                        probe=probe, liveness=0.05)
+    reply = await asyncio.to_thread(pipeline.call_many, [Call("tcp://ps:1", "op", {"i": 1})])
+    assert reply == [{"status": "OK", "echo": 1}] and len(probes) == 3
+
+    gate.clear()
+    probes.clear()
+    alive = False
+    started = time.monotonic()
+    with pytest.raises(ParameterServerUnavailableError, match="did not answer a liveness probe "
+                       r"within 0.05 s during op \(dataservice.ps.liveness-timeout\)"):
+        await asyncio.to_thread(pipeline.call_many, [Call("tcp://ps:1", "op", {"i": 2})])
+    assert time.monotonic() - started < 5 and probes == ["tcp://ps:1"]
     ch.close()
     await group.stop()
 

@@ -140,6 +140,11 @@ def _frozen_parameter_server(c, ps):
         took = time.monotonic() - started
         print(f"join() with a frozen parameter server raised after {took:.1f} s")
         assert took < LIVENESS + 6
+        # the training worker's runner, waiting for the frozen PS's replies, probes it and
+        # gives up after about two liveness timeouts, not the 30 s request timeout: the
+        # functions it held come back (cancelled: their generation failed)
+        wait_until(lambda: all(rv.done() for rv in rvs), 3 * LIVENESS + 3,
+                   "the runner to give up on the frozen PS")
         # while it stays frozen, new functions fail at once with the same error
         wait_until(lambda: coord.stats["ps_silent"] == 1, 10, "the PS to be marked silent")
         started = time.monotonic()
@@ -155,7 +160,6 @@ def _frozen_parameter_server(c, ps):
                                match="did not answer a liveness probe"):
                 request()
             assert time.monotonic() - started < 2 * LIVENESS + 3
-        del rvs
     wait_until(lambda: coord.stats["ps_back"] == 1, 15, "the PS to answer again")
     # the training worker's functions that were in flight when the PS froze finish now;
     # one more round drains them (one runner thread: batches run in order)

@@ -18,7 +18,10 @@ sent after an update on the same comm is answered after the update was applied.
   functions: unacknowledged updates, charged to the function that sent them, and a wait for
   each reply bounded by ``dataservice.ps.request-timeout`` (a hung parameter server fails
   the function instead of hanging the runner forever; the channel is reset so later replies
-  cannot be matched to the wrong request).
+  cannot be matched to the wrong request). A reply that has not come for
+  ``dataservice.ps.liveness-timeout`` makes the runner probe the PS: one that does not
+  answer the probe either fails the wait at once (a frozen PS holds a runner for about two
+  liveness timeouts, not the whole request timeout).
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._async import LoopWaker, TaskGroup
-from ._exceptions import ParameterServerUnavailableError
+from ._exceptions import ParameterServerUnavailableError, silent_server
 from ._types import Call
 
 __all__ = ["Channel", "Pipeline"]
@@ -172,13 +176,19 @@ class Pipeline:
     """The runner thread's view of its channels for one batch of scheduled functions.
 
     ``channel(address)`` returns (and creates) the channel to a PS; ``timeout`` bounds every
-    wait for a reply; ``check(reply, call)`` turns a reply into a value or an exception.
+    wait for a reply; ``check(reply, call)`` turns a reply into a value or an exception;
+    ``probe(address, limit)``, when given, says whether a PS answers within ``limit`` and is
+    asked after each ``liveness`` seconds without a reply.
     """
 
     def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict],
-                 max_bytes: int, max_messages: int, timeout: float):
+                 max_bytes: int, max_messages: int, timeout: float,
+                 probe: Callable[[str, float], bool] | None = None,
+                 liveness: float | None = None):
         self._channel = channel
         self._check = check
+        self._probe = probe
+        self._liveness = liveness
         self._max_bytes = max_bytes
         self._max_messages = max_messages
         self._timeout = timeout
@@ -190,12 +200,23 @@ class Pipeline:
         self.errors: dict[int, BaseException] = {}
 
     def _result(self, fut: concurrent.futures.Future, call: Call) -> dict:
-        try:
-            reply = fut.result(self._timeout)
-        except concurrent.futures.TimeoutError:
-            err = ParameterServerUnavailableError(
-                f"parameter server {call.address} did not answer {call.op} within "
-                f"{self._timeout:g} s (dataservice.ps.request-timeout)")
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            step = left if self._probe is None else min(left, self._liveness)
+            try:
+                reply = fut.result(max(0.0, step))
+                break
+            except concurrent.futures.TimeoutError:
+                pass
+            if time.monotonic() >= deadline:
+                err = ParameterServerUnavailableError(
+                    f"parameter server {call.address} did not answer {call.op} within "
+                    f"{self._timeout:g} s (dataservice.ps.request-timeout)")
+            elif not self._probe(call.address, self._liveness):
+                err = silent_server(call.address, call.op, self._liveness)
+            else:
+                continue
             self._channel(call.address).reset(err)
             raise err from None
         return self._check(reply, call)

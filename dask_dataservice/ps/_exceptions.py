@@ -30,6 +30,13 @@ class ParameterServerUnavailableError(ParameterServerError, ConnectionError):
     """A parameter server could not be reached (it died or is shutting down)."""
 
 
+def silent_server(address: str, op: str, limit: float) -> ParameterServerUnavailableError:
+    """A PS that answered neither ``op`` nor a liveness probe within ``limit`` seconds."""
+    return ParameterServerUnavailableError(
+        f"parameter server {address} did not answer a liveness probe within {limit:g} s "
+        f"during {op} (dataservice.ps.liveness-timeout): frozen, hung or unreachable")
+
+
 class ShapeMismatchError(ParameterServerError, ValueError):
     """An update does not fit the shape or the rows of the variable it targets."""
 

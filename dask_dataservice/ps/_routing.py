@@ -32,7 +32,7 @@ from distributed.utils import sync
 
 from .. import config
 from .._rpc import raise_for_status
-from ._exceptions import ParameterServerError, ParameterServerUnavailableError
+from ._exceptions import ParameterServerError, ParameterServerUnavailableError, silent_server
 from ._types import Call, Tag
 
 __all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "register_owner",
@@ -92,6 +92,19 @@ def timeout() -> float:
     return config.get_seconds("ps.request-timeout")
 
 
+def liveness() -> float:
+    return config.get_seconds("ps.liveness-timeout")
+
+
+async def answers(rpc, address: str, limit: float) -> bool:
+    """Whether the server at ``address`` answers a probe (its event loop) within ``limit``."""
+    try:
+        await asyncio.wait_for(rpc(address).identity(), limit)
+    except (OSError, TimeoutError):
+        return False
+    return True
+
+
 def check(response: Any, call: Call) -> dict:
     """The response if OK; else raise the error it carries."""
     return raise_for_status(
@@ -120,20 +133,15 @@ def _route(client=None, uid: str | None = None):
 
 async def _guarded(rpc, call: Call) -> Any:
     """The reply to ``call``; while none came, probe the PS every liveness timeout."""
-    liveness = config.get_seconds("ps.liveness-timeout")
+    limit = liveness()
     request = asyncio.ensure_future(getattr(rpc(call.address), call.op)(**call.kwargs))
     try:
         while True:
-            done, _ = await asyncio.wait({request}, timeout=liveness)
+            done, _ = await asyncio.wait({request}, timeout=limit)
             if done:
                 return request.result()
-            try:
-                await asyncio.wait_for(rpc(call.address).identity(), liveness)
-            except (OSError, TimeoutError):
-                raise ParameterServerUnavailableError(
-                    f"parameter server {call.address} did not answer a liveness probe within "
-                    f"{liveness:g} s during {call.op} (dataservice.ps.liveness-timeout): "
-                    "frozen, hung or unreachable") from None
+            if not await answers(rpc, call.address, limit):
+                raise silent_server(call.address, call.op, limit)
     finally:
         if not request.done():
             request.cancel()

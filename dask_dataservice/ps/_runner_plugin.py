@@ -105,6 +105,11 @@ class TrainingWorkerPlugin(WorkerPlugin):
         comm.allow_offload = False
         return comm
 
+    def _answers(self, address: str, limit: float) -> bool:
+        """Whether the PS at ``address`` answers a probe (from the runner thread)."""
+        return _routing.run_sync(self.worker.loop, _routing.answers, self.worker.rpc, address,
+                                 limit)
+
     def _channel(self, address: str) -> Channel:
         ch = self.channels.get(address)
         if ch is None:
@@ -137,7 +142,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
         pipeline = None
         if self._pipeline:
             pipeline = Pipeline(self._channel, _routing.check, self._max_bytes,
-                                self._max_messages, _routing.timeout())
+                                self._max_messages, _routing.timeout(), self._answers,
+                                _routing.liveness())
         _routing._thread.pipeline = pipeline
         try:
             for index, (fn_id, fn, args, kwargs) in enumerate(closures):

@@ -365,6 +365,7 @@ class ClusterCoordinator:
         for name, addr in moved.items():
             if await strategy._answers_async(addr):
                 strategy._repoint({name: addr})
+                self._ps_silent.discard(name)  # it answered at its new address
                 self.stats["reconnects"] += 1
                 logger.info("parameter server %s is back at %s", name, addr)
             else:
@@ -373,11 +374,7 @@ class ClusterCoordinator:
 
     async def _answers(self, address: str) -> bool:
         """Whether ``address`` answers a probe within the liveness timeout."""
-        try:
-            await asyncio.wait_for(self._client.rpc(address).identity(), self._liveness)
-        except (OSError, TimeoutError):
-            return False
-        return True
+        return await _routing.answers(self._client.rpc, address, self._liveness)
 
     async def _liveness_loop(self) -> None:
         while not self._closing:
@@ -397,7 +394,10 @@ class ClusterCoordinator:
                     logger.info("training worker %s answers again: using it again", addr)
                     self._dead.discard(addr)
                     self.stats["workers_back"] += 1
+            current = dict(zip(strategy._ps_names, strategy.ps_addresses, strict=True))
             for (name, addr), ok in zip(ps, answers[len(workers):], strict=True):
+                if current.get(name) != addr or name in self._ps_down:
+                    continue  # it moved (or left) while probed: the next round decides
                 if not ok and name not in self._ps_silent:
                     self._ps_silent.add(name)
                     self.stats["ps_silent"] += 1
