@@ -200,3 +200,20 @@ def test_restarted_dispatcher_whose_plain_workers_did_not_come_back(tmp_path):
 
     with dask.config.set(FAST_NO_WORKERS):
         asyncio.run(main())
+
+
+def test_register_dataset_against_a_dispatcher_that_stays_away_says_so():
+    import dask
+
+    server = dds.DispatchServer()
+    try:
+        with dask.config.set({"distributed.comm.timeouts.connect": "500ms",
+                              "dataservice.client.dispatcher-timeout": "1s"}), \
+                Client(server.target, set_as_default=False) as client:
+            dds.register_dataset(client, dds.Dataset.range(3))
+            server.stop()
+            with pytest.raises(DataServiceError, match="dataset registration: the data service "
+                               "at .* did not come back within dataservice.client.dispatcher"):
+                dds.register_dataset(client, dds.Dataset.range(4))
+    finally:
+        server.stop()
