@@ -481,12 +481,12 @@ class IterationReader:
                     last_element = loop.time()
                     stalls.reset()
                     await self.channel.put(batch.items)
-                elif not resp.get("end_of_sequence"):
-                    self._stalled(stalls, task_id, address, loop.time() - last_element)
                 elif resp.get("end_of_sequence"):
                     return
                 elif resp.get("unknown") and self.lost.get(task_id):
                     return  # its worker left (and came back without it)
+                else:  # a long poll that brought nothing: a pipeline this slow is reported
+                    self._stalled(stalls, task_id, address, loop.time() - last_element)
         except (asyncio.CancelledError, AsyncTaskGroupClosedError):
             raise
         except BaseException as e:  # noqa: BLE001 - the first error ends the iteration
