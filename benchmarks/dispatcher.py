@@ -22,8 +22,9 @@ Measurements, interleaved per concurrency (1, 16, 64, 256 by default):
   reply of the same shape as a split reply. The cost of a scheduler RPC round trip here.
 * ``get_split`` on ``server: "no_journal"``: ``DispatcherPlugin(fault_tolerant_mode=False)``.
 * ``get_split`` on ``server: "journal"``: ``DispatcherPlugin(fault_tolerant_mode=True,
-  work_dir=...)``: every split is a ``ProduceSplit`` record, and the reply waits for its group
-  commit (one ``write`` + ``fdatasync`` shared by every record queued meanwhile).
+  work_dir=...)``: every request is one ``ProduceSplits`` record (for its ``count`` splits),
+  and the reply waits for its group commit (one ``write`` + ``fdatasync`` shared by every
+  record queued meanwhile).
 
 Both servers run for the whole benchmark (an idle scheduler costs little CPU); only one is
 loaded at a time. Each server sets up its state directly through the plugin, in its own
