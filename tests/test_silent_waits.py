@@ -217,3 +217,17 @@ def test_register_dataset_against_a_dispatcher_that_stays_away_says_so():
                 dds.register_dataset(client, dds.Dataset.range(4))
     finally:
         server.stop()
+
+
+def _big(x):
+    import numpy as np
+
+    return np.full(1 << 20, x, dtype=np.float64)  # 8 MiB: a two-element batch is offloaded
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_big_batches_are_serialized_off_the_loop_and_arrive(c, s, a):
+    ds = await distribute(dds.Dataset.range(6).map(_big), "parallel_epochs", c)
+    out = await read(ds)
+    assert sorted(float(x[0]) for x in out) == [0, 1, 2, 3, 4, 5]
+    assert all(x.shape == (1 << 20,) for x in out)

@@ -33,11 +33,13 @@ from collections import OrderedDict, deque
 from typing import Any
 
 import cloudpickle
+import dask.config
+from dask.utils import parse_bytes
 from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 from distributed.protocol.serialize import Serialized, serialize
-from distributed.utils import run_in_executor_with_context
+from distributed.utils import offload, run_in_executor_with_context
 from distributed.utils_comm import retry
 
 from .. import config
@@ -477,8 +479,13 @@ class DataWorkerPlugin(WorkerPlugin):
                 await buf.wait(remaining)
         if items:
             self.stats["batches_served"] += 1
-            return {"status": "OK", "elements": _serialized_batch(runner, items),
-                    "end_of_sequence": False}
+            # Serialized here (not by the comm) so that an element that cannot travel is a
+            # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
+            if sum(map(element_size, items)) > _offload_bytes():
+                elements = await offload(_serialized_batch, runner, items)
+            else:
+                elements = _serialized_batch(runner, items)
+            return {"status": "OK", "elements": elements, "end_of_sequence": False}
         if buf.end_visible:
             if buf.error is not None:
                 return error_message(buf.error)
@@ -703,6 +710,11 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
         loop.call_soon_threadsafe(callback)
     except RuntimeError:  # the loop is closed: the worker is gone
         pass
+
+
+def _offload_bytes() -> int:
+    value = dask.config.get("distributed.comm.offload")
+    return int(parse_bytes(value) if isinstance(value, str) else value or 0)
 
 
 def _serialized_batch(runner: TaskRunner, items: list) -> Serialized:
