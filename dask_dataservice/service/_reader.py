@@ -584,9 +584,11 @@ class _FixedTasksReader(IterationReader):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.dispatcher_timeout
         delay = 0.01
+        start = loop.time()
         while not (active := [t for t in view["tasks"] if t["status"] == "active"]):
             if loop.time() > deadline:
                 raise DataServiceError(f"{self.what}: the job has no data workers")
+            await self._no_workers(loop.time() - start)  # warns, with the reason
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.25)
             view = await self._heartbeat()
