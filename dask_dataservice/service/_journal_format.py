@@ -30,6 +30,7 @@ __all__ = [
     "JournalTornTailWarning",
     "SNAPSHOT_MAGIC",
     "Snapshot",
+    "covered_files",
     "encode_record",
     "list_segments",
     "list_snapshots",
@@ -686,9 +687,33 @@ def write_snapshot(work_dir: str | os.PathLike[str], base: int, payload: bytes) 
     return final
 
 
+def covered_files(work_dir: str | os.PathLike[str]) -> tuple[list[Path], list[Path]]:
+    """What the newest snapshot makes unnecessary, without deleting it.
+
+    Returns
+    -------
+    (list of pathlib.Path, list of pathlib.Path)
+        Temporary snapshot files (never needed), and the segments before the newest
+        snapshot's base plus older snapshots (needed only if the newest one is damaged).
+    """
+    try:
+        entries = list(os.scandir(work_dir))
+    except FileNotFoundError:
+        return [], []
+    temporary = [Path(e.path) for e in entries if _SNAPSHOT_TMP_RE.fullmatch(e.name)]
+    snapshots = list_snapshots(work_dir)
+    replaced: list[Path] = []
+    if snapshots:
+        base = snapshots[-1][0]
+        replaced += [path for number, path in list_segments(work_dir) if number < base]
+        replaced += [path for _, path in snapshots[:-1]]
+    return temporary, replaced
+
+
 def remove_covered(work_dir: str | os.PathLike[str]) -> list[Path]:
-    """Delete what the newest snapshot makes unnecessary: the segments before its base,
-    older snapshots, and temporary snapshot files; then fsync the directory.
+    """Delete what the newest snapshot makes unnecessary (:func:`covered_files`): the
+    segments before its base, older snapshots, and temporary snapshot files; then fsync the
+    directory.
 
     Safe to interrupt at any point (a crash leaves the newest snapshot and every segment
     from its base on, plus some of the files this would delete, which replay ignores).
@@ -698,25 +723,15 @@ def remove_covered(work_dir: str | os.PathLike[str]) -> list[Path]:
     list of pathlib.Path
         The files deleted.
     """
-    work_dir = Path(work_dir)
-    snapshots = list_snapshots(work_dir)
-    doomed: list[Path] = []
-    try:
-        entries = list(os.scandir(work_dir))
-    except FileNotFoundError:
-        return []
-    doomed += [Path(e.path) for e in entries if _SNAPSHOT_TMP_RE.fullmatch(e.name)]
-    if snapshots:
-        base = snapshots[-1][0]
-        doomed += [path for number, path in list_segments(work_dir) if number < base]
-        doomed += [path for _, path in snapshots[:-1]]
+    temporary, replaced = covered_files(work_dir)
+    doomed = temporary + replaced
     for path in doomed:
         try:
             path.unlink()
         except FileNotFoundError:
             pass
     if doomed:
-        _sync_dir(work_dir)
+        _sync_dir(Path(work_dir))
     return doomed
 
 

@@ -196,6 +196,7 @@ from ._journal_format import (
     _sync,
     _sync_dir,
     _write_all,
+    covered_files,
     encode_record,
     list_segments,
     list_snapshots,
@@ -231,6 +232,7 @@ __all__ = [
     "JournalWriter",
     "JournalWriterMetrics",
     "Snapshot",
+    "covered_files",
     "encode_record",
     "list_segments",
     "list_snapshots",
@@ -390,10 +392,12 @@ class JournalWriter:
             raise JournalError(f"journal writer for {self.work_dir} was already started")
         self._started = True
         _make_dirs(self.work_dir)
-        # Leftovers of a crash during a compaction: a partial snapshot, covered segments. They
-        # are deleted only once the newest snapshot has been checked whole (it replaces them).
+        # Leftovers of a crash during a compaction: a partial snapshot, covered segments. The
+        # covered ones are deleted only once the newest snapshot, which replaces them, has
+        # been checked whole (read only then: a clean restart does not read it twice).
         snapshots = list_snapshots(self.work_dir)
-        if snapshots:
+        _, replaced = covered_files(self.work_dir)
+        if replaced:
             read_snapshot(snapshots[-1][1])
         self.metrics.files_deleted += len(remove_covered(self.work_dir))
         segments = _segments_after(self.work_dir, snapshots[-1] if snapshots else None)
