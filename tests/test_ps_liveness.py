@@ -89,6 +89,11 @@ def _frozen_training_worker(c, victim, gate):
         assert int(counter.numpy()) == n_steps
         assert int(total.numpy()) == n_steps * (n_steps - 1) // 2
         before = _skipped(c, strategy)
+        # join() pruned the exactly-once records of the finished functions
+        records = c.run(lambda dask_worker: sum(
+            len(s.applied) for s in dask_worker.extensions["dataservice-ps"].shards.values()),
+            workers=strategy.ps_addresses)
+        assert sum(records.values()) == 0, records
     # woken up after join(): the victim finishes its stale batch (10 functions, 2 updates
     # each, that re-ran elsewhere and were forgotten by join): all 20 updates are dropped
     wait_until(lambda: _skipped(c, strategy) >= before + 20, 30, "the stale updates")

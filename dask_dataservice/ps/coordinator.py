@@ -235,7 +235,7 @@ class ClusterCoordinator:
                 self._cond.wait(0.5)
                 self._check_alive()
             self._raise_error_locked()
-            below = next(self._counter)
+            below = self._fn_base + next(self._counter)  # ids are base + counter
         self._forget(below)
 
     def done(self) -> bool:
