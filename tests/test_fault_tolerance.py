@@ -157,7 +157,10 @@ class _Cluster:
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.logs = tmp_path
         self.work_dir = tmp_path / "journal"
-        self.env = dict(os.environ, DASK_DATASERVICE__WORKER__BUFFER_ELEMENTS=str(BUFFER_ELEMENTS))
+        # snapshots every few records: the kill lands on a journal of snapshot + tail, maybe
+        # in the middle of a compaction
+        self.env = dict(os.environ, DASK_DATASERVICE__WORKER__BUFFER_ELEMENTS=str(BUFFER_ELEMENTS),
+                        DASK_DATASERVICE__DISPATCHER__SNAPSHOT_RECORDS="8")
         self.starts = 0
         self.scheduler = self._start_scheduler()
         self.workers = [
@@ -220,6 +223,7 @@ def test_sigkill_scheduler_mid_epoch_dynamic(tmp_path):
             state = _state(c)
     finally:
         cluster.close()
+    assert list_snapshots(cluster.work_dir), "the journal was folded into snapshots"
     counts = collections.Counter(seen)
     assert max(counts.values()) == 1, "no element twice across the restart"
     missing = set(range(20_000)) - set(seen)
