@@ -527,3 +527,27 @@ def test_a_writer_deletes_nothing_behind_a_damaged_snapshot(tmp_path):
     with pytest.raises(JournalCorruptedError):
         JournalWriter.open(tmp_path)
     assert [n for n, _ in list_segments(tmp_path)] == [0, 1]  # the fallback is still there
+
+
+@pytest.mark.parametrize("damage,message,offset", [
+    (lambda d: b"XXSSNAP\x00" + d[8:], "bad magic", 0),
+    (lambda d: d[:12] + (7).to_bytes(8, "little") + d[20:], "header checksum mismatch", 0),
+    (lambda d: d + b"\x00", "the file holds", 24),
+    (lambda d: d[:30], "too short", 0),
+])
+def test_every_kind_of_snapshot_damage_names_the_file_and_offset(tmp_path, damage, message,
+                                                                 offset):
+    write_segments(tmp_path, [setup_updates(), []])
+    path = write_snapshot(tmp_path, 1, compact(None, scan_segments(tmp_path, range(1))))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(JournalCorruptedError, match=message) as e:
+        load_journal(tmp_path)
+    assert (e.value.path, e.value.offset) == (path, offset)
+
+
+def test_a_snapshot_renamed_to_another_base_is_corruption(tmp_path):
+    write_segments(tmp_path, [setup_updates(), [], []])
+    path = write_snapshot(tmp_path, 1, compact(None, scan_segments(tmp_path, range(1))))
+    path.rename(snapshot_path(tmp_path, 2))
+    with pytest.raises(JournalCorruptedError, match="snapshot base 1 disagrees with its name"):
+        load_journal(tmp_path)
