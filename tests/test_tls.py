@@ -107,11 +107,6 @@ async def test_parameter_server_training_on_tls(s, p0, w0, w1):
     assert weights == [20.0, float(sum(range(20)))]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "service/_connection.py client_for(): an address string of a tls:// scheduler, in a "
-    "process without TLS configuration, fails with distributed's TypeError('TLS expects a "
-    "`ssl_context` argument ...') from Client(); it should be a DataServiceError naming the "
-    "missing configuration (Client(security=...) or distributed.comm.tls.*)"))
 @_tls_cluster((1,), client=False)
 async def test_service_address_of_a_tls_scheduler_without_security_is_a_clear_error(s, a):
     def body():
@@ -123,11 +118,6 @@ async def test_service_address_of_a_tls_scheduler_without_security_is_a_clear_er
     assert "tls" in str(info.value).lower(), repr(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "demo/_cluster.py connect(): the reachability probe calls distributed.comm.connect("
-    "address) without the client's connection_args (Security().get_connection_args("
-    "'client')), so a tls:// scheduler fails with TypeError('TLS expects a `ssl_context` "
-    "...') even when --tls-* options (or Dask's TLS config) give certificates"))
 @_tls_cluster((1,), client=False)
 async def test_demo_against_a_tls_scheduler_with_tls_options(s, a):
     with tempfile.TemporaryDirectory() as directory:

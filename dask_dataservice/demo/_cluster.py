@@ -45,32 +45,24 @@ class DemoUsageError(DemoError):
 def connect(address: str, say: Callable[[str], None]) -> Iterator[Any]:
     """A ``distributed.Client`` of the cluster at ``address``, closed on exit.
 
-    The scheduler is reached once with a plain comm first: a ``Client`` that fails to
-    connect leaves its IO loop thread running (nothing can close a client whose constructor
-    raised), so an unreachable address fails here, on a loop this function owns.
+    The scheduler is reached once with a plain comm first (``_connection.probe``, with this
+    process's TLS settings): a ``Client`` that fails to connect leaves its IO loop thread
+    running, so an unreachable address fails there, on a loop that function owns.
     """
     from distributed import Client
-    from distributed.comm import connect as comm_connect
-    from distributed.utils import LoopRunner
 
     from dask_dataservice import config
     from dask_dataservice._rpc import normalize_address
+    from dask_dataservice.service._connection import probe
+    from dask_dataservice.service._exceptions import DataServiceError
 
     address = normalize_address(address)
     timeout = config.get_seconds("client.connect-timeout")
-
-    async def probe() -> None:
-        comm = await comm_connect(address, timeout=timeout)
-        await comm.close()
-
-    runner = LoopRunner()
-    runner.start()
     try:
-        runner.run_sync(probe)
-    except OSError as e:
-        raise DemoError(f"cannot connect to the scheduler at {address}: {e}") from None
-    finally:
-        runner.stop()
+        probe(address, timeout)
+    except DataServiceError as e:
+        reason = e.__cause__ if isinstance(e.__cause__, OSError) else e
+        raise DemoError(f"cannot connect to the scheduler at {address}: {reason}") from None
     with Client(address, timeout=timeout, set_as_default=False) as client:
         say(f"connected to {address}")
         yield client

@@ -83,7 +83,7 @@ def client_for(service: Any) -> Client:
     client = _worker_client(address)
     if client is None:
         timeout = config.get_seconds("client.connect-timeout")
-        _probe(address, timeout)
+        probe(address, timeout)
         try:
             client = Client(address, set_as_default=False, timeout=timeout)
         except OSError as e:
@@ -95,22 +95,34 @@ def client_for(service: Any) -> Client:
     return client
 
 
-def _probe(address: str, timeout: float) -> None:
-    """Fail with a clear error if nothing listens at ``address``.
+def probe(address: str, timeout: float) -> None:
+    """Fail with a clear error if no scheduler can be reached at ``address``.
 
     A ``Client`` that cannot connect leaves its loop thread running (distributed 2026.8), so
-    the address is tried first on a loop of our own, which we stop.
+    the address is tried first on a loop of our own, which we stop. The connection uses this
+    process's Dask TLS configuration (``distributed.comm.tls.*``), as a ``Client`` would; a
+    ``tls://`` address without it is an error that says what to configure.
     """
     from distributed.comm import connect
+    from distributed.comm.addressing import parse_address
+    from distributed.security import Security
 
-    async def probe():
-        comm = await connect(address, timeout=timeout)
+    args = Security().get_connection_args("client")
+    if parse_address(address)[0] == "tls" and args.get("ssl_context") is None:
+        raise DataServiceError(
+            f"{address} is a TLS scheduler, and this process has no TLS configuration: pass a "
+            "distributed.Client created with security=Security(...) as service, or set "
+            "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+            "distributed.comm.tls.client.key (DASK_DISTRIBUTED__COMM__TLS__... variables)")
+
+    async def attempt():
+        comm = await connect(address, timeout=timeout, **args)
         await comm.close()
 
     runner = LoopRunner()
     runner.start()
     try:
-        sync(runner.loop, probe)
+        sync(runner.loop, attempt)
     except OSError as e:
         raise DataServiceError(f"cannot reach the data service at {address}: {e}") from e
     finally:
