@@ -19,8 +19,8 @@ from typing import Any
 
 from distributed.utils_test import gen_cluster as _gen_cluster
 
-from ._dispatcher import assert_dispatcher_cleanup
 from ._data_worker import assert_data_worker_cleanup
+from ._dispatcher import assert_dispatcher_cleanup
 from ._ps import assert_ps_cleanup
 
 __all__ = [
