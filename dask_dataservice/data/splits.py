@@ -213,24 +213,40 @@ class ComponentSplit:
     split: object
 
 
-class ConcatenateRouter:
-    """Routes the splits of one provider to the inputs of a ``concatenate`` (see above)."""
+class _SharedProvider:
+    """One provider read by several inputs of a zip/concatenate; ends once for all of them."""
 
     def __init__(self, parent: SplitProvider):
         self._parent = parent
-        self._stash: ComponentSplit | None = None
         self._exhausted = False
 
     def component(self, k: int) -> SplitProvider:
         return _ComponentProvider(self, k)
 
+    def _pull(self) -> object | None:
+        """The parent's next split; None (and from then on always None) at its end."""
+        if self._exhausted:
+            return None
+        split = self._parent.get_next()
+        if split is None:
+            self._exhausted = True
+        return split
+
+    def _next_for(self, k: int) -> object | None:
+        raise NotImplementedError
+
+
+class ConcatenateRouter(_SharedProvider):
+    """Routes the splits of one provider to the inputs of a ``concatenate`` (see above)."""
+
+    def __init__(self, parent: SplitProvider):
+        super().__init__(parent)
+        self._stash: ComponentSplit | None = None
+
     def _next_for(self, k: int) -> object | None:
         if self._stash is None:
-            if self._exhausted:
-                return None
-            split = self._parent.get_next()
+            split = self._pull()
             if split is None:
-                self._exhausted = True
                 return None
             if not isinstance(split, ComponentSplit):
                 raise TypeError(f"concatenate reads ComponentSplit splits, the provider served {split!r}")
@@ -249,7 +265,7 @@ class ConcatenateRouter:
 class _ComponentProvider(SplitProvider):
     """The provider one input of a zip/concatenate reads: its owner decides what it gets."""
 
-    def __init__(self, owner: ConcatenateRouter | ZipTee, k: int):
+    def __init__(self, owner: _SharedProvider, k: int):
         self._owner = owner
         self._k = k
 
@@ -257,31 +273,24 @@ class _ComponentProvider(SplitProvider):
         return self._owner._next_for(self._k)
 
 
-class ZipTee:
+class ZipTee(_SharedProvider):
     """Hands every split of one provider to each of ``n`` zip components, once each."""
 
     def __init__(self, parent: SplitProvider, n: int):
         from collections import deque
 
-        self._parent = parent
+        super().__init__(parent)
         self._buffer: deque = deque()
         self._base = 0  # position of self._buffer[0]
         self._pos = [0] * n
-        self._exhausted = False
-
-    def component(self, k: int) -> SplitProvider:
-        return _ComponentProvider(self, k)
 
     def _next_for(self, k: int) -> object | None:
         i = self._pos[k]
         if i - self._base < len(self._buffer):
             split = self._buffer[i - self._base]
         else:
-            if self._exhausted:
-                return None
-            split = self._parent.get_next()
+            split = self._pull()
             if split is None:
-                self._exhausted = True
                 return None
             self._buffer.append(split)
         self._pos[k] = i + 1
