@@ -1,0 +1,143 @@
+"""The package as users install it: a built sdist and wheel, not the editable source tree.
+
+``python -m build`` builds the sdist, then the wheel from that sdist (so a file missing from the
+sdist breaks the wheel too), from a copy of the project's packaging inputs (the build writes
+``*.egg-info`` next to its source; the working tree is left alone). The wheel is installed with
+``--no-deps`` into a fresh venv whose dependencies come from the project venv through a ``.pth``
+line: the test is about the wheel's files, entry points and import behaviour, and resolving
+Dask, zarr and numpy from the registry again would add a minute without testing this project's
+code (the dependency list itself is checked from the wheel's metadata). A ``.pth`` path line does
+not process the project venv's own ``.pth`` files, so its editable install stays out of the way;
+the test asserts the package is imported from the fresh venv.
+"""
+
+from __future__ import annotations
+
+import email
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: extras that are tooling for this project, not features for users: ``all`` leaves them out
+NOT_RUNTIME_EXTRAS = {"test", "docs", "lint", "all"}
+#: modules that only optional features import; ``import dask_dataservice`` must not
+OPTIONAL_MODULES = [
+    "pyarrow",
+    "PIL",
+    "google.protobuf",
+    "cryptography",
+    "dask_jobqueue",
+    "dask_kubernetes",
+]
+
+
+def _run(*cmd, cwd=None, timeout=180) -> str:
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _requirement_name(req: str) -> str:
+    for sep in "<>=!~[; ":
+        req = req.split(sep, 1)[0]
+    return req.strip().lower()
+
+
+def test_all_extra_covers_every_runtime_extra():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    runtime = {name: reqs for name, reqs in extras.items() if name not in NOT_RUNTIME_EXTRAS}
+    assert runtime, "no runtime extras found"
+    wanted = {_requirement_name(r) for reqs in runtime.values() for r in reqs}
+    got = {_requirement_name(r) for r in extras["all"]}
+    assert wanted <= got, f"extra 'all' misses {sorted(wanted - got)}"
+    tooling = {_requirement_name(r) for name in ("docs", "lint") for r in extras[name]}
+    assert not (got & tooling - wanted), "extra 'all' holds tooling-only packages"
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory) -> dict[str, Path]:
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(
+        ROOT / "dask_dataservice",
+        src / "dask_dataservice",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    out = tmp_path_factory.mktemp("dist")
+    _run(sys.executable, "-m", "build", "--outdir", out, src, timeout=240)
+    (wheel,) = out.glob("*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist}
+
+
+@pytest.mark.slow
+def test_wheel_and_sdist_contents(dists):
+    with zipfile.ZipFile(dists["wheel"]) as zf:
+        names = set(zf.namelist())
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
+        metadata = email.message_from_bytes(zf.read(f"{dist_info}/METADATA"))
+    for required in ("dask_dataservice/py.typed", "dask_dataservice/dataservice.yaml"):
+        assert required in names
+    assert not any(n.startswith("tests/") for n in names)
+    assert "dask-dataservice = dask_dataservice.cli:main" in entry_points
+    assert "dataservice = dask_dataservice.cli:dataservice" in entry_points
+    assert "all" in metadata.get_all("Provides-Extra")
+    requires = {_requirement_name(r) for r in metadata.get_all("Requires-Dist") if "extra" not in r}
+    assert requires == {_requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
+
+    with tarfile.open(dists["sdist"]) as tf:
+        members = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
+    for required in (
+        "pyproject.toml",
+        "README.md",
+        "dask_dataservice/py.typed",
+        "dask_dataservice/dataservice.yaml",
+        "dask_dataservice/__init__.py",
+    ):
+        assert required in members
+
+
+@pytest.mark.slow
+def test_wheel_installed_in_fresh_venv(dists, tmp_path):
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv)
+    python = venv / "bin" / "python"
+    _run(python, "-m", "pip", "install", "-q", "--no-deps", dists["wheel"], timeout=120)
+    site = Path(
+        _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
+    )
+    deps = Path(
+        _run(sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
+    )
+    (site / "_project_deps.pth").write_text(f"{deps}\n")
+
+    check = textwrap.dedent(
+        f"""
+        import sys
+        from importlib import resources
+        import dask_dataservice as dds
+        assert dds.__file__.startswith({str(site)!r}), dds.__file__
+        assert dds.__version__ == {PYPROJECT["project"]["version"]!r}, dds.__version__
+        loaded = sorted(m for m in {OPTIONAL_MODULES!r} if m in sys.modules)
+        assert not loaded, f"import dask_dataservice imported optional modules {{loaded}}"
+        assert resources.files("dask_dataservice").joinpath("py.typed").is_file()
+        assert list(dds.Dataset.range(3).map(lambda x: x * 2)) == [0, 2, 4]
+        print("ok")
+        """
+    )
+    assert _run(python, "-c", check, cwd=tmp_path).strip() == "ok"
+    out = _run(venv / "bin" / "dask-dataservice", "--version", cwd=tmp_path)
+    assert out.strip() == f"dask-dataservice {PYPROJECT['project']['version']}"
