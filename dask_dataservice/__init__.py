@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from .data import (
     AUTOTUNE,
@@ -49,8 +50,27 @@ _LAZY: dict[str, str] = {
     "partitioners": "dask_dataservice.ps.partitioners",
 }
 
+if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
+    from .ps import partitioners as partitioners
+    from .ps.checkpoint import Checkpoint as Checkpoint
+    from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
+    from .ps.strategy import ParameterServerStrategy as ParameterServerStrategy
+    from .ps.variables import ShardedVariable as ShardedVariable
+    from .ps.variables import Variable as Variable
+    from .service.client import CrossTrainerCache as CrossTrainerCache
+    from .service.client import DistributedDataset as DistributedDataset
+    from .service.client import ShardingPolicy as ShardingPolicy
+    from .service.client import distribute as distribute
+    from .service.client import from_dataset_id as from_dataset_id
+    from .service.client import install as install
+    from .service.client import register_dataset as register_dataset
+    from .service.servers import DispatcherConfig as DispatcherConfig
+    from .service.servers import DispatchServer as DispatchServer
+    from .service.servers import WorkerConfig as WorkerConfig
+    from .service.servers import WorkerServer as WorkerServer
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'dask_dataservice' has no attribute {name!r}")
@@ -60,7 +80,7 @@ def __getattr__(name: str):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
@@ -77,7 +97,7 @@ __all__ = [
 ]
 
 
-def dask_setup(server):
+def dask_setup(server: object) -> object:
     """Dask preload entry point: ``--preload dask_dataservice`` installs the plugins."""
     from .service.preload import dask_setup as _setup
 

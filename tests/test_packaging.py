@@ -110,9 +110,10 @@ def test_wheel_and_sdist_contents(dists):
         assert required in members
 
 
-@pytest.mark.slow
-def test_wheel_installed_in_fresh_venv(dists, tmp_path):
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def venv(dists, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed (``--no-deps``; dependencies from the project venv)."""
+    venv = tmp_path_factory.mktemp("venv")
     _run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
     _run(python, "-m", "pip", "install", "-q", "--no-deps", dists["wheel"], timeout=120)
@@ -123,6 +124,15 @@ def test_wheel_installed_in_fresh_venv(dists, tmp_path):
         _run(sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
     )
     (site / "_project_deps.pth").write_text(f"{deps}\n")
+    return venv
+
+
+@pytest.mark.slow
+def test_wheel_installed_in_fresh_venv(venv, tmp_path):
+    python = venv / "bin" / "python"
+    site = Path(
+        _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
+    )
 
     check = textwrap.dedent(
         f"""
@@ -141,3 +151,78 @@ def test_wheel_installed_in_fresh_venv(dists, tmp_path):
     assert _run(python, "-c", check, cwd=tmp_path).strip() == "ok"
     out = _run(venv / "bin" / "dask-dataservice", "--version", cwd=tmp_path)
     assert out.strip() == f"dask-dataservice {PYPROJECT['project']['version']}"
+
+
+TYPED_SNIPPET = """
+from __future__ import annotations
+
+import numpy as np
+from distributed import Client
+
+import dask_dataservice as dds
+
+
+def train(client: Client) -> float:
+    ds = dds.Dataset.range(8).map(lambda x: x * 2).batch(4)
+    dataset_id = dds.register_dataset(client, ds)
+    read = dds.from_dataset_id(dds.ShardingPolicy.DYNAMIC, client, dataset_id)
+    shared = ds.apply(dds.distribute("distributed_epoch", client, job_name="train"))
+    total = 0
+    for batch in read:
+        total += int(np.sum(batch))
+    for batch in shared:
+        total += int(np.sum(batch))
+
+    strategy = dds.ParameterServerStrategy(client)
+    coordinator = dds.ClusterCoordinator(strategy)
+    with strategy.scope():
+        w = dds.Variable(np.zeros(4), name="w")
+
+    def step(x: np.ndarray) -> float:
+        w.assign_add(x)
+        return float(np.sum(w.read_value()))
+
+    remote = coordinator.schedule(step, args=(np.ones(4),))
+    coordinator.join()
+    return float(remote.fetch()) + total
+"""
+
+#: the same names misused: proves the checker sees real types, not ``Any``
+MISTYPED_SNIPPET = """
+import dask_dataservice as dds
+
+dds.register_dataset(None, 5)
+dds.ClusterCoordinator(5)
+"""
+
+
+def _mypy(venv: Path, tmp_path: Path, name: str, code: str) -> subprocess.CompletedProcess:
+    (tmp_path / name).write_text(code)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--cache-dir",
+            str(tmp_path / ".mypy_cache"),
+            "--python-executable",
+            str(venv / "bin" / "python"),
+            name,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_typed_user_snippet_checks_clean(venv, tmp_path):
+    """mypy --strict on a user's snippet against the installed wheel (its py.typed)."""
+    good = _mypy(venv, tmp_path, "snippet.py", TYPED_SNIPPET)
+    assert good.returncode == 0, good.stdout + good.stderr
+    bad = _mypy(venv, tmp_path, "mistyped.py", MISTYPED_SNIPPET)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert 'Argument 2 to "register_dataset" has incompatible type "int"' in bad.stdout
+    assert 'Argument 1 to "ClusterCoordinator" has incompatible type "int"' in bad.stdout
