@@ -226,3 +226,30 @@ def test_typed_user_snippet_checks_clean(venv, tmp_path):
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert 'Argument 2 to "register_dataset" has incompatible type "int"' in bad.stdout
     assert 'Argument 1 to "ClusterCoordinator" has incompatible type "int"' in bad.stdout
+
+
+def test_type_checking_imports_match_lazy_names():
+    """Every lazily loaded public name is re-exported for type checkers, and nothing else."""
+    import ast
+
+    import dask_dataservice
+
+    tree = ast.parse(Path(dask_dataservice.__file__).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
+    exported = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            assert alias.asname == alias.name, (
+                f"{alias.name} needs 'as {alias.name}' to be exported"
+            )
+            exported[alias.name] = f"dask_dataservice.{node.module}"
+    lazy = dask_dataservice._LAZY
+    assert set(exported) == set(lazy)
+    for name, module in exported.items():
+        expected = lazy[name] if name != "partitioners" else lazy[name].rsplit(".", 1)[0]
+        assert module == expected, name
