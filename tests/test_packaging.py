@@ -182,9 +182,20 @@ def train(client: Client) -> float:
         w.assign_add(x)
         return float(np.sum(w.read_value()))
 
+    per_worker = coordinator.create_per_worker_dataset(
+        strategy.distribute_datasets_from_function(lambda ctx: dds.Dataset.range(4))
+    )
+    per_worker_iterator = iter(per_worker)
+
+    def reduced(x: np.ndarray) -> float:
+        return float(strategy.reduce("SUM", strategy.run(np.square, args=(x,)), axis=0))
+
     remote = coordinator.schedule(step, args=(np.ones(4),))
+    summed = coordinator.schedule(reduced, args=[np.ones(4)])
+    first = coordinator.schedule(next, args=(per_worker_iterator,))
     coordinator.join()
-    return float(remote.fetch()) + total
+    values = coordinator.fetch([remote, summed, first])
+    return float(remote.fetch()) + total + len(values)
 """
 
 #: the same names misused: proves the checker sees real types, not ``Any``

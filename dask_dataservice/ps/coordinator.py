@@ -50,6 +50,7 @@ import math
 import secrets
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -202,7 +203,8 @@ class ClusterCoordinator:
         return self._uid << 32
 
     # -- the public API ------------------------------------------------------------------
-    def schedule(self, fn, args=(), kwargs=None) -> RemoteValue:
+    def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+                 kwargs: dict[str, Any] | None = None) -> RemoteValue:
         """Run ``fn(*args, **kwargs)`` on some training worker; returns a RemoteValue now.
 
         Raises the error of a previously failed function, if any (and clears it), and
@@ -245,7 +247,7 @@ class ClusterCoordinator:
             self._raise_error_locked()
             return self._unfinished == 0
 
-    def fetch(self, val):
+    def fetch(self, val: Any) -> Any:
         """Values of a structure of RemoteValues, variables and per-worker values."""
         if isinstance(val, RemoteValue):
             return val.fetch()
@@ -260,7 +262,7 @@ class ClusterCoordinator:
             return out
         return val
 
-    def create_per_worker_dataset(self, dataset_fn) -> PerWorkerDataset:
+    def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """A dataset built on each training worker, lazily, from ``dataset_fn()``.
 
         ``dataset_fn`` takes no arguments and returns an iterable (a

@@ -33,7 +33,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
@@ -196,7 +196,8 @@ class ParameterServerStrategy:
         variables are not partitioned.
     """
 
-    def __init__(self, client: Client, variable_partitioner=None):
+    def __init__(self, client: Client,
+                 variable_partitioner: Callable[..., Sequence[int]] | None = None):
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         if client.asynchronous:
@@ -280,21 +281,25 @@ class ParameterServerStrategy:
         finally:
             current_strategy.reset(token)
 
-    def distribute_datasets_from_function(self, dataset_fn, options=None):
+    def distribute_datasets_from_function(self, dataset_fn: Callable[[InputContext], Any],
+                                          options: Any = None) -> _DatasetFromFunction:
         """A dataset to build on each training worker: pass it to
         ``ClusterCoordinator.create_per_worker_dataset``. ``dataset_fn(input_context)``
         gets an :class:`InputContext` (one input pipeline per worker, as in TensorFlow)."""
         return _DatasetFromFunction(dataset_fn)
 
-    def experimental_distribute_dataset(self, dataset, options=None):
+    def experimental_distribute_dataset(self, dataset: Any,
+                                        options: Any = None) -> _DatasetFromFunction:
         """The same ``dataset`` on each training worker (see ``create_per_worker_dataset``)."""
         return _DatasetFromFunction(lambda input_context: dataset)
 
-    def run(self, fn, args=(), kwargs=None):
+    def run[T](self, fn: Callable[..., T], args: Sequence[Any] = (),
+               kwargs: dict[str, Any] | None = None) -> T:
         """Run ``fn`` here (one replica per worker); use it inside scheduled functions."""
         return fn(*args, **(kwargs or {}))
 
-    def reduce(self, reduce_op, value, axis=None):
+    def reduce(self, reduce_op: Any, value: Any,
+               axis: int | tuple[int, ...] | None = None) -> np.ndarray:
         """TensorFlow's ``strategy.reduce``: one replica per worker, so across replicas the
         value is unchanged; with ``axis`` it is then summed or averaged along that axis."""
         op = str(getattr(reduce_op, "value", reduce_op)).upper().rsplit(".", 1)[-1]

@@ -205,7 +205,7 @@ class Variable(_Handle):
         return super().__new__(cls)
 
     def __init__(self, initial_value: Any = None, trainable: bool = True, name: str | None = None,
-                 dtype: Any = None, shape: Any = None, **kwargs):
+                 dtype: Any = None, shape: Any = None, **kwargs: Any):
         if getattr(self, "_ready", False):  # built by a strategy in __new__
             return
         if initial_value is None:
