@@ -190,9 +190,11 @@ async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
             dataset_id = (await plugin.register_dataset(
                 fingerprint="bench", pipeline=b"p" * 1000, splits=b"s", num_splits=num_splits,
             ))["dataset_id"]
-            job_id = (await plugin.get_or_create_job(
-                dataset_id=dataset_id, processing_mode="DYNAMIC", job_name="bench"))["job_id"]
-            iteration_id = (await plugin.get_or_create_iteration(job_id=job_id))["iteration_id"]
+            job = await plugin.get_or_create_job(
+                dataset_id=dataset_id, processing_mode="DYNAMIC", job_name="bench")
+            token = job["job_token"]  # the job's capability: needed for its splits
+            iteration_id = (await plugin.get_or_create_iteration(
+                job_id=job["job_id"], job_token=token))["iteration_id"]
             task_ids = []
             for i in range(tasks):
                 address = f"tcp://bench:{i + 1}"
@@ -206,11 +208,13 @@ async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
                     while True:
                         reply = await plugin.get_split(iteration_id=iteration_id,
                                                        task_id=task_id,
-                                                       repetition=repetition, count=64)
+                                                       repetition=repetition, count=64,
+                                                       job_token=token)
                         if reply["end_of_splits"]:
                             break
                     if repetition >= 2:
-                        await plugin.ack_splits(task_id=task_id, repetition=repetition - 2)
+                        await plugin.ack_splits(task_id=task_id, repetition=repetition - 2,
+                                                job_token=token)
 
             await asyncio.gather(*(read(t) for t in task_ids))
             compaction = plugin._journal._compaction

@@ -69,7 +69,8 @@ async def test_restart_with_another_worker_list_keeps_the_journaled_shards():
             dataset_id = await register(plugin, dds.Dataset.range(10))
             job_id = ok(await plugin.get_or_create_job(
                 dataset_id=dataset_id, processing_mode="DATA", job_name="static"))["job_id"]
-            view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+            view = ok(await plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
             await poll(lambda: plugin.state.tasks_for_iteration(view["iteration_id"]),
                        what="a task for worker 0")
             task = plugin.state.tasks_for_iteration(view["iteration_id"])[0]
@@ -143,7 +144,8 @@ async def test_iteration_views_carry_task_infos(c, s, a):
     dataset_id = await register(plugin, dds.Dataset.range(3))
     job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
                                                processing_mode="OFF"))["job_id"]
-    view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+    view = ok(await plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
     [task] = view["tasks"]
     assert task == {"task_id": task["task_id"], "worker_address": a.address,
                     "status": task["status"]}
@@ -162,7 +164,8 @@ async def test_cleanup_assert_sees_what_is_left(c, s):
     dataset_id = await register(plugin, dds.Dataset.range(3))
     job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
                                                processing_mode="OFF"))["job_id"]
-    view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+    view = ok(await plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
     with pytest.raises(AssertionError, match=r"1 iteration client\(s\) still acquired.*"
                        r"iteration \d+ of an anonymous job is not collected"):
         await assert_dispatcher_cleanup(s, timeout=0.05)
@@ -212,8 +215,10 @@ async def test_explicit_dataset_ids():
         assert "'train' is already registered for a different dataset" in str(reply["exception"])
         assert ok(await register_as(train, "copy"))["dataset_id"] == "copy"
         # readers name the dataset by its string id
-        got = ok(plugin.get_dataset(dataset_id="train"))
-        assert cloudpickle.loads(got["pipeline"]).fingerprint() == train.fingerprint()
+        got = plugin.state.dataset_by_name("train")
+        assert cloudpickle.loads(got.pipeline).fingerprint() == train.fingerprint()
+        # only a data worker (showing the key the dispatcher streamed to it) may download it
+        assert "only data workers may ask" in str(plugin.get_dataset(dataset_id="train")["exception"])
         job = ok(await plugin.get_or_create_job(dataset_id="train", processing_mode="OFF",
                                                 job_name="j"))
         assert plugin.state.job(job["job_id"]).dataset_id == \
@@ -240,7 +245,8 @@ async def test_named_dynamic_jobs_are_kept_while_readable():
         for mode in ("DYNAMIC", "OFF"):
             job_id = ok(await plugin.get_or_create_job(
                 dataset_id=dataset_id, processing_mode=mode, job_name=f"named-{mode}"))["job_id"]
-            views[mode] = ok(await plugin.get_or_create_iteration(job_id=job_id))
+            views[mode] = ok(await plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
             ok(await plugin.release_iteration_client(
                 iteration_client_id=views[mode]["iteration_client_id"]))
         plugin._gc()  # the timeout (0 s) has passed for both
@@ -348,7 +354,8 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
     dataset_id = await register(plugin, dds.Dataset.range(3))
     job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
                                                processing_mode="OFF"))["job_id"]
-    view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+    view = ok(await plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
     iteration_id = view["iteration_id"]
     # worker a produced its 3 elements (they wait in its buffer: nobody read them yet)
     await poll(lambda: plugin.state.iteration(iteration_id).status == "finished",

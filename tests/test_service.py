@@ -482,7 +482,8 @@ async def test_silent_client_is_released(c, s, a, b):
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10**9))
     job = await c.scheduler.dataservice_get_or_create_job(
         dataset_id=dataset_id, processing_mode="DYNAMIC")
-    view = await c.scheduler.dataservice_get_or_create_iteration(job_id=job["job_id"])
+    view = await c.scheduler.dataservice_get_or_create_iteration(
+        job_id=job["job_id"], job_token=job["job_token"])
     it_id = view["iteration_id"]
     assert plugin.state.iteration(it_id).num_clients == 1
     # this client never sends a heartbeat: it is released, and the anonymous job collected

@@ -433,7 +433,8 @@ async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(t
             fingerprint="fp", pipeline=b"p", splits=b"s", num_splits=100))["dataset_id"]
         job_id = ok(await plugin.get_or_create_job(
             dataset_id=dataset_id, processing_mode="DYNAMIC"))["job_id"]
-        view = ok(await plugin.get_or_create_iteration(job_id=job_id))
+        token = plugin.state.job(job_id).token  # the job's capability (issue 11 s6)
+        view = ok(await plugin.get_or_create_iteration(job_id=job_id, job_token=token))
         records = plugin._journal.metrics.records_written
         for _ in range(50):
             ok(plugin.client_heartbeat(iteration_client_id=view["iteration_client_id"]))
@@ -447,12 +448,14 @@ async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(t
         records = plugin._journal.metrics.records_written
         [task] = plugin.state.tasks_for_iteration(view["iteration_id"])
         reply = ok(await plugin.get_split(iteration_id=view["iteration_id"],
-                                          task_id=task.task_id, repetition=0, count=64))
+                                          task_id=task.task_id, repetition=0, count=64,
+                                          job_token=token))
         assert reply["split_indices"] == list(range(64))
         assert not reply["end_of_splits"]
         assert plugin._journal.metrics.records_written == records + 1
         reply = ok(await plugin.get_split(iteration_id=view["iteration_id"],
-                                          task_id=task.task_id, repetition=0, count=64))
+                                          task_id=task.task_id, repetition=0, count=64,
+                                          job_token=token))
         assert reply["split_indices"] == list(range(64, 100))
         assert reply["end_of_splits"]  # said with the last splits, no extra round trip
         assert plugin._journal.metrics.records_written == records + 2

@@ -43,6 +43,7 @@ from tornado.ioloop import PeriodicCallback
 from .. import config
 from .._async import owned_executor, shutdown_executor
 from .._rpc import handler
+from ._access import AccessGuard, new_token
 from ._exceptions import (
     DataServiceError,
     DatasetNotFoundError,
@@ -52,6 +53,7 @@ from ._exceptions import (
     WorkerNotFoundError,
 )
 from ._job_checks import (
+    check_job_token,
     check_mode,
     check_target_workers,
     require_shared_infinite,
@@ -175,6 +177,8 @@ class DispatcherPlugin(SchedulerPlugin):
         #: ``{iteration_client_id: micros}``: the last heartbeat of each client heard since
         #: this start (liveness is not journaled; see ``client_heartbeat``).
         self._client_seen: dict[int, int] = {}
+        #: Worker keys and registration limits (see :mod:`._access`).
+        self._access = AccessGuard(scheduler)
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self._idle_iterations: set[int] = set()
         if self.fault_tolerant_mode:
@@ -192,6 +196,7 @@ class DispatcherPlugin(SchedulerPlugin):
         handlers = {
             "dataservice_register_dataset": self.register_dataset,
             "dataservice_get_dataset": self.get_dataset,
+            "dataservice_worker_key": self.worker_key,
             "dataservice_get_or_create_job": self.get_or_create_job,
             "dataservice_get_or_create_iteration": self.get_or_create_iteration,
             "dataservice_client_heartbeat": self.client_heartbeat,
@@ -320,6 +325,7 @@ class DispatcherPlugin(SchedulerPlugin):
         self.scheduler.extensions.pop("dataservice", None)
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self._access.forget_worker(worker)
         if self._closed:  # the scheduler is shutting down: leave the journal as it is
             return
         self._liveness.forget(worker)
@@ -391,14 +397,19 @@ class DispatcherPlugin(SchedulerPlugin):
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
                          metadata: dict | None = None, compression: str | None = None,
-                         dataset_id: str | None = None) -> dict:
+                         dataset_id: str | None = None, client_id: str | None = None) -> dict:
         """Register a dataset; answer its id.
 
         Without ``dataset_id`` the same pipeline (fingerprint) always gets the same numeric
         id. With a ``dataset_id`` of the user's (TensorFlow's explicit id) the answer is that
         string: registering the same pipeline under it again returns it, a *different*
         pipeline under it is an error (readers of that id would get the wrong data).
+
+        Limits (config): a pipeline and its splits together at most
+        ``dispatcher.max-pipeline-bytes``; at most ``dispatcher.max-datasets-per-client``
+        new datasets per client (``client_id``, the registering Dask client's id).
         """
+        self._access.check_pipeline_size(len(pipeline) + len(splits or b""))
         if dataset_id is not None:
             if not isinstance(dataset_id, str) or not dataset_id:
                 raise TypeError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
@@ -418,6 +429,7 @@ class DispatcherPlugin(SchedulerPlugin):
                         "dataset_id": self.state.dataset_by_fingerprint(fingerprint).dataset_id}
             except DatasetNotFoundError:
                 pass
+        self._access.count_registration(client_id)
         new_id = self.state.next_dataset_id()
         self._apply(RegisterDataset(
             dataset_id=new_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
@@ -434,7 +446,22 @@ class DispatcherPlugin(SchedulerPlugin):
         return self.state.dataset(dataset_id)
 
     @handler
-    def get_dataset(self, dataset_id: int | str) -> dict:
+    def worker_key(self, address: str) -> dict:
+        """Send worker ``address`` its key, over the scheduler's stream to that worker.
+
+        The key never travels in a reply: whoever asks, only the worker registered at
+        ``address`` (the process holding the scheduler's stream to it) receives it, so a
+        request that shows it comes from that worker.
+        """
+        self._access.send_key(address)
+        return {"status": "OK"}
+
+    @handler
+    def get_dataset(self, dataset_id: int | str, address: str = "",
+                    worker_key: str | None = None) -> dict:
+        """A dataset's pipeline, for a data worker only (it shows its key)."""
+        self._access.check_worker(address, worker_key,
+                                  f"downloading the pipeline of dataset {dataset_id}")
         ds = self._dataset(dataset_id)
         return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
                 "num_splits": ds.num_splits}
@@ -477,7 +504,7 @@ class DispatcherPlugin(SchedulerPlugin):
                         f"{job.target_workers!r}; all its consumers must use the same, not "
                         f"{target_workers!r}"
                     )
-                return {"status": "OK", "job_id": job.job_id}
+                return {"status": "OK", "job_id": job.job_id, "job_token": job.token}
         job_id = self.state.next_job_id()
         self._apply(CreateJob(
             job_id=job_id, job_name=job_name, dataset_id=dataset_id,
@@ -485,12 +512,15 @@ class DispatcherPlugin(SchedulerPlugin):
             target_workers=target_workers,
             cross_trainer_cache=bool(cross_trainer_cache),
             worker_addresses=tuple(self.worker_addresses) if mode in STATIC_POLICIES else (),
+            token=new_token(),
         ))
-        return {"status": "OK", "job_id": job_id}
+        return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
 
     @_durable
-    def get_or_create_iteration(self, job_id: int, repetition: int = 0) -> dict:
+    def get_or_create_iteration(self, job_id: int, repetition: int = 0,
+                                job_token: str | None = None) -> dict:
         job = self.state.job(job_id)
+        check_job_token(job.token, job_token, job_id, "reading")
         try:
             iteration = self.state.iteration_by_key(job_id, repetition)
         except IterationNotFoundError:
@@ -531,12 +561,15 @@ class DispatcherPlugin(SchedulerPlugin):
     # Handlers: data workers
     ########################
     @_durable
-    def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1) -> dict:
+    def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1,
+                  job_token: str | None = None) -> dict:
         """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
 
         ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
-        indices returned). O(count).
+        indices returned). O(count). Only the task's worker may ask: it shows the job's
+        token, which it got with the task definition.
         """
+        self._check_task_token(task_id, job_token, "taking splits", iteration_id)
         current, index, num_splits = self.state.split_position(iteration_id)
         if self.state.task_status(task_id) != "active" or repetition < current:
             return {"status": "OK", "split_indices": [], "end_of_splits": True}
@@ -556,9 +589,10 @@ class DispatcherPlugin(SchedulerPlugin):
                 "end_of_splits": end}
 
     @_durable
-    def ack_splits(self, task_id: int, repetition: int) -> dict:
+    def ack_splits(self, task_id: int, repetition: int, job_token: str | None = None) -> dict:
         """A task is done with every split it holds of ``repetition`` and before."""
         try:
+            self._check_task_token(task_id, job_token, "acknowledging splits")
             first = self.state.first_split_held(task_id)
         except TaskNotFoundError:
             return {"status": "OK"}  # garbage collected meanwhile
@@ -567,8 +601,10 @@ class DispatcherPlugin(SchedulerPlugin):
         return {"status": "OK"}
 
     @_durable
-    def finish_task(self, task_id: int, error: bool = False) -> dict:
+    def finish_task(self, task_id: int, error: bool = False,
+                    job_token: str | None = None) -> dict:
         try:
+            self._check_task_token(task_id, job_token, "finishing a task")
             status = self.state.task_status(task_id)
         except TaskNotFoundError:
             return {"status": "OK"}  # garbage collected meanwhile
@@ -578,11 +614,17 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @_durable
     def worker_heartbeat(self, address: str, host: str, nthreads: int,
-                         active_tasks: list | tuple = (), finished_tasks: list | tuple = ()) -> dict:
-        """Register a data worker if needed and tell it which tasks to start and drop."""
+                         active_tasks: list | tuple = (), finished_tasks: list | tuple = (),
+                         worker_key: str | None = None) -> dict:
+        """Register a data worker if needed and tell it which tasks to start and drop.
+
+        Only the worker itself may (it shows its key): the reply carries task definitions,
+        and so the job tokens of its tasks.
+        """
         ws = self.scheduler.workers.get(address)
         if ws is None:
             return TaskChanges(status="OK", new_tasks=[], cancelled=list(active_tasks))
+        self._access.check_worker(address, worker_key, "a data worker heartbeat")
         self._liveness.seen(address)
         try:
             known = self.state.worker(address).registered
@@ -675,6 +717,15 @@ class DispatcherPlugin(SchedulerPlugin):
             return True
         return job.processing_mode == "OFF" and iteration.num_clients > 0
 
+    def _check_task_token(self, task_id: int, job_token: str | None, what: str,
+                          iteration_id: int | None = None) -> None:
+        """Refuse ``what`` on a task unless ``job_token`` is its job's token."""
+        task = self.state.task(task_id)
+        if iteration_id is not None and task.iteration_id != iteration_id:
+            raise DataServiceError(f"task {task_id} is not a task of iteration {iteration_id}")
+        job = self.state.job(self.state.iteration(task.iteration_id).job_id)
+        check_job_token(job.token, job_token, job.job_id, what)
+
     def _task_def(self, task) -> TaskDef:
         iteration = self.state.iteration(task.iteration_id)
         job = self.state.job(iteration.job_id)
@@ -684,7 +735,7 @@ class DispatcherPlugin(SchedulerPlugin):
                        worker_index=task.shard_index,
                        num_workers=len(job.worker_addresses) if job.worker_addresses else None,
                        num_consumers=job.num_consumers,
-                       cross_trainer_cache=job.cross_trainer_cache)
+                       cross_trainer_cache=job.cross_trainer_cache, job_token=job.token)
 
     def _check_mode(self, mode: ShardingPolicy, dataset) -> ShardingPolicy:
         return check_mode(mode, dataset, self.worker_addresses)

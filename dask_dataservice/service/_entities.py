@@ -99,6 +99,7 @@ class Job:
     ``num_live_iterations`` those not garbage collected. ``garbage_collected`` becomes True
     when the last live iteration is collected, and the name is freed then.
     ``worker_addresses`` is the journaled worker list of a static-sharding job (else empty).
+    ``token`` is the job's capability (``CreateJob.token``; ``""``: none, not checked).
     """
 
     job_id: int
@@ -112,6 +113,7 @@ class Job:
     num_iterations: int = 0
     num_live_iterations: int = 0
     garbage_collected: bool = False
+    token: str = ""
 
     @property
     def status(self) -> str:

@@ -4,11 +4,16 @@ scheduler): :mod:`._dispatcher_plugin` calls them before it builds any update.""
 
 from __future__ import annotations
 
+import hmac
+
 from .._rpc import strip_protocol
 from ..data._base import INFINITE, UNKNOWN
+from ._exceptions import DataServiceError
 from ._sharding import STATIC_POLICIES, ShardingPolicy
 
 __all__ = [
+    "JobAccessDeniedError",
+    "check_job_token",
     "check_mode",
     "check_target_workers",
     "require_shared_infinite",
@@ -102,3 +107,28 @@ def shard_index(entries: tuple[str, ...], address: str, name: object = None) -> 
         if entry in keys:
             return i
     return None
+
+
+class JobAccessDeniedError(DataServiceError):
+    """A request came without the capability it needs: a job's token (reading elements,
+    taking splits) or a data worker's key (downloading a pipeline, a worker heartbeat).
+
+    Not a :class:`PermissionError`: that is an :class:`OSError`, whose instances do not
+    travel through distributed's exception pickling together with :class:`RuntimeError`.
+    """
+
+
+def check_job_token(expected: str, given: str | None, job_id: int, what: str) -> None:
+    """Refuse ``what`` on job ``job_id`` unless ``given`` is the job's token.
+
+    A job without a token (``""``: created from a journal written before tokens existed)
+    is not checked. The comparison takes constant time.
+    """
+    if not expected:
+        return
+    if not isinstance(given, str) or not hmac.compare_digest(expected, given):
+        raise JobAccessDeniedError(
+            f"{what} of job {job_id} refused: the request does not carry the job's token (only "
+            "the job's consumers, which got it from distribute/from_dataset_id, and its data "
+            "workers may)"
+        )

@@ -26,6 +26,7 @@ from ._exceptions import DispatcherUnavailableError
 
 __all__ = [
     "TASKS_OP",
+    "WORKER_KEY_OP",
     "ElementBatch",
     "IterationView",
     "TaskChanges",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: The stream op the dispatcher pushes task changes to a data worker with.
 TASKS_OP = "dataservice-tasks"
+#: The stream op that brings a data worker its key (only the scheduler's stream carries it).
+WORKER_KEY_OP = "dataservice-worker-key"
 
 
 class TaskDef(TypedDict):
@@ -55,6 +58,9 @@ class TaskDef(TypedDict):
     num_consumers: int | None
     #: Whether the job uses the cross-trainer cache.
     cross_trainer_cache: bool
+    #: The job's capability (``CreateJob.token``): consumers must show it to read the task's
+    #: elements, and the worker shows it to take, acknowledge and finish the task's splits.
+    job_token: str
 
 
 class TaskChanges(TypedDict, total=False):

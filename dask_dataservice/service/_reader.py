@@ -245,6 +245,10 @@ def _local_host(scheduler_address: str) -> str:
 class IterationReader:
     """Reads one iteration: heartbeats with the dispatcher, one fetch loop per task."""
 
+    #: The job's token (its capability, from the job creation reply): every element
+    #: request shows it.
+    job_token: str | None = None
+
     def __init__(self, client: Client, spec: ReadSpec, iteration_id: int, client_id: int,
                  channel: Channel):
         self.client = client
@@ -452,7 +456,7 @@ class IterationReader:
                         task_id=task_id, max_elements=self._request_size(),
                         max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=seq,
-                        trainer_id=self.trainer_id,
+                        trainer_id=self.trainer_id, job_token=self.job_token,
                         # the head request answers at once; the ones queued behind it may
                         # gather a slow pipeline's elements for a moment
                         linger=self.linger if pending else 0.0,
@@ -644,7 +648,8 @@ class CoordinatedReader(_FixedTasksReader):
         k = max(1, int(config.get("client.rounds-per-request")))
         resp = await self.client.rpc(address).dataservice_get_rounds(
             task_id=task_id, first_round=turn * k, count=k,
-            consumer_index=self.spec.consumer_index, num_consumers=self.spec.num_consumers)
+            consumer_index=self.spec.consumer_index, num_consumers=self.spec.num_consumers,
+            job_token=self.job_token)
         return raise_for_status(resp, "coordinated read")["elements"].items
 
     def _join(self, parts: list[list]) -> list:
@@ -667,7 +672,7 @@ class CrossTrainerReader(_FixedTasksReader):
         while len(out) < k:
             resp = await rpc.dataservice_get_elements(
                 task_id=task_id, max_elements=k - len(out), max_bytes=self.max_bytes,
-                wait=self.long_poll, trainer_id=self.trainer_id)
+                wait=self.long_poll, trainer_id=self.trainer_id, job_token=self.job_token)
             if resp is None or resp.get("closing"):
                 raise DataServiceError(f"cross-trainer cache: the worker of task {task_id} "
                                        f"({address}) is shutting down")
@@ -729,7 +734,7 @@ async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationRe
         cross_trainer_cache=spec.cross_trainer_cache is not None,
     ), "job creation")
     view = raise_for_status(await client.scheduler.dataservice_get_or_create_iteration(
-        job_id=job["job_id"], repetition=repetition,
+        job_id=job["job_id"], repetition=repetition, job_token=job.get("job_token"),
     ), "iteration creation")
     channel = Channel(asyncio.get_running_loop(), capacity)
     if spec.num_consumers is not None:
@@ -740,6 +745,7 @@ async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationRe
     else:
         cls = IterationReader
     reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
+    reader.job_token = job.get("job_token")
     reader.start(view)
     return reader
 

@@ -197,10 +197,15 @@ class CreateJob(_Record):
         (addresses or Dask worker names, distinct and non-empty); a worker's position in it
         is its shard index. Empty for the other modes. Journaled so that a restart with a
         different config never reassigns the shards of an existing job.
+    token : str
+        Field 9. The job's capability: a random secret the dispatcher draws for the job and
+        hands to its consumers and, in each task definition, to its data workers. Reading
+        the job's elements and taking its splits need it. ``""`` (records written before
+        the field existed) means the job has no token and is not checked.
 
     Notes
     -----
-    Next field: 9. Removed fields: none.
+    Next field: 10. Removed fields: none.
     """
 
     job_id: int  # 1
@@ -211,6 +216,7 @@ class CreateJob(_Record):
     target_workers: str = "AUTO"  # 6
     cross_trainer_cache: bool = False  # 7
     worker_addresses: tuple[str, ...] = ()  # 8
+    token: str = ""  # 9
 
     def __post_init__(self) -> None:
         _check_fields(self)

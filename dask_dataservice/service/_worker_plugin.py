@@ -48,8 +48,10 @@ from .._rpc import error_message, handler
 from ..data.splits import ListSplitProvider, SplitProvider
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
 from ._exceptions import DataServiceError
+from ._job_checks import JobAccessDeniedError, check_job_token
 from ._messages import ElementBatch, TaskDef, raise_for_status
 from ._sharding import ShardingPolicy
+from ._worker_key import WorkerKey
 
 logger = logging.getLogger(__name__)
 
@@ -329,6 +331,8 @@ class DataWorkerPlugin(WorkerPlugin):
         worker.handlers["dataservice_get_rounds"] = self.get_rounds
         worker.handlers["dataservice_worker_state"] = self.worker_state
         worker.stream_handlers["dataservice-tasks"] = self.tasks_changed
+        self._key = WorkerKey(worker)
+        self._key.install()
         worker.extensions["dataservice"] = self
         self.is_data_worker = not any(
             worker.state.total_resources.get(r) for r in config.get("dispatcher.worker-resource-excluded") or ()
@@ -343,6 +347,7 @@ class DataWorkerPlugin(WorkerPlugin):
         worker.handlers.pop("dataservice_worker_state", None)
         # Keep a no-op stream handler: an unknown stream op would break the scheduler stream.
         worker.stream_handlers["dataservice-tasks"] = _ignore
+        self._key.uninstall()
         worker.extensions.pop("dataservice", None)
         for runner in list(self._runners):
             runner.cancel()
@@ -405,15 +410,17 @@ class DataWorkerPlugin(WorkerPlugin):
     async def get_elements(self, task_id: int, max_elements: int = 4096,
                            max_bytes: int = 32 << 20, wait: float = 1.0,
                            consumer: int | None = None, seq: int | None = None,
-                           trainer_id: str | None = None, linger: float = 0.0) -> dict:
+                           trainer_id: str | None = None, linger: float = 0.0,
+                           job_token: str | None = None) -> dict:
         """Up to ``max_elements`` buffered elements of a task, or end of sequence.
 
         A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
-        elements in the order it sent them, so a task's elements arrive in order.
+        elements in the order it sent them, so a task's elements arrive in order. Only the
+        job's consumers may read: ``job_token`` must be the job's token.
         """
         if seq is None:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger)
+                                            linger, job_token)
         key = (task_id, consumer)
         order = self._order.get(key)
         if order is None:
@@ -421,7 +428,7 @@ class DataWorkerPlugin(WorkerPlugin):
         await order.wait_turn(seq, timeout=wait + 10)
         try:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger)
+                                            linger, job_token)
         finally:
             order.done(seq)
 
@@ -439,7 +446,7 @@ class DataWorkerPlugin(WorkerPlugin):
         return runner
 
     async def _get_elements(self, task_id, max_elements, max_bytes, wait,
-                            trainer_id=None, linger=0.0) -> dict:
+                            trainer_id=None, linger=0.0, job_token=None) -> dict:
         runner = self.tasks.get(task_id)
         if runner is None:
             # The consumer learnt of the task from the dispatcher before the task reached
@@ -450,6 +457,7 @@ class DataWorkerPlugin(WorkerPlugin):
                     return {"status": "OK", "elements": None, "end_of_sequence": True}
                 return {"status": "OK", "elements": None, "end_of_sequence": False,
                         "unknown": task_id not in self.tasks}
+        _check_token(runner, job_token, "reading elements")
         buf = runner.buffer
         if isinstance(buf, CrossTrainerWindow):
             def take(n=max_elements):
@@ -494,11 +502,13 @@ class DataWorkerPlugin(WorkerPlugin):
 
     @handler
     async def get_rounds(self, task_id: int, first_round: int, count: int,
-                         consumer_index: int, num_consumers: int) -> dict:
+                         consumer_index: int, num_consumers: int,
+                         job_token: str | None = None) -> dict:
         """Coordinated reads: this consumer's elements of rounds ``first_round ..``."""
         runner = await self._runner(task_id, 10.0)
         if runner is None:
             raise DataServiceError(f"task {task_id} does not run on {self.worker.address}")
+        _check_token(runner, job_token, "reading rounds")
         rounds = self._rounds.get(task_id)
         if rounds is None:
             rounds = self._rounds[task_id] = RoundBuffer(
@@ -605,10 +615,14 @@ class DataWorkerPlugin(WorkerPlugin):
         return await asyncio.shield(loading)
 
     async def _load_dataset(self, dataset_id: int):
-        resp = raise_for_status(
-            await self.worker.scheduler.dataservice_get_dataset(dataset_id=dataset_id),
-            "dataset lookup",
-        )
+        key = await self._key.get()
+        try:
+            resp = raise_for_status(await self.worker.scheduler.dataservice_get_dataset(
+                dataset_id=dataset_id, address=self.worker.address, worker_key=key,
+            ), "dataset lookup")
+        except JobAccessDeniedError:
+            self._key.forget()  # a new dispatcher: the next attempt asks for a new key
+            raise
         # Unpickling runs user code (cloudpickled functions): keep it off the loop.
         loaded = await run_in_executor_with_context(
             self._executor, _load_dataset, resp["pipeline"], resp["splits"]
@@ -629,7 +643,7 @@ class DataWorkerPlugin(WorkerPlugin):
                 raise TaskCancelled
             return raise_for_status(await self.worker.scheduler.dataservice_get_split(
                 iteration_id=task["iteration_id"], task_id=task["task_id"],
-                repetition=repetition, count=count,
+                repetition=repetition, count=count, job_token=task.get("job_token"),
             ), "split request")
 
         try:
@@ -644,7 +658,7 @@ class DataWorkerPlugin(WorkerPlugin):
     async def _ack_splits(self, task: TaskDef, repetition: int) -> None:
         try:
             await self.worker.scheduler.dataservice_ack_splits(
-                task_id=task["task_id"], repetition=repetition)
+                task_id=task["task_id"], repetition=repetition, job_token=task.get("job_token"))
         except Exception as e:  # noqa: BLE001 - only bookkeeping is lost
             logger.debug("dataservice: ack_splits failed: %r", e)
 
@@ -652,7 +666,8 @@ class DataWorkerPlugin(WorkerPlugin):
         """Tell the dispatcher the task finished, then let consumers see the end."""
         try:
             await self.worker.scheduler.dataservice_finish_task(
-                task_id=runner.task_id, error=runner.buffer.error is not None
+                task_id=runner.task_id, error=runner.buffer.error is not None,
+                job_token=runner.task.get("job_token"),
             )
         except Exception as e:  # noqa: BLE001 - the heartbeat reports it again
             logger.info("dataservice: finish_task(%s) failed: %r", runner.task_id, e)
@@ -679,13 +694,21 @@ class DataWorkerPlugin(WorkerPlugin):
         w = self.worker
         active = [tid for tid, r in self.tasks.items() if r is None or not r.buffer.end_visible]
         done = [tid for tid, r in self.tasks.items() if r is not None and r.buffer.end_visible]
+        key = await self._key.get()
+        if key is None:  # the dispatcher is not installed (yet)
+            return False
         resp = await w.scheduler.dataservice_worker_heartbeat(
             address=w.address, host=get_address_host(w.address),
             nthreads=w.state.nthreads, active_tasks=active, finished_tasks=done,
+            worker_key=key,
         )
         if resp is None:  # the dispatcher is not installed (yet)
             return False
-        raise_for_status(resp, "worker heartbeat")
+        try:
+            raise_for_status(resp, "worker heartbeat")
+        except JobAccessDeniedError:
+            self._key.forget()  # a new dispatcher: ask for a new key next time
+            raise
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
         return True
 
@@ -760,6 +783,10 @@ def _noop() -> None:
 
 def _closing_get_elements(**kwargs) -> dict:
     return {"status": "OK", "elements": None, "end_of_sequence": False, "closing": True}
+
+
+def _check_token(runner: TaskRunner, job_token: str | None, what: str) -> None:
+    check_job_token(runner.task.get("job_token") or "", job_token, runner.task["job_id"], what)
 
 
 def _ignore(**kwargs) -> None:

@@ -132,6 +132,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
             client, "dataservice_register_dataset", "dataset registration",
             fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
             compression=compression, metadata=metadata, dataset_id=dataset_id,
+            client_id=client.id,
         )
         return resp["dataset_id"]
 

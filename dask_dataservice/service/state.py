@@ -532,6 +532,7 @@ class DispatcherState(StateQueries, StateChecks):
             target_workers=u.target_workers,
             cross_trainer_cache=u.cross_trainer_cache,
             worker_addresses=u.worker_addresses,
+            token=u.token,
         )
         if u.job_name is not None:
             self._jobs_by_name[(u.dataset_id, u.job_name)] = u.job_id
