@@ -79,6 +79,12 @@ async def test_a_stranger_is_refused_and_the_victim_loses_nothing(c, s, a, b):
                     task_id=t.task_id, repetition=0), "acknowledging splits")
             refused(await stranger.scheduler.dataservice_get_or_create_iteration(
                 job_id=job.job_id), "reading of job")
+            # nor act for the victim's consumer (releasing it would end the victim's read)
+            [consumer] = plugin.state.list_iteration_clients()
+            refused(await stranger.scheduler.dataservice_release_iteration_client(
+                iteration_client_id=consumer.iteration_client_id), "releasing a consumer")
+            refused(await stranger.scheduler.dataservice_client_heartbeat(
+                iteration_client_id=consumer.iteration_client_id), "a client heartbeat")
             # pipelines are for workers only; the key a worker needs never travels in a reply
             refused(await stranger.scheduler.dataservice_get_dataset(
                 dataset_id=job.dataset_id), "only data workers may ask")

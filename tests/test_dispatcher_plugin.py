@@ -150,7 +150,8 @@ async def test_iteration_views_carry_task_infos(c, s, a):
     assert task == {"task_id": task["task_id"], "worker_address": a.address,
                     "status": task["status"]}
     assert view["processing_mode"] == "OFF" and view["num_consumers"] is None
-    ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"]))
+    ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"],
+                                             job_token=plugin.state.job(job_id).token))
     # an anonymous job is collected as soon as its last client leaves
     assert plugin.state.iteration(view["iteration_id"]).garbage_collected
 
@@ -169,7 +170,8 @@ async def test_cleanup_assert_sees_what_is_left(c, s):
     with pytest.raises(AssertionError, match=r"1 iteration client\(s\) still acquired.*"
                        r"iteration \d+ of an anonymous job is not collected"):
         await assert_dispatcher_cleanup(s, timeout=0.05)
-    ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"]))
+    ok(await plugin.release_iteration_client(iteration_client_id=view["iteration_client_id"],
+                                             job_token=plugin.state.job(job_id).token))
     await assert_dispatcher_cleanup(s, timeout=0.05)
 
 
@@ -248,7 +250,8 @@ async def test_named_dynamic_jobs_are_kept_while_readable():
             views[mode] = ok(await plugin.get_or_create_iteration(
                 job_id=job_id, job_token=plugin.state.job(job_id).token))
             ok(await plugin.release_iteration_client(
-                iteration_client_id=views[mode]["iteration_client_id"]))
+                iteration_client_id=views[mode]["iteration_client_id"],
+                job_token=plugin.state.job(job_id).token))
         plugin._gc()  # the timeout (0 s) has passed for both
         dynamic = views["DYNAMIC"]["iteration_id"]
         assert not plugin.state.iteration(dynamic).garbage_collected
@@ -364,8 +367,10 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
         await poll(lambda: tasks_on(plugin, iteration_id, late.address),
                    what="a task for the worker that joined mid-read")
         heartbeat = ok(plugin.client_heartbeat(
-            iteration_client_id=view["iteration_client_id"]))
+            iteration_client_id=view["iteration_client_id"],
+            job_token=plugin.state.job(job_id).token))
         assert {t["worker_address"] for t in heartbeat["tasks"]} == {a.address, late.address}
         ok(await plugin.release_iteration_client(
-            iteration_client_id=view["iteration_client_id"]))
+            iteration_client_id=view["iteration_client_id"],
+            job_token=plugin.state.job(job_id).token))
     assert plugin.state.iteration(iteration_id).garbage_collected

@@ -437,7 +437,8 @@ async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(t
         view = ok(await plugin.get_or_create_iteration(job_id=job_id, job_token=token))
         records = plugin._journal.metrics.records_written
         for _ in range(50):
-            ok(plugin.client_heartbeat(iteration_client_id=view["iteration_client_id"]))
+            ok(plugin.client_heartbeat(iteration_client_id=view["iteration_client_id"],
+                                       job_token=token))
         assert plugin._journal.metrics.records_written == records
         # the dispatcher still knows the client is alive (in memory)
         assert view["iteration_client_id"] in plugin._client_seen
@@ -460,7 +461,7 @@ async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(t
         assert reply["end_of_splits"]  # said with the last splits, no extra round trip
         assert plugin._journal.metrics.records_written == records + 2
         ok(await plugin.release_iteration_client(
-            iteration_client_id=view["iteration_client_id"]))
+            iteration_client_id=view["iteration_client_id"], job_token=token))
         assert plugin._client_seen == {}
 
 

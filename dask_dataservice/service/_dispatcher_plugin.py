@@ -546,15 +546,17 @@ class DispatcherPlugin(SchedulerPlugin):
                 **self._iteration_view(iteration_id)}
 
     @handler
-    def client_heartbeat(self, iteration_client_id: int) -> dict:
+    def client_heartbeat(self, iteration_client_id: int, job_token: str | None = None) -> dict:
         """A consumer is alive: remember when (not journaled: liveness need not survive a
         restart, every timer starts again after recovery); answer its iteration's view."""
-        client = self.state.iteration_client(iteration_client_id)
+        client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
         self._client_seen[iteration_client_id] = _now_micros()
         return {"status": "OK", **self._iteration_view(client.iteration_id)}
 
     @_durable
-    def release_iteration_client(self, iteration_client_id: int) -> dict:
+    def release_iteration_client(self, iteration_client_id: int,
+                                 job_token: str | None = None) -> dict:
+        self._iteration_client(iteration_client_id, job_token, "releasing a consumer")
         self._release_client(iteration_client_id)
         return {"status": "OK"}
 
@@ -716,6 +718,13 @@ class DispatcherPlugin(SchedulerPlugin):
         if iteration.status == "running":
             return True
         return job.processing_mode == "OFF" and iteration.num_clients > 0
+
+    def _iteration_client(self, iteration_client_id: int, job_token: str | None, what: str):
+        """A consumer, if ``job_token`` is its job's token (only the consumer may act for it)."""
+        client = self.state.iteration_client(iteration_client_id)
+        job = self.state.job(self.state.iteration(client.iteration_id).job_id)
+        check_job_token(job.token, job_token, job.job_id, what)
+        return client
 
     def _check_task_token(self, task_id: int, job_token: str | None, what: str,
                           iteration_id: int | None = None) -> None:

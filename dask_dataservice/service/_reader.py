@@ -387,7 +387,7 @@ class IterationReader:
                 )
             try:
                 resp = await scheduler.dataservice_client_heartbeat(
-                    iteration_client_id=self.client_id)
+                    iteration_client_id=self.client_id, job_token=self.job_token)
                 if resp is not None:
                     return raise_for_status(resp, "client heartbeat")
                 error: BaseException = RuntimeError("the dispatcher plugin is not installed")
@@ -564,7 +564,7 @@ class IterationReader:
     async def _release_client(self) -> None:
         try:
             await asyncio.wait_for(self.client.scheduler.dataservice_release_iteration_client(
-                iteration_client_id=self.client_id), 10)
+                iteration_client_id=self.client_id, job_token=self.job_token), 10)
         except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
             logger.debug("dataservice: release failed: %r", e)
 

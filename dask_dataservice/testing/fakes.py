@@ -35,7 +35,7 @@ class FakeDispatcher:
         return {"status": "OK", "tasks": list(self.tasks), "finished": self.finished,
                 "garbage_collected": False, "processing_mode": "OFF", "num_consumers": None}
 
-    async def dataservice_client_heartbeat(self, iteration_client_id: int) -> dict:
+    async def dataservice_client_heartbeat(self, iteration_client_id: int, job_token=None) -> dict:
         self.heartbeats += 1
         return self.view()
 
@@ -47,7 +47,8 @@ class FakeDispatcher:
         self.suspected.append(address)
         return {"status": "OK", "dropped": False}
 
-    async def dataservice_release_iteration_client(self, iteration_client_id: int) -> dict:
+    async def dataservice_release_iteration_client(self, iteration_client_id: int,
+                                                   job_token=None) -> dict:
         self.released.append(iteration_client_id)
         return {"status": "OK"}
 
