@@ -657,28 +657,7 @@ class DispatcherPlugin(SchedulerPlugin):
     @handler
     def state_summary(self) -> dict:
         """A plain-data view of the dispatcher, for tests, dashboards and debugging."""
-        s = self.state
-        return {
-            "status": "OK",
-            "datasets": [d.dataset_id for d in s.list_datasets()],
-            "workers": sorted(w.address for w in s.list_workers()),
-            "jobs": {j.job_id: {"name": j.job_name, "dataset_id": j.dataset_id,
-                                "mode": j.processing_mode, "status": j.status}
-                     for j in s.list_jobs()},
-            "iterations": {
-                it.iteration_id: {
-                    "job_id": it.job_id, "repetition": it.repetition, "status": it.status,
-                    "num_clients": it.num_clients,
-                    "tasks": [] if it.garbage_collected else [
-                        TaskInfo(task_id=t.task_id, worker_address=t.worker_address,
-                                 status=t.status)
-                        for t in s.tasks_for_iteration(it.iteration_id)
-                    ],
-                    "lost_splits": [list(x) for x in s.lost_splits(it.iteration_id)],
-                }
-                for it in s.list_iterations()
-            },
-        }
+        return {"status": "OK", **self.state.summary()}
 
     # Internals
     ###########

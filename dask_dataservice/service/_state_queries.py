@@ -296,3 +296,25 @@ class StateQueries:
         self._get_iteration(iteration_id)
         return tuple(sorted(expand_runs(self._lost_splits.get(iteration_id, ()))))
 
+    def summary(self) -> dict:
+        """A plain-data view of the state (``dataservice_state``): tests, dashboards, debugging."""
+        return {
+            "datasets": [d.dataset_id for d in self.list_datasets()],
+            "workers": sorted(w.address for w in self.list_workers()),
+            "jobs": {j.job_id: {"name": j.job_name, "dataset_id": j.dataset_id,
+                                "mode": j.processing_mode, "status": j.status}
+                     for j in self.list_jobs()},
+            "iterations": {
+                it.iteration_id: {
+                    "job_id": it.job_id, "repetition": it.repetition, "status": it.status,
+                    "num_clients": it.num_clients,
+                    "tasks": [] if it.garbage_collected else [
+                        {"task_id": t.task_id, "worker_address": t.worker_address,
+                         "status": t.status}
+                        for t in self.tasks_for_iteration(it.iteration_id)
+                    ],
+                    "lost_splits": [list(x) for x in self.lost_splits(it.iteration_id)],
+                }
+                for it in self.list_iterations()
+            },
+        }
