@@ -340,6 +340,33 @@ def test_supervisor_restarts_a_worker_that_ended_cleanly_and_stops_on_failure(tm
     assert len(messages) == 3 and "restart 2" in messages[-1]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_supervisor_takes_its_worker_with_it(tmp_path):
+    # SIGKILL leaves no chance to forward a signal: the child must still not outlive it
+    pid_file = tmp_path / "child.pid"
+    child = ("import os, pathlib, sys, time; "
+             f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)")
+    code = ("import sys; from dask_dataservice.service.supervise import supervise; "
+            f"sys.exit(supervise([sys.executable, '-c', {child!r}]))")
+    supervisor = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    try:
+        deadline = psutil.time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert psutil.time.monotonic() < deadline, "the child never started"
+            assert supervisor.poll() is None, supervisor.stderr.read()
+            psutil.time.sleep(0.05)  # polling a file the child writes (another process)
+        worker = psutil.Process(int(pid_file.read_text()))
+        supervisor.kill()
+        supervisor.wait(10)
+        gone, alive = psutil.wait_procs([worker], timeout=10)
+        assert not alive, "the worker outlived its SIGKILLed supervisor"
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(10)
+        supervisor.stderr.close()
+
+
 class _Servers:
     """Processes started by a test, stopped (SIGTERM, then SIGKILL) at the end."""
 

@@ -12,12 +12,16 @@ delay (so ``dask worker --version`` cannot turn into a busy loop).
 
 SIGTERM or SIGINT to the supervisor is passed to the child (which runs in its own process
 group, so that Ctrl-C on a terminal reaches it once); the supervisor returns the child's exit
-code once it has ended. :class:`~.servers.WorkerSupervisor` is the in-process
+code once it has ended. On Linux the child also gets SIGTERM when the supervisor dies in any
+other way (SIGKILL, a crash): a ``dask worker`` never outlives its supervisor, which would leave
+it retrying a scheduler forever, or joining whatever scheduler takes that port next. :class:`~.servers.WorkerSupervisor` is the in-process
 counterpart, for ``WorkerServer``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import subprocess
 import sys
@@ -31,6 +35,18 @@ __all__ = ["supervise"]
 _STABLE_SECONDS = 10.0
 #: Delay before restarting a child that ended sooner: doubles each time, up to the max.
 _DELAY_MIN, _DELAY_MAX = 0.1, 10.0
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In the child, before exec (Linux): SIGTERM when the supervisor dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
@@ -59,8 +75,10 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
             started = time.monotonic()
             # its own process group: Ctrl-C on a terminal reaches the supervisor only, which
             # passes it on once (a second signal would cut the worker's graceful close short)
-            child[:] = [subprocess.Popen(list(cmd), env=None if env is None else dict(env),
-                                         process_group=0)]
+            child[:] = [subprocess.Popen(
+                list(cmd), env=None if env is None else dict(env), process_group=0,
+                preexec_fn=(functools.partial(_die_with_parent, os.getpid())
+                            if sys.platform.startswith("linux") else None))]
             starts += 1
             announce(f"started `dask worker` (pid {child[0].pid})" if starts == 1 else
                      f"the worker ended; started a new one (pid {child[0].pid}, restart "
