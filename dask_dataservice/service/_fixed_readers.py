@@ -1,0 +1,128 @@
+"""Readers over a fixed task list: coordinated reads and the cross-trainer cache.
+
+Both read the tasks that existed when the iteration started (workers joining later take no
+part, as for TF's coordinated reads): :class:`CoordinatedReader` takes rounds of
+``num_consumers`` elements from task ``r mod T``; :class:`CrossTrainerReader` takes turns of
+``client.cross-trainer-turn-elements`` per task so that every trainer reads the same sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .. import config
+from ._exceptions import DataServiceError
+from ._messages import raise_for_status
+from ._reader import CROSS_TRAINER_TURN, IterationReader
+
+logger = logging.getLogger("dask_dataservice.service._reader")
+
+
+class _FixedTasksReader(IterationReader):
+    """A reader that walks the job's tasks present when it starts, in task-id order, turn by
+    turn: every turn asks each task for its part at once, the next turn is requested while
+    this one is handed over, and the parts are joined in task order. Consumers that read the
+    same job this way see the same sequence."""
+
+    what = "reads"
+
+    async def _read(self, view: dict) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.dispatcher_timeout
+        delay = 0.01
+        start = loop.time()
+        while not (active := [t for t in view["tasks"] if t["status"] == "active"]):
+            if loop.time() > deadline:
+                raise DataServiceError(f"{self.what}: the job has no data workers")
+            await self._no_workers(loop.time() - start)  # warns, with the reason
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.25)
+            view = await self._heartbeat()
+        tasks = sorted((t["task_id"], t["worker_address"]) for t in active)
+        self.group.spawn(self._heartbeats)
+
+        def request(turn: int) -> list[asyncio.Task]:
+            out = []
+            for tid, addr in tasks:
+                t = self.group.spawn(self._part, tid, addr, turn)
+                t._dds_awaited = True
+                out.append(t)
+            return out
+
+        turn = 0
+        pending = request(turn)
+        try:
+            while not self.stopped:
+                parts = await asyncio.gather(*pending)
+                turn += 1
+                pending = request(turn)
+                await self.channel.put(self._join(parts))
+        finally:
+            for f in pending:
+                f.cancel()
+
+    async def _part(self, task_id: int, address: str, turn: int) -> list:
+        raise NotImplementedError
+
+    def _join(self, parts: list[list]) -> list:
+        return [x for part in parts for x in part]
+
+    async def _heartbeats(self) -> None:
+        while not self.stopped:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat()
+            except DataServiceError as e:
+                logger.info("dataservice: %s: heartbeat failed: %r", self.what, e)
+
+
+class CoordinatedReader(_FixedTasksReader):
+    """Coordinated reads: round ``r`` comes from task ``r mod T``, element ``consumer_index``.
+
+    Every consumer of the job walks the same fixed list of tasks (sorted by id), so in each
+    round all consumers read from the same worker. Rounds are fetched ``rounds-per-request``
+    at a time from every task.
+    """
+
+    what = "coordinated reads"
+
+    async def _part(self, task_id: int, address: str, turn: int) -> list:
+        k = max(1, int(config.get("client.rounds-per-request")))
+        resp = await self.client.rpc(address).dataservice_get_rounds(
+            task_id=task_id, first_round=turn * k, count=k,
+            consumer_index=self.spec.consumer_index, num_consumers=self.spec.num_consumers,
+            job_token=self.job_token)
+        return raise_for_status(resp, "coordinated read")["elements"].items
+
+    def _join(self, parts: list[list]) -> list:
+        return [x for row in zip(*parts, strict=True) for x in row]
+
+
+class CrossTrainerReader(_FixedTasksReader):
+    """The cross-trainer cache under DYNAMIC with several tasks: their windows hold
+    different splits, so every trainer takes exactly ``cross-trainer-turn-elements`` elements
+    from each task in task order, turn after turn, and all trainers see the same sequence
+    (issue 9, 2.11). (With one task, the plain reader already does.) The price: a trainer
+    reads ahead by whole turns, so one that pauses skips less of the window."""
+
+    what = "cross-trainer cache"
+
+    async def _part(self, task_id: int, address: str, turn: int) -> list:
+        k = max(1, int(config.get("client.cross-trainer-turn-elements", CROSS_TRAINER_TURN)))
+        rpc = self.client.rpc(address)
+        out: list = []
+        while len(out) < k:
+            resp = await rpc.dataservice_get_elements(
+                task_id=task_id, max_elements=k - len(out), max_bytes=self.max_bytes,
+                wait=self.long_poll, trainer_id=self.trainer_id, job_token=self.job_token)
+            if resp is None or resp.get("closing"):
+                raise DataServiceError(f"cross-trainer cache: the worker of task {task_id} "
+                                       f"({address}) is shutting down")
+            batch = raise_for_status(resp, "element request").get("elements")
+            if batch is not None:
+                out.extend(batch.items)
+            elif resp.get("end_of_sequence"):
+                raise DataServiceError("the cross-trainer cache needs an infinite dataset, and "
+                                       f"task {task_id} ended")
+        return out
