@@ -31,6 +31,21 @@ def ok(reply: dict) -> dict:
     return reply
 
 
+async def _off_iteration(c, s):
+    """Install the plugins, wait for the worker, and start an OFF iteration of range(3)."""
+    from dask_dataservice.service.client import _install_async
+
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: plugin.state.list_workers(), what="the worker to register")
+    dataset_id = await register(plugin, dds.Dataset.range(3))
+    job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
+                                               processing_mode="OFF"))["job_id"]
+    view = ok(await plugin.get_or_create_iteration(
+        job_id=job_id, job_token=plugin.state.job(job_id).token))
+    return plugin, job_id, view
+
+
 async def register(plugin, dataset) -> int:
     reply = await plugin.register_dataset(
         fingerprint=dataset.fingerprint(), pipeline=cloudpickle.dumps(dataset), splits=b"",
@@ -136,16 +151,7 @@ async def test_installation_wires_every_handler(c, s, a):
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_iteration_views_carry_task_infos(c, s, a):
     """The wire shape readers rely on: tasks are TaskInfo dicts (issue 10 finding 4)."""
-    from dask_dataservice.service.client import _install_async
-
-    await _install_async(c)
-    plugin = s.plugins[PLUGIN_NAME]
-    await poll(lambda: plugin.state.list_workers(), what="the worker to register")
-    dataset_id = await register(plugin, dds.Dataset.range(3))
-    job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
-                                               processing_mode="OFF"))["job_id"]
-    view = ok(await plugin.get_or_create_iteration(
-                job_id=job_id, job_token=plugin.state.job(job_id).token))
+    plugin, job_id, view = await _off_iteration(c, s)
     [task] = view["tasks"]
     assert task == {"task_id": task["task_id"], "worker_address": a.address,
                     "status": task["status"]}
@@ -349,16 +355,7 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
     """2.6 (dispatcher side): a task finishes when its elements were *produced*; a worker
     that joins (or is restarted) while consumers still read an OFF iteration gets a task
     and serves a full repetition, as in TensorFlow. Before, it got none."""
-    from dask_dataservice.service.client import _install_async
-
-    await _install_async(c)
-    plugin = s.plugins[PLUGIN_NAME]
-    await poll(lambda: plugin.state.list_workers(), what="the worker to register")
-    dataset_id = await register(plugin, dds.Dataset.range(3))
-    job_id = ok(await plugin.get_or_create_job(dataset_id=dataset_id,
-                                               processing_mode="OFF"))["job_id"]
-    view = ok(await plugin.get_or_create_iteration(
-                job_id=job_id, job_token=plugin.state.job(job_id).token))
+    plugin, job_id, view = await _off_iteration(c, s)
     iteration_id = view["iteration_id"]
     # worker a produced its 3 elements (they wait in its buffer: nobody read them yet)
     await poll(lambda: plugin.state.iteration(iteration_id).status == "finished",
