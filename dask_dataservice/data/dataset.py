@@ -37,7 +37,7 @@ __all__ = ["Dataset", "AUTOTUNE", "INFINITE", "UNKNOWN"]
 class _hybrid:
     """A method usable on the class (``Dataset.zip(a, b)``) and on an instance (``a.zip(b)``)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn) -> None:
         self.fn = fn
         functools.update_wrapper(self, fn)
 
@@ -58,7 +58,7 @@ class Dataset:
 
     __slots__ = ("_op",)
 
-    def __init__(self, op: Op):
+    def __init__(self, op: Op) -> None:
         if not isinstance(op, Op):
             raise TypeError(
                 "Dataset() is not built directly; start from a source such as "
@@ -69,7 +69,7 @@ class Dataset:
     def __getstate__(self):
         return {"_op": self._op}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state) -> None:
         self._op = state["_op"]
 
     # ------------------------------------------------------------------------------------

@@ -156,7 +156,7 @@ class FromParquet(Source):
     file_based = True
 
     def __init__(self, paths: Sequence[str], columns: Sequence[str] | None = None, rows: bool = True,
-                 batch_rows: int = 65_536):
+                 batch_rows: int = 65_536) -> None:
         pq = optional_import("pyarrow.parquet", "parquet", "from_parquet()")
         if not paths:
             raise ValueError("from_parquet(): no files")

@@ -129,7 +129,7 @@ class ThreadedIterator:
     exits.
     """
 
-    def __init__(self, make_iter: Callable[[], Iterator], buffer_size: int, name: str):
+    def __init__(self, make_iter: Callable[[], Iterator], buffer_size: int, name: str) -> None:
         self._cv = threading.Condition(threading.Lock())
         self._buf: deque = deque()  # filled by the producer, under the lock
         self._pending: deque = deque()  # taken by the consumer, touched by it alone
@@ -204,7 +204,7 @@ class ThreadedIterator:
             self._cv.notify_all()
         self._pending.clear()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self._stopped = True
 
 
@@ -223,7 +223,7 @@ def _threaded(make_iter: Callable[[], Iterator], buffer_size: int, name: str) ->
 
 
 class Unary(Op):
-    def __init__(self, input: Op):
+    def __init__(self, input: Op) -> None:
         self.input = input
         self.inputs = (input,)
 
@@ -234,7 +234,7 @@ class Unary(Op):
 class Map(Unary):
     name = "map"
 
-    def __init__(self, input, fn, num_parallel_calls=None, deterministic=True):
+    def __init__(self, input, fn, num_parallel_calls=None, deterministic: bool=True) -> None:
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
         self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
@@ -305,7 +305,7 @@ class Map(Unary):
 class Filter(Unary):
     name = "filter"
 
-    def __init__(self, input, predicate):
+    def __init__(self, input, predicate) -> None:
         super().__init__(input)
         self.predicate = check_callable("predicate", predicate)
 
@@ -333,7 +333,7 @@ class Filter(Unary):
 class Batch(Unary):
     name = "batch"
 
-    def __init__(self, input, batch_size, drop_remainder=False):
+    def __init__(self, input, batch_size, drop_remainder: bool=False) -> None:
         super().__init__(input)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.drop_remainder = check_bool("drop_remainder", drop_remainder)
@@ -370,7 +370,7 @@ class Batch(Unary):
 class PaddedBatch(Batch):
     name = "padded_batch"
 
-    def __init__(self, input, batch_size, padded_shapes=None, padding_values=None, drop_remainder=False):
+    def __init__(self, input, batch_size, padded_shapes=None, padding_values=None, drop_remainder: bool=False) -> None:
         super().__init__(input, batch_size, drop_remainder)
         self.padded_shapes = padded_shapes
         self.padding_values = padding_values
@@ -406,7 +406,7 @@ class Unbatch(Unary):
 class Shuffle(Unary):
     name = "shuffle"
 
-    def __init__(self, input, buffer_size, seed=None, reshuffle_each_iteration=True):
+    def __init__(self, input, buffer_size, seed=None, reshuffle_each_iteration: bool=True) -> None:
         super().__init__(input)
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.seed = None if seed is None else check_int("seed", seed)
@@ -445,7 +445,7 @@ class Shuffle(Unary):
 class Repeat(Unary):
     name = "repeat"
 
-    def __init__(self, input, count=None):
+    def __init__(self, input, count=None) -> None:
         super().__init__(input)
         if count is not None and count != -1:
             count = check_int("count", count, minimum=0)
@@ -486,7 +486,7 @@ class Repeat(Unary):
 class _Counted(Unary):
     """An op with one ``count`` argument (-1: all)."""
 
-    def __init__(self, input, count):
+    def __init__(self, input, count) -> None:
         super().__init__(input)
         self.count = check_int("count", count, minimum=-1)
 
@@ -537,7 +537,7 @@ class Skip(_Counted):
 class Shard(Unary):
     name = "shard"
 
-    def __init__(self, input, num_shards, index):
+    def __init__(self, input, num_shards, index) -> None:
         super().__init__(input)
         hint_n, hint_i = num_shards is SHARD_HINT, index is SHARD_HINT
         if hint_n != hint_i:
@@ -560,7 +560,7 @@ class Shard(Unary):
             return n if n < 0 else UNKNOWN
         return max(0, -(-(n - self.index) // self.num_shards))
 
-    def split_blocker(self):
+    def split_blocker(self) -> str:
         return (
             f"shard({self.num_shards}, {self.index}) comes after the source, and splits would "
             "be sharded again per split; shard the data with the service's sharding policy "
@@ -589,7 +589,7 @@ class Interleave(Unary):
     name = "interleave"
 
     def __init__(self, input, fn, cycle_length=None, block_length=1, num_parallel_calls=None,
-                 deterministic=None):
+                 deterministic=None) -> None:
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
         # Arguments as given (AUTOTUNE and None stay so), for a machine-independent fingerprint.
@@ -693,7 +693,7 @@ class Interleave(Unary):
 class FlatMap(Interleave):
     name = "flat_map"
 
-    def __init__(self, input, fn):
+    def __init__(self, input, fn) -> None:
         super().__init__(input, fn, cycle_length=1, block_length=1)
 
     def params(self):
@@ -703,7 +703,7 @@ class FlatMap(Interleave):
 class Prefetch(Unary):
     name = "prefetch"
 
-    def __init__(self, input, buffer_size):
+    def __init__(self, input, buffer_size) -> None:
         super().__init__(input)
         if buffer_size == AUTOTUNE and not isinstance(buffer_size, bool):
             buffer_size = 64
@@ -721,7 +721,7 @@ class Prefetch(Unary):
 class Enumerate(Unary):
     name = "enumerate"
 
-    def __init__(self, input, start=0):
+    def __init__(self, input, start=0) -> None:
         super().__init__(input)
         self.start = check_int("start", start)
 

@@ -56,7 +56,7 @@ class SampleFromDatasets(Op):
     name = "sample_from_datasets"
 
     def __init__(self, inputs: tuple[Op, ...], weights, seed, stop_on_empty_dataset,
-                 rerandomize_each_iteration):
+                 rerandomize_each_iteration) -> None:
         if not inputs:
             raise ValueError("sample_from_datasets() needs at least one dataset")
         self.inputs = tuple(inputs)
@@ -82,7 +82,7 @@ class SampleFromDatasets(Op):
             return INFINITE
         return UNKNOWN
 
-    def split_blocker(self):
+    def split_blocker(self) -> str:
         return "sample_from_datasets() mixes several pipelines; read each with the service and sample locally"
 
     def iterate(self, ctx):
@@ -117,7 +117,7 @@ class ChooseFromDatasets(Op):
 
     name = "choose_from_datasets"
 
-    def __init__(self, inputs: tuple[Op, ...], choice: Op, stop_on_empty_dataset: bool):
+    def __init__(self, inputs: tuple[Op, ...], choice: Op, stop_on_empty_dataset: bool) -> None:
         if not inputs:
             raise ValueError("choose_from_datasets() needs at least one dataset")
         self.inputs = (choice, *inputs)
@@ -129,7 +129,7 @@ class ChooseFromDatasets(Op):
     def cardinality(self):
         return UNKNOWN if self.inputs[0].cardinality() != INFINITE else INFINITE
 
-    def split_blocker(self):
+    def split_blocker(self) -> str:
         return "choose_from_datasets() mixes several pipelines; read each with the service and choose locally"
 
     def iterate(self, ctx):
@@ -170,7 +170,7 @@ class Scan(Unary):
 
     name = "scan"
 
-    def __init__(self, input, initial_state, scan_func):
+    def __init__(self, input, initial_state, scan_func) -> None:
         super().__init__(input)
         self.initial_state = initial_state
         self.fn = check_callable("scan_func", scan_func)
@@ -221,7 +221,7 @@ class Window(Unary):
 
     name = "window"
 
-    def __init__(self, input, size, shift=None, stride=1, drop_remainder=False):
+    def __init__(self, input, size, shift=None, stride=1, drop_remainder: bool=False) -> None:
         super().__init__(input)
         self.size = check_int("size", size, minimum=1)
         self.shift = self.size if shift is None else check_int("shift", shift, minimum=1)
@@ -285,7 +285,7 @@ class GroupByWindow(Unary):
 
     name = "group_by_window"
 
-    def __init__(self, input, key_func, reduce_func, window_size=None, window_size_func=None):
+    def __init__(self, input, key_func, reduce_func, window_size=None, window_size_func=None) -> None:
         super().__init__(input)
         self.key_func = check_callable("key_func", key_func)
         self.reduce_func = check_callable("reduce_func", reduce_func)
@@ -402,7 +402,7 @@ class IgnoreErrors(Unary):
 
     name = "ignore_errors"
 
-    def __init__(self, input, log_warning=False):
+    def __init__(self, input, log_warning: bool=False) -> None:
         super().__init__(input)
         self.log_warning = check_bool("log_warning", log_warning)
 
@@ -428,7 +428,7 @@ class Cache(Unary):
 
     name = "cache"
 
-    def __init__(self, input, filename=""):
+    def __init__(self, input, filename: str="") -> None:
         super().__init__(input)
         if not isinstance(filename, (str, os.PathLike)):
             raise TypeError(f"filename must be a string, got {type(filename).__name__}")
@@ -445,11 +445,11 @@ class Cache(Unary):
         state["_lock"] = None
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def split_blocker(self):
+    def split_blocker(self) -> str:
         return ("cache() after the source would replay this worker's splits of the first epoch; "
                 "cache before reading from the service, or use OFF sharding")
 
@@ -508,7 +508,7 @@ class Cache(Unary):
 class Zip(Op):
     name = "zip"
 
-    def __init__(self, structure):
+    def __init__(self, structure) -> None:
         if isinstance(structure, dict):
             self.keys = tuple(structure)
             self.inputs = tuple(d._op for d in structure.values())
@@ -550,7 +550,7 @@ class Zip(Op):
 class Concatenate(Op):
     name = "concatenate"
 
-    def __init__(self, first: Op, second: Op):
+    def __init__(self, first: Op, second: Op) -> None:
         self.inputs = (first, second)
 
     def cardinality(self):
@@ -576,8 +576,8 @@ class BucketBySequenceLength(Unary):
     name = "bucket_by_sequence_length"
 
     def __init__(self, input, element_length_func, bucket_boundaries, bucket_batch_sizes,
-                 padded_shapes=None, padding_values=None, pad_to_bucket_boundary=False,
-                 no_padding=False, drop_remainder=False):
+                 padded_shapes=None, padding_values=None, pad_to_bucket_boundary: bool=False,
+                 no_padding: bool=False, drop_remainder: bool=False) -> None:
         super().__init__(input)
         self.length_fn = check_callable("element_length_func", element_length_func)
         for arg, value in (("bucket_boundaries", bucket_boundaries),

@@ -104,7 +104,7 @@ class ListSource(Source):
 
     name = "from_list"
 
-    def __init__(self, items):
+    def __init__(self, items) -> None:
         self.items = list(items)
 
     def params(self):
@@ -127,7 +127,7 @@ class ListSource(Source):
 class RangeSource(Source):
     name = "range"
 
-    def __init__(self, start, stop=None, step=1):
+    def __init__(self, start, stop=None, step=1) -> None:
         if stop is None:
             start, stop = 0, start
         self.start = check_int("start", start)
@@ -157,7 +157,7 @@ class RangeSource(Source):
 class TensorSlices(Source):
     name = "from_tensor_slices"
 
-    def __init__(self, data):
+    def __init__(self, data) -> None:
         self.data = _as_arrays(data)
         sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in flatten(self.data)}
         if None in sizes:
@@ -251,7 +251,7 @@ class ListFiles(Source):
     split_type = FileSplit
     file_based = True
 
-    def __init__(self, pattern, shuffle=False, seed=None):
+    def __init__(self, pattern, shuffle: bool=False, seed=None) -> None:
         if isinstance(pattern, (str, os.PathLike)):
             patterns = [pattern]
         elif isinstance(pattern, (list, tuple)):
@@ -302,7 +302,7 @@ class FromFiles(Source):
     split_type = FileSplit
     file_based = True
 
-    def __init__(self, paths, reader):
+    def __init__(self, paths, reader) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         elif not isinstance(paths, (list, tuple)):
@@ -333,7 +333,7 @@ class FromZarr(Source):
 
     name = "from_zarr"
 
-    def __init__(self, array_or_path, rows_per_split=None, path=None):
+    def __init__(self, array_or_path, rows_per_split=None, path=None) -> None:
         if isinstance(array_or_path, (str, os.PathLike)):
             self.store_path = os.fspath(array_or_path)
             if path is not None and not isinstance(path, str):
@@ -394,7 +394,7 @@ class FromGenerator(Source):
     name = "from_generator"
     splittable = False
 
-    def __init__(self, fn, args=()):
+    def __init__(self, fn, args=()) -> None:
         if not callable(fn):
             raise TypeError(f"generator must be callable, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):

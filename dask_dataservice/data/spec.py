@@ -18,7 +18,7 @@ import numpy as np
 
 from .structure import map_structure
 
-__all__ = ["TensorSpec", "spec_of", "relax_leading_dim"]
+__all__ = ["TensorSpec", "spec_of", "relax_leading_dim", "check_element_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +53,14 @@ def relax_leading_dim(spec: Any) -> Any:
     """The same spec with an unknown first dimension (a batch that may be short)."""
     return map_structure(lambda s: TensorSpec((None, *s.shape[1:]), s.dtype, s.name) if s.shape else s,
                          spec)
+
+
+def check_element_spec(spec: Any, what: str = "element_spec") -> Any:
+    """``spec`` if it is a structure (tuples, dicts) of :class:`TensorSpec`, else TypeError."""
+    from .structure import flatten
+
+    bad = [leaf for leaf in flatten(spec) if not isinstance(leaf, TensorSpec)]
+    if bad:
+        raise TypeError(f"{what} must be a TensorSpec or a tuple/dict of them (as "
+                        f"Dataset.element_spec returns), got a leaf {bad[0]!r:.60}")
+    return spec

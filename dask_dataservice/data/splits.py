@@ -88,7 +88,7 @@ class IndexRanges(Sequence):
 
     __slots__ = ("n", "split_size")
 
-    def __init__(self, n: int, split_size: int):
+    def __init__(self, n: int, split_size: int) -> None:
         if split_size < 1:
             raise ValueError(f"split_size must be a positive integer, got {split_size}")
         self.n = max(0, n)
@@ -168,7 +168,7 @@ class ListSplitProvider(SplitProvider):
         The splits, in the order to serve them.
     """
 
-    def __init__(self, splits: Iterable[object]):
+    def __init__(self, splits: Iterable[object]) -> None:
         # a sequence (such as lazy IndexRanges) is kept as it is: split i is read on demand
         self.splits: Sequence[object] = splits if isinstance(splits, Sequence) else list(splits)
         self._pos = 0
@@ -216,7 +216,7 @@ class ComponentSplit:
 class _SharedProvider:
     """One provider read by several inputs of a zip/concatenate; ends once for all of them."""
 
-    def __init__(self, parent: SplitProvider):
+    def __init__(self, parent: SplitProvider) -> None:
         self._parent = parent
         self._exhausted = False
 
@@ -239,7 +239,7 @@ class _SharedProvider:
 class ConcatenateRouter(_SharedProvider):
     """Routes the splits of one provider to the inputs of a ``concatenate`` (see above)."""
 
-    def __init__(self, parent: SplitProvider):
+    def __init__(self, parent: SplitProvider) -> None:
         super().__init__(parent)
         self._stash: ComponentSplit | None = None
 
@@ -265,7 +265,7 @@ class ConcatenateRouter(_SharedProvider):
 class _ComponentProvider(SplitProvider):
     """The provider one input of a zip/concatenate reads: its owner decides what it gets."""
 
-    def __init__(self, owner: _SharedProvider, k: int):
+    def __init__(self, owner: _SharedProvider, k: int) -> None:
         self._owner = owner
         self._k = k
 
@@ -276,7 +276,7 @@ class _ComponentProvider(SplitProvider):
 class ZipTee(_SharedProvider):
     """Hands every split of one provider to each of ``n`` zip components, once each."""
 
-    def __init__(self, parent: SplitProvider, n: int):
+    def __init__(self, parent: SplitProvider, n: int) -> None:
         from collections import deque
 
         super().__init__(parent)

@@ -61,7 +61,7 @@ class Channel:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, address: str, connect: Connector,
-                 group: TaskGroup):
+                 group: TaskGroup) -> None:
         self.address = address
         self._loop = loop
         self._connect = connect
@@ -184,7 +184,7 @@ class Pipeline:
     def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict],
                  max_bytes: int, max_messages: int, timeout: float,
                  probe: Callable[[str, float], bool] | None = None,
-                 liveness: float | None = None):
+                 liveness: float | None = None) -> None:
         self._channel = channel
         self._check = check
         self._probe = probe

@@ -196,7 +196,7 @@ def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> 
     def get(arr):
         return arr if ids is None else take_rows(arr, ids)
 
-    def put(arr, new):
+    def put(arr, new) -> None:
         if ids is None:
             if new is not arr:
                 arr[...] = new

@@ -50,7 +50,7 @@ class FunctionContext:
 
     __slots__ = ("fn_id", "seq", "worker_index")
 
-    def __init__(self, fn_id: int, worker_index: int | None = None):
+    def __init__(self, fn_id: int, worker_index: int | None = None) -> None:
         self.fn_id = fn_id
         self.seq = 0
         self.worker_index = worker_index

@@ -40,7 +40,7 @@ class Lane:
 
     __slots__ = ("_executor", "_lock", "_queue", "_running")
 
-    def __init__(self, executor: Executor):
+    def __init__(self, executor: Executor) -> None:
         self._executor = executor
         self._lock = threading.Lock()
         self._queue: deque = deque()
@@ -102,7 +102,7 @@ class Shard:
     __slots__ = ("key", "value", "slots", "applied", "offset", "backing", "dirty", "exported",
                  "lane")
 
-    def __init__(self, key: str, value: np.ndarray, offset: int = 0, lane: Lane | None = None):
+    def __init__(self, key: str, value: np.ndarray, offset: int = 0, lane: Lane | None = None) -> None:
         self.key = key
         #: The live value (C-contiguous, owned).
         self.value = value

@@ -90,7 +90,7 @@ class RemoteValue:
 
     __slots__ = ("_coordinator", "_state", "_data", "_error", "_value", "_loaded")
 
-    def __init__(self, coordinator: ClusterCoordinator):
+    def __init__(self, coordinator: ClusterCoordinator) -> None:
         self._coordinator = coordinator
         self._state = _PENDING
         self._data: bytes | None = None
@@ -142,7 +142,7 @@ def _refuse_remote_values(x: Any, depth: int = 0) -> None:
 class _Closure:
     __slots__ = ("fn_id", "fn", "args", "kwargs", "remote", "generation")
 
-    def __init__(self, fn_id, fn, args, kwargs, remote, generation):
+    def __init__(self, fn_id, fn, args, kwargs, remote, generation) -> None:
         self.fn_id, self.fn, self.args, self.kwargs = fn_id, fn, args, kwargs
         self.remote, self.generation = remote, generation
 
@@ -161,7 +161,7 @@ class ClusterCoordinator:
             return existing
         return super().__new__(cls)
 
-    def __init__(self, strategy: ParameterServerStrategy):
+    def __init__(self, strategy: ParameterServerStrategy) -> None:
         if getattr(self, "_started", False):
             return
         if not isinstance(strategy, ParameterServerStrategy):

@@ -48,7 +48,7 @@ class Optimizer:
     kind: str = ""
     slot_names: tuple[str, ...] = ()
 
-    def __init__(self, learning_rate: float, name: str | None = None):
+    def __init__(self, learning_rate: float, name: str | None = None) -> None:
         if not isinstance(learning_rate, int | float) or learning_rate < 0:
             raise ValueError(f"learning_rate must be a non-negative number, got {learning_rate!r}")
         self.learning_rate = float(learning_rate)
@@ -80,7 +80,7 @@ class SGD(Optimizer):
     kind = "sgd"
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False,
-                 name: str | None = None):
+                 name: str | None = None) -> None:
         super().__init__(learning_rate, name)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
@@ -102,7 +102,7 @@ class Adagrad(Optimizer):
     slot_names = ("accumulator",)
 
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
-                 epsilon: float = 1e-7, name: str | None = None):
+                 epsilon: float = 1e-7, name: str | None = None) -> None:
         super().__init__(learning_rate, name)
         if initial_accumulator_value < 0:
             raise ValueError("initial_accumulator_value must be non-negative")
@@ -121,7 +121,7 @@ class Adam(Optimizer):
     slot_names = ("m", "v", "iterations")
 
     def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-7, name: str | None = None):
+                 epsilon: float = 1e-7, name: str | None = None) -> None:
         super().__init__(learning_rate, name)
         for label, b in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0.0 <= b < 1.0:

@@ -102,7 +102,7 @@ class Partitioner(abc.ABC):
 class FixedShardsPartitioner(Partitioner):
     """Split axis 0 into ``num_shards`` shards (fewer if the axis has fewer rows)."""
 
-    def __init__(self, num_shards: int):
+    def __init__(self, num_shards: int) -> None:
         self._num_shards = _positive("num_shards", num_shards)
 
     def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
@@ -122,7 +122,7 @@ class MinSizePartitioner(Partitioner):
     """
 
     def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
-                 bytes_per_string: int = 16):
+                 bytes_per_string: int = 16) -> None:
         self._min_shard_bytes = _positive("min_shard_bytes", min_shard_bytes, False)
         self._max_shards = _positive("max_shards", max_shards)
         self._bytes_per_string = _positive("bytes_per_string", bytes_per_string)
@@ -146,7 +146,7 @@ class MaxSizePartitioner(Partitioner):
     """
 
     def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
-                 bytes_per_string: int = 16):
+                 bytes_per_string: int = 16) -> None:
         self._max_shard_bytes = _positive("max_shard_bytes", max_shard_bytes, False)
         self._max_shards = None if max_shards is None else _positive("max_shards", max_shards)
         self._bytes_per_string = _positive("bytes_per_string", bytes_per_string)

@@ -120,7 +120,7 @@ class ParameterServerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, work_dir: str | None = None):
+    def __init__(self, work_dir: str | None = None) -> None:
         #: Overrides ``dataservice.ps.work-dir`` when given.
         self.work_dir = work_dir
 

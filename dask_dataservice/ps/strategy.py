@@ -93,7 +93,7 @@ class InputContext:
     """What a ``dataset_fn`` learns about its input pipeline (TensorFlow's InputContext)."""
 
     def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
-                 num_replicas_in_sync: int = 1):
+                 num_replicas_in_sync: int = 1) -> None:
         self.num_input_pipelines = num_input_pipelines
         self.input_pipeline_id = input_pipeline_id
         self.num_replicas_in_sync = num_replicas_in_sync
@@ -130,7 +130,7 @@ class _DatasetFromFunction:
     Iterating it on the coordinator is a ValueError, as in TensorFlow.
     """
 
-    def __init__(self, dataset_fn):
+    def __init__(self, dataset_fn) -> None:
         self._dataset_fn = dataset_fn
 
     def __call__(self):
@@ -151,7 +151,7 @@ class _DatasetFromFunction:
 class _Extended:
     """``strategy.extended``: what TensorFlow keeps on ``StrategyExtended``."""
 
-    def __init__(self, strategy: ParameterServerStrategy):
+    def __init__(self, strategy: ParameterServerStrategy) -> None:
         self._strategy = strategy
 
     @contextlib.contextmanager
@@ -197,7 +197,7 @@ class ParameterServerStrategy:
     """
 
     def __init__(self, client: Client,
-                 variable_partitioner: Callable[..., Sequence[int]] | None = None):
+                 variable_partitioner: Callable[..., Sequence[int]] | None = None) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         if client.asynchronous:
@@ -364,7 +364,7 @@ class ParameterServerStrategy:
             self._variable_count += 1
             return i
 
-    def _create_variable(self, initial_value=None, trainable=True, name=None, dtype=None,
+    def _create_variable(self, initial_value=None, trainable: bool=True, name=None, dtype=None,
                          shape=None, **kwargs):
         name = name or "Variable"
         if self._client is None:

@@ -175,10 +175,10 @@ class _Handle:
     def __getitem__(self, index):
         return self._v()[index]
 
-    def __float__(self):
+    def __float__(self) -> float:
         return float(self._v())
 
-    def __int__(self):
+    def __int__(self) -> int:
         return int(self._v())
 
 
@@ -205,7 +205,7 @@ class Variable(_Handle):
         return super().__new__(cls)
 
     def __init__(self, initial_value: Any = None, trainable: bool = True, name: str | None = None,
-                 dtype: Any = None, shape: Any = None, **kwargs: Any):
+                 dtype: Any = None, shape: Any = None, **kwargs: Any) -> None:
         if getattr(self, "_ready", False):  # built by a strategy in __new__
             return
         if initial_value is None:
@@ -236,7 +236,7 @@ class Variable(_Handle):
         self._owner = owner
         return self
 
-    def _init_handle(self, name, shape, dtype, trainable, address, key, ps_index):
+    def _init_handle(self, name, shape, dtype, trainable, address, key, ps_index) -> None:
         self._name = name
         self._shape = tuple(int(d) for d in shape)
         self._dtype = np.dtype(dtype)
@@ -262,7 +262,7 @@ class Variable(_Handle):
         state.pop("_lock", None)
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state) -> None:
         self.__dict__.update(state)
         self._client = None
         self._lock = threading.Lock() if self._local is not None else None
@@ -348,7 +348,7 @@ class ShardedVariable(_Handle):
     ``gather`` / ``scatter_*`` route each id to the shard that holds its row.
     """
 
-    def __init__(self, variables: list[Variable], name: str | None = None):
+    def __init__(self, variables: list[Variable], name: str | None = None) -> None:
         if not isinstance(variables, list | tuple) or \
                 not all(isinstance(v, Variable) for v in variables):
             raise TypeError("ShardedVariable takes a list of Variable objects, got "
@@ -475,7 +475,7 @@ class _Plan:
 
     __slots__ = ("uniq", "parts", "_order", "_first", "_group", "_inverse")
 
-    def __init__(self, flat: np.ndarray, offsets: list[int]):
+    def __init__(self, flat: np.ndarray, offsets: list[int]) -> None:
         #: ``order``: a stable argsort of ``flat`` (None: already sorted and distinct);
         #: ``first``: which sorted positions start a run of equal ids (None: all do);
         #: ``group``: the position in ``uniq`` of each sorted position (None: identity).

@@ -63,7 +63,7 @@ class ElementBuffer:
     #: Whether a request queued behind another may wait to gather more elements.
     lingers = True
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int):
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int) -> None:
         self._items: deque = deque()
         self._sizes: deque = deque()
         self._bytes = 0
@@ -196,7 +196,7 @@ class CrossTrainerWindow(ElementBuffer):
     #: No lingering: a trainer's request would follow production instead of falling behind.
     lingers = False
 
-    def __init__(self, loop, max_bytes: int, lookahead: int = 256):
+    def __init__(self, loop, max_bytes: int, lookahead: int = 256) -> None:
         super().__init__(loop, max_bytes=max_bytes, max_elements=2**62)
         self._base = 0  # sequence number of self._items[0]
         self._cursors: dict[str | None, int] = {}
@@ -267,7 +267,7 @@ class RoundBuffer:
     """
 
     def __init__(self, buffer: ElementBuffer, num_consumers: int, timeout: float,
-                 max_ahead: int = 64):
+                 max_ahead: int = 64) -> None:
         self.buffer = buffer
         self.n = num_consumers
         self.timeout = timeout

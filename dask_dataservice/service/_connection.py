@@ -115,7 +115,7 @@ def probe(address: str, timeout: float) -> None:
             "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
             "distributed.comm.tls.client.key (DASK_DISTRIBUTED__COMM__TLS__... variables)")
 
-    async def attempt():
+    async def attempt() -> None:
         comm = await connect(address, timeout=timeout, **args)
         await comm.close()
 

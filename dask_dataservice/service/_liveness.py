@@ -56,7 +56,7 @@ class WorkerLiveness:
         ``dataservice.dispatcher.worker-timeout``; ``plugin.worker_timeout`` if set).
     """
 
-    def __init__(self, plugin: Any, timeout: float | None = None):
+    def __init__(self, plugin: Any, timeout: float | None = None) -> None:
         self.plugin = plugin
         if timeout is None:
             timeout = getattr(plugin, "worker_timeout", None)

@@ -99,7 +99,7 @@ class ElementBatch:
 
     __slots__ = ("items",)
 
-    def __init__(self, items: list):
+    def __init__(self, items: list) -> None:
         self.items = items
 
     def __len__(self) -> int:

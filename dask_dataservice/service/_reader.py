@@ -59,7 +59,7 @@ class ServiceSource(Op):
     splittable = False
     file_based = False
 
-    def __init__(self, spec: ReadSpec, client: Client | None = None):
+    def __init__(self, spec: ReadSpec, client: Client | None = None) -> None:
         self.spec = spec
         #: The Client given as ``service`` (this process only: never pickled). Reads use it,
         #: not whichever client this process has for the address: an asynchronous client
@@ -72,7 +72,7 @@ class ServiceSource(Op):
     def __getstate__(self):
         return {"spec": self.spec}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state) -> None:
         self.spec = state["spec"]
         self.client = None
         self._repetitions = 0
@@ -129,7 +129,7 @@ class Failure:
 
     __slots__ = ("exc",)
 
-    def __init__(self, exc: BaseException):
+    def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
 
@@ -141,7 +141,7 @@ class Channel:
     waits for space. A consumer on the loop itself (``async for``) uses :meth:`aget`.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int):
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._size = 0
         self._capacity = capacity
@@ -250,7 +250,7 @@ class IterationReader:
     job_token: str | None = None
 
     def __init__(self, client: Client, spec: ReadSpec, iteration_id: int, client_id: int,
-                 channel: Channel):
+                 channel: Channel) -> None:
         self.client = client
         self.spec = spec
         self.iteration_id = iteration_id
@@ -585,7 +585,7 @@ class _Tracker:
     """Warn once after ``warning`` seconds (then every ``warning`` seconds), fail after
     ``timeout`` (None: never)."""
 
-    def __init__(self, warning: float | None, timeout: float | None):
+    def __init__(self, warning: float | None, timeout: float | None) -> None:
         self.warning = warning
         self.timeout = timeout
         self._next_warning = warning

@@ -50,6 +50,7 @@ from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancel
 from ._exceptions import DataServiceError
 from ._job_checks import JobAccessDeniedError, check_job_token
 from ._messages import ElementBatch, TaskDef, raise_for_status
+from ._metrics import count_served
 from ._sharding import ShardingPolicy
 from ._worker_key import WorkerKey
 
@@ -82,7 +83,7 @@ def current_task() -> TaskDef | None:
 class _Recent:
     """A set that remembers only its ``capacity`` most recent members."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._items: OrderedDict[int, None] = OrderedDict()
 
@@ -115,7 +116,7 @@ class DispatcherSplitProvider(SplitProvider):
 
     MAX_BATCH = 64
 
-    def __init__(self, runner: TaskRunner, splits: list):
+    def __init__(self, runner: TaskRunner, splits: list) -> None:
         self._runner = runner
         self._splits = splits
         self.repetition = 0
@@ -165,7 +166,7 @@ class DispatcherSplitProvider(SplitProvider):
 class TaskRunner:
     """One task: a pipeline running in its own thread into an :class:`ElementBuffer`."""
 
-    def __init__(self, plugin: DataWorkerPlugin, task: TaskDef, dataset, splits: list | None):
+    def __init__(self, plugin: DataWorkerPlugin, task: TaskDef, dataset, splits: list | None) -> None:
         self.plugin = plugin
         self.task = task
         self.task_id: int = task["task_id"]
@@ -273,7 +274,7 @@ class TaskRunner:
 class _Turns:
     """Runs requests numbered 0, 1, 2, ... one after the other, in number order."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.next = 0
         self._waiters: dict[int, asyncio.Future] = {}
 
@@ -299,7 +300,7 @@ class DataWorkerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, heartbeat_interval: float | None = None):
+    def __init__(self, heartbeat_interval: float | None = None) -> None:
         #: Seconds between reconciliations with the dispatcher (default: config
         #: ``dataservice.worker.heartbeat-interval``).
         self.heartbeat_interval = heartbeat_interval
@@ -487,6 +488,7 @@ class DataWorkerPlugin(WorkerPlugin):
                 await buf.wait(remaining)
         if items:
             self.stats["batches_served"] += 1
+            count_served(self, runner.task_id, items)  # issue 14: dashboard (service/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
             if sum(map(element_size, items)) > _offload_bytes():

@@ -115,7 +115,7 @@ class _BackgroundServer:
     :meth:`stop` closes the server, then stops the loop and joins its thread.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         self._name = name
         self._runner: LoopRunner | None = None
         self._stopped = threading.Event()
@@ -155,10 +155,10 @@ class _BackgroundServer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.stop()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.stop(timeout=5)
         except Exception:  # noqa: BLE001 - interpreter shutdown
@@ -176,7 +176,7 @@ class DispatchServer(_BackgroundServer):
         Start at once (default), or call :meth:`start` later.
     """
 
-    def __init__(self, config: DispatcherConfig | None = None, start: bool = True):
+    def __init__(self, config: DispatcherConfig | None = None, start: bool = True) -> None:
         super().__init__("dds-dispatcher")
         self.config = config or DispatcherConfig()
         if not isinstance(self.config, DispatcherConfig):
@@ -245,7 +245,7 @@ class WorkerServer(_BackgroundServer):
         Start at once (default), or call :meth:`start` later.
     """
 
-    def __init__(self, config: WorkerConfig, start: bool = True):
+    def __init__(self, config: WorkerConfig, start: bool = True) -> None:
         super().__init__("dds-worker")
         if not isinstance(config, WorkerConfig):
             raise TypeError(f"config must be a WorkerConfig, got {type(config).__name__}")
@@ -309,7 +309,7 @@ class WorkerSupervisor:
     max_restart_delay = 5.0
 
     def __init__(self, scheduler_address: str, heartbeat_interval: float | None = None,
-                 **worker_kwargs):
+                 **worker_kwargs) -> None:
         self.scheduler_address = scheduler_address
         self.heartbeat_interval = heartbeat_interval
         self.worker_kwargs = worker_kwargs

@@ -23,7 +23,7 @@ __all__ = ["FakeClient", "FakeDispatcher", "FakeWorker"]
 class FakeDispatcher:
     """The dispatcher half a reader talks to: heartbeats and releases."""
 
-    def __init__(self, tasks: list[TaskInfo], finished: bool = False):
+    def __init__(self, tasks: list[TaskInfo], finished: bool = False) -> None:
         self.tasks = tasks
         self.finished = finished
         self.released: list[int] = []
@@ -56,7 +56,7 @@ class FakeDispatcher:
 class FakeWorker:
     """Serves each task's elements in batches of ``batch`` (end of sequence after the last)."""
 
-    def __init__(self, elements: dict[int, list], batch: int = 10, gate: asyncio.Event | None = None):
+    def __init__(self, elements: dict[int, list], batch: int = 10, gate: asyncio.Event | None = None) -> None:
         self.elements = {tid: list(xs) for tid, xs in elements.items()}
         self.batch = batch
         self.gate = gate
@@ -79,7 +79,7 @@ class FakeClient:
 
     asynchronous = False
 
-    def __init__(self, dispatcher: FakeDispatcher, workers: dict[str, FakeWorker], loop: Any = None):
+    def __init__(self, dispatcher: FakeDispatcher, workers: dict[str, FakeWorker], loop: Any = None) -> None:
         self.scheduler = dispatcher
         self.workers = workers
         self.status = "running"
