@@ -1,0 +1,164 @@
+"""Counters with a time series: rates over a window (dashboard, ``/metrics``, ``stats()``).
+
+:class:`RateSeries` keeps samples ``(time, cumulative total)`` of one counter and turns them
+into rates; the dashboard's poller feeds one per figure. :class:`ReadStats` is what one
+:class:`~dask_dataservice.service.client.DistributedDataset` counts while it is read: elements
+per data worker, time the consumer waited on the service and time it spent on its own work
+between elements (what Ray's ``Dataset.stats()`` tells its users).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+__all__ = ["RateSeries", "ReadStats", "count_served"]
+
+T = TypeVar("T")
+
+
+class RateSeries:
+    """Samples of one cumulative counter, and the rates between them.
+
+    >>> s = RateSeries()
+    >>> s.add(0.0, 0); s.add(1.0, 10); s.add(2.0, 30)
+    >>> s.rate(window=10.0)
+    15.0
+    >>> s.rates()
+    [(1.0, 10.0), (2.0, 20.0)]
+    """
+
+    __slots__ = ("_samples",)
+
+    def __init__(self, maxlen: int = 600) -> None:
+        if maxlen < 2:
+            raise ValueError(f"maxlen must be at least 2, got {maxlen}")
+        self._samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=maxlen)
+
+    def add(self, t: float, total: float) -> None:
+        """Record the counter's ``total`` at time ``t`` (a counter that went down restarted:
+        its samples before are dropped, so that no rate is negative)."""
+        if self._samples and (t <= self._samples[-1][0] or total < self._samples[-1][1]):
+            if total < self._samples[-1][1]:
+                self._samples.clear()
+            else:  # the same instant again: keep the newest value
+                self._samples.pop()
+        self._samples.append((t, float(total)))
+
+    @property
+    def total(self) -> float:
+        """The last total recorded (0.0 before any)."""
+        return self._samples[-1][1] if self._samples else 0.0
+
+    def rate(self, window: float = 5.0) -> float:
+        """Mean rate per second over the last ``window`` seconds (0.0 with one sample)."""
+        if len(self._samples) < 2:
+            return 0.0
+        t1, v1 = self._samples[-1]
+        t0, v0 = self._samples[-2]
+        for t, v in reversed(self._samples):
+            if t1 - t > window:
+                break
+            t0, v0 = t, v
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def rates(self) -> list[tuple[float, float]]:
+        """``[(time, rate since the previous sample)]`` for every sample but the first."""
+        s = list(self._samples)
+        return [(t1, (v1 - v0) / (t1 - t0)) for (t0, v0), (t1, v1) in zip(s, s[1:], strict=False)]
+
+
+class ReadStats:
+    """What one distributed dataset saw while being read (thread-safe; see ``stats()``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_worker: dict[str, list[int]] = {}
+        self.elements = 0
+        self.passes = 0
+        self.wait_seconds = 0.0
+        self.compute_seconds = 0.0
+        self._first: float | None = None
+        self._last: float | None = None
+
+    def received(self, address: str, elements: int, nbytes: int = 0) -> None:
+        """The reader got ``elements`` (``nbytes``) from the data worker at ``address``."""
+        with self._lock:
+            counts = self._by_worker.setdefault(address, [0, 0, 0])
+            counts[0] += elements
+            counts[1] += nbytes
+            counts[2] += 1
+
+    def wrap(self, it: Iterator[T]) -> Iterator[T]:
+        """``it``, timing how long each ``next`` waited (the service) and how long the
+        consumer took before asking again (its own work)."""
+        clock = time.perf_counter
+        with self._lock:
+            self.passes += 1
+        left: float | None = None
+        try:
+            while True:
+                t0 = clock()
+                try:
+                    x = next(it)
+                except StopIteration:
+                    self._account(t0, clock(), left, 0)
+                    return
+                self._account(t0, clock(), left, 1)
+                yield x
+                left = clock()
+        finally:  # a consumer that stops early closes the read (it releases its job)
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def _account(self, t0: float, t1: float, left: float | None, n: int) -> None:
+        with self._lock:
+            self.wait_seconds += t1 - t0
+            if left is not None:
+                self.compute_seconds += t0 - left
+            self.elements += n
+            if self._first is None:
+                self._first = t0
+            self._last = t1
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data: totals, throughput, wait vs compute, and counts per data worker."""
+        with self._lock:
+            elapsed = (self._last - self._first) if self._first is not None and \
+                self._last is not None else 0.0
+            busy = self.wait_seconds + self.compute_seconds
+            return {
+                "elements": self.elements,
+                "passes": self.passes,
+                "elapsed_seconds": elapsed,
+                "elements_per_second": self.elements / elapsed if elapsed > 0 else 0.0,
+                "wait_seconds": self.wait_seconds,
+                "compute_seconds": self.compute_seconds,
+                "wait_fraction": self.wait_seconds / busy if busy > 0 else 0.0,
+                "workers": {a: {"elements": c[0], "bytes": c[1], "batches": c[2]}
+                            for a, c in sorted(self._by_worker.items())},
+            }
+
+
+def count_served(plugin: Any, task_id: int, items: list[Any]) -> None:
+    """A data worker served ``items`` of task ``task_id``: count elements and bytes, for the
+    worker (``plugin.stats``) and per task (``plugin.served_by_task``, live tasks only)."""
+    from ._buffers import element_size
+
+    nbytes = sum(map(element_size, items))
+    stats = plugin.stats
+    stats["elements_served"] = stats.get("elements_served", 0) + len(items)
+    stats["bytes_served"] = stats.get("bytes_served", 0) + nbytes
+    by_task: dict[int, list[int]] | None = getattr(plugin, "served_by_task", None)
+    if by_task is None:
+        by_task = plugin.served_by_task = {}
+    counts = by_task.setdefault(task_id, [0, 0])
+    counts[0] += len(items)
+    counts[1] += nbytes
+    if len(by_task) > 4 * (len(plugin.tasks) + 16):  # forget tasks that are gone
+        for tid in [t for t in by_task if t not in plugin.tasks]:
+            del by_task[tid]
