@@ -51,7 +51,6 @@ from ._exceptions import DataServiceError
 from ._job_checks import JobAccessDeniedError, check_job_token
 from ._messages import ElementBatch, TaskDef, raise_for_status
 from ._metrics import count_served
-from ._metrics import count_served
 from ._sharding import ShardingPolicy
 from ._worker_key import WorkerKey
 
@@ -489,7 +488,6 @@ class DataWorkerPlugin(WorkerPlugin):
                 await buf.wait(remaining)
         if items:
             self.stats["batches_served"] += 1
-            count_served(self, runner.task_id, items)  # issue 14: dashboard (service/_metrics.py)
             count_served(self, runner.task_id, items)  # issue 14: dashboard (service/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
