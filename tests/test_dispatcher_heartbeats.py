@@ -1,0 +1,83 @@
+"""Worker heartbeats of a fault-tolerant dispatcher answer without the journal when they can.
+
+A heartbeat that journals nothing and tells the worker nothing new (the steady state of every
+data worker, every ``worker.heartbeat-interval``) used to wait for the journal's next group
+commit like any mutating request: behind every record other handlers had in flight. Here the
+journal's write is really held (its file lock, taken by the test), so a record stays in
+flight: the idle heartbeat answers anyway, a heartbeat whose reply depends on state (a new
+task) still waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from _helpers import poll
+from distributed import Scheduler, Worker
+from distributed.utils_test import gen_test
+from test_dispatcher_plugin import ok, register
+
+import dask_dataservice as dds
+from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@contextlib.asynccontextmanager
+async def _journaled(tmp_path):
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            async with Worker(s.address, nthreads=1) as w:
+                await poll(lambda: plugin.state.list_workers(), what="the worker to register")
+                yield plugin, w
+        finally:
+            await plugin.close()
+
+
+def _heartbeat(plugin, w, key, active=()):
+    return plugin.worker_heartbeat(address=w.address, host="127.0.0.1", nthreads=1,
+                                   active_tasks=list(active), finished_tasks=[], worker_key=key)
+
+
+@gen_test(timeout=60)
+async def test_idle_heartbeat_does_not_wait_for_records_in_flight(tmp_path):
+    async with _journaled(tmp_path) as (plugin, w):
+        key = await w.plugins[WORKER_PLUGIN]._key.get()
+        ok(await _heartbeat(plugin, w, key))
+        journal = plugin._journal
+        # (the journal thread may be writing the worker's registration: wait for it)
+        assert await asyncio.to_thread(journal._file_lock.acquire, True, 10)
+        try:
+            # a registration is journaled: its record stays in flight while the lock is held
+            pending = asyncio.ensure_future(register(plugin, dds.Dataset.range(5)))
+            await poll(lambda: plugin.state.list_datasets(), what="the registration to apply")
+            assert not plugin._journal_tail.done()
+            # the steady-state heartbeat answers at once
+            reply = ok(await asyncio.wait_for(_heartbeat(plugin, w, key), 5))
+            assert reply["new_tasks"] == [] and reply["cancelled"] == []
+            # a heartbeat that hands out a task still waits for the journal
+            dataset_id = plugin.state.list_datasets()[0].dataset_id
+            job = plugin.get_or_create_job(dataset_id=dataset_id, processing_mode="OFF")
+            creating = asyncio.ensure_future(job)
+            await poll(lambda: plugin.state.list_jobs(), what="the job to apply")
+            job_id = plugin.state.list_jobs()[0].job_id
+            it = asyncio.ensure_future(plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
+            await poll(lambda: plugin.state.list_live_iterations(), what="the iteration")
+            waiting = asyncio.ensure_future(_heartbeat(plugin, w, key))
+            await asyncio.sleep(0.2)  # a window in which it must not answer
+            assert not waiting.done() and not pending.done()
+        finally:
+            journal._file_lock.release()
+        reply = ok(await asyncio.wait_for(waiting, 10))
+        [task] = reply["new_tasks"]
+        assert task["job_id"] == job_id
+        ok(await creating)
+        ok(await it)
+        await pending
