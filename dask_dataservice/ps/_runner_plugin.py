@@ -38,6 +38,7 @@ from . import _routing
 from ._channel import Channel, Pipeline
 from ._exceptions import ParameterServerError
 from ._types import ClosuresReply
+from .input_position import CountingIterator
 
 __all__ = ["RUNNER_NAME", "PerWorkerDataset", "PerWorkerIterator", "TrainingWorkerPlugin"]
 
@@ -180,7 +181,9 @@ class TrainingWorkerPlugin(WorkerPlugin):
             if old is not None:
                 self._iterators.pop(old, None)
             ds = handle.dataset_fn()
-            it = self._iterators[handle.uid] = iter(ds)
+            # counted, from the handle's start position (see ps/input_position.py)
+            start = getattr(handle, "start", {}).get(str(self.worker.name), 0)
+            it = self._iterators[handle.uid] = CountingIterator(ds, start)
             self._newest[handle.dataset_uid] = handle.uid
         return it
 
@@ -222,6 +225,8 @@ class PerWorkerIterator:
         self.dataset_uid = dataset_uid
         self.dataset_fn = dataset_fn
         self.uid = secrets.token_hex(6)
+        #: ``{worker name: elements to skip}`` (a restored checkpoint's input position).
+        self.start: dict[str, int] = {}
 
     def __iter__(self):
         return self

@@ -23,6 +23,11 @@ slot group of a restored variable must belong to one of them by name, with the s
 optimizer keeps; otherwise the restore raises :class:`CheckpointMismatchError` naming the
 variable and the unmatched slots, before anything is changed (never a partial restore).
 Without optimizers in the Checkpoint, slots are restored under their saved names.
+
+A per-worker iterator in the Checkpoint (``Checkpoint(model=..., input=iterator)``) has its
+position (elements handed out per training worker name) saved in the same attribute write
+that completes the checkpoint, so variables and input position are saved atomically;
+restoring repositions the iterator (see :mod:`.input_position`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from zarr.storage import LocalStore
 
 from . import _routing, _store
 from ._exceptions import CheckpointMismatchError
+from ._runner_plugin import PerWorkerIterator
 from ._types import Call
+from .input_position import InputPositionError, positions, reposition
 from .optimizers import Optimizer
 from .variables import ShardedVariable, Variable
 
@@ -46,14 +53,19 @@ __all__ = ["Checkpoint"]
 FORMAT = "dask_dataservice.ps.checkpoint/1"
 
 
-def _flatten(objects: dict, optimizers: list | None = None
+def _flatten(objects: dict, optimizers: list | None = None,
+             inputs: dict[str, PerWorkerIterator] | None = None
              ) -> dict[str, Variable | ShardedVariable]:
-    """``{path: variable}`` of ``objects``; their optimizers are appended to ``optimizers``."""
+    """``{path: variable}`` of ``objects``; their optimizers are appended to ``optimizers``,
+    their per-worker iterators added to ``inputs``."""
     out: dict[str, Variable | ShardedVariable] = {}
 
     def walk(prefix: str, obj: Any) -> None:
         if isinstance(obj, Variable | ShardedVariable):
             out[prefix] = obj
+        elif isinstance(obj, PerWorkerIterator):
+            if inputs is not None:
+                inputs[prefix] = obj
         elif isinstance(obj, Optimizer) or obj is None:
             if obj is not None and optimizers is not None:
                 optimizers.append(obj)
@@ -91,7 +103,7 @@ class Checkpoint:
     ``variables`` attribute, or optimizers (their slots are saved with the variables).
     """
 
-    def __init__(self, **objects: Any):
+    def __init__(self, **objects: Any) -> None:
         self._objects = objects
         #: Number of times :meth:`save` ran (restored from the checkpoint).
         self.save_counter = 0
@@ -99,8 +111,12 @@ class Checkpoint:
     def save(self, path: str | os.PathLike) -> str:
         """Write a checkpoint to directory ``path`` (replaced if it exists); returns the path."""
         path = os.fspath(path)
-        variables = _flatten(self._objects)
+        inputs: dict[str, PerWorkerIterator] = {}
+        variables = _flatten(self._objects, inputs=inputs)
         client = _client_of(variables)
+        if inputs and client[0] is None:
+            raise InputPositionError("a Checkpoint saves an input position together with "
+                                     "variables on parameter servers: add them")
         store = LocalStore(path)
         root = zarr.open_group(store, mode="w")
         meta: dict[str, dict] = {}
@@ -133,8 +149,11 @@ class Checkpoint:
                 for opt, names in slot_names.get(_group(name, i), {}).items():
                     merged.setdefault(opt, set()).update(names)
             meta[name]["slots"] = {o: sorted(n) for o, n in merged.items()}
+        # read after every shard is written, saved in the same (last) write as the rest
+        where = {name: positions(client[0], it) for name, it in inputs.items()}
         self.save_counter += 1
-        root.attrs.update({"format": FORMAT, "save_counter": self.save_counter, "variables": meta})
+        root.attrs.update({"format": FORMAT, "save_counter": self.save_counter, "variables": meta,
+                           "inputs": where})
         return path
 
     write = save
@@ -153,7 +172,14 @@ class Checkpoint:
                 f"{attrs.get('format')!r}, expected {FORMAT!r})")
         saved = attrs["variables"]
         optimizers: list[Optimizer] = []
-        variables = _flatten(self._objects, optimizers)
+        inputs: dict[str, PerWorkerIterator] = {}
+        variables = _flatten(self._objects, optimizers, inputs)
+        saved_inputs = attrs.get("inputs") or {}
+        for name in inputs:
+            if name not in saved_inputs:
+                raise CheckpointMismatchError(
+                    f"input {name!r} has no saved position in checkpoint {path}; it holds "
+                    f"positions of {sorted(saved_inputs)}")
         # Validate everything before changing anything.
         for name, var in variables.items():
             if name not in saved:
@@ -194,6 +220,8 @@ class Checkpoint:
                                       {"path": path, "key": v.key, "pieces": pieces,
                                        "slots": s.get("slots") or {}}))
         _routing.call_many(calls, *client)
+        for name, it in inputs.items():
+            reposition(it, {str(k): int(v) for k, v in saved_inputs[name].items()})
         self.save_counter = int(attrs.get("save_counter", 0))
         return self
 

@@ -1,0 +1,312 @@
+"""``fit``: epochs of scheduled steps with callbacks (TensorFlow's ``Model.fit`` on PS).
+
+::
+
+    def step(iterator):                      # runs on a training worker
+        batch = next(iterator)
+        ...                                  # read variables, apply gradients
+        return {"loss": loss, "accuracy": acc}
+
+    history = dds.fit(strategy, step, dds.DatasetCreator(dataset_fn), epochs=3,
+                      steps_per_epoch=500, callbacks=[
+                          dds.callbacks.BackupAndRestore(ckpt, "/backup"),
+                          dds.callbacks.EarlyStopping(monitor="loss", patience=1)])
+
+Why a function and not a ``Trainer`` object: a training run has no state of its own that
+outlives the call. The model's state is its variables (on the parameter servers), the input
+position is in the per-worker iterator, and everything a restart needs is saved by the
+callbacks (BackupAndRestore). A function cannot be half-configured or reused by mistake
+across runs, and it reads like ``model.fit``. What callbacks see of the run in progress
+(epoch, step, ``stop_training``) is a :class:`FitRun`, their ``self.run``.
+
+Theory of operation
+-------------------
+- The input is built once per ``fit`` call on each training worker: a
+  :class:`DatasetCreator` (``dataset_fn(input_context)``), a function ``dataset_fn()``, a
+  per-worker dataset or iterator of ``coordinator.create_per_worker_dataset``. Every step
+  gets the same per-worker iterator; epochs continue it (give an infinite dataset, e.g.
+  ``.repeat()``: ``steps_per_epoch`` is required, as in TensorFlow with a PS strategy,
+  because a step cannot know when a worker's data ends while others still have some).
+- Each epoch's steps are scheduled with the coordinator up to the next *sync point* and
+  their results fetched in step order, calling ``on_train_batch_end`` as each finishes.
+  A sync point is the end of the epoch or a step at which a callback asked for a join
+  (``join_every``): ``fit`` calls ``coordinator.join()`` before that step's
+  ``on_train_batch_end``, so a checkpoint saved there has every earlier update and none
+  of the later ones.
+- Metrics: a step returns a mapping of names to numbers (or one number: ``loss``); the
+  coordinator averages them over the epoch's steps (the running mean in batch logs).
+- A step that raises stops training: ``fit`` joins (cancelling what is queued) and raises
+  the step's error; a ``StopIteration`` from the input becomes :class:`InputExhaustedError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from ._exceptions import ParameterServerError
+from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
+from .callbacks import BackupAndRestore, Callback, History, Logs, ProgressBar
+from .coordinator import ClusterCoordinator, RemoteValue
+from .strategy import InputContext, ParameterServerStrategy
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["fit", "FitRun", "DatasetCreator", "InputExhaustedError"]
+
+
+class InputExhaustedError(ParameterServerError):
+    """A training step found its worker's input at its end (``steps_per_epoch`` too big for
+    the data: make the dataset repeat)."""
+
+
+class DatasetCreator:
+    """``dataset_fn(input_context)`` built on each training worker (Keras' DatasetCreator)."""
+
+    def __init__(self, dataset_fn: Callable[[InputContext], Any],
+                 input_options: Any = None) -> None:
+        if not callable(dataset_fn):
+            raise TypeError(f"dataset_fn must be callable, got {type(dataset_fn).__name__}")
+        self.dataset_fn = dataset_fn
+        self.input_options = input_options
+
+    def __call__(self, input_context: InputContext | None = None) -> Any:
+        return self.dataset_fn(input_context or InputContext())
+
+
+class FitRun:
+    """The training run in progress, as callbacks see it (``callback.run``)."""
+
+    def __init__(self, coordinator: ClusterCoordinator, iterator: PerWorkerIterator,
+                 epochs: int, steps_per_epoch: int, initial_epoch: int) -> None:
+        self.coordinator = coordinator
+        self.strategy: ParameterServerStrategy = coordinator.strategy
+        #: The per-worker iterator every step reads (put it in a Checkpoint to save the
+        #: input position with the variables).
+        self.iterator = iterator
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        #: Keras' ``model.stop_training``: training ends after the current epoch.
+        self.stop_training = False
+        #: True once training ended normally (all epochs, or stopped by a callback).
+        self.completed = False
+        #: The current epoch, and the steps of it that finished (joined or fetched).
+        self.epoch = initial_epoch
+        self.step = 0
+        #: Steps finished since the start of training (epoch 0), resumed runs included.
+        self.global_step = initial_epoch * steps_per_epoch
+        self.params = {"epochs": epochs, "steps": steps_per_epoch}
+        self.history: History | None = None
+        #: What BackupAndRestore restored: epochs done before and their metrics.
+        self.resumed_history: dict[str, Any] = {}
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        self._epoch_over = False
+
+    # -- what BackupAndRestore saves and restores ---------------------------------------
+    def position(self) -> dict[str, Any]:
+        """Where training is, for a backup taken now (after a join)."""
+        if self._epoch_over:  # at the epoch's end: resume with the next one
+            epoch, step, sums, counts = self.epoch + 1, 0, {}, {}
+        else:
+            epoch, step, sums, counts = self.epoch, self.step, self._sums, self._counts
+        return {"epoch": epoch, "step": step, "global_step": epoch * self.steps_per_epoch + step,
+                "sums": dict(sums), "counts": dict(counts),
+                "history": self.history.state() if self.history is not None else {}}
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.global_step = self.epoch * self.steps_per_epoch + self.step
+        self._sums = {k: float(v) for k, v in state.get("sums", {}).items()}
+        self._counts = {k: int(v) for k, v in state.get("counts", {}).items()}
+        self.resumed_history = dict(state.get("history") or {})
+
+    # -- metrics --------------------------------------------------------------------------
+    def _add(self, value: Any) -> None:
+        for key, x in _metrics(value).items():
+            self._sums[key] = self._sums.get(key, 0.0) + x
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def logs(self) -> Logs:
+        """The epoch's metrics so far: the mean of each over the steps that returned it."""
+        return {k: self._sums[k] / self._counts[k] for k in self._sums}
+
+
+def _metrics(value: Any) -> dict[str, float]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        out = {}
+        for key, x in value.items():
+            try:
+                out[str(key)] = float(x)
+            except (TypeError, ValueError):
+                raise TypeError(f"a step's metric {key!r} must be a number, got "
+                                f"{type(x).__name__}: {x!r:.80}") from None
+        return out
+    try:
+        return {"loss": float(value)}
+    except (TypeError, ValueError):
+        raise TypeError("a step returns its metrics as a mapping of names to numbers (or one "
+                        f"number, the loss), got {type(value).__name__}: {value!r:.80}") from None
+
+
+def _coordinator(strategy: Any) -> ClusterCoordinator:
+    if isinstance(strategy, ClusterCoordinator):
+        return strategy
+    if isinstance(strategy, ParameterServerStrategy):
+        return ClusterCoordinator(strategy)
+    raise TypeError("fit needs a ParameterServerStrategy or its ClusterCoordinator, got "
+                    f"{type(strategy).__name__}")
+
+
+def _iterator(coordinator: ClusterCoordinator, x: Any) -> PerWorkerIterator:
+    if isinstance(x, PerWorkerIterator):
+        return x
+    if isinstance(x, PerWorkerDataset):
+        return iter(x)
+    if isinstance(x, DatasetCreator):
+        creator = x
+        return iter(coordinator.create_per_worker_dataset(
+            coordinator.strategy.distribute_datasets_from_function(creator.dataset_fn)))
+    if callable(x):
+        return iter(coordinator.create_per_worker_dataset(x))
+    if isinstance(x, Iterable):  # a Dataset: the same on each worker
+        dataset = x
+        return iter(coordinator.create_per_worker_dataset(lambda: dataset))
+    raise TypeError("fit's input is a DatasetCreator, a dataset_fn, a Dataset or a per-worker "
+                    f"dataset or iterator, got {type(x).__name__}")
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
+        step_fn: Callable[[PerWorkerIterator], Any], x: Any, *, epochs: int = 1,
+        steps_per_epoch: int | None = None, callbacks: Sequence[Callback] = (),
+        initial_epoch: int = 0, verbose: bool | Literal["auto"] = "auto") -> History:
+    """Train: ``epochs`` times, ``steps_per_epoch`` calls of ``step_fn(iterator)`` on the
+    training workers, with ``callbacks``; returns the :class:`History`.
+
+    Parameters
+    ----------
+    strategy : ParameterServerStrategy or ClusterCoordinator
+    step_fn : callable
+        ``step_fn(iterator) -> metrics``, run on a training worker: reads
+        ``next(iterator)``, updates variables, returns ``{"loss": ..., ...}`` (or a number,
+        the loss, or None).
+    x : DatasetCreator, callable, Dataset, per-worker dataset or iterator
+        The input (see the module documentation).
+    steps_per_epoch : int
+        Required (TensorFlow requires it with a parameter-server strategy too).
+    verbose : bool or "auto"
+        Show a progress bar (tqdm; a widget in Jupyter). "auto": yes.
+    """
+    if steps_per_epoch is None:
+        raise ValueError("steps_per_epoch is required: with parameter-server training each "
+                         "worker reads its own input, so the end of the data cannot mark the "
+                         "end of an epoch (as in TensorFlow); give the steps of an epoch and a "
+                         "dataset that repeats")
+    steps = _positive("steps_per_epoch", steps_per_epoch)
+    epochs = _positive("epochs", epochs)
+    if not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epochs:
+        raise ValueError(f"initial_epoch must be in [0, epochs), got {initial_epoch!r}")
+    if not callable(step_fn):
+        raise TypeError(f"step_fn must be callable, got {type(step_fn).__name__}")
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks must be dds.callbacks.Callback instances, got "
+                            f"{type(cb).__name__} (wrap functions in LambdaCallback)")
+    coordinator = _coordinator(strategy)
+    run = FitRun(coordinator, _iterator(coordinator, x), epochs, steps, initial_epoch)
+    history = run.history = History()
+    cbs: list[Callback] = [history, *callbacks]
+    if verbose:
+        cbs.append(ProgressBar(leave=False))
+    for cb in cbs:
+        cb.set_run(run)
+    for cb in cbs:  # before any other hook: the others see the resumed position
+        if isinstance(cb, BackupAndRestore):
+            cb.restore_into(run)
+    try:
+        _train(run, step_fn, cbs)
+    finally:
+        for cb in cbs:
+            if isinstance(cb, ProgressBar):
+                cb.close()
+    return history
+
+
+def _train(run: FitRun, step_fn: Callable[[PerWorkerIterator], Any],
+           cbs: list[Callback]) -> None:
+    coordinator = run.coordinator
+    joins = sorted({cb.join_every for cb in cbs if cb.join_every})
+    for cb in cbs:
+        cb.on_train_begin({})
+    logs: Logs = {}
+    while run.epoch < run.epochs and not run.stop_training:
+        run._epoch_over = False
+        for cb in cbs:
+            cb.on_epoch_begin(run.epoch, {})
+        while run.step < run.steps_per_epoch:
+            end = _next_sync(run, joins)
+            chunk = [coordinator.schedule(step_fn, args=(run.iterator,))
+                     for _ in range(end - run.step)]
+            for i in range(len(chunk)):
+                for cb in cbs:
+                    cb.on_train_batch_begin(run.step + i, {})
+            _collect(run, chunk, cbs)
+        logs = run.logs()
+        run._epoch_over = True
+        for cb in cbs:
+            cb.on_epoch_end(run.epoch, dict(logs))
+        run.epoch, run.step = run.epoch + 1, 0
+        run._sums, run._counts = {}, {}
+        run._epoch_over = False
+    run.completed = True
+    for cb in cbs:
+        cb.on_train_end(dict(logs))
+
+
+def _next_sync(run: FitRun, joins: list[int]) -> int:
+    """The step (in the epoch) up to which to schedule before the next join."""
+    end = run.steps_per_epoch
+    for every in joins:
+        nxt = (run.global_step // every + 1) * every  # next global multiple
+        end = min(end, run.step + (nxt - run.global_step))
+    return end
+
+
+def _collect(run: FitRun, chunk: list[RemoteValue], cbs: list[Callback]) -> None:
+    coordinator = run.coordinator
+    for i, rv in enumerate(chunk):
+        try:
+            if i == len(chunk) - 1:
+                coordinator.join()  # a sync point: every update of the chunk landed
+            value = rv.fetch()
+        except BaseException as e:
+            _settle(coordinator)
+            if isinstance(e, StopIteration):
+                raise InputExhaustedError(
+                    f"the input ran out of data at epoch {run.epoch}, step {run.step}: "
+                    "make the dataset repeat, or lower steps_per_epoch") from e
+            raise
+        run._add(value)
+        run.step += 1
+        run.global_step += 1
+        batch_logs = run.logs()
+        for cb in cbs:
+            cb.on_train_batch_end(run.step - 1, batch_logs)
+
+
+def _settle(coordinator: ClusterCoordinator) -> None:
+    """After a failed step: wait for the rest (cancelled) and clear the recorded error."""
+    try:
+        coordinator.join()
+    except Exception as e:  # noqa: BLE001 - the error that stopped training is raised
+        logger.debug("join after a failed step: %r", e)
+
