@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from distributed.core import AsyncTaskGroup
+from distributed._async_taskgroup import AsyncTaskGroup
 
 __all__ = ["LoopWaker", "TaskGroup", "owned_executor", "shutdown_executor"]
 
@@ -40,19 +40,22 @@ class TaskGroup(AsyncTaskGroup):
 
     def spawn(
         self, afunc: Callable[..., Coroutine[Any, Any, Any]], /, *args: Any, **kwargs: Any
-    ) -> asyncio.Task:
+    ) -> asyncio.Task[Any]:
         """Start ``afunc(*args, **kwargs)`` as a task owned by this group; return the task."""
         if self.closed:
             super().call_soon(afunc, *args, **kwargs)  # raises AsyncTaskGroupClosedError
-        task = self._get_loop().create_task(afunc(*args, **kwargs))
+        loop: asyncio.AbstractEventLoop = self._get_loop()  # type: ignore[no-untyped-call]
+        task: asyncio.Task[Any] = loop.create_task(afunc(*args, **kwargs))
         self._ongoing_tasks.add(task)
         task.add_done_callback(self._done)
         return task
 
-    def call_soon(self, afunc, /, *args, **kwargs) -> None:  # type: ignore[override]
+    def call_soon(
+        self, afunc: Callable[..., Coroutine[Any, Any, Any]], /, *args: Any, **kwargs: Any
+    ) -> None:
         self.spawn(afunc, *args, **kwargs)
 
-    def _done(self, task: asyncio.Task) -> None:
+    def _done(self, task: asyncio.Task[Any]) -> None:
         self._ongoing_tasks.discard(task)
         if task.cancelled():
             return
@@ -61,7 +64,7 @@ class TaskGroup(AsyncTaskGroup):
             logger.debug("%s: background task %s ended with %r", self.name, task.get_name(), exc)
 
     @property
-    def tasks(self) -> frozenset[asyncio.Task]:
+    def tasks(self) -> frozenset[asyncio.Task[Any]]:
         return frozenset(self._ongoing_tasks)
 
 

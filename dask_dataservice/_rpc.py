@@ -20,7 +20,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar, cast
 
 from distributed.comm.addressing import get_address_host_port, parse_address
 from distributed.comm.addressing import normalize_address as _normalize
@@ -48,7 +48,10 @@ class ServerClosingError(ConnectionError):
     """The server is shutting down (or restarting); retry against the next one."""
 
 
-def handler(fn: Callable) -> Callable:
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def handler(fn: _Handler) -> _Handler:
     """Make a request handler answer ``error_message(e)`` instead of raising.
 
     Works for plain and ``async`` handlers (the wrapper keeps the kind, so a synchronous
@@ -64,7 +67,7 @@ def handler(fn: Callable) -> Callable:
             except Exception as e:  # noqa: BLE001 - errors travel as values
                 return error_message(e)
 
-        return async_wrapper
+        return cast(_Handler, async_wrapper)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -73,7 +76,7 @@ def handler(fn: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001 - errors travel as values
             return error_message(e)
 
-    return wrapper
+    return cast(_Handler, wrapper)
 
 
 def raise_for_status(
@@ -83,7 +86,7 @@ def raise_for_status(
     missing: str = "the server does not know this request",
     missing_error: type[Exception] = RuntimeError,
     closing_error: type[Exception] = ServerClosingError,
-) -> dict:
+) -> dict[str, Any]:
     """Return ``response`` if it is OK; raise what it carries otherwise.
 
     Parameters
@@ -101,10 +104,11 @@ def raise_for_status(
         raise missing_error(f"no answer to the {what}: {missing}")
     status = response.get("status")
     if status == "OK":
-        return response
+        return cast(dict[str, Any], response)
     if status == "closing":
         raise closing_error(f"the server is shutting down ({what})")
     _, exc, tb = clean_exception(**response)
+    assert exc is not None, response
     raise exc.with_traceback(tb)
 
 
