@@ -27,19 +27,16 @@ import logging
 import math
 import os
 import shutil
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from ._fit_run import FitRun, Logs
 from .checkpoint import Checkpoint
-
-if TYPE_CHECKING:
-    from .fit import FitRun
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Callback", "History", "ModelCheckpoint", "BackupAndRestore", "EarlyStopping",
            "ProgressBar", "LambdaCallback"]
 
-Logs = dict[str, float]
 
 
 class Callback:

@@ -42,12 +42,13 @@ Theory of operation
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from ._exceptions import ParameterServerError
+from ._fit_run import FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
-from .callbacks import BackupAndRestore, Callback, History, Logs, ProgressBar
+from .callbacks import BackupAndRestore, Callback, History, ProgressBar
 from .coordinator import ClusterCoordinator, RemoteValue
 from .strategy import InputContext, ParameterServerStrategy
 
@@ -73,83 +74,6 @@ class DatasetCreator:
 
     def __call__(self, input_context: InputContext | None = None) -> Any:
         return self.dataset_fn(input_context or InputContext())
-
-
-class FitRun:
-    """The training run in progress, as callbacks see it (``callback.run``)."""
-
-    def __init__(self, coordinator: ClusterCoordinator, iterator: PerWorkerIterator,
-                 epochs: int, steps_per_epoch: int, initial_epoch: int) -> None:
-        self.coordinator = coordinator
-        self.strategy: ParameterServerStrategy = coordinator.strategy
-        #: The per-worker iterator every step reads (put it in a Checkpoint to save the
-        #: input position with the variables).
-        self.iterator = iterator
-        self.epochs = epochs
-        self.steps_per_epoch = steps_per_epoch
-        #: Keras' ``model.stop_training``: training ends after the current epoch.
-        self.stop_training = False
-        #: True once training ended normally (all epochs, or stopped by a callback).
-        self.completed = False
-        #: The current epoch, and the steps of it that finished (joined or fetched).
-        self.epoch = initial_epoch
-        self.step = 0
-        #: Steps finished since the start of training (epoch 0), resumed runs included.
-        self.global_step = initial_epoch * steps_per_epoch
-        self.params = {"epochs": epochs, "steps": steps_per_epoch}
-        self.history: History | None = None
-        #: What BackupAndRestore restored: epochs done before and their metrics.
-        self.resumed_history: dict[str, Any] = {}
-        self._sums: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
-        self._epoch_over = False
-
-    # -- what BackupAndRestore saves and restores ---------------------------------------
-    def position(self) -> dict[str, Any]:
-        """Where training is, for a backup taken now (after a join)."""
-        if self._epoch_over:  # at the epoch's end: resume with the next one
-            epoch, step, sums, counts = self.epoch + 1, 0, {}, {}
-        else:
-            epoch, step, sums, counts = self.epoch, self.step, self._sums, self._counts
-        return {"epoch": epoch, "step": step, "global_step": epoch * self.steps_per_epoch + step,
-                "sums": dict(sums), "counts": dict(counts),
-                "history": self.history.state() if self.history is not None else {}}
-
-    def resume(self, state: Mapping[str, Any]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
-        self.global_step = self.epoch * self.steps_per_epoch + self.step
-        self._sums = {k: float(v) for k, v in state.get("sums", {}).items()}
-        self._counts = {k: int(v) for k, v in state.get("counts", {}).items()}
-        self.resumed_history = dict(state.get("history") or {})
-
-    # -- metrics --------------------------------------------------------------------------
-    def _add(self, value: Any) -> None:
-        for key, x in _metrics(value).items():
-            self._sums[key] = self._sums.get(key, 0.0) + x
-            self._counts[key] = self._counts.get(key, 0) + 1
-
-    def logs(self) -> Logs:
-        """The epoch's metrics so far: the mean of each over the steps that returned it."""
-        return {k: self._sums[k] / self._counts[k] for k in self._sums}
-
-
-def _metrics(value: Any) -> dict[str, float]:
-    if value is None:
-        return {}
-    if isinstance(value, Mapping):
-        out = {}
-        for key, x in value.items():
-            try:
-                out[str(key)] = float(x)
-            except (TypeError, ValueError):
-                raise TypeError(f"a step's metric {key!r} must be a number, got "
-                                f"{type(x).__name__}: {x!r:.80}") from None
-        return out
-    try:
-        return {"loss": float(value)}
-    except (TypeError, ValueError):
-        raise TypeError("a step returns its metrics as a mapping of names to numbers (or one "
-                        f"number, the loss), got {type(value).__name__}: {value!r:.80}") from None
 
 
 def _coordinator(strategy: Any) -> ClusterCoordinator:
