@@ -1,0 +1,291 @@
+"""The scheduler's half of the dashboard: poll the workers' figures, keep rates, build status.
+
+:class:`DashboardPlugin` is a scheduler plugin that :func:`~dask_dataservice.dashboard.attach`
+adds next to the dispatcher. Every ``dataservice.dashboard.interval`` it asks each worker for
+its figures (``dataservice_figures``, one small request per worker, each with a deadline so a
+frozen worker delays nothing), turns the cumulative counters into rates
+(:class:`~dask_dataservice.service._metrics.RateSeries`) and keeps a timeline of the totals.
+:meth:`DashboardPlugin.status` joins them with the dispatcher's state into plain data: the JSON
+route, ``dds.status(client)``, the bokeh pages and the Prometheus collector all read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .. import config
+from .._async import TaskGroup
+from ..service._metrics import RateSeries
+
+__all__ = ["DashboardPlugin", "PLUGIN_NAME"]
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dataservice-dashboard"
+_DISPATCHER = "dataservice-dispatcher"
+#: Seconds over which rates are averaged.
+WINDOW = 5.0
+
+
+class DashboardPlugin(SchedulerPlugin):
+    """Polls the workers' figures and answers ``dataservice_status`` (see the module doc)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        self._started = False
+
+    async def start(self, scheduler: Any) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.scheduler = scheduler
+        self.interval = config.get_seconds("dashboard.interval")
+        history = int(config.get("dashboard.history"))
+        if self.interval <= 0 or history < 2:
+            raise ValueError("dataservice.dashboard.interval must be > 0 and "
+                             f".history >= 2, got {self.interval} and {history}")
+        self._series: dict[tuple[str, ...], RateSeries] = collections.defaultdict(
+            lambda: RateSeries(history))
+        #: ``{address: the worker's last figures}``
+        self.workers: dict[str, dict[str, Any]] = {}
+        #: ``{task_id: [elements produced, elements served, bytes served]}`` (max seen).
+        self._tasks: dict[int, list[int]] = {}
+        self.timeline: collections.deque[dict[str, float]] = collections.deque(maxlen=history)
+        self._journal: dict[str, float] = {}
+        self._job_totals: dict[int, list[int]] = {}
+        self.polls = 0
+        self._closed = False
+        self._group = TaskGroup("dataservice dashboard")
+        scheduler.handlers["dataservice_status"] = self.status
+        self._group.spawn(self._poll_loop)
+
+    async def close(self) -> None:
+        if not self._started or self._closed:
+            return
+        self._closed = True
+        await self._group.stop()
+
+    # polling ---------------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        while not self._closed:
+            try:
+                await self.poll()
+            except Exception as e:  # noqa: BLE001 - a dashboard must not stop on one bad poll
+                logger.warning("dataservice dashboard: poll failed: %r", e)
+            await asyncio.sleep(self.interval)
+
+    async def _ask(self, address: str) -> dict[str, Any] | None:
+        try:
+            reply = await asyncio.wait_for(
+                self.scheduler.rpc(address).dataservice_figures(), max(2.0, 2 * self.interval))
+        except (TimeoutError, OSError):
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    async def poll(self) -> None:
+        """Ask every worker for its figures once and update the rates."""
+        addresses = list(self.scheduler.workers)
+        replies = await asyncio.gather(*(self._ask(a) for a in addresses))
+        now = time.time()
+        for address in [a for a in self.workers if a not in self.scheduler.workers]:
+            del self.workers[address]
+            for key in [k for k in self._series if len(k) > 1 and k[1] == address]:
+                del self._series[key]
+        for address, fig in zip(addresses, replies, strict=True):
+            if fig is None:
+                continue
+            self.workers[address] = fig
+            self._update_worker(now, address, fig)
+        self._update_journal(now)
+        self._update_jobs(now)
+        total = {name: sum(s.rate(WINDOW) for k, s in self._series.items() if k[0] == kind)
+                 for name, kind in (("elements_per_second", "served"),
+                                    ("bytes_per_second", "bytes"),
+                                    ("steps_per_second", "closures"),
+                                    ("gathers_per_second", "gathers"),
+                                    ("updates_per_second", "updates"))}
+        self.timeline.append({"time": now, **total})
+        self.polls += 1
+
+    def _update_worker(self, now: float, address: str, fig: dict[str, Any]) -> None:
+        data = fig.get("data")
+        if data is not None:
+            stats = data["stats"]
+            self._series["served", address].add(now, stats.get("elements_served", 0))
+            self._series["bytes", address].add(now, stats.get("bytes_served", 0))
+            served, tasks = data.get("served_by_task", {}), data["tasks"]
+            for tid in served.keys() | tasks.keys():
+                counts = self._tasks.setdefault(int(tid), [0, 0, 0])
+                e, b = served.get(tid, (0, 0))
+                counts[0] = max(counts[0], tasks.get(tid, {}).get("produced", 0))
+                counts[1] = max(counts[1], e)
+                counts[2] = max(counts[2], b)
+        if fig.get("plugin_cpu_seconds") is not None:
+            self._series["cpu", address].add(now, fig["plugin_cpu_seconds"])
+        ps = fig.get("ps")
+        if ps is not None:
+            self._series["gathers", address].add(now, ps["stats"].get("gathers", 0))
+            self._series["updates", address].add(now, ps["stats"].get("updates", 0))
+        runner = fig.get("runner")
+        if runner is not None:
+            self._series["closures", address].add(now, runner["stats"].get("closures", 0))
+
+    def _update_jobs(self, now: float) -> None:
+        """Per job: elements produced and served, bytes served, elements buffered."""
+        plugin = self._dispatcher()
+        state = getattr(plugin, "state", None)
+        totals: dict[int, list[int]] = {}
+        live: set[int] = set()
+        if state is not None:
+            for it in state.list_iterations():
+                if it.garbage_collected:
+                    continue
+                row = totals.setdefault(it.job_id, [0, 0, 0, 0])
+                for t in state.tasks_for_iteration(it.iteration_id):
+                    live.add(t.task_id)
+                    counts = self._tasks.get(t.task_id, (0, 0, 0))
+                    for i in range(3):
+                        row[i] += counts[i]
+                    fig = self.workers.get(t.worker_address, {}).get("data") or {}
+                    task_fig = fig.get("tasks", {}).get(str(t.task_id))
+                    if task_fig is not None:
+                        row[3] += task_fig["buffered"]
+        for job_id, row in totals.items():
+            self._series["job_elements", str(job_id)].add(now, row[1])
+            self._series["job_bytes", str(job_id)].add(now, row[2])
+        for key in [k for k in self._series if k[0].startswith("job_")
+                    and int(k[1]) not in totals]:
+            del self._series[key]
+        self._job_totals = totals
+        if state is not None:  # forget the counts of tasks whose iteration is gone
+            for tid in [t for t in self._tasks if t not in live]:
+                del self._tasks[tid]
+
+    def _dispatcher(self) -> Any:
+        return self.scheduler.plugins.get(_DISPATCHER) if self.scheduler is not None else None
+
+    def _update_journal(self, now: float) -> None:
+        journal = getattr(self._dispatcher(), "_journal", None)
+        if journal is None:
+            return
+        m = journal.metrics
+        prev = self._journal
+        if m.fsyncs > prev.get("fsyncs", 0):
+            prev["last_fsync_seconds"] = (m.sync_seconds - prev.get("sync_seconds", 0.0)) / (
+                m.fsyncs - prev.get("fsyncs", 0))
+        prev.update(fsyncs=m.fsyncs, sync_seconds=m.sync_seconds)
+        self._series["journal_records", ""].add(now, m.records_written)
+
+    # status ----------------------------------------------------------------------------
+    def rate(self, kind: str, address: str, window: float = WINDOW) -> float:
+        s = self._series.get((kind, address))
+        return s.rate(window) if s is not None else 0.0
+
+    def status(self) -> dict[str, Any]:
+        """Everything the pages show, as plain data (string keys: it is also JSON)."""
+        out: dict[str, Any] = {"time": time.time(), "scheduler": self.scheduler.address,
+                               "interval": self.interval, "polls": self.polls}
+        out["service"] = self._service()
+        out["workers"] = {a: self._worker_status(a, f) for a, f in sorted(self.workers.items())}
+        out["parameter_servers"] = {
+            a: {"shards": f["ps"]["shards"], "stats": f["ps"]["stats"],
+                "gathers_per_second": self.rate("gathers", a),
+                "updates_per_second": self.rate("updates", a),
+                "duplicates_dropped": f["ps"]["stats"].get("skipped", 0)}
+            for a, f in sorted(self.workers.items()) if f.get("ps") is not None}
+        out["training_workers"] = {
+            a: {"stats": f["runner"]["stats"], "steps_per_second": self.rate("closures", a)}
+            for a, f in sorted(self.workers.items()) if f.get("runner") is not None}
+        last = self.timeline[-1] if self.timeline else {}
+        out["totals"] = {k: v for k, v in last.items() if k != "time"}
+        out["timeline"] = {k: [row.get(k, 0.0) for row in self.timeline]
+                           for k in ("time", "elements_per_second", "bytes_per_second",
+                                     "steps_per_second", "gathers_per_second",
+                                     "updates_per_second")}
+        return out
+
+    def _worker_status(self, address: str, fig: dict[str, Any]) -> dict[str, Any]:
+        data = fig.get("data") or {}
+        stats = data.get("stats", {})
+        tasks = data.get("tasks", {})
+        cpu = fig.get("plugin_cpu_seconds")
+        return {
+            "name": fig.get("name", address),
+            "data_worker": bool(data.get("is_data_worker", False)),
+            "elements_served": stats.get("elements_served", 0),
+            "bytes_served": stats.get("bytes_served", 0),
+            "elements_per_second": self.rate("served", address),
+            "bytes_per_second": self.rate("bytes", address),
+            "tasks": len(tasks),
+            "tasks_finished": stats.get("tasks_finished", 0),
+            "buffered_elements": sum(t["buffered"] for t in tasks.values()),
+            "buffered_bytes": sum(t["buffered_bytes"] for t in tasks.values()),
+            "plugin_cpu_seconds": cpu,
+            "plugin_cpu_fraction": self.rate("cpu", address) if cpu is not None else None,
+        }
+
+    def _service(self) -> dict[str, Any]:
+        plugin = self._dispatcher()
+        if plugin is None or getattr(plugin, "state", None) is None:
+            return {"installed": False, "datasets": [], "jobs": [], "consumers": [],
+                    "journal": None}
+        state = plugin.state
+        now_us = time.time() * 1e6
+        clients_by_iteration: dict[int, int] = collections.Counter()
+        consumers = []
+        for c in state.list_iteration_clients():
+            clients_by_iteration[c.iteration_id] += 1
+            seen = plugin._client_seen.get(c.iteration_client_id, c.last_seen_micros)
+            consumers.append({"consumer": c.iteration_client_id, "iteration_id": c.iteration_id,
+                              "job_id": state.iteration(c.iteration_id).job_id,
+                              "seconds_since_heartbeat": max(0.0, (now_us - seen) / 1e6)})
+        jobs = []
+        for job in state.list_jobs():
+            if job.garbage_collected:
+                continue
+            its = [it for it in state.list_iterations()
+                   if it.job_id == job.job_id and not it.garbage_collected]
+            produced, served, nbytes, buffered = self._job_totals.get(job.job_id, (0, 0, 0, 0))
+            iterations = []
+            for it in its:
+                entry: dict[str, Any] = {
+                    "iteration_id": it.iteration_id, "repetition": it.repetition,
+                    "finished": it.finished, "tasks": it.num_tasks,
+                    "finished_tasks": it.num_finished_tasks,
+                    "consumers": clients_by_iteration.get(it.iteration_id, 0)}
+                if job.processing_mode == "DYNAMIC":
+                    rep, nxt, total = state.split_position(it.iteration_id)
+                    entry.update(splits_done=nxt, splits_total=total, split_repetition=rep)
+                iterations.append(entry)
+            jobs.append({
+                "job_id": job.job_id, "name": job.job_name, "dataset_id": job.dataset_id,
+                "mode": job.processing_mode, "target_workers": job.target_workers,
+                "num_consumers": job.num_consumers,
+                "consumers": sum(e["consumers"] for e in iterations),
+                "elements_produced": produced, "elements_served": served,
+                "bytes_served": nbytes, "buffered_elements": buffered,
+                "elements_per_second": self.rate("job_elements", str(job.job_id)),
+                "bytes_per_second": self.rate("job_bytes", str(job.job_id)),
+                "iterations": iterations})
+        journal = None
+        writer = getattr(plugin, "_journal", None)
+        if writer is not None:
+            m = writer.metrics
+            journal = {"records": m.records_written, "bytes": m.bytes_written,
+                       "fsyncs": m.fsyncs, "records_per_fsync": m.records_per_fsync,
+                       "last_fsync_seconds": self._journal.get("last_fsync_seconds"),
+                       "snapshots": m.snapshots_written}
+        return {"installed": True, "fault_tolerant": bool(plugin.fault_tolerant_mode),
+                "datasets": [{"dataset_id": d.dataset_id, "name": d.dataset_name,
+                              "num_splits": d.num_splits}
+                             for d in state.list_datasets()],
+                "jobs": jobs, "consumers": consumers, "journal": journal}

@@ -1,0 +1,297 @@
+"""The bokeh pages ``/dataservice`` and ``/parameter-servers`` on the scheduler's dashboard.
+
+They are built as Dask's own pages are (``distributed.dashboard.scheduler``): a function of
+``(scheduler, extra, doc)`` per page, served by a ``BokehTornado`` application added to the
+scheduler's HTTP application, with Dask's template and theme, and their names appended to the
+navigation bar Dask's pages share. Because the application is added to a running server, the
+pages also appear on a cluster where the service was installed after the fact
+(``dds.install``). Every figure reads :meth:`DashboardPlugin.status`, refreshed every
+``dataservice.dashboard.interval``; each data source is named (``dds-...``), which is how the
+browser test finds their data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, DataTable, Div, NumeralTickFormatter, TableColumn
+from bokeh.plotting import figure
+from distributed.dashboard.components import add_periodic_callback
+from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+from distributed.utils import log_errors
+
+__all__ = ["add_pages", "dataservice_doc", "parameter_servers_doc"]
+
+_APP_ATTR = "_dataservice_bokeh_app"
+
+
+def _plugin(scheduler: Any) -> Any:
+    from ._collect import PLUGIN_NAME
+
+    return scheduler.plugins.get(PLUGIN_NAME)
+
+
+def _status(scheduler: Any) -> dict[str, Any] | None:
+    plugin = _plugin(scheduler)
+    return plugin.status() if plugin is not None and not plugin._closed else None
+
+
+def _ms(scheduler: Any) -> int:
+    plugin = _plugin(scheduler)
+    return int(1000 * (plugin.interval if plugin is not None else 1.0))
+
+
+def _table(name: str, columns: list[tuple[str, str]], height: int = 180) -> tuple[Any, Any]:
+    source = ColumnDataSource({k: [] for k, _ in columns}, name=name)
+    table = DataTable(source=source, columns=[TableColumn(field=k, title=t) for k, t in columns],
+                      height=height, sizing_mode="stretch_width", index_position=None)
+    return source, table
+
+
+def _timeline(name: str, title: str, fields: list[tuple[str, str, str]]) -> tuple[Any, Any]:
+    source = ColumnDataSource({"time": [], **{f: [] for f, _, _ in fields}}, name=name)
+    fig = figure(title=title, x_axis_type="datetime", height=250, sizing_mode="stretch_width",
+                 tools="", toolbar_location=None)
+    for f, label, color in fields:
+        fig.line("time", f, source=source, legend_label=label, color=color, line_width=2)
+    fig.legend.location = "top_left"
+    fig.yaxis.formatter = NumeralTickFormatter(format="0.0a")
+    return source, fig
+
+
+def _bars(name: str, title: str, field: str, color: str) -> tuple[Any, Any]:
+    source = ColumnDataSource({"worker": [], field: []}, name=name)
+    fig = figure(title=title, y_range=[], height=250, sizing_mode="stretch_width", tools="",
+                 toolbar_location=None)
+    fig.hbar(y="worker", right=field, height=0.8, source=source, color=color)
+    fig.xaxis.formatter = NumeralTickFormatter(format="0.0a")
+    return source, fig
+
+
+def _times(timeline: dict[str, list[float]]) -> list[float]:
+    return [1000.0 * t for t in timeline["time"]]  # bokeh's datetime axis is in ms
+
+
+class _Page:
+    """One page: its sources, refreshed from the plugin's status every interval."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.summary = Div(text="", sizing_mode="stretch_width", name="dds-summary")
+        self.root: Any = None
+
+    def update(self) -> None:
+        with log_errors():
+            st = _status(self.scheduler)
+            if st is None:
+                self.summary.text = "<b>The dataservice dashboard is not running.</b>"
+                return
+            self.refresh(st)
+
+    def refresh(self, st: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class DataServicePage(_Page):
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        self.throughput, fig_t = _timeline("dds-throughput", "Elements served per second",
+                                           [("elements_per_second", "elements/s", "#1f77b4")])
+        self.bytes, fig_b = _timeline("dds-bytes", "Bytes served per second",
+                                      [("bytes_per_second", "bytes/s", "#ff7f0e")])
+        self.per_worker, fig_w = _bars("dds-workers-rate", "Elements served per second, per "
+                                       "data worker", "elements_per_second", "#2ca02c")
+        self.fig_w = fig_w
+        self.workers, t_w = _table("dds-workers", [
+            ("worker", "Data worker"), ("elements_served", "Elements served"),
+            ("bytes_served", "Bytes served"), ("elements_per_second", "Elements/s"),
+            ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered"),
+            ("buffered_bytes", "Buffered bytes"), ("tasks", "Tasks"),
+            ("cpu", "Service threads CPU %")])
+        self.jobs, t_j = _table("dds-jobs", [
+            ("job_id", "Job"), ("name", "Name"), ("dataset_id", "Dataset"), ("mode", "Sharding"),
+            ("consumers", "Consumers"), ("progress", "Epoch progress"),
+            ("elements_served", "Elements served"), ("elements_per_second", "Elements/s"),
+            ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered (lag)")])
+        self.consumers, t_c = _table("dds-consumers", [
+            ("consumer", "Consumer"), ("job_id", "Job"), ("iteration_id", "Iteration"),
+            ("seconds_since_heartbeat", "Seconds since heartbeat")], height=120)
+        self.root = column(self.summary, row(fig_t, fig_b, sizing_mode="stretch_width"),
+                           row(fig_w, sizing_mode="stretch_width"),
+                           Div(text="<h3>Jobs</h3>"), t_j, Div(text="<h3>Data workers</h3>"),
+                           t_w, Div(text="<h3>Consumers</h3>"), t_c,
+                           sizing_mode="stretch_width")
+
+    def refresh(self, st: dict[str, Any]) -> None:
+        svc = st["service"]
+        tl = st["timeline"]
+        self.throughput.data = {"time": _times(tl), "elements_per_second":
+                                tl["elements_per_second"]}
+        self.bytes.data = {"time": _times(tl), "bytes_per_second": tl["bytes_per_second"]}
+        data_workers = {a: w for a, w in st["workers"].items() if w["data_worker"]}
+        names = list(data_workers)
+        self.fig_w.y_range.factors = names
+        self.per_worker.data = {"worker": names, "elements_per_second":
+                                [w["elements_per_second"] for w in data_workers.values()]}
+        self.workers.data = {
+            "worker": names,
+            **{k: [w[k] for w in data_workers.values()] for k in (
+                "elements_served", "bytes_served", "buffered_elements", "buffered_bytes",
+                "tasks")},
+            "elements_per_second": [round(w["elements_per_second"], 1)
+                                    for w in data_workers.values()],
+            "bytes_per_second": [round(w["bytes_per_second"]) for w in data_workers.values()],
+            "cpu": ["n/a" if w["plugin_cpu_fraction"] is None else
+                    f"{100 * w['plugin_cpu_fraction']:.0f}" for w in data_workers.values()]}
+        jobs = svc["jobs"]
+        self.jobs.data = {
+            "job_id": [j["job_id"] for j in jobs],
+            "name": [j["name"] or "" for j in jobs],
+            "dataset_id": [str(j["dataset_id"]) for j in jobs],
+            "mode": [j["mode"] for j in jobs],
+            "consumers": [j["consumers"] for j in jobs],
+            "progress": [_progress(j) for j in jobs],
+            "elements_served": [j["elements_served"] for j in jobs],
+            "elements_per_second": [round(j["elements_per_second"], 1) for j in jobs],
+            "bytes_per_second": [round(j["bytes_per_second"]) for j in jobs],
+            "buffered_elements": [j["buffered_elements"] for j in jobs]}
+        cs = svc["consumers"]
+        self.consumers.data = {
+            "consumer": [c["consumer"] for c in cs], "job_id": [c["job_id"] for c in cs],
+            "iteration_id": [c["iteration_id"] for c in cs],
+            "seconds_since_heartbeat": [round(c["seconds_since_heartbeat"], 1) for c in cs]}
+        journal = svc["journal"]
+        if journal is None:
+            jtext = "journal: off (not fault tolerant)"
+        else:
+            last = journal["last_fsync_seconds"]
+            jtext = (f"journal: {journal['records']} records, {journal['bytes']} bytes, "
+                     f"last fsync {'n/a' if last is None else f'{1000 * last:.2f} ms'}")
+        t = st["totals"]
+        self.summary.text = (
+            f"<b>Data service</b> on {st['scheduler']}: {len(svc['datasets'])} datasets, "
+            f"{len(jobs)} jobs, {len(cs)} consumers, {len(data_workers)} data workers; "
+            f"{t.get('elements_per_second', 0.0):,.0f} elements/s, "
+            f"{t.get('bytes_per_second', 0.0):,.0f} bytes/s; {jtext}")
+
+
+def _progress(job: dict[str, Any]) -> str:
+    its = job["iterations"]
+    if job["mode"] == "DYNAMIC" and its:
+        it = its[-1]
+        return f"{it['splits_done']}/{it['splits_total']} splits"
+    return f"{job['elements_produced']} elements"
+
+
+class ParameterServersPage(_Page):
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        self.steps, fig_s = _timeline("dds-steps", "Training steps per second",
+                                      [("steps_per_second", "steps/s", "#9467bd")])
+        self.ops, fig_o = _timeline("dds-ps-ops", "Parameter-server requests per second",
+                                    [("gathers_per_second", "gathers/s", "#1f77b4"),
+                                     ("updates_per_second", "updates/s", "#d62728")])
+        self.per_ps, fig_p = _bars("dds-ps-rate", "Updates per second, per parameter server",
+                                   "updates_per_second", "#d62728")
+        self.fig_p = fig_p
+        self.shards, t_s = _table("dds-shards", [
+            ("ps", "Parameter server"), ("variable", "Variable shard"), ("shape", "Shape"),
+            ("rows", "Rows"), ("bytes", "Bytes"), ("dtype", "dtype"),
+            ("optimizers", "Optimizer slots")], height=220)
+        self.servers, t_p = _table("dds-ps", [
+            ("ps", "Parameter server"), ("shards", "Shards"), ("gathers", "Gathers"),
+            ("updates", "Updates"), ("gathers_per_second", "Gathers/s"),
+            ("updates_per_second", "Updates/s"), ("dropped", "Duplicates dropped")], height=140)
+        self.trainers, t_t = _table("dds-trainers", [
+            ("worker", "Training worker"), ("steps", "Steps"), ("batches", "Batches"),
+            ("steps_per_second", "Steps/s")], height=140)
+        self.root = column(self.summary, row(fig_s, fig_o, sizing_mode="stretch_width"),
+                           row(fig_p, sizing_mode="stretch_width"),
+                           Div(text="<h3>Parameter servers</h3>"), t_p,
+                           Div(text="<h3>Variable shards</h3>"), t_s,
+                           Div(text="<h3>Training workers</h3>"), t_t,
+                           sizing_mode="stretch_width")
+
+    def refresh(self, st: dict[str, Any]) -> None:
+        tl = st["timeline"]
+        self.steps.data = {"time": _times(tl), "steps_per_second": tl["steps_per_second"]}
+        self.ops.data = {"time": _times(tl), "gathers_per_second": tl["gathers_per_second"],
+                         "updates_per_second": tl["updates_per_second"]}
+        pss = st["parameter_servers"]
+        names = list(pss)
+        self.fig_p.y_range.factors = names
+        self.per_ps.data = {"worker": names,
+                            "updates_per_second": [p["updates_per_second"] for p in pss.values()]}
+        self.servers.data = {
+            "ps": names, "shards": [len(p["shards"]) for p in pss.values()],
+            "gathers": [p["stats"].get("gathers", 0) for p in pss.values()],
+            "updates": [p["stats"].get("updates", 0) for p in pss.values()],
+            "gathers_per_second": [round(p["gathers_per_second"], 1) for p in pss.values()],
+            "updates_per_second": [round(p["updates_per_second"], 1) for p in pss.values()],
+            "dropped": [p["duplicates_dropped"] for p in pss.values()]}
+        rows = [(a, k, s) for a, p in pss.items() for k, s in sorted(p["shards"].items())]
+        self.shards.data = {
+            "ps": [a for a, _, _ in rows], "variable": [k for _, k, _ in rows],
+            "shape": [str(tuple(s["shape"])) for _, _, s in rows],
+            "rows": [s["rows"] for _, _, s in rows], "bytes": [s["bytes"] for _, _, s in rows],
+            "dtype": [s["dtype"] for _, _, s in rows],
+            "optimizers": [", ".join(s["optimizers"]) for _, _, s in rows]}
+        tws = st["training_workers"]
+        self.trainers.data = {
+            "worker": list(tws), "steps": [t["stats"].get("closures", 0) for t in tws.values()],
+            "batches": [t["stats"].get("batches", 0) for t in tws.values()],
+            "steps_per_second": [round(t["steps_per_second"], 1) for t in tws.values()]}
+        t = st["totals"]
+        self.summary.text = (
+            f"<b>Parameter servers</b> on {st['scheduler']}: {len(pss)} parameter servers, "
+            f"{len(rows)} variable shards, {len(tws)} training workers; "
+            f"{t.get('steps_per_second', 0.0):,.1f} steps/s, "
+            f"{t.get('updates_per_second', 0.0):,.1f} updates/s. (The coordinator's queue "
+            f"lives in the trainer's process: see ClusterCoordinator.stats.)")
+
+
+def _doc(page_cls: type[_Page], title: str) -> Any:
+    @log_errors
+    def make(scheduler: Any, extra: dict[str, Any], doc: Any) -> None:
+        page = page_cls(scheduler)
+        page.update()
+        add_periodic_callback(doc, page, _ms(scheduler))
+        doc.title = f"Dask: {title}"
+        doc.add_root(page.root)
+        doc.template = env.get_template("simple.html")
+        doc.template_variables.update(extra)
+        doc.theme = BOKEH_THEME
+
+    return make
+
+
+dataservice_doc = _doc(DataServicePage, "Data service")
+parameter_servers_doc = _doc(ParameterServersPage, "Parameter servers")
+
+
+def add_pages(scheduler: Any) -> None:
+    """Serve the pages from ``scheduler``'s HTTP server and link them in Dask's navigation."""
+    if getattr(scheduler, _APP_ATTR, None) is not None:
+        return
+    from distributed.dashboard.core import BokehApplication
+    from distributed.dashboard.scheduler import template_variables
+    from tornado.ioloop import IOLoop
+
+    from . import PAGES
+    from ._routes import http_prefix
+
+    try:
+        variables = template_variables(scheduler)  # Dask's own (memoized per scheduler)
+    except Exception:  # noqa: BLE001 - a scheduler started without Dask's dashboard
+        variables = {"pages": [], "plots": []}
+    for page in PAGES:
+        if page not in variables["pages"]:
+            variables["pages"].append(page)  # the list Dask's pages render their nav from
+    prefix = http_prefix(scheduler)
+    docs = {"/dataservice": dataservice_doc, "/parameter-servers": parameter_servers_doc}
+    app = BokehApplication(docs, scheduler, prefix=prefix, template_variables=variables)
+    scheduler.http_application.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    setattr(scheduler, _APP_ATTR, app)
