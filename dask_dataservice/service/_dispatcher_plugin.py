@@ -226,6 +226,10 @@ class DispatcherPlugin(SchedulerPlugin):
         pc = PeriodicCallback(self._gc, interval_ms)
         scheduler.periodic_callbacks["dataservice-gc"] = pc
         pc.start()
+        # issue 14: dashboard pages, /dataservice/status.json, /metrics (see ..dashboard)
+        from ..dashboard import attach
+
+        await attach(scheduler)
 
     async def _recover(self) -> None:
         """Replay the journal (before any handler is served), then open a new segment.
