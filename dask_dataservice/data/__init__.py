@@ -6,6 +6,7 @@ and the data service (:mod:`dask_dataservice.service`) runs the same objects on 
 
 from . import readers
 from ._base import AUTOTUNE, INFINITE, UNKNOWN
+from .dask_source import DaskPartition, DaskPartitionLostError
 from .dataset import Dataset
 from .spec import TensorSpec
 from .splits import (
@@ -24,6 +25,8 @@ __all__ = [
     "UNKNOWN",
     "SHARD_HINT",
     "ComponentSplit",
+    "DaskPartition",
+    "DaskPartitionLostError",
     "Dataset",
     "FileSplit",
     "IndexRange",

@@ -155,6 +155,21 @@ class Dataset:
         return cls(sources.FromZarr(array_or_path, rows_per_split, path))
 
     @classmethod
+    def from_dask(cls, collection: Any, rows: bool = True) -> Dataset:
+        """The partitions of a Dask collection, computed on the cluster by the data workers.
+
+        ``dask.array.Array``: chunks along axis 0 are the splits, elements are rows (or whole
+        blocks with ``rows=False``). ``dask.dataframe.DataFrame``: partitions are the splits,
+        elements are rows as dicts of numpy scalars (or a partition as a dict of column arrays
+        with ``rows=False``). ``dask.bag.Bag``: partitions are the splits. The pipeline holds
+        the graph (or, for a persisted collection, the keys of its partitions), never the
+        data; see :mod:`dask_dataservice.data.dask_source`.
+        """
+        from .dask_source import FromDask
+
+        return cls(FromDask(collection, rows))
+
+    @classmethod
     def from_generator(cls, generator: Callable[..., Iterable], args: tuple = ()) -> Dataset:
         """Elements of ``generator(*args)``: any Python iterable.
 

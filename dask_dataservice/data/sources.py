@@ -225,8 +225,8 @@ def _as_arrays(data: Any) -> Any:
         kind = f"{type(data).__module__}.{type(data).__qualname__}"
         raise TypeError(
             f"from_tensor_slices() got a Dask collection ({kind}): it will not compute it on "
-            "the client. Read Dask collections with the Dask-collection source "
-            "(Dataset.from_dask, planned), which reads each chunk where the pipeline runs; "
+            "the client. Read Dask collections with Dataset.from_dask(collection), whose "
+            "partitions are computed by the data workers that read them; "
             "or pass the computed values yourself: from_tensor_slices(x.compute())"
         )
     try:

@@ -1,0 +1,437 @@
+"""Dask collections as splittable sources: ``Dataset.from_dask``.
+
+A ``dask.array.Array`` (its chunks along axis 0), a ``dask.dataframe.DataFrame`` (its
+partitions) or a ``dask.bag.Bag`` (its partitions) is read one partition per split
+(:class:`DaskPartition`). The partitions are computed **on the cluster, by the data worker
+that reads them**, never on the client: the pipeline holds the collection's graph, or only the
+keys of the partitions when the collection is persisted, so registering a 10 GB collection
+sends kilobytes.
+
+Theory of operation
+-------------------
+Client side. :class:`FromDask` keeps the user's collection (so iterating the dataset locally
+computes it as Dask would). When it is pickled into a pipeline it keeps only:
+
+- for a *persisted* collection (every partition is a Future in the graph): the keys of each
+  partition (``partition_keys``), the id of the scheduler that holds them, and the name under
+  which the futures are published on that scheduler (``pin_name``: published datasets stay in
+  memory while they are published, so the data outlives the client objects that made it;
+  ``client.unpublish_dataset(name)`` releases it);
+- otherwise the graph, with any Future in it replaced by its key (a Future cannot travel in a
+  pickle: it belongs to a client), and the function that rebuilds the collection from it.
+
+Worker side. A data worker runs the pipeline in a thread of a Dask worker. For a persisted
+partition whose keys are all in this worker's memory, the values are read in place (no
+transfer, no task). Otherwise one small task pinned to this worker gathers the partition's
+keys (Dask moves them between workers and counts the bytes in the workers' transfer logs) or
+computes the partition from the graph; its result is read from this worker's memory. A key the
+scheduler no longer knows is an error naming it (:class:`DaskPartitionLostError`); a key that is
+being recomputed after a worker died is waited for (the scheduler recomputes persisted data
+from its graph).
+
+Locality. For a persisted collection, :func:`locality_metadata` gives the dispatcher each
+split's keys; under DYNAMIC sharding it then hands every data worker the splits whose
+partitions are in that worker's memory first (see ``service/_locality.py``).
+
+Nothing here is imported by ``import dask_dataservice`` with Dask loaded: Dask and
+distributed are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._base import UNKNOWN
+from .sources import Source
+
+__all__ = ["DaskPartition", "DaskPartitionLostError", "FromDask", "locality_metadata",
+           "SUPPORTED"]
+
+#: The collection types ``from_dask`` reads.
+SUPPORTED = ("dask.array.Array", "dask.dataframe.DataFrame", "dask.bag.Bag")
+
+#: Dataset metadata key of the locality hint (split index -> keys) sent to the dispatcher.
+LOCALITY_KEY = "dask_locality"
+
+
+class DaskPartitionLostError(LookupError):
+    """A persisted partition's key is no longer on the cluster (its futures were released)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaskPartition:
+    """Partition ``index`` of a Dask collection (chunk ``index`` along axis 0 of an array)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _FutureRef:
+    """A Future's key inside a pickled graph; resolved against the worker's client."""
+
+    key: Any
+
+
+def _kind(collection: Any) -> str:
+    """``"array"``, ``"dataframe"`` or ``"bag"``; TypeError naming the supported types."""
+    module = type(collection).__module__ or ""
+    if module.startswith("dask"):
+        import dask.array as da
+
+        if isinstance(collection, da.Array):
+            return "array"
+        import dask.bag as db
+
+        if isinstance(collection, db.Bag):
+            return "bag"
+        if "dataframe" in module:  # dask.dataframe needs pandas: only imported for one
+            import dask.dataframe as dd
+
+            if isinstance(collection, dd.DataFrame):
+                return "dataframe"
+    kind = f"{module}.{type(collection).__qualname__}"
+    raise TypeError(
+        f"from_dask() reads a {', a '.join(SUPPORTED[:-1])} or a {SUPPORTED[-1]}; got {kind}"
+        + (" (a dask.dataframe.Series: use series.to_frame())" if kind.endswith("Series") else ""))
+
+
+def _resolve(graph: dict[Any, Any], key: Any) -> Any | None:
+    """The key of the Future that ``key`` stands for (through aliases), or None."""
+    from dask._task_spec import Alias
+    from distributed import Future
+
+    seen = 0
+    value = graph.get(key)
+    while isinstance(value, Alias) and seen < 64:
+        key = value.target
+        value = graph.get(key)
+        seen += 1
+    if isinstance(value, Future):
+        return value.key
+    return None
+
+
+def _flat(keys: Any) -> list[Any]:
+    if isinstance(keys, list):
+        return [k for sub in keys for k in _flat(sub)]
+    return [keys]
+
+
+def _pin_name(keys: Sequence[Any]) -> str:
+    digest = hashlib.sha1(repr(sorted(map(repr, keys))).encode()).hexdigest()[:16]
+    return f"dask-dataservice-{digest}"
+
+
+class FromDask(Source):
+    """The partitions of a Dask collection, one split each (see the module docstring)."""
+
+    name = "from_dask"
+    split_type = DaskPartition
+    file_based = True  # a partition is a "file" for FILE sharding
+
+    def __init__(self, collection: Any, rows: bool = True):
+        if not isinstance(rows, bool):
+            raise TypeError(f"rows must be a bool, got {type(rows).__name__}")
+        self.kind = _kind(collection)
+        self.rows = rows
+        self._collection: Any = collection
+        self._rebuild: tuple[Callable[..., Any], tuple[Any, ...], dict[Any, Any]] | None = None
+        self._cache_lock = threading.Lock()
+        self._rebuilt: Any = None
+        if self.kind == "array":
+            if collection.ndim < 1:
+                raise ValueError("from_dask() needs an array with at least one dimension")
+            if any(np.isnan(c) for c in collection.chunks[0]):
+                raise ValueError("from_dask() needs known chunk sizes along axis 0: call "
+                                 "array.compute_chunk_sizes() first")
+            self.npartitions = int(collection.numblocks[0])
+            self.block_grid: tuple[int, ...] = tuple(collection.numblocks[1:])
+            self._length = int(collection.shape[0])
+            self.dtype = str(collection.dtype)
+        else:
+            self.npartitions = int(collection.npartitions)
+            self.block_grid = ()
+            self._length = UNKNOWN
+            self.dtype = ""
+        self.token = str(collection.__dask_tokenize__()) if hasattr(
+            collection, "__dask_tokenize__") else collection.name
+        graph = dict(collection.__dask_graph__())
+        keys = collection.__dask_keys__()
+        per_split = [_flat(keys[i]) for i in range(self.npartitions)]
+        physical = [[_resolve(graph, k) for k in ks] for ks in per_split]
+        self.partition_keys: tuple[tuple[Any, ...], ...] | None = None
+        self.scheduler_id: str | None = None
+        self.pin_name: str | None = None
+        futures = self._futures(graph)
+        if futures:
+            client = futures[0].client
+            self.scheduler_id = _scheduler_id(client)
+            if all(k is not None for ks in physical for k in ks):
+                self.partition_keys = tuple(tuple(ks) for ks in physical)
+            self.pin_name = _pin_name([f.key for f in futures])
+            _publish(client, self.pin_name, futures)
+
+    @staticmethod
+    def _futures(graph: dict[Any, Any]) -> list[Any]:
+        from distributed import Future
+
+        return [v for v in graph.values() if isinstance(v, Future)]
+
+    # -- pickling: keys or the graph, never Futures --------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_collection", "_cache_lock", "_rebuilt")}
+        state["_collection"] = None
+        if self.partition_keys is None and self._collection is not None:
+            rebuild = self._rebuild or _graph_state(self._collection)
+            if rebuild is None:  # no Future in the graph: the collection pickles as it is
+                state["_collection"] = self._collection
+            state["_rebuild"] = rebuild
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache_lock = threading.Lock()
+        self._rebuilt = None
+
+    def params(self) -> tuple[Any, ...]:
+        return (self.kind, self.token, self.rows, self.npartitions)
+
+    def cardinality(self) -> int:
+        return self._length if self.rows else (self.npartitions if self.kind == "array" else UNKNOWN)
+
+    def splits(self, split_size: int | None = None) -> list[DaskPartition]:
+        return [DaskPartition(i) for i in range(self.npartitions)]
+
+    def read_split(self, split: DaskPartition) -> Iterator[Any]:
+        if not 0 <= split.index < self.npartitions:
+            raise IndexError(f"from_dask(): partition {split.index} out of range "
+                             f"({self.npartitions} partitions)")
+        return self._elements(self._partition(split.index))
+
+    # -- elements of a computed partition ----------------------------------------------------
+    def _elements(self, part: Any) -> Iterator[Any]:
+        if self.kind == "array":
+            block = np.asarray(part)
+            return iter(block) if self.rows else iter((block,))
+        if self.kind == "dataframe":
+            cols = {name: part[name].to_numpy() for name in part.columns}
+            if not self.rows:
+                return iter((cols,))
+            return ({name: col[j] for name, col in cols.items()} for j in range(len(part)))
+        return iter(part)
+
+    # -- computing a partition ------------------------------------------------------------------
+    def _partition(self, i: int) -> Any:
+        worker = _current_worker()
+        if worker is None:
+            return self._partition_here(i)
+        client = worker._get_client()
+        if self.scheduler_id is not None and _scheduler_id(client) != self.scheduler_id:
+            raise ValueError(
+                f"from_dask(): this collection was persisted on another Dask cluster (scheduler "
+                f"{self.scheduler_id}); this data worker belongs to {_scheduler_id(client)}. "
+                "Persist it with a client of the cluster that runs the data service")
+        if self.partition_keys is not None:
+            keys = self.partition_keys[i]
+            values = _local_values(worker, keys)
+            if values is None:
+                _check_known(client, keys)
+                values = _run_here(worker, client, _gather_keys, list(keys), client_keys=keys)
+            return self._assemble(values)
+        part = _partition_of(self._collection_for(client), self.kind, i)
+        return _run_here(worker, client, None, part)
+
+    def _partition_here(self, i: int) -> Any:
+        """Outside a data worker (iterating the dataset locally): as Dask computes it."""
+        if self._collection is not None:
+            return _partition_of(self._collection, self.kind, i).compute()
+        import distributed
+
+        client = distributed.get_client()
+        if self.partition_keys is not None:
+            from distributed import Future
+
+            _check_known(client, self.partition_keys[i])
+            return self._assemble(client.gather([Future(k, client) for k in self.partition_keys[i]]))
+        return _partition_of(self._collection_for(client), self.kind, i).compute()
+
+    def _assemble(self, values: list[Any]) -> Any:
+        if self.kind != "array" or len(values) == 1:
+            return values[0]
+        grid = np.empty(self.block_grid, dtype=object)
+        for pos, value in zip(np.ndindex(*self.block_grid), values, strict=True):
+            grid[pos] = value
+        return np.block(grid.tolist())
+
+    def _collection_for(self, client: Any) -> Any:
+        """The collection rebuilt from the pickled graph, Futures re-resolved (once per process)."""
+        if self._collection is not None:
+            return self._collection
+        with self._cache_lock:
+            if self._rebuilt is None:
+                assert self._rebuild is not None
+                rebuild, args, graph = self._rebuild
+                from distributed import Future
+
+                resolved = {k: Future(v.key, client) if isinstance(v, _FutureRef) else v
+                            for k, v in graph.items()}
+                self._rebuilt = rebuild(resolved, *args)
+            return self._rebuilt
+
+
+def _graph_state(collection: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[Any, Any]] | None:
+    """``(rebuild, args, graph)`` with Futures as :class:`_FutureRef`, or None when the graph
+    holds no Future (then the collection pickles as it is)."""
+    from distributed import Future
+
+    graph = dict(collection.__dask_graph__())
+    if not any(isinstance(v, Future) for v in graph.values()):
+        return None
+    rebuild, args = collection.__dask_postpersist__()
+    return rebuild, tuple(args), {k: _FutureRef(v.key) if isinstance(v, Future) else v
+                                  for k, v in graph.items()}
+
+
+def _partition_of(collection: Any, kind: str, i: int) -> Any:
+    if kind == "array":
+        return collection.blocks[i]
+    if kind == "dataframe":
+        return collection.partitions[i]
+    return collection.to_delayed(optimize_graph=False)[i]
+
+
+def _scheduler_id(client: Any) -> str:
+    identity = getattr(client, "_scheduler_identity", None) or {}
+    ident = identity.get("id")
+    return str(ident) if ident else str(client.scheduler.address)
+
+
+def _publish(client: Any, name: str, futures: list[Any]) -> None:
+    """Keep the persisted partitions alive on their scheduler under ``name``."""
+    if client.asynchronous:
+        client.loop.add_callback(client.publish_dataset, override=True, **{name: futures})
+    else:
+        client.publish_dataset(override=True, **{name: futures})
+
+
+def _current_worker() -> Any | None:
+    """The Dask worker whose data-service task runs in this thread, or None."""
+    try:
+        from distributed import get_worker
+        from distributed.worker import Worker
+    except ImportError:
+        return None
+    try:
+        return get_worker()
+    except ValueError:
+        pass
+    me = threading.current_thread()
+    for worker in list(Worker._instances):
+        ext = getattr(worker, "extensions", {}).get("dataservice")
+        for runner in list(getattr(ext, "_runners", ()) or ()):
+            if getattr(runner, "thread", None) is me:
+                return worker
+    return None
+
+
+def _on_loop(worker: Any, fn: Callable[[], Any]) -> Any:
+    from distributed.utils import sync
+
+    async def call() -> Any:
+        return fn()
+
+    return sync(worker.loop, call)
+
+
+def _local_values(worker: Any, keys: Sequence[Any]) -> list[Any] | None:
+    """The values of ``keys`` if all are in this worker's memory (read on its loop), else None."""
+    def read() -> list[Any] | None:
+        data = worker.data
+        if not all(k in data for k in keys):
+            return None
+        return [data[k] for k in keys]
+
+    return _on_loop(worker, read)  # type: ignore[no-any-return]
+
+
+def _gather_keys(*values: Any) -> list[Any]:
+    return list(values)
+
+
+def _check_known(client: Any, keys: Sequence[Any]) -> None:
+    """Raise :class:`DaskPartitionLostError` naming a key the scheduler has forgotten."""
+    holders = client.sync(client.scheduler.who_has, keys=list(keys))
+    missing = [k for k in keys if not holders.get(k)]
+    if not missing:
+        return
+    known = client.run_on_scheduler(_known_keys, keys=missing)
+    gone = [k for k in missing if not known.get(repr(k))]
+    if gone:
+        raise DaskPartitionLostError(
+            f"from_dask(): the persisted partition {gone[0]!r} is no longer on the cluster "
+            "(its futures were released, or its worker died after they were); keep the "
+            "persisted collection (or its published copy) alive while the dataset is read, "
+            "or pass the collection before persisting it so that partitions are computed "
+            "from the graph")
+
+
+def _known_keys(dask_scheduler: Any, keys: list[Any]) -> dict[str, bool]:
+    out = {}
+    for key in keys:
+        key = tuple(key) if isinstance(key, list) else key
+        ts = dask_scheduler.tasks.get(key)
+        out[repr(key)] = ts is not None and (ts.state in ("memory", "processing", "waiting",
+                                                          "queued", "no-worker")
+                                             or ts.run_spec is not None)
+    return out
+
+
+def _run_here(worker: Any, client: Any, fn: Callable[..., Any] | None, arg: Any,
+              client_keys: Sequence[Any] = ()) -> Any:
+    """Run ``fn(*futures of client_keys)`` or compute the collection ``arg`` in one task on
+    this worker; read its result from this worker's memory."""
+    from distributed import Future, wait
+
+    if fn is not None:
+        fut = client.submit(fn, *[Future(k, client) for k in client_keys],
+                            workers=[worker.address], allow_other_workers=False, pure=False)
+    else:
+        fut = client.compute(arg, workers=[worker.address], allow_other_workers=False)
+    try:
+        wait([fut])  # the value stays where it was computed (this worker)
+        if fut.status != "finished":
+            fut.result()  # raises the task's error
+        key = fut.key
+        value = _on_loop(worker, lambda: worker.data[key] if key in worker.data else _MISSING)
+        if value is _MISSING:
+            value = fut.result()
+        return value
+    finally:
+        fut.release()
+
+
+_MISSING = object()
+
+
+def locality_metadata(dataset_op: Any) -> dict[str, Any]:
+    """The dispatcher's locality hint for a pipeline whose source is a persisted Dask
+    collection: ``{LOCALITY_KEY: [[key, ...] per split]}`` (keys as plain lists), else ``{}``."""
+    from ._base import sources
+
+    srcs = sources(dataset_op)
+    if len(srcs) != 1 or not isinstance(srcs[0], FromDask) or srcs[0].partition_keys is None:
+        return {}
+    return {LOCALITY_KEY: [[_plain_key(k) for k in ks] for ks in srcs[0].partition_keys]}
+
+
+def _plain_key(key: Any) -> Any:
+    if isinstance(key, tuple):
+        return [_plain_key(k) for k in key]
+    return key
