@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     "DispatchServer": "dask_dataservice.service.servers",
     "WorkerConfig": "dask_dataservice.service.servers",
     "WorkerServer": "dask_dataservice.service.servers",
+    "status": "dask_dataservice.dashboard",
     # parameter-server training
     "ParameterServerStrategy": "dask_dataservice.ps.strategy",
     "ClusterCoordinator": "dask_dataservice.ps.coordinator",
@@ -51,6 +52,7 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
+    from .dashboard import status as status
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
