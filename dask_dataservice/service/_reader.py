@@ -31,6 +31,7 @@ from ..data._base import UNKNOWN, IterContext, Op
 from . import _connection
 from ._exceptions import DataServiceError
 from ._messages import TaskInfo, raise_for_status
+from ._metrics import ReadStats
 from ._sharding import ShardingPolicy
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class ServiceSource(Op):
         # How many times this object started reading a named job (its repetition).
         self._repetitions = 0
         self._lock = threading.Lock()
+        self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
 
     def __getstate__(self):
         return {"spec": self.spec}
@@ -77,6 +79,7 @@ class ServiceSource(Op):
         self.client = None
         self._repetitions = 0
         self._lock = threading.Lock()
+        self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
 
     def reader_client(self) -> Client:
         """The client to read with: the one given as ``service`` while usable, else the one
@@ -105,7 +108,8 @@ class ServiceSource(Op):
         return repetition
 
     def iterate(self, ctx: IterContext) -> Iterator:
-        return read(self.spec, self.next_repetition(), self.reader_client())
+        return self.stats.wrap(  # issue 14: time waiting vs computing, elements per worker
+            read(self.spec, self.next_repetition(), self.reader_client(), self.stats))
 
     def check_repetition(self, repetition: int) -> None:
         """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:
@@ -248,6 +252,8 @@ class IterationReader:
     #: The job's token (its capability, from the job creation reply): every element
     #: request shows it.
     job_token: str | None = None
+    #: Counts elements per data worker (issue 14: ``DistributedDataset.stats()``).
+    stats: ReadStats | None = None
 
     def __init__(self, client: Client, spec: ReadSpec, iteration_id: int, client_id: int,
                  channel: Channel) -> None:
@@ -485,6 +491,8 @@ class IterationReader:
                     last_element = loop.time()
                     stalls.reset()
                     await self.channel.put(batch.items)
+                    if self.stats is not None:  # issue 14
+                        self.stats.received(address, len(batch.items))
                 elif resp.get("end_of_sequence"):
                     return
                 elif resp.get("unknown") and self.lost.get(task_id):
@@ -615,7 +623,8 @@ class _Tracker:
 # ---------------------------------------------------------------------------------------
 
 
-async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationReader:
+async def _start(client: Client, spec: ReadSpec, repetition: int,
+                 stats: ReadStats | None = None) -> IterationReader:
     """Acquire an iteration of the job and start reading it (on the client's loop)."""
     capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
     job = raise_for_status(await client.scheduler.dataservice_get_or_create_job(
@@ -637,15 +646,17 @@ async def _start(client: Client, spec: ReadSpec, repetition: int) -> IterationRe
         cls = IterationReader
     reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
     reader.job_token = job.get("job_token")
+    reader.stats = stats
     reader.start(view)
     return reader
 
 
-def read(spec: ReadSpec, repetition: int, client: Client) -> Iterator:
+def read(spec: ReadSpec, repetition: int, client: Client,
+         stats: ReadStats | None = None) -> Iterator:
     """Generator: one pass over a job of the service (blocking; any thread but the loop's)."""
     _connection.check_can_block(client, "iterating a distributed dataset")
     _connection.ensure_installed(client)
-    reader = _connection.run_blocking(client, _start, client, spec, repetition)
+    reader = _connection.run_blocking(client, _start, client, spec, repetition, stats)
     try:
         channel = reader.channel
         while True:
