@@ -164,6 +164,19 @@ class DistributedDataset(Dataset):
     def job_name(self) -> str | None:
         return self.source.spec.job_name
 
+    def stats(self) -> dict[str, Any]:
+        """What reading this dataset cost so far, as plain data (Ray's ``Dataset.stats()``).
+
+        Over every pass (``for``) of this object: ``elements``, ``passes``,
+        ``elements_per_second`` (over the time from the first request to the last element),
+        ``wait_seconds`` (the consumer waited for the service), ``compute_seconds`` (the
+        consumer's own work between elements, local transformations included),
+        ``wait_fraction``, and ``workers``: elements and batches received from each data
+        worker. ``async for`` and coordinated reads count no per-worker figures.
+        """
+        snapshot: dict[str, Any] = self.source.stats.snapshot()
+        return snapshot
+
     def __aiter__(self) -> AsyncIterator:
         """``async for x in dataset``: one pass, read on the client's own event loop.
 
