@@ -20,7 +20,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar, cast
+from typing import Any, TypedDict, cast
 
 from distributed.comm.addressing import get_address_host_port, parse_address
 from distributed.comm.addressing import normalize_address as _normalize
@@ -48,10 +48,7 @@ class ServerClosingError(ConnectionError):
     """The server is shutting down (or restarting); retry against the next one."""
 
 
-_Handler = TypeVar("_Handler", bound=Callable[..., Any])
-
-
-def handler(fn: _Handler) -> _Handler:
+def handler[H: Callable[..., Any]](fn: H) -> H:
     """Make a request handler answer ``error_message(e)`` instead of raising.
 
     Works for plain and ``async`` handlers (the wrapper keeps the kind, so a synchronous
@@ -67,7 +64,7 @@ def handler(fn: _Handler) -> _Handler:
             except Exception as e:  # noqa: BLE001 - errors travel as values
                 return error_message(e)
 
-        return cast(_Handler, async_wrapper)
+        return cast(H, async_wrapper)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -76,7 +73,7 @@ def handler(fn: _Handler) -> _Handler:
         except Exception as e:  # noqa: BLE001 - errors travel as values
             return error_message(e)
 
-    return cast(_Handler, wrapper)
+    return cast(H, wrapper)
 
 
 def raise_for_status(

@@ -35,7 +35,8 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _client_tls_config(scheduler: str, ca_file: str | None, cert: str | None,
-                       key: str | None) -> dict:
+                       key: str | None) -> dict[str, Any]:
     """Dask configuration for a client of ``scheduler`` from the ``--tls-*`` options (and
     ``"scheduler"``: the address, or None); a usage error when a ``tls://`` scheduler has no
     certificates here or in Dask's configuration (Dask would fail with a TypeError)."""
@@ -102,7 +103,7 @@ def _client_tls_config(scheduler: str, ca_file: str | None, cert: str | None,
     return {**given, "scheduler": scheduler or None}
 
 
-def _client_tls_options(command):
+def _client_tls_options[C: Callable[..., Any]](command: C) -> C:
     """The ``--tls-ca-file``/``--tls-cert``/``--tls-key`` options of a command that connects
     to a ``tls://`` scheduler as a client (see :func:`_client_tls_config`)."""
     for option, what in reversed([("--tls-ca-file", "CA certificate(s) file"),
@@ -113,10 +114,17 @@ def _client_tls_options(command):
     return command
 
 
-class _PositiveInt(click.ParamType):
+if TYPE_CHECKING:  # generic in click >= 8.2 only: no subscript at run time
+    _IntParamType = click.ParamType[int, Any]
+else:
+    _IntParamType = click.ParamType
+
+
+class _PositiveInt(_IntParamType):
     name = "integer"
 
-    def convert(self, value, param, ctx) -> int:
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
         if isinstance(value, int):
             number = value
         else:
@@ -167,7 +175,7 @@ POSITIVE = _PositiveInt()
 @click.option("--checkpoint", metavar="DIR", default=None,
               help="write the trained model's checkpoint (a zarr group) to DIR")
 @_client_tls_options
-def demo(**options) -> None:
+def demo(**options: Any) -> None:
     """Stream a synthetic click-through input pipeline through the data service (and train
     a model on it with parameter servers)."""
     import dask.config
@@ -186,7 +194,7 @@ def demo(**options) -> None:
         raise click.UsageError(str(e)) from None
     except DemoError as e:
         error = click.ClickException(str(e))
-        error.exit_code = e.exit_code
+        error.exit_code = e.exit_code  # type: ignore[misc]  # click declares a ClassVar
         raise error from None
     except KeyboardInterrupt:
         click.echo(f"{PROG}: interrupted", err=True)
