@@ -80,10 +80,13 @@ def status(client: Any) -> dict[str, Any]:
         installing = _connection.ensure_installed(c)
         if installing is not None:
             await installing
-        resp = await c.scheduler.dataservice_status()
+        scheduler = c.scheduler
+        if scheduler is None:
+            raise RuntimeError("status(): the client is not connected to a scheduler")
+        resp = await scheduler.dataservice_status()
         if resp is None:
             raise RuntimeError(
-                f"the scheduler at {c.scheduler.address} has no dataservice dashboard: install "
+                f"the scheduler at {scheduler.address} has no dataservice dashboard: install "
                 "dask_dataservice there (dds.install(client) or --preload dask_dataservice)")
         return dict(resp)
 

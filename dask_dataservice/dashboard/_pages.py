@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, DataTable, Div, NumeralTickFormatter, TableColumn
+from bokeh.models import ColumnDataSource, FactorRange, NumeralTickFormatter
+from bokeh.models.widgets import DataTable, TableColumn
+from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
@@ -62,7 +64,7 @@ def _timeline(name: str, title: str, fields: list[tuple[str, str, str]]) -> tupl
 
 def _bars(name: str, title: str, field: str, color: str) -> tuple[Any, Any]:
     source = ColumnDataSource({"worker": [], field: []}, name=name)
-    fig = figure(title=title, y_range=[], height=250, sizing_mode="stretch_width", tools="",
+    fig = figure(title=title, y_range=FactorRange(), height=250, sizing_mode="stretch_width", tools="",
                  toolbar_location=None)
     fig.hbar(y="worker", right=field, height=0.8, source=source, color=color)
     fig.xaxis.formatter = NumeralTickFormatter(format="0.0a")
@@ -274,6 +276,8 @@ def add_pages(scheduler: Any) -> None:
     """Serve the pages from ``scheduler``'s HTTP server and link them in Dask's navigation."""
     if getattr(scheduler, _APP_ATTR, None) is not None:
         return
+    if not any(hasattr(a, "app_paths") for a in scheduler.http_application.applications):
+        return  # Dask's dashboard is off on this scheduler (dashboard=False): no pages either
     from distributed.dashboard.core import BokehApplication
     from distributed.dashboard.scheduler import template_variables
     from tornado.ioloop import IOLoop

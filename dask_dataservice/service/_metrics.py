@@ -98,32 +98,32 @@ class ReadStats:
         clock = time.perf_counter
         with self._lock:
             self.passes += 1
-        left: float | None = None
         try:
             while True:
                 t0 = clock()
                 try:
                     x = next(it)
                 except StopIteration:
-                    self._account(t0, clock(), left, 0)
+                    self._account(t0, clock(), 0.0, 0)
                     return
-                self._account(t0, clock(), left, 1)
-                yield x
-                left = clock()
+                t1 = clock()
+                try:
+                    yield x
+                finally:  # the consumer had x until now (also when it stops here)
+                    self._account(t0, t1, clock() - t1, 1)
         finally:  # a consumer that stops early closes the read (it releases its job)
             close = getattr(it, "close", None)
             if close is not None:
                 close()
 
-    def _account(self, t0: float, t1: float, left: float | None, n: int) -> None:
+    def _account(self, t0: float, t1: float, computing: float, n: int) -> None:
         with self._lock:
             self.wait_seconds += t1 - t0
-            if left is not None:
-                self.compute_seconds += t0 - left
+            self.compute_seconds += computing
             self.elements += n
             if self._first is None:
                 self._first = t0
-            self._last = t1
+            self._last = t1 + computing
 
     def snapshot(self) -> dict[str, Any]:
         """Plain data: totals, throughput, wait vs compute, and counts per data worker."""
