@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 
-def _leftovers(worker) -> list[str]:
+def _leftovers(worker: Worker) -> list[str]:
     """What the data-worker plugin of ``worker`` still holds (empty: back to idle)."""
     ext = worker.extensions.get("dataservice")
     if ext is None:  # not installed, or torn down
@@ -30,7 +34,7 @@ def _leftovers(worker) -> list[str]:
     return out
 
 
-async def assert_data_worker_cleanup(*workers, timeout: float = 10.0) -> None:
+async def assert_data_worker_cleanup(*workers: Worker, timeout: float = 10.0) -> None:
     """Every data worker is back to idle within ``timeout`` seconds.
 
     Idle: no task still producing or holding buffered elements, no task thread alive, no

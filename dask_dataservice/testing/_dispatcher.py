@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Any
 
 from distributed.metrics import time
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
 
 __all__ = ["assert_dispatcher_cleanup", "dispatcher_leftovers"]
 
 
-def dispatcher_leftovers(plugin) -> list[str]:
+def dispatcher_leftovers(plugin: Any) -> list[str]:
     """What keeps the dispatcher ``plugin`` from being idle (empty when it is).
 
     Idle means: no live iteration client, every iteration of an anonymous job garbage
@@ -44,7 +48,7 @@ def dispatcher_leftovers(plugin) -> list[str]:
     return problems
 
 
-async def assert_dispatcher_cleanup(scheduler, timeout: float = 10.0) -> None:
+async def assert_dispatcher_cleanup(scheduler: Scheduler, timeout: float = 10.0) -> None:
     """The dispatcher on ``scheduler`` (if any) becomes idle within ``timeout`` seconds.
 
     Polls :func:`dispatcher_leftovers` until it is empty (clients release their iterations
@@ -53,7 +57,7 @@ async def assert_dispatcher_cleanup(scheduler, timeout: float = 10.0) -> None:
     """
     from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
 
-    plugin = scheduler.plugins.get(PLUGIN_NAME)
+    plugin: Any = scheduler.plugins.get(PLUGIN_NAME)
     if plugin is None or getattr(plugin, "state", None) is None:
         return
     deadline = time() + timeout

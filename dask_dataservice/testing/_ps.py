@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from distributed import Worker
 
-def _leftovers(worker) -> list[str]:
+
+def _leftovers(worker: Worker) -> list[str]:
     from ..ps._runner_plugin import RUNNER_NAME
     from ..ps.server import PLUGIN_NAME
 
@@ -29,7 +33,7 @@ def _leftovers(worker) -> list[str]:
     return out
 
 
-async def assert_ps_cleanup(*workers, timeout: float = 10.0) -> None:
+async def assert_ps_cleanup(*workers: Worker, timeout: float = 10.0) -> None:
     """No shard lane has queued or running work and no channel waits for a reply.
 
     Polls until ``timeout`` (work in flight when a test body returns may still finish).

@@ -31,24 +31,24 @@ class FakeDispatcher:
         self.suspected: list[str] = []
         self.heartbeats = 0
 
-    def view(self) -> dict:
+    def view(self) -> dict[str, Any]:
         return {"status": "OK", "tasks": list(self.tasks), "finished": self.finished,
                 "garbage_collected": False, "processing_mode": "OFF", "num_consumers": None}
 
-    async def dataservice_client_heartbeat(self, iteration_client_id: int, job_token=None) -> dict:
+    async def dataservice_client_heartbeat(self, iteration_client_id: int, job_token: str | None = None) -> dict[str, Any]:
         self.heartbeats += 1
         return self.view()
 
-    async def dataservice_data_workers(self) -> dict:
+    async def dataservice_data_workers(self) -> dict[str, Any]:
         return {"status": "OK", "registered": 0, "present": 0,
                 "reason": "no worker is connected to the scheduler"}
 
-    async def dataservice_suspect_worker(self, address: str) -> dict:
+    async def dataservice_suspect_worker(self, address: str) -> dict[str, Any]:
         self.suspected.append(address)
         return {"status": "OK", "dropped": False}
 
     async def dataservice_release_iteration_client(self, iteration_client_id: int,
-                                                   job_token=None) -> dict:
+                                                   job_token: str | None = None) -> dict[str, Any]:
         self.released.append(iteration_client_id)
         return {"status": "OK"}
 
@@ -56,13 +56,13 @@ class FakeDispatcher:
 class FakeWorker:
     """Serves each task's elements in batches of ``batch`` (end of sequence after the last)."""
 
-    def __init__(self, elements: dict[int, list], batch: int = 10, gate: asyncio.Event | None = None) -> None:
+    def __init__(self, elements: dict[int, list[Any]], batch: int = 10, gate: asyncio.Event | None = None) -> None:
         self.elements = {tid: list(xs) for tid, xs in elements.items()}
         self.batch = batch
         self.gate = gate
         self.requests = 0
 
-    async def dataservice_get_elements(self, task_id: int, max_elements: int, **kwargs) -> dict:
+    async def dataservice_get_elements(self, task_id: int, max_elements: int, **kwargs: Any) -> dict[str, Any]:
         self.requests += 1
         if self.gate is not None:
             await self.gate.wait()
