@@ -165,3 +165,47 @@ async def test_limits_on_pipeline_size_and_datasets_per_client(c, s, a):
     # another client has its own allowance
     async with Client(s.address, asynchronous=True, set_as_default=False) as other:
         await asyncio.to_thread(dds.register_dataset, other, dds.Dataset.range(3))
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_the_state_view_shows_a_stranger_names_and_counts_only(c, s, a):
+    """``dataservice_state``: names and counts for anyone, a job's tasks and lost splits with
+    its token (or a worker key), pipelines and tokens never."""
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10))
+    job = raise_for_status(await c.scheduler.dataservice_get_or_create_job(
+        dataset_id=dataset_id, processing_mode="OFF"), "job")
+    view = raise_for_status(await c.scheduler.dataservice_get_or_create_iteration(
+        job_id=job["job_id"], job_token=job["job_token"]), "iteration")
+    iteration_id = view["iteration_id"]
+    await poll(lambda: plugin.state.tasks_for_iteration(iteration_id), what="a task")
+    async with Client(s.address, asynchronous=True, set_as_default=False) as stranger:
+        seen = raise_for_status(await stranger.scheduler.dataservice_state(), "state")
+        assert list(seen["datasets"]) == [dataset_id] and list(seen["workers"]) == [a.address]
+        assert seen["jobs"] == {job["job_id"]: {"name": None, "dataset_id": dataset_id,
+                                                "mode": "OFF", "status": "live"}}
+        it = seen["iterations"][iteration_id]
+        assert sum(it["num_tasks"].values()) == 1 and it["num_lost_splits"] == 0
+        assert "tasks" not in it and "lost_splits" not in it
+        for secret in (job["job_token"], "pipeline"):
+            assert secret not in repr(seen)
+        # with the job's token: its tasks and lost splits
+        mine = raise_for_status(await stranger.scheduler.dataservice_state(
+            job_token=job["job_token"]), "state")
+        [task] = mine["iterations"][iteration_id]["tasks"]
+        assert task["worker_address"] == a.address
+        assert list(mine["iterations"][iteration_id]["lost_splits"]) == []
+        assert job["job_token"] not in repr(mine)
+        refused(await stranger.scheduler.dataservice_state(job_token="guess"),
+                "token of no job")
+        refused(await stranger.scheduler.dataservice_state(address=a.address,
+                                                             worker_key="guess"),
+                "only data workers may ask")
+    # a data worker (with its key) sees every job's detail
+    key = await a.extensions["dataservice"]._key.get()
+    full = raise_for_status(await c.scheduler.dataservice_state(address=a.address,
+                                                                 worker_key=key), "state")
+    assert full["iterations"][iteration_id]["tasks"] == mine["iterations"][iteration_id]["tasks"]
+    raise_for_status(await c.scheduler.dataservice_release_iteration_client(
+        iteration_client_id=view["iteration_client_id"], job_token=job["job_token"]), "release")

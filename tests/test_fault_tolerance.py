@@ -28,7 +28,13 @@ def _free_port() -> int:
 
 
 def _state(client):
-    return client.sync(client.scheduler.dataservice_state)
+    """The dispatcher's full state view (tasks and lost splits of every job): code run on the
+    scheduler sees everything (``dataservice_state`` shows a stranger names and counts)."""
+    return client.run_on_scheduler(_full_summary)
+
+
+def _full_summary(dask_scheduler):
+    return {"status": "OK", **dask_scheduler.extensions["dataservice"].state.summary()}
 
 
 def test_restart_in_process_recovers_state_and_workers_return(tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from typing import Any
 
 from dask.utils import format_bytes
 
@@ -27,7 +28,7 @@ from ._exceptions import DataServiceError
 from ._job_checks import JobAccessDeniedError
 from ._messages import WORKER_KEY_OP
 
-__all__ = ["AccessGuard", "new_token"]
+__all__ = ["AccessGuard", "new_token", "redact_summary"]
 
 
 def new_token() -> str:
@@ -38,7 +39,7 @@ def new_token() -> str:
 class AccessGuard:
     """Worker keys and registration limits of one dispatcher start."""
 
-    def __init__(self, scheduler) -> None:
+    def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         #: ``{worker address: key}``.
         self._keys: dict[str, str] = {}
@@ -89,3 +90,32 @@ class AccessGuard:
                 "dispatcher accepts from one client (config "
                 "dataservice.dispatcher.max-datasets-per-client)")
         self._registrations[str(client_id)] = registered + 1
+
+
+def redact_summary(state: Any, job_token: str | None) -> dict[str, Any]:
+    """``state.summary()`` as a caller with ``job_token`` (or none) may see it.
+
+    Everyone sees names and counts: dataset ids, worker addresses, jobs (name, dataset,
+    mode, status) and per iteration its status, clients, ``num_tasks`` by status and
+    ``num_lost_splits``. The iterations of the job whose token is ``job_token`` also show
+    their ``tasks`` and ``lost_splits``. A token that is no job's is refused
+    (:class:`JobAccessDeniedError`), so a typo is not silently a smaller view.
+    """
+    summary: dict[str, Any] = state.summary()
+    allowed: set[int] = set()
+    if job_token is not None:
+        allowed = {j.job_id for j in state.list_jobs()
+                   if j.token and isinstance(job_token, str)
+                   and hmac.compare_digest(j.token, job_token)}
+        if not allowed:
+            raise JobAccessDeniedError(
+                "the state view refused: the job token given is the token of no job")
+    for iteration in summary["iterations"].values():
+        counts: dict[str, int] = {}
+        for task in iteration["tasks"]:
+            counts[task["status"]] = counts.get(task["status"], 0) + 1
+        iteration["num_tasks"] = counts
+        iteration["num_lost_splits"] = len(iteration["lost_splits"])
+        if iteration["job_id"] not in allowed:
+            del iteration["tasks"], iteration["lost_splits"]
+    return summary

@@ -43,7 +43,8 @@ from tornado.ioloop import PeriodicCallback
 from .. import config
 from .._async import owned_executor, shutdown_executor
 from .._rpc import handler
-from ._access import AccessGuard, new_token
+from . import _locality
+from ._access import AccessGuard, new_token, redact_summary
 from ._exceptions import (
     DataServiceError,
     DatasetNotFoundError,
@@ -585,13 +586,17 @@ class DispatcherPlugin(SchedulerPlugin):
                 f"{iteration_id}, which is only at repetition {current}"
             )
         count = min(max(1, int(count)), 1024, num_splits - index)
+        # locality hint (persisted Dask collection): the worker's own splits first
+        indices = _locality.pick(self, iteration_id, task_id, count)
+        count = len(indices) if indices else count
         end = count == num_splits - index  # nothing after these: say so now
         if index == num_splits:
             count, end = 0, True
         # One record for the whole call, however many splits it hands out.
         self._apply(ProduceSplits(iteration_id=iteration_id, repetition=repetition, index=index,
-                                  count=count, task_id=task_id, end_of_splits=end))
-        return {"status": "OK", "split_indices": list(range(index, index + count)),
+                                  count=count, task_id=task_id, end_of_splits=end,
+                                  indices=indices))
+        return {"status": "OK", "split_indices": list(indices or range(index, index + count)),
                 "end_of_splits": end}
 
     @_durable
@@ -684,9 +689,17 @@ class DispatcherPlugin(SchedulerPlugin):
         return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled)
 
     @handler
-    def state_summary(self) -> dict:
-        """A plain-data view of the dispatcher, for tests, dashboards and debugging."""
-        return {"status": "OK", **self.state.summary()}
+    def state_summary(self, job_token: str | None = None, address: str | None = None,
+                      worker_key: str | None = None) -> dict:
+        """A plain-data view of the dispatcher, for tests, dashboards and debugging.
+
+        Names and counts for anyone; the tasks and lost splits of a job only with its token,
+        of every job with a data worker's key (see :func:`._access.redact_summary`).
+        """
+        if address is not None or worker_key is not None:
+            self._access.check_worker(address or "", worker_key, "the full dispatcher state")
+            return {"status": "OK", **self.state.summary()}
+        return {"status": "OK", **redact_summary(self.state, job_token)}
 
     # Internals
     ###########
