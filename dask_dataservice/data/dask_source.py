@@ -135,9 +135,12 @@ class FromDask(Source):
     split_type = DaskPartition
     file_based = True  # a partition is a "file" for FILE sharding
 
-    def __init__(self, collection: Any, rows: bool = True):
+    def __init__(self, collection: Any, rows: bool = True, locality: bool = True):
         if not isinstance(rows, bool):
             raise TypeError(f"rows must be a bool, got {type(rows).__name__}")
+        if not isinstance(locality, bool):
+            raise TypeError(f"locality must be a bool, got {type(locality).__name__}")
+        self.locality = locality
         self.kind = _kind(collection)
         self.rows = rows
         self._collection: Any = collection
@@ -201,7 +204,7 @@ class FromDask(Source):
         self._rebuilt = None
 
     def params(self) -> tuple[Any, ...]:
-        return (self.kind, self.token, self.rows, self.npartitions)
+        return (self.kind, self.token, self.rows, self.npartitions, self.locality)
 
     def cardinality(self) -> int:
         return self._length if self.rows else (self.npartitions if self.kind == "array" else UNKNOWN)
@@ -426,7 +429,8 @@ def locality_metadata(dataset_op: Any) -> dict[str, Any]:
     from ._base import sources
 
     srcs = sources(dataset_op)
-    if len(srcs) != 1 or not isinstance(srcs[0], FromDask) or srcs[0].partition_keys is None:
+    if (len(srcs) != 1 or not isinstance(srcs[0], FromDask) or srcs[0].partition_keys is None
+            or not srcs[0].locality):
         return {}
     return {LOCALITY_KEY: [[_plain_key(k) for k in ks] for ks in srcs[0].partition_keys]}
 

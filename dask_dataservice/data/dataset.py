@@ -155,7 +155,7 @@ class Dataset:
         return cls(sources.FromZarr(array_or_path, rows_per_split, path))
 
     @classmethod
-    def from_dask(cls, collection: Any, rows: bool = True) -> Dataset:
+    def from_dask(cls, collection: Any, rows: bool = True, locality: bool = True) -> Dataset:
         """The partitions of a Dask collection, computed on the cluster by the data workers.
 
         ``dask.array.Array``: chunks along axis 0 are the splits, elements are rows (or whole
@@ -163,11 +163,13 @@ class Dataset:
         elements are rows as dicts of numpy scalars (or a partition as a dict of column arrays
         with ``rows=False``). ``dask.bag.Bag``: partitions are the splits. The pipeline holds
         the graph (or, for a persisted collection, the keys of its partitions), never the
-        data; see :mod:`dask_dataservice.data.dask_source`.
+        data; see :mod:`dask_dataservice.data.dask_source`. With a persisted collection and
+        ``locality=True``, DYNAMIC sharding hands each data worker the partitions in its
+        memory first.
         """
         from .dask_source import FromDask
 
-        return cls(FromDask(collection, rows))
+        return cls(FromDask(collection, rows, locality))
 
     @classmethod
     def from_generator(cls, generator: Callable[..., Iterable], args: tuple = ()) -> Dataset:

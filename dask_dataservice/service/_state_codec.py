@@ -39,6 +39,7 @@ from typing import Any
 import msgpack
 
 from ._entities import Dataset, Iteration, IterationClient, Job, SplitCursor, Task, Worker
+from . import _split_order
 from ._exceptions import DataServiceError
 from ._journal_format import JournalCorruptedError, JournalRecord, Snapshot
 from ._updates import decode_update
@@ -102,6 +103,7 @@ def encode_state(state: DispatcherState) -> bytes:
     payload["lost_splits"] = [[i, _flatten(runs)] for i, runs in state._lost_splits.items()]
     payload["splits_in_flight"] = [[t, _flatten(runs)]
                                    for t, runs in state._splits_in_flight.items()]
+    payload["split_orders"] = _split_order.encode(state)  # locality; absent from older ones
     return msgpack.packb(payload, use_bin_type=True)
 
 
@@ -190,6 +192,7 @@ def _build(payload: dict) -> DispatcherState:
         state._lost_splits[iteration_id] = _runs(flat)
     for task_id, flat in payload["splits_in_flight"]:
         state._splits_in_flight[task_id] = deque(_runs(flat))
+    _split_order.decode(state, payload.get("split_orders", []))
     return state
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import _split_order
 from ._entities import (
     DATASET_ID_BASE,
     ITERATION_CLIENT_ID_BASE,
@@ -322,6 +323,7 @@ def validate_state(state: DispatcherState) -> None:
             not handed_out.intersection(held), f"task {task_id} holds a split twice handed out"
         )
         handed_out.update(held)
+    _split_order.validate(state)  # explicit orders (locality hand-out)
 
 
 def _invariant(condition: bool, message: str) -> None:

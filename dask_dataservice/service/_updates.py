@@ -351,10 +351,15 @@ class ProduceSplits(_Record):
     end_of_splits : bool
         Field 6. The repetition has no split after these (``index + count == num_splits``):
         the task is told so, and the cursor moves to ``(repetition + 1, 0)``.
+    indices : tuple of int
+        Field 7. Empty: the splits are ``index .. index + count - 1``. Otherwise the split
+        indices handed out at those cursor positions, in another order (locality-aware
+        hand-out, see :mod:`._split_order`); ``count`` of them, none handed out before in
+        this repetition.
 
     Notes
     -----
-    Next field: 7. Removed fields: none.
+    Next field: 8. Removed fields: none.
     """
 
     iteration_id: int  # 1
@@ -363,6 +368,11 @@ class ProduceSplits(_Record):
     count: int  # 4
     task_id: int  # 5
     end_of_splits: bool = False  # 6
+    indices: tuple[int, ...] = ()  # 7
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        object.__setattr__(self, "indices", tuple(self.indices))  # msgpack gives a list
 
 
 @dataclass(frozen=True, slots=True)

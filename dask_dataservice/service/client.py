@@ -23,6 +23,7 @@ import cloudpickle
 from distributed import Client
 
 from ..data import Dataset
+from ..data.dask_source import locality_metadata
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._reader import ReadSpec, ServiceSource, aread
@@ -121,6 +122,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
         "cardinality": dataset.cardinality(), "has_shard_hint": dataset.has_shard_hint,
+        **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
     }
 
     async def go():

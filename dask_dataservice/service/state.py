@@ -157,6 +157,7 @@ from ._entities import (
 from ._exceptions import (
     IllegalUpdateError,
 )
+from . import _split_order
 from ._state_checks import StateChecks
 from ._state_queries import StateQueries
 from ._state_validation import validate_state as _validate_state
@@ -283,6 +284,9 @@ class DispatcherState(StateQueries, StateChecks):
         #: has not acknowledged, as runs of consecutive indices (``start`` to ``stop - 1``),
         #: ascending, never empty, adjacent runs merged. Tasks holding none have no entry.
         self._splits_in_flight: dict[int, deque[tuple[int, int, int]]] = {}
+        #: ``{iteration_id: {split: None}}``: splits handed out in an explicit order this
+        #: repetition (locality-aware hand-out; see :mod:`._split_order`).
+        self._split_orders: dict[int, dict[int, None]] = {}
         #: ``{iteration_client_id: IterationClient}``, the acquired clients.
         self._iteration_clients: dict[int, IterationClient] = {}
 
@@ -318,6 +322,7 @@ class DispatcherState(StateQueries, StateChecks):
             self.check(update)
         match update:
             case ProduceSplits():
+                _split_order.record(self, update)  # explicit order (locality), if any
                 self._produce_splits(update.iteration_id, update.repetition, update.index,
                                      update.count, update.task_id, update.end_of_splits)
             case ProduceSplit():
@@ -373,6 +378,7 @@ class DispatcherState(StateQueries, StateChecks):
         match update:
             case ProduceSplits():
                 self._check_produce_splits(update)
+                _split_order.check(self, update)  # explicit order (locality), if any
             case ProduceSplit():
                 self._check_produce_split(update)
             case AckSplits():
@@ -454,6 +460,7 @@ class DispatcherState(StateQueries, StateChecks):
             "tasks": {k: dataclasses.asdict(v) for k, v in self._tasks.items()},
             "tasks_by_iteration": {k: list(v) for k, v in self._tasks_by_iteration.items()},
             "splits_in_flight": {k: list(v) for k, v in self._splits_in_flight.items()},
+            "split_orders": {k: list(v) for k, v in self._split_orders.items()},
             "iteration_clients": {
                 k: dataclasses.asdict(v) for k, v in self._iteration_clients.items()
             },
@@ -631,6 +638,7 @@ class DispatcherState(StateQueries, StateChecks):
         self._iteration_clients[u.iteration_client_id].last_seen_micros = u.time_micros
 
     def _garbage_collect_iteration(self, u: GarbageCollectIteration) -> None:
+        self._split_orders.pop(u.iteration_id, None)
         for task_id in self._tasks_by_iteration.pop(u.iteration_id):
             task = self._tasks.pop(task_id)
             if task.status == "active":
