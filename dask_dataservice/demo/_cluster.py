@@ -130,7 +130,7 @@ class _ClosedCommNoTraceback(logging.Filter):
     they are expected."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from distributed.comm import CommClosedError
+        from distributed.comm.core import CommClosedError
 
         if (record.levelno <= logging.INFO and record.exc_info
                 and isinstance(record.exc_info[1], CommClosedError)):
@@ -196,7 +196,7 @@ def wait_for_data_workers(client: Any, want: int | None, timeout: float = 30.0) 
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
         want = max(1, sum(1 for w in workers
                           if not any((w.get("resources") or {}).get(r) for r in excluded)))
-    registered: list = []
+    registered: list[Any] = []
 
     async def enough() -> None:
         registered[:] = (await client.scheduler.dataservice_state())["workers"]

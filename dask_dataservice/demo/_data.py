@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..data.dataset import Dataset
 
 __all__ = ["DENSE_FEATURES", "SPARSE_FEATURES", "VOCAB_SIZE", "make_click_dataset"]
 
@@ -21,7 +25,7 @@ def _block_rows(n: int) -> int:
     return max(1, min(n, max(_MIN_BLOCK_ROWS, min(_MAX_BLOCK_ROWS, -(-n // 64)))))
 
 
-def _click_block(index: int, *, n: int, block_rows: int, seed: int) -> dict:
+def _click_block(index: int, *, n: int, block_rows: int, seed: int) -> dict[str, Any]:
     """Rows ``[index * block_rows, ...)`` of the synthetic dataset, as a dict of columns.
 
     Each block has its own generator, seeded by ``(seed, index)``, so a block is the same
@@ -43,7 +47,7 @@ def _click_block(index: int, *, n: int, block_rows: int, seed: int) -> dict:
     return {"dense": dense, "sparse": sparse, "label": label.astype(np.int8)}
 
 
-def _preprocess(batch: dict) -> dict:
+def _preprocess(batch: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     return {
@@ -55,7 +59,7 @@ def _preprocess(batch: dict) -> dict:
 
 def make_click_dataset(
     n: int, *, batch_size: int = 256, shuffle_buffer: int = 10_000, seed: int = 0
-):
+) -> Dataset:
     """A synthetic click-through pipeline: generate → shuffle → batch → preprocess → prefetch.
 
     Each example is a dict with ``dense`` (13 float32 features, log-normal like counts),

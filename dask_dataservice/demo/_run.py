@@ -17,13 +17,16 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _cluster
 from ._cluster import DEFAULT_WORKERS, DemoError, DemoUsageError
 from ._data import VOCAB_SIZE, make_click_dataset
+
+if TYPE_CHECKING:
+    from ..data.dataset import Dataset
 
 __all__ = ["DemoError", "DemoOptions", "DemoUsageError", "run_demo"]
 
@@ -59,7 +62,7 @@ class DemoOptions:
         if not self.quiet:
             print(f"demo: {message}", file=sys.stderr, flush=True)
 
-    def dataset(self):
+    def dataset(self) -> Dataset:
         return make_click_dataset(self.elements, batch_size=self.batch_size,
                                   shuffle_buffer=self.shuffle_buffer, seed=self.seed)
 
@@ -218,7 +221,7 @@ def _train(opts: DemoOptions, client: Any) -> int:
     return 0
 
 
-def _progress(opts: DemoOptions, total: int, label: str):
+def _progress(opts: DemoOptions, total: int, label: str) -> Any:
     """A ``tqdm.auto`` bar on stderr: drawn on a terminal and in Jupyter, off in a pipe or a
     log (where it would repeat itself) and with ``quiet``."""
     from tqdm import autonotebook, std
@@ -232,7 +235,7 @@ def _progress(opts: DemoOptions, total: int, label: str):
                disable=opts.quiet or not interactive, dynamic_ncols=True)
 
 
-def _consume(ds, total: int, opts: DemoOptions) -> tuple[int, int]:
+def _consume(ds: Iterable[Any], total: int, opts: DemoOptions) -> tuple[int, int]:
     """Iterate ``ds`` (batches of dicts); return ``(rows, batches)``."""
     count = batches = 0
     opts.say("waiting for the first batch")

@@ -25,10 +25,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from ..data.dataset import Dataset
+    from ..ps.variables import ShardedVariable, Variable
 
 __all__ = ["TrainResult", "train_click_model"]
 
@@ -56,13 +63,16 @@ class TrainResult:
         return self.examples / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _embedding_init(shape, dtype, partition_offset):
+def _embedding_init(shape: tuple[int, ...], dtype: Any,
+                    partition_offset: tuple[int, ...]) -> np.ndarray:
     # Deterministic per row, whatever the sharding: seeded by the shard's first row.
     rng = np.random.default_rng(1234 + partition_offset[0])
     return (rng.standard_normal(shape) * 0.01).astype(dtype)
 
 
-def _train_step(iterator, emb, u, w, b, optimizer, steps):
+def _train_step(iterator: Iterator[dict[str, Any]], emb: ShardedVariable | Variable,
+                u: Variable, w: Variable, b: Variable, optimizer: Any,
+                steps: Variable) -> tuple[int, int, float]:
     """One step on a training worker: returns ``(rows, correct, logloss_sum)``."""
     from dask_dataservice.ps.optimizers import IndexedSlices
     from dask_dataservice.ps.variables import read_values
@@ -95,7 +105,7 @@ def _train_step(iterator, emb, u, w, b, optimizer, steps):
     return n, correct, loss
 
 
-def train_click_model(client, dataset, *, examples: int, batch_size: int,
+def train_click_model(client: Client, dataset: Dataset, *, examples: int, batch_size: int,
                       vocab_size: int, dense_features: int = 13, embedding_dim: int = 8,
                       optimizer: str = "adagrad", learning_rate: float = 0.05,
                       checkpoint_dir: str | None = None, job_name: str | None = None,
@@ -127,10 +137,11 @@ def train_click_model(client, dataset, *, examples: int, batch_size: int,
                               "name": f"demo_{optimizer}"})
 
         dataset_id = dds.register_dataset(client, dataset)
+        assert client.scheduler is not None  # a connected client
         address = client.scheduler.address
         job = job_name or f"ps-demo-{dataset_id}"
 
-        def dataset_fn():
+        def dataset_fn() -> Dataset:
             return dds.from_dataset_id("distributed_epoch", address, dataset_id, job_name=job)
 
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
