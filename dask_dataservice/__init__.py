@@ -37,6 +37,7 @@ _LAZY: dict[str, str] = {
     "distribute": "dask_dataservice.service.client",
     "install": "dask_dataservice.service.client",
     "DistributedDataset": "dask_dataservice.service.client",
+    "distributed_save": "dask_dataservice.data.snapshot",
     "DispatcherConfig": "dask_dataservice.service.servers",
     "DispatchServer": "dask_dataservice.service.servers",
     "WorkerConfig": "dask_dataservice.service.servers",
@@ -53,6 +54,7 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
     from .dashboard import status as status
+    from .data.snapshot import distributed_save as distributed_save
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator

@@ -172,6 +172,19 @@ class Dataset:
         return cls(FromDask(collection, rows, locality))
 
     @classmethod
+    def load(cls, path: str, wait: bool = False, timeout: float | None = None) -> Dataset:
+        """The elements of a snapshot written by :func:`dask_dataservice.distributed_save`.
+
+        Each chunk is a split (DYNAMIC and FILE sharding hand out chunks). While the save
+        still runs, the chunks committed so far are read; ``wait=True`` instead follows the
+        save until it is done (not splittable then; ``timeout`` seconds without a new chunk
+        raise TimeoutError). See :mod:`dask_dataservice.data.snapshot`.
+        """
+        from .snapshot import LoadSnapshot
+
+        return cls(LoadSnapshot(path, wait, timeout))
+
+    @classmethod
     def from_generator(cls, generator: Callable[..., Iterable], args: tuple = ()) -> Dataset:
         """Elements of ``generator(*args)``: any Python iterable.
 

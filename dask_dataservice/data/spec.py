@@ -43,7 +43,7 @@ class TensorSpec:
 
 def spec_of(element: Any) -> Any:
     """The spec of one concrete element."""
-    def leaf(x):
+    def leaf(x: Any) -> TensorSpec:
         arr = np.asarray(x)
         return TensorSpec(arr.shape, arr.dtype)
     return map_structure(leaf, element)

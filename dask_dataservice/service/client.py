@@ -24,6 +24,7 @@ from distributed import Client
 
 from ..data import Dataset
 from ..data.dask_source import locality_metadata
+from ..data.spec import check_element_spec
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._reader import ReadSpec, ServiceSource, aread
@@ -152,7 +153,13 @@ class DistributedDataset(Dataset):
     transformations (``.map``, ``.batch``, ``.prefetch``...) run locally, on the consumer.
     """
 
-    __slots__ = ()
+    __slots__ = ("_element_spec",)  # from_dataset_id(element_spec=...), else unset
+
+    @property
+    def element_spec(self) -> Any:
+        """The ``element_spec`` given to :func:`from_dataset_id`, else found by reading."""
+        spec = getattr(self, "_element_spec", None)
+        return spec if spec is not None else Dataset.element_spec.fget(self)  # type: ignore[attr-defined]
 
     @property
     def dataset_id(self) -> int:
@@ -212,7 +219,11 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, e
     max_outstanding_requests
         Batches buffered on the consumer before reading pauses (default: config
         ``dataservice.client.max-outstanding-batches``).
-    element_spec, data_transfer_protocol
+    element_spec
+        The elements' :class:`~dask_dataservice.data.TensorSpec` structure (as
+        ``Dataset.element_spec`` returns): the dataset's ``element_spec`` is then this, without
+        reading an element (which would start a job). Not checked against the elements.
+    data_transfer_protocol
         Accepted for compatibility with tf.data service; not needed here.
     """
     mode = parse_processing_mode(processing_mode)
@@ -255,7 +266,10 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, e
         _connection.client_for(service)  # remember it, so iteration in this process reuses it
     spec = ReadSpec(address, dataset_id, int(mode), job_name, consumer_index, num_consumers,
                      max_outstanding_requests, target, cross_trainer_cache)
-    return DistributedDataset(ServiceSource(spec, service if isinstance(service, Client) else None))
+    ds = DistributedDataset(ServiceSource(spec, service if isinstance(service, Client) else None))
+    if element_spec is not None:  # returned as is: no element is read to find it (TF's use)
+        ds._element_spec = check_element_spec(element_spec)
+    return ds
 
 
 def distribute(processing_mode: Any, service: Any, job_name: str | None = None,

@@ -1,0 +1,457 @@
+"""Snapshots: ``distributed_save`` writes a dataset to a directory, ``Dataset.load`` reads it.
+
+Theory of operation
+-------------------
+``distributed_save(dataset, path, service)`` registers ``dataset`` with one stage added on
+top, :class:`WriteChunks`, and reads that pipeline through the data service with DYNAMIC
+sharding. Each data worker therefore runs the user's pipeline on the splits the dispatcher
+hands it (every split once, all workers in parallel) and, in the same pipeline thread, cuts its
+elements into *chunks* that it writes itself, straight to ``path`` (any fsspec URL). The
+elements never travel to the client: what the job yields is one small descriptor per committed
+chunk, and the client (the job's only consumer) only writes the manifest. This reuses the
+service's split hand-out, worker liveness, job tokens and cleanup unchanged, instead of a
+second task protocol beside it; the price is that a save is a job of the consumer that
+started it (it stops when that process dies).
+
+Layout of a snapshot directory::
+
+    path/snapshot.json            the manifest (state running | done | failed, chunk list when done)
+    path/chunks/<stream>-<n>.chunk  committed chunks (one stream per worker task)
+
+Rules
+-----
+1. A chunk is *committed* once it is visible under its final name, and it is then complete: a
+   local file is written to a hidden temporary name, fsynced and renamed; on an object store
+   the chunk is one put of the whole object. A writer killed at any moment leaves committed
+   chunks intact and at most a temporary file, which readers ignore.
+2. Every chunk carries its length and CRC-32: a damaged chunk is a
+   :class:`SnapshotCorruptedError` naming the file, never wrong elements.
+3. Chunks never overlap: DYNAMIC sharding hands each split out once, so the committed chunks of
+   a save (finished, failed or killed) hold distinct elements. The final manifest lists every
+   committed chunk, also those whose descriptor never reached the client.
+4. Element order is not kept across chunks (workers write in parallel, as TensorFlow's
+   ``distributed_save``); within a chunk, elements are in the order the worker produced them.
+
+Chunk file: ``b"DDSCHNK1"``, then little-endian ``u64`` payload length, ``u32`` CRC-32 of the
+payload, ``u32`` number of elements, then the payload (a pickle of the list of elements).
+Pickles run code when loaded: load only snapshots you trust, as with any pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ._base import INFINITE, UNKNOWN, IterContext, Op
+from ._fs import is_url, open_file
+from .sources import Source
+from .structure import nbytes
+
+__all__ = [
+    "ChunkSplit",
+    "LoadSnapshot",
+    "SnapshotCorruptedError",
+    "SnapshotSave",
+    "WriteChunks",
+    "distributed_save",
+    "read_manifest",
+]
+
+MAGIC = b"DDSCHNK1"
+_HEADER = struct.Struct("<QII")
+MANIFEST = "snapshot.json"
+CHUNKS = "chunks"
+FORMAT = "dask-dataservice-snapshot"
+
+
+class SnapshotCorruptedError(ValueError):
+    """A snapshot file is damaged (the message names the file and what is wrong)."""
+
+
+# -- paths and atomic writes ---------------------------------------------------------------------
+
+
+def _join(path: str, *parts: str) -> str:
+    return "/".join([path.rstrip("/"), *parts]) if is_url(path) else os.path.join(path, *parts)
+
+
+def _fs(path: str) -> Any:
+    import fsspec
+
+    return fsspec.get_fs_token_paths(path)[0]
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Make ``path`` hold ``data``, all or nothing (see rule 1)."""
+    if not is_url(path):
+        head, tail = os.path.split(path)
+        tmp = os.path.join(head, f".{tail}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return
+    _fs(path).pipe_file(path, data)  # one put: an object store shows the whole object or none
+
+
+def _makedirs(path: str) -> None:
+    if is_url(path):
+        _fs(path).makedirs(path, exist_ok=True)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def _exists(path: str) -> bool:
+    return bool(_fs(path).exists(path)) if is_url(path) else os.path.exists(path)
+
+
+def committed_chunks(path: str) -> list[str]:
+    """The names of the committed chunks of the snapshot at ``path``, sorted."""
+    where = _join(path, CHUNKS)
+    if is_url(where):
+        fs = _fs(where)
+        names = [p.rsplit("/", 1)[-1] for p in fs.ls(where, detail=False)] if fs.exists(where) else []
+    else:
+        names = os.listdir(where) if os.path.isdir(where) else []
+    return sorted(n for n in names if n.endswith(".chunk") and not n.startswith("."))
+
+
+# -- chunks ---------------------------------------------------------------------------------------
+
+
+def encode_chunk(elements: list[Any]) -> bytes:
+    payload = pickle.dumps(elements, protocol=5)
+    return MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload), len(elements)) + payload
+
+
+def read_chunk(path: str) -> list[Any]:
+    """The elements of the chunk file at ``path`` (checked, see rule 2)."""
+    with open_file(path, "rb") as f:
+        data = f.read()
+    head = len(MAGIC) + _HEADER.size
+    if len(data) < head or data[: len(MAGIC)] != MAGIC:
+        raise SnapshotCorruptedError(f"{path}: not a snapshot chunk (bad magic or short header)")
+    length, crc, count = _HEADER.unpack_from(data, len(MAGIC))
+    payload = memoryview(data)[head:]
+    if len(payload) != length:
+        raise SnapshotCorruptedError(f"{path}: payload is {len(payload)} bytes, header says {length}")
+    if zlib.crc32(payload) != crc:
+        raise SnapshotCorruptedError(f"{path}: checksum mismatch (the chunk is damaged)")
+    elements = pickle.loads(payload)
+    if not isinstance(elements, list) or len(elements) != count:
+        raise SnapshotCorruptedError(f"{path}: holds {len(elements)} elements, header says {count}")
+    return elements
+
+
+class WriteChunks(Op):
+    """The stage ``distributed_save`` adds on the data workers: elements in, chunks out.
+
+    Buffers the input's elements and commits a chunk when it holds ``max_elements`` elements
+    or ``max_bytes`` bytes of arrays, or ``max_seconds`` after its first element (so that a
+    slow pipeline still shows progress to a concurrent ``load``), and at the end of the input.
+    Yields one descriptor per committed chunk: ``{"chunk": name, "elements": n, "bytes": b}``.
+    A chunk still in the buffer when the iteration is closed early is not written.
+    """
+
+    name = "distributed_save"
+
+    def __init__(self, input: Op, path: str, max_elements: int, max_bytes: int,
+                 max_seconds: float) -> None:
+        self.input = input
+        self.inputs = (input,)
+        self.path = path
+        self.max_elements = max_elements
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+
+    def params(self) -> tuple[Any, ...]:
+        return (self.path, self.max_elements, self.max_bytes, self.max_seconds)
+
+    def iterate(self, ctx: IterContext) -> Iterator[dict[str, Any]]:
+        stream = uuid.uuid4().hex[:12]  # one writer: names never collide across workers
+        where = _join(self.path, CHUNKS)
+        buffer: list[Any] = []
+        size = 0
+        started = 0.0
+        seq = 0
+
+        def commit() -> dict[str, Any]:
+            nonlocal buffer, size, seq
+            name = f"{stream}-{seq:06d}.chunk"
+            data = encode_chunk(buffer)
+            if seq == 0:  # a worker on another machine may not have the directory yet
+                _makedirs(where)
+            _write_atomic(_join(where, name), data)
+            out = {"chunk": name, "elements": len(buffer), "bytes": len(data)}
+            buffer, size, seq = [], 0, seq + 1
+            return out
+
+        for x in self.input.iterate(ctx):
+            if not buffer:
+                started = time.monotonic()
+            buffer.append(x)
+            size += nbytes(x)
+            if (len(buffer) >= self.max_elements or size >= self.max_bytes
+                    or time.monotonic() - started >= self.max_seconds):
+                yield commit()
+        if buffer:
+            yield commit()
+
+
+# -- the manifest ---------------------------------------------------------------------------------
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """The manifest of the snapshot at ``path`` (FileNotFoundError if there is none)."""
+    where = _join(path, MANIFEST)
+    try:
+        with open_file(where, "rb") as f:
+            manifest = json.loads(f.read())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no snapshot at {path} (no {MANIFEST}; see distributed_save)") from None
+    except json.JSONDecodeError as e:
+        raise SnapshotCorruptedError(f"{where}: not JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SnapshotCorruptedError(f"{where}: not a dask-dataservice snapshot manifest")
+    return manifest
+
+
+def _write_manifest(path: str, manifest: dict[str, Any]) -> None:
+    _write_atomic(_join(path, MANIFEST), json.dumps(manifest, indent=1).encode())
+
+
+# -- saving ---------------------------------------------------------------------------------------
+
+
+class SnapshotSave:
+    """A save in progress (``distributed_save(..., wait=False)``).
+
+    The job is read by a thread of this process: call :meth:`result` (or use the object as a
+    context manager) before the process or its client goes away.
+    """
+
+    def __init__(self, path: str, run: Any) -> None:
+        self.path = path
+        self._future: Future[dict[str, Any]] = Future()
+
+        def main() -> None:
+            try:
+                self._future.set_result(run())
+            except BaseException as e:  # noqa: BLE001 - handed to result()
+                self._future.set_exception(e)
+
+        self._thread = threading.Thread(target=main, name="dds-snapshot-save", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        """Whether the save has ended (finished or failed)."""
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """Wait for the save to end and return its final manifest (or raise its error)."""
+        out = self._future.result(timeout)
+        self._thread.join()
+        return out
+
+    def __enter__(self) -> SnapshotSave:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.result()
+
+
+def _check_positive(name: str, value: Any, kind: type = int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
+        raise ValueError(f"{name} must be a positive {kind.__name__}, got {value!r:.40}")
+
+
+def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, *,
+                     max_chunk_elements: int = 100_000, max_chunk_bytes: int = 64 << 20,
+                     max_chunk_seconds: float = 10.0) -> SnapshotSave | dict[str, Any]:
+    """Write ``dataset``'s elements to ``path`` (a directory or fsspec URL), in parallel, on
+    the data workers of ``service`` (TensorFlow's ``tf.data.experimental.distributed_save``).
+
+    The dataset must be splittable (the data workers share its splits, DYNAMIC sharding) and
+    finite. Read the snapshot back with ``Dataset.load(path)``, also while the save runs.
+
+    Parameters
+    ----------
+    dataset
+        The pipeline to save.
+    path
+        A directory that holds no snapshot yet (created if needed): a local path or a URL.
+    service
+        A ``distributed.Client`` or the scheduler's address (as ``distribute``).
+    wait
+        False (TensorFlow's default): return a :class:`SnapshotSave` at once; call its
+        ``result()`` before exiting. True: return the final manifest when the save is done.
+    max_chunk_elements, max_chunk_bytes, max_chunk_seconds
+        A worker commits its chunk when it holds that many elements or bytes, or that many
+        seconds after its first element. The bytes bound is also the memory each worker task
+        uses for the save.
+
+    Returns
+    -------
+    The final manifest (a dict: ``state``, ``chunks``, ``num_elements``, ...) with ``wait``,
+    else a :class:`SnapshotSave`.
+    """
+    from .dataset import Dataset
+
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"distributed_save() takes a Dataset, got {type(dataset).__name__}")
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"path must be a path or URL string, got {path!r:.60}")
+    path = os.fspath(path)
+    _check_positive("max_chunk_elements", max_chunk_elements)
+    _check_positive("max_chunk_bytes", max_chunk_bytes)
+    _check_positive("max_chunk_seconds", max_chunk_seconds, float)
+    dataset.check_splittable()
+    cardinality = dataset.cardinality()
+    if cardinality == INFINITE:
+        raise ValueError("distributed_save(): the dataset is infinite (a repeat() without count?)")
+    if _exists(_join(path, MANIFEST)):
+        raise FileExistsError(f"distributed_save(): {path} already holds a snapshot; "
+                              "choose another path or delete it")
+    from ..service.client import distribute  # the data service: imported only to save
+
+    _makedirs(_join(path, CHUNKS))
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "version": 1, "state": "running", "fingerprint": dataset.fingerprint(),
+        "cardinality": cardinality, "started": time.time(),
+    }
+    _write_manifest(path, manifest)
+    writer = Dataset(WriteChunks(dataset._op, path, max_chunk_elements, max_chunk_bytes,
+                                 float(max_chunk_seconds)))
+    try:
+        job = writer.apply(distribute("distributed_epoch", service))
+    except BaseException as e:
+        _write_manifest(path, {**manifest, "state": "failed", "error": f"{type(e).__name__}: {e}"})
+        raise
+    if not isinstance(job, Dataset):  # an asynchronous client on its own loop
+        job.close()
+        raise RuntimeError("distributed_save() blocks while it registers the dataset: with an "
+                           "asynchronous client call it from a thread (asyncio.to_thread)")
+
+    def run() -> dict[str, Any]:
+        received: list[dict[str, Any]] = []
+        try:
+            seen = set()
+            for d in job:
+                if d["chunk"] not in seen:  # a descriptor is never needed twice
+                    seen.add(d["chunk"])
+                    received.append(d)
+        except BaseException as e:
+            _write_manifest(path, {**manifest, "state": "failed",
+                                   "error": f"{type(e).__name__}: {e}"})
+            raise
+        # rule 3: chunks committed by a worker whose descriptor was lost are kept too
+        names = [d["chunk"] for d in received]
+        names += sorted(set(committed_chunks(path)) - set(names))
+        counts = {d["chunk"]: d["elements"] for d in received}
+        total = sum(counts.get(n) or len(read_chunk(_join(path, CHUNKS, n))) for n in names)
+        final = {**manifest, "state": "done", "finished": time.time(), "chunks": names,
+                 "num_elements": total,
+                 "complete": None if cardinality == UNKNOWN else total == cardinality}
+        _write_manifest(path, final)
+        return final
+
+    if wait:
+        return run()
+    return SnapshotSave(path, run)
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSplit:
+    """One chunk of a snapshot."""
+
+    path: str
+
+
+class LoadSnapshot(Source):
+    """The elements of a snapshot; each chunk is a split (see :meth:`Dataset.load`)."""
+
+    name = "load"
+    split_type = ChunkSplit
+    file_based = True
+
+    def __init__(self, path: str, wait: bool = False, timeout: float | None = None) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise TypeError(f"load() takes a path or URL string, got {path!r:.60}")
+        self.path = os.fspath(path)
+        if timeout is not None:
+            _check_positive("timeout", timeout, float)
+        self.timeout = timeout
+        manifest = read_manifest(self.path)
+        self.state = manifest["state"]
+        self.wait = bool(wait) and self.state == "running"
+        names = manifest["chunks"] if self.state == "done" else committed_chunks(self.path)
+        self._splits = tuple(ChunkSplit(_join(self.path, CHUNKS, n)) for n in names)
+        self.splittable = not self.wait
+        self._cardinality = manifest["num_elements"] if self.state == "done" else UNKNOWN
+
+    def params(self) -> tuple[Any, ...]:
+        return (self.path, self.wait, self._splits)
+
+    def why_not(self) -> str:
+        return (f"load({self.path!r}, wait=True) follows a save that is still running, so its "
+                "chunks are not known yet; read it with OFF sharding, or load it with wait=False "
+                "(the chunks committed so far, as splits)")
+
+    def cardinality(self) -> int:
+        return int(self._cardinality)
+
+    def splits(self, split_size: int | None = None) -> list[ChunkSplit]:
+        return list(self._splits)
+
+    def read_split(self, split: ChunkSplit) -> Iterator[Any]:
+        return iter(read_chunk(split.path))
+
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
+        if not self.wait:
+            for split in self._splits:
+                yield from self.read_split(split)
+            return
+        yield from self._follow()
+
+    def _follow(self) -> Iterator[Any]:
+        """Chunks as they are committed, until the save is done (rule 3: listed in full)."""
+        seen: set[str] = set()
+        pause = 0.02
+        last_new = time.monotonic()
+        while True:
+            manifest = read_manifest(self.path)
+            final = manifest["state"] == "done"
+            names = manifest["chunks"] if final else committed_chunks(self.path)
+            new = [n for n in names if n not in seen]
+            for name in new:
+                seen.add(name)
+                yield from read_chunk(_join(self.path, CHUNKS, name))
+            if final:
+                return
+            if manifest["state"] == "failed":
+                raise RuntimeError(f"the save to {self.path} failed: {manifest.get('error')} "
+                                   "(load(path) reads the chunks it committed)")
+            now = time.monotonic()
+            if new:
+                last_new, pause = now, 0.02
+            elif self.timeout is not None and now - last_new > self.timeout:
+                raise TimeoutError(
+                    f"load({self.path!r}, wait=True): no chunk committed for {self.timeout:g}s and "
+                    "the save is not done (its process may have died; load(path) without wait "
+                    "reads the chunks committed so far)")
+            time.sleep(pause)  # a filesystem has no notification to wait on: poll, backing off
+            pause = min(1.0, pause * 2)
