@@ -34,7 +34,6 @@ from dask_dataservice.data.snapshot import (
 )
 from dask_dataservice.testing import gen_cluster
 
-
 load = Dataset.load
 
 
