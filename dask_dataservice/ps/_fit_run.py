@@ -46,6 +46,7 @@ class FitRun:
         self._sums: dict[str, float] = {}
         self._counts: dict[str, int] = {}
         self._epoch_over = False
+        self._epoch_logs: Logs = {}
 
     # -- what BackupAndRestore saves and restores ---------------------------------------
     def position(self) -> dict[str, Any]:
@@ -54,9 +55,15 @@ class FitRun:
             epoch, step, sums, counts = self.epoch + 1, 0, {}, {}
         else:
             epoch, step, sums, counts = self.epoch, self.step, self._sums, self._counts
+        history = self.history.state() if self.history is not None else {}
+        done = history.setdefault("epoch", [])
+        if self._epoch_over and (not done or done[-1] != self.epoch):
+            # History (the last callback) has not recorded the epoch that just ended yet
+            done.append(self.epoch)
+            for key, value in self._epoch_logs.items():
+                history.setdefault("history", {}).setdefault(key, []).append(value)
         return {"epoch": epoch, "step": step, "global_step": epoch * self.steps_per_epoch + step,
-                "sums": dict(sums), "counts": dict(counts),
-                "history": self.history.state() if self.history is not None else {}}
+                "sums": dict(sums), "counts": dict(counts), "history": history}
 
     def resume(self, state: Mapping[str, Any]) -> None:
         self.epoch, self.step = int(state["epoch"]), int(state["step"])

@@ -335,6 +335,14 @@ class EarlyStopping(Callback):
             self._run().stop_training = True
 
 
+def _bar_class() -> Any:
+    """tqdm.auto's bar without tqdm's monitor thread (a daemon no one would own or join;
+    it only adjusts the refresh interval of stalled bars)."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
+
+    return type("FitProgressBar", (tqdm,), {"monitor_interval": 0})
+
+
 class ProgressBar(Callback):
     """A tqdm progress bar per epoch (a notebook widget in Jupyter: ``tqdm.auto``)."""
 
@@ -344,10 +352,8 @@ class ProgressBar(Callback):
         self._bar: Any = None
 
     def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
-
         run = self._run()
-        self._bar = tqdm(total=run.steps_per_epoch, initial=run.step,
+        self._bar = _bar_class()(total=run.steps_per_epoch, initial=run.step,
                          desc=f"epoch {epoch + 1}/{run.epochs}", **self._kwargs)
 
     def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:

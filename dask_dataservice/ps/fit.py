@@ -148,9 +148,8 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
     coordinator = _coordinator(strategy)
     run = FitRun(coordinator, _iterator(coordinator, x), epochs, steps, initial_epoch)
     history = run.history = History()
-    cbs: list[Callback] = [history, *callbacks]
-    if verbose:
-        cbs.append(ProgressBar(leave=False))
+    # Keras' order: the progress bar first, History last (it records what the others added)
+    cbs: list[Callback] = [*([ProgressBar(leave=False)] if verbose else []), *callbacks, history]
     for cb in cbs:
         cb.set_run(run)
     for cb in cbs:  # before any other hook: the others see the resumed position
@@ -184,10 +183,10 @@ def _train(run: FitRun, step_fn: Callable[[PerWorkerIterator], Any],
                 for cb in cbs:
                     cb.on_train_batch_begin(run.step + i, {})
             _collect(run, chunk, cbs)
-        logs = run.logs()
+        logs = run._epoch_logs = run.logs()  # one dict: a callback may add to it (Keras)
         run._epoch_over = True
         for cb in cbs:
-            cb.on_epoch_end(run.epoch, dict(logs))
+            cb.on_epoch_end(run.epoch, logs)
         run.epoch, run.step = run.epoch + 1, 0
         run._sums, run._counts = {}, {}
         run._epoch_over = False
@@ -216,8 +215,9 @@ def _collect(run: FitRun, chunk: list[RemoteValue], cbs: list[Callback]) -> None
             _settle(coordinator)
             if isinstance(e, StopIteration):
                 raise InputExhaustedError(
-                    f"the input ran out of data at epoch {run.epoch}, step {run.step}: "
-                    "make the dataset repeat, or lower steps_per_epoch") from e
+                    f"the input ran out of data in epoch {run.epoch} ({run.step} of its "
+                    f"{run.steps_per_epoch} steps had finished): make the dataset repeat, "
+                    "or lower steps_per_epoch") from e
             raise
         run._add(value)
         run.step += 1
