@@ -59,7 +59,7 @@ def short_repr(x: Any) -> str:
     return _short.repr(x)
 
 
-def callable_name(fn: Callable) -> str:
+def callable_name(fn: Callable[..., Any]) -> str:
     """A readable name for a user function (``module.qualname`` or its repr)."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if name is None:
@@ -71,7 +71,7 @@ def callable_name(fn: Callable) -> str:
 _NOTE_MARK = "__dask_dataservice_annotated__"
 
 
-def annotate_user_error(exc: BaseException, op: str, fn: Callable | None, element: Any) -> None:
+def annotate_user_error(exc: BaseException, op: str, fn: Callable[..., Any] | None, element: Any) -> None:
     """Add a note saying which pipeline op and user function raised ``exc``.
 
     The exception keeps its type and traceback (the note is shown under it), so users can
@@ -148,13 +148,13 @@ class Op:
     #: True for ops that produce elements from outside the pipeline.
     is_source: bool = False
 
-    def iterate(self, ctx: IterContext) -> Iterator:
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         raise NotImplementedError
 
     def cardinality(self) -> int:
         return UNKNOWN
 
-    def params(self) -> tuple:
+    def params(self) -> tuple[Any, ...]:
         """Parameters that define this op (for fingerprints and ``repr``)."""
         return ()
 

@@ -46,7 +46,7 @@ def expand(patterns: list[str]) -> list[str]:
     return sorted(found)
 
 
-def open_file(path: str, mode: str = "rb", **kwargs: Any) -> IO:
+def open_file(path: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
     """Open a local path or an fsspec URL (the caller closes it)."""
     if not is_url(path):
         return open(path, mode, **kwargs)

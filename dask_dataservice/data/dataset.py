@@ -100,7 +100,7 @@ class Dataset:
         return cls(sources.ListFiles(file_pattern, shuffle, seed))
 
     @classmethod
-    def from_files(cls, paths: str | Iterable[str], reader: Callable[[str], Iterable]) -> Dataset:
+    def from_files(cls, paths: str | Iterable[str], reader: Callable[[str], Iterable[Any]]) -> Dataset:
         """Elements read from files by ``reader(path)``; each file is one split.
 
         See :mod:`dask_dataservice.data.readers` for readers of ``.npy``, text and zarr.
@@ -185,7 +185,7 @@ class Dataset:
         return cls(LoadSnapshot(path, wait, timeout))
 
     @classmethod
-    def from_generator(cls, generator: Callable[..., Iterable], args: tuple = ()) -> Dataset:
+    def from_generator(cls, generator: Callable[..., Iterable[Any]], args: tuple[Any, ...] = ()) -> Dataset:
         """Elements of ``generator(*args)``: any Python iterable.
 
         Arbitrary Python code is welcome here (the data service runs it on workers), but a
@@ -213,7 +213,7 @@ class Dataset:
     # ------------------------------------------------------------------------------------
     # transformations
     # ------------------------------------------------------------------------------------
-    def map(self, map_func: Callable, num_parallel_calls: int | None = None,
+    def map(self, map_func: Callable[..., Any], num_parallel_calls: int | None = None,
             deterministic: bool | None = None) -> Dataset:
         """Apply ``map_func`` to every element (tuples are unpacked into arguments).
 
@@ -222,7 +222,7 @@ class Dataset:
         """
         return Dataset(ops.Map(self._op, map_func, num_parallel_calls, deterministic))
 
-    def filter(self, predicate: Callable) -> Dataset:
+    def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """Keep the elements for which ``predicate`` is true."""
         return Dataset(ops.Filter(self._op, predicate))
 
@@ -273,7 +273,7 @@ class Dataset:
         """
         return Dataset(ops.Shard(self._op, num_shards, index))
 
-    def interleave(self, map_func: Callable, cycle_length: int | None = None, block_length: int = 1,
+    def interleave(self, map_func: Callable[..., Any], cycle_length: int | None = None, block_length: int = 1,
                    num_parallel_calls: int | None = None, deterministic: bool | None = None) -> Dataset:
         """Map each element to a dataset and interleave them.
 
@@ -284,7 +284,7 @@ class Dataset:
         return Dataset(ops.Interleave(self._op, map_func, cycle_length, block_length,
                                       num_parallel_calls, deterministic))
 
-    def flat_map(self, map_func: Callable) -> Dataset:
+    def flat_map(self, map_func: Callable[..., Any]) -> Dataset:
         """Map each element to a dataset and chain them in order."""
         return Dataset(ops.FlatMap(self._op, map_func))
 
@@ -307,7 +307,7 @@ class Dataset:
             raise TypeError(f"concatenate() takes a Dataset, got {type(dataset).__name__}")
         return Dataset(ops_more.Concatenate(self._op, dataset._op))
 
-    def bucket_by_sequence_length(self, element_length_func: Callable, bucket_boundaries: list[int],
+    def bucket_by_sequence_length(self, element_length_func: Callable[..., Any], bucket_boundaries: list[int],
                                   bucket_batch_sizes: list[int], padded_shapes: Any = None,
                                   padding_values: Any = None, pad_to_bucket_boundary: bool = False,
                                   no_padding: bool = False, drop_remainder: bool = False) -> Dataset:
@@ -349,7 +349,7 @@ class Dataset:
         return Dataset(ops_more.ChooseFromDatasets(
             _ops_of("choose_from_datasets", datasets), choice_dataset._op, stop_on_empty_dataset))
 
-    def scan(self, initial_state: Any, scan_func: Callable) -> Dataset:
+    def scan(self, initial_state: Any, scan_func: Callable[..., Any]) -> Dataset:
         """``scan_func(state, element) -> (new_state, output)``: a running computation."""
         return Dataset(ops_more.Scan(self._op, initial_state, scan_func))
 
@@ -362,8 +362,8 @@ class Dataset:
         """
         return Dataset(ops_more.Window(self._op, size, shift, stride, drop_remainder))
 
-    def group_by_window(self, key_func: Callable, reduce_func: Callable, window_size: int | None = None,
-                        window_size_func: Callable | None = None) -> Dataset:
+    def group_by_window(self, key_func: Callable[..., Any], reduce_func: Callable[..., Any], window_size: int | None = None,
+                        window_size_func: Callable[..., Any] | None = None) -> Dataset:
         """Group elements by ``key_func(x)`` (an int); a window of ``window_size`` elements of
         one key becomes ``reduce_func(key, window_dataset)``'s elements. Partial windows are
         reduced at the end of the input."""
@@ -426,10 +426,10 @@ class Dataset:
     # ------------------------------------------------------------------------------------
     # iteration
     # ------------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         return self._op.iterate(IterContext())
 
-    def iterate(self, split_provider: SplitProvider | Iterable | None = None) -> Iterator:
+    def iterate(self, split_provider: SplitProvider | Iterable[Any] | None = None) -> Iterator[Any]:
         """Iterate, reading only the splits that ``split_provider`` serves (if given).
 
         ``split_provider`` is a :class:`~dask_dataservice.data.splits.SplitProvider` or a list
@@ -442,7 +442,7 @@ class Dataset:
             split_provider = ListSplitProvider(split_provider)
         return self._op.iterate(IterContext(split_provider=split_provider))
 
-    def as_numpy_iterator(self) -> Iterator:
+    def as_numpy_iterator(self) -> Iterator[Any]:
         """Iterate with every leaf as a numpy value (Python scalars become numpy scalars)."""
         it = iter(self)
         try:
@@ -497,7 +497,7 @@ class Dataset:
         if reason:
             raise NotSplittableError(f"this dataset cannot be split: {reason}")
 
-    def splits(self, split_size: int | None = None) -> list:
+    def splits(self, split_size: int | None = None) -> list[Any]:
         """The splits of the pipeline's source, in order (small picklable descriptors).
 
         ``split_size`` sets the elements per split of index-range sources (default: about
@@ -577,7 +577,7 @@ def _to_numpy(x: Any) -> Any:
     return x
 
 
-def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> list | str:
+def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> list[Any] | str:
     """The splits of the pipeline rooted at ``op``, or the reason it has none.
 
     One source: its splits. ``concatenate``: the inputs' splits one after the other, tagged
@@ -594,7 +594,7 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> l
                 "would need the component's splits again); apply repeat() after the "
                 "zip/concatenate")
     if isinstance(op, ops_more.Concatenate):
-        plan: list = []
+        plan: list[Any] = []
         for k, child in enumerate(op.inputs):
             part = _split_plan(child, split_size, True)
             if isinstance(part, str):

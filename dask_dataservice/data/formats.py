@@ -56,7 +56,7 @@ def _infer(value: str) -> np.dtype:
 
 def csv_rows(path: str, header: bool = True, field_delim: str = ",",
              column_names: Sequence[str] | None = None, select_columns: Sequence[str] | None = None,
-             column_defaults: dict[str, Any] | None = None, encoding: str = "utf-8") -> Iterator[dict]:
+             column_defaults: dict[str, Any] | None = None, encoding: str = "utf-8") -> Iterator[dict[str, Any]]:
     """Rows of a CSV file as dicts ``{column: numpy scalar}``.
 
     Column names come from the header line, or ``column_names``; the type of each column is
@@ -193,7 +193,7 @@ class FromParquet(Source):
     def splits(self, split_size=None):
         return list(self._splits)
 
-    def read_split(self, split: RowGroupSplit) -> Iterator:
+    def read_split(self, split: RowGroupSplit) -> Iterator[Any]:
         pq = optional_import("pyarrow.parquet", "parquet", "from_parquet()")
         with open_file(split.path, "rb") as f:
             pf = pq.ParquetFile(f)

@@ -49,7 +49,7 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, allow=()) ->
     return value
 
 
-def check_callable(name: str, fn: Any) -> Callable:
+def check_callable(name: str, fn: Any) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"{name} must be callable, got {type(fn).__name__} {fn!r:.40}")
     return fn
@@ -77,14 +77,14 @@ def parallelism(name: str, value: Any) -> int | None:
     return check_int(name, value, minimum=1)
 
 
-def call(fn: Callable, x: Any) -> Any:
+def call(fn: Callable[..., Any], x: Any) -> Any:
     """Call a user function the tf.data way: tuples are unpacked into arguments."""
     if type(x) is tuple:
         return fn(*x)
     return fn(x)
 
 
-def _call_annotated(fn: Callable, x: Any, op: str) -> Any:
+def _call_annotated(fn: Callable[..., Any], x: Any, op: str) -> Any:
     try:
         return fn(*x) if type(x) is tuple else fn(x)
     except Exception as e:
@@ -96,7 +96,7 @@ def _call_annotated(fn: Callable, x: Any, op: str) -> Any:
 _DROPPED = object()
 
 
-def _call_dropping(ctx: IterContext, fn: Callable, x: Any, op: str) -> Any:
+def _call_dropping(ctx: IterContext, fn: Callable[..., Any], x: Any, op: str) -> Any:
     try:
         return fn(*x) if type(x) is tuple else fn(x)
     except Exception as e:
@@ -129,10 +129,10 @@ class ThreadedIterator:
     exits.
     """
 
-    def __init__(self, make_iter: Callable[[], Iterator], buffer_size: int, name: str) -> None:
+    def __init__(self, make_iter: Callable[[], Iterator[Any]], buffer_size: int, name: str) -> None:
         self._cv = threading.Condition(threading.Lock())
-        self._buf: deque = deque()  # filled by the producer, under the lock
-        self._pending: deque = deque()  # taken by the consumer, touched by it alone
+        self._buf: deque[Any] = deque()  # filled by the producer, under the lock
+        self._pending: deque[Any] = deque()  # taken by the consumer, touched by it alone
         self._cap = max(1, buffer_size)
         self._make_iter = make_iter
         self._stopped = False  # the consumer closed the iterator
@@ -208,7 +208,7 @@ class ThreadedIterator:
         self._stopped = True
 
 
-def _threaded(make_iter: Callable[[], Iterator], buffer_size: int, name: str) -> Iterator:
+def _threaded(make_iter: Callable[[], Iterator[Any]], buffer_size: int, name: str) -> Iterator[Any]:
     """A generator over a :class:`ThreadedIterator` that stops the thread when closed."""
     ti = ThreadedIterator(make_iter, buffer_size, name)
     try:
@@ -234,7 +234,7 @@ class Unary(Op):
 class Map(Unary):
     name = "map"
 
-    def __init__(self, input, fn, num_parallel_calls=None, deterministic: bool=True) -> None:
+    def __init__(self, input: Op, fn: Callable[..., Any], num_parallel_calls: int | None = None, deterministic: bool=True) -> None:
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
         self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
@@ -242,10 +242,10 @@ class Map(Unary):
         self._num_parallel_calls_arg = None if num_parallel_calls is None else int(num_parallel_calls)
         self.deterministic = check_deterministic(deterministic)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.fn, self._num_parallel_calls_arg, self.deterministic)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         it = self.input.iterate(ctx)
         if self.num_parallel_calls and self.num_parallel_calls > 1:
             return self._parallel(it, ctx)
@@ -273,7 +273,7 @@ class Map(Unary):
         call = _call_annotated if not ctx.ignore_errors else functools.partial(_call_dropping, ctx)
         n = self.num_parallel_calls
         pool = ThreadPoolExecutor(n, thread_name_prefix="dds-map")
-        pending: deque = deque()
+        pending: deque[Any] = deque()
         in_flight = 2 * n
         try:
             if self.deterministic:
@@ -284,7 +284,7 @@ class Map(Unary):
                 while pending:
                     yield pending.popleft().result()
             else:
-                running: set = set()
+                running: set[Any] = set()
                 for x in it:
                     running.add(pool.submit(call, self.fn, x, "map"))
                     if len(running) >= in_flight:
@@ -305,18 +305,18 @@ class Map(Unary):
 class Filter(Unary):
     name = "filter"
 
-    def __init__(self, input, predicate) -> None:
+    def __init__(self, input: Op, predicate: Callable[..., Any]) -> None:
         super().__init__(input)
         self.predicate = check_callable("predicate", predicate)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.predicate,)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         return n if n == INFINITE else UNKNOWN
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         pred = self.predicate
         for x in self.input.iterate(ctx):
             try:
@@ -333,15 +333,15 @@ class Filter(Unary):
 class Batch(Unary):
     name = "batch"
 
-    def __init__(self, input, batch_size, drop_remainder: bool=False) -> None:
+    def __init__(self, input: Op, batch_size: int, drop_remainder: bool=False) -> None:
         super().__init__(input)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.drop_remainder = check_bool("drop_remainder", drop_remainder)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.batch_size, self.drop_remainder)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         if n < 0:
             return n
@@ -354,7 +354,7 @@ class Batch(Unary):
             annotate_user_error(e, self.name, None, _NO_ELEMENT)
             raise
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         it = self.input.iterate(ctx)
         n = self.batch_size
         islice = itertools.islice
@@ -370,12 +370,12 @@ class Batch(Unary):
 class PaddedBatch(Batch):
     name = "padded_batch"
 
-    def __init__(self, input, batch_size, padded_shapes=None, padding_values=None, drop_remainder: bool=False) -> None:
+    def __init__(self, input: Op, batch_size: int, padded_shapes=None, padding_values=None, drop_remainder: bool=False) -> None:
         super().__init__(input, batch_size, drop_remainder)
         self.padded_shapes = padded_shapes
         self.padding_values = padding_values
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.batch_size, self.padded_shapes, self.padding_values, self.drop_remainder)
 
     def _stack(self, items):
@@ -389,11 +389,11 @@ class PaddedBatch(Batch):
 class Unbatch(Unary):
     name = "unbatch"
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         return n if n == INFINITE else UNKNOWN
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         for x in self.input.iterate(ctx):
             if isinstance(x, np.ndarray):
                 if x.ndim == 0:
@@ -406,7 +406,7 @@ class Unbatch(Unary):
 class Shuffle(Unary):
     name = "shuffle"
 
-    def __init__(self, input, buffer_size, seed=None, reshuffle_each_iteration: bool=True) -> None:
+    def __init__(self, input: Op, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool=True) -> None:
         super().__init__(input)
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=1)
         self.seed = None if seed is None else check_int("seed", seed)
@@ -414,7 +414,7 @@ class Shuffle(Unary):
         # An unseeded shuffle that must repeat its order picks its seed once, here.
         self._fixed_seed = self.seed if self.seed is not None else random.getrandbits(63)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.buffer_size, self.seed, self.reshuffle)
 
     def _rng(self, ctx: IterContext) -> random.Random:
@@ -425,10 +425,10 @@ class Shuffle(Unary):
             return random.Random()
         return random.Random(self.seed * 1_000_003 + epoch)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         rng = self._rng(ctx)
         randrange = rng.randrange
-        buf: list = []
+        buf: list[Any] = []
         size = self.buffer_size
         it = self.input.iterate(ctx)
         for x in it:
@@ -445,16 +445,16 @@ class Shuffle(Unary):
 class Repeat(Unary):
     name = "repeat"
 
-    def __init__(self, input, count=None) -> None:
+    def __init__(self, input: Op, count: int | None = None) -> None:
         super().__init__(input)
         if count is not None and count != -1:
             count = check_int("count", count, minimum=0)
         self.count = None if count in (None, -1) else count
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.count,)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         if self.count == 0:
             return 0
@@ -464,7 +464,7 @@ class Repeat(Unary):
             return n
         return n * self.count
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         provider = ctx.split_provider
         done = 0
         while self.count is None or done < self.count:
@@ -486,18 +486,18 @@ class Repeat(Unary):
 class _Counted(Unary):
     """An op with one ``count`` argument (-1: all)."""
 
-    def __init__(self, input, count) -> None:
+    def __init__(self, input: Op, count) -> None:
         super().__init__(input)
         self.count = check_int("count", count, minimum=-1)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.count,)
 
 
 class Take(_Counted):
     name = "take"
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         if self.count == -1:
             return n
@@ -505,7 +505,7 @@ class Take(_Counted):
             return self.count
         return n if n < 0 else min(n, self.count)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         it = self.input.iterate(ctx)
         if self.count == -1:
             yield from it
@@ -519,13 +519,13 @@ class Take(_Counted):
 class Skip(_Counted):
     name = "skip"
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         if self.count == -1:
             return 0 if n >= 0 else n
         return n if n < 0 else max(0, n - self.count)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         it = self.input.iterate(ctx)
         if self.count == -1:
             for _ in it:
@@ -537,7 +537,7 @@ class Skip(_Counted):
 class Shard(Unary):
     name = "shard"
 
-    def __init__(self, input, num_shards, index) -> None:
+    def __init__(self, input: Op, num_shards: int, index: int) -> None:
         super().__init__(input)
         hint_n, hint_i = num_shards is SHARD_HINT, index is SHARD_HINT
         if hint_n != hint_i:
@@ -551,10 +551,10 @@ class Shard(Unary):
         else:
             self.num_shards = self.index = SHARD_HINT
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.num_shards, self.index)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         if n < 0 or self.is_hint:
             return n if n < 0 else UNKNOWN
@@ -567,7 +567,7 @@ class Shard(Unary):
             "instead, or use shard(SHARD_HINT, SHARD_HINT) with the HINT policy"
         )
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         if self.is_hint:
             raise ValueError(
                 "shard(SHARD_HINT, SHARD_HINT) is a placeholder: it is filled in by the data "
@@ -588,8 +588,8 @@ class Interleave(Unary):
 
     name = "interleave"
 
-    def __init__(self, input, fn, cycle_length=None, block_length=1, num_parallel_calls=None,
-                 deterministic=None) -> None:
+    def __init__(self, input: Op, fn: Callable[..., Any], cycle_length: int | None = None, block_length: int=1, num_parallel_calls: int | None = None,
+                 deterministic: bool | None = None) -> None:
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
         # Arguments as given (AUTOTUNE and None stay so), for a machine-independent fingerprint.
@@ -601,13 +601,13 @@ class Interleave(Unary):
         self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
         self.deterministic = check_deterministic(deterministic)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.fn, *self._args, self.deterministic)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return UNKNOWN
 
-    def _open(self, x: Any, ctx: IterContext, parallel: bool) -> Iterator:
+    def _open(self, x: Any, ctx: IterContext, parallel: bool) -> Iterator[Any]:
         ds = _call_annotated(self.fn, x, self.name)
         op = getattr(ds, "_op", None)
         if not isinstance(op, Op):
@@ -619,7 +619,7 @@ class Interleave(Unary):
                                     f"dds-{self.name}")
         return op.iterate(ctx.nested())
 
-    def _open_or_drop(self, x: Any, ctx: IterContext, parallel: bool) -> Iterator | None:
+    def _open_or_drop(self, x: Any, ctx: IterContext, parallel: bool) -> Iterator[Any] | None:
         try:
             return self._open(x, ctx, parallel)
         except Exception as e:
@@ -627,11 +627,11 @@ class Interleave(Unary):
                 return None
             raise
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         outer = self.input.iterate(ctx)
         parallel = bool(self.num_parallel_calls and self.num_parallel_calls > 1)
         n, block = self.cycle_length, self.block_length
-        slots: list = [None] * n
+        slots: list[Any] = [None] * n
         num_open = 0
         end_of_input = False
         index = 0  # the slot being read
@@ -693,26 +693,26 @@ class Interleave(Unary):
 class FlatMap(Interleave):
     name = "flat_map"
 
-    def __init__(self, input, fn) -> None:
+    def __init__(self, input: Op, fn: Callable[..., Any]) -> None:
         super().__init__(input, fn, cycle_length=1, block_length=1)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.fn,)
 
 
 class Prefetch(Unary):
     name = "prefetch"
 
-    def __init__(self, input, buffer_size) -> None:
+    def __init__(self, input: Op, buffer_size: int) -> None:
         super().__init__(input)
         if buffer_size == AUTOTUNE and not isinstance(buffer_size, bool):
             buffer_size = 64
         self.buffer_size = check_int("buffer_size", buffer_size, minimum=0)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.buffer_size,)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         if self.buffer_size == 0:
             return self.input.iterate(ctx)
         return _threaded(lambda: self.input.iterate(ctx), self.buffer_size, "dds-prefetch")
@@ -721,14 +721,14 @@ class Prefetch(Unary):
 class Enumerate(Unary):
     name = "enumerate"
 
-    def __init__(self, input, start=0) -> None:
+    def __init__(self, input: Op, start: int=0) -> None:
         super().__init__(input)
         self.start = check_int("start", start)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.start,)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         it = self.input.iterate(ctx)
         try:
             yield from enumerate(it, self.start)

@@ -73,10 +73,10 @@ class SampleFromDatasets(Op):
         self.rerandomize = True if rerandomize_each_iteration is None else check_bool(
             "rerandomize_each_iteration", rerandomize_each_iteration)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.weights, self.seed, self.stop_on_empty_dataset, self.rerandomize)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         ns = [op.cardinality() for op in self.inputs]
         if all(n == INFINITE for n in ns):
             return INFINITE
@@ -85,7 +85,7 @@ class SampleFromDatasets(Op):
     def split_blocker(self) -> str:
         return "sample_from_datasets() mixes several pipelines; read each with the service and sample locally"
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         epoch = ctx.next_epoch(self)
         if self.seed is None:
             rng = random.Random()
@@ -123,16 +123,16 @@ class ChooseFromDatasets(Op):
         self.inputs = (choice, *inputs)
         self.stop_on_empty_dataset = check_bool("stop_on_empty_dataset", stop_on_empty_dataset)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.stop_on_empty_dataset,)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return UNKNOWN if self.inputs[0].cardinality() != INFINITE else INFINITE
 
     def split_blocker(self) -> str:
         return "choose_from_datasets() mixes several pipelines; read each with the service and choose locally"
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         choice = self.inputs[0].iterate(ctx)
         its = [op.iterate(ctx) for op in self.inputs[1:]]
         ended = [False] * len(its)
@@ -170,15 +170,15 @@ class Scan(Unary):
 
     name = "scan"
 
-    def __init__(self, input, initial_state, scan_func) -> None:
+    def __init__(self, input: Op, initial_state, scan_func) -> None:
         super().__init__(input)
         self.initial_state = initial_state
         self.fn = check_callable("scan_func", scan_func)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.initial_state, self.fn)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         state = self.initial_state
         fn = self.fn
         for x in self.input.iterate(ctx):
@@ -190,7 +190,7 @@ class Scan(Unary):
             yield y
 
 
-def _window_structure(items: list, template: Any):
+def _window_structure(items: list[Any], template: Any):
     """TF's window element: a structure of datasets, one per component of the elements."""
     from .dataset import Dataset  # noqa: PLC0415 - dataset imports this module's ops lazily
     from .sources import ListSource
@@ -210,7 +210,7 @@ def _map_paths(template: Any, fn, path=()):
     return fn(path)
 
 
-def _get(x: Any, path: tuple) -> Any:
+def _get(x: Any, path: tuple[Any, ...]) -> Any:
     for p in path:
         x = x[p]
     return x
@@ -221,17 +221,17 @@ class Window(Unary):
 
     name = "window"
 
-    def __init__(self, input, size, shift=None, stride=1, drop_remainder: bool=False) -> None:
+    def __init__(self, input: Op, size: int, shift: int | None = None, stride: int=1, drop_remainder: bool=False) -> None:
         super().__init__(input)
         self.size = check_int("size", size, minimum=1)
         self.shift = self.size if shift is None else check_int("shift", shift, minimum=1)
         self.stride = check_int("stride", stride, minimum=1)
         self.drop_remainder = check_bool("drop_remainder", drop_remainder)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.size, self.shift, self.stride, self.drop_remainder)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         if n < 0:
             return n
@@ -240,9 +240,9 @@ class Window(Unary):
             return 0 if n < span else (n - span) // self.shift + 1
         return -(-n // self.shift)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         span = (self.size - 1) * self.stride + 1
-        buf: list = []
+        buf: list[Any] = []
         it = self.input.iterate(ctx)
         try:
             end = False
@@ -285,7 +285,7 @@ class GroupByWindow(Unary):
 
     name = "group_by_window"
 
-    def __init__(self, input, key_func, reduce_func, window_size=None, window_size_func=None) -> None:
+    def __init__(self, input: Op, key_func, reduce_func, window_size: int | None = None, window_size_func=None) -> None:
         super().__init__(input)
         self.key_func = check_callable("key_func", key_func)
         self.reduce_func = check_callable("reduce_func", reduce_func)
@@ -295,10 +295,10 @@ class GroupByWindow(Unary):
         self.window_size_func = None if window_size_func is None else check_callable(
             "window_size_func", window_size_func)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.key_func, self.reduce_func, self.window_size, self.window_size_func)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return UNKNOWN
 
     def _key(self, x):
@@ -314,7 +314,7 @@ class GroupByWindow(Unary):
             return self.window_size
         return check_int("window_size_func(key)", _call(self.window_size_func, self.name, key), minimum=1)
 
-    def _reduce(self, key: int, items: list):
+    def _reduce(self, key: int, items: list[Any]):
         from .dataset import Dataset  # noqa: PLC0415
 
         window = _window_structure(items, items[0])
@@ -324,8 +324,8 @@ class GroupByWindow(Unary):
             raise TypeError(f"Dataset.group_by_window: reduce_func must return a Dataset, got {type(out).__name__}")
         return out._op.iterate(IterContext())
 
-    def iterate(self, ctx):
-        groups: dict[int, list] = {}
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        groups: dict[int, list[Any]] = {}
         sizes: dict[int, int] = {}
         for x in self.input.iterate(ctx):
             key = self._key(x)
@@ -345,12 +345,12 @@ class Rebatch(Batch):
 
     name = "rebatch"
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return INFINITE if self.input.cardinality() == INFINITE else UNKNOWN
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         n = self.batch_size
-        rows: list = []
+        rows: list[Any] = []
         for batch in self.input.iterate(ctx):
             rows.extend(batch if isinstance(batch, np.ndarray) else unstack(batch))
             while len(rows) >= n:
@@ -379,11 +379,11 @@ class Unique(Unary):
 
     name = "unique"
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return UNKNOWN
 
-    def iterate(self, ctx):
-        seen: set = set()
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        seen: set[Any] = set()
         for x in self.input.iterate(ctx):
             key = _hashable(x, self.name)
             if key not in seen:
@@ -402,18 +402,18 @@ class IgnoreErrors(Unary):
 
     name = "ignore_errors"
 
-    def __init__(self, input, log_warning: bool=False) -> None:
+    def __init__(self, input: Op, log_warning: bool=False) -> None:
         super().__init__(input)
         self.log_warning = check_bool("log_warning", log_warning)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.log_warning,)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         return n if n == INFINITE else UNKNOWN
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         return self.input.iterate(replace(ctx, ignore_errors=True, log_errors=self.log_warning))
 
 
@@ -428,24 +428,24 @@ class Cache(Unary):
 
     name = "cache"
 
-    def __init__(self, input, filename: str="") -> None:
+    def __init__(self, input: Op, filename: str="") -> None:
         super().__init__(input)
         if not isinstance(filename, (str, os.PathLike)):
             raise TypeError(f"filename must be a string, got {type(filename).__name__}")
         self.filename = os.fspath(filename)
-        self._memory: list | None = None
+        self._memory: list[Any] | None = None
         self._lock = threading.Lock()
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.filename,)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_memory"] = None
         state["_lock"] = None
         return state
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
@@ -453,7 +453,7 @@ class Cache(Unary):
         return ("cache() after the source would replay this worker's splits of the first epoch; "
                 "cache before reading from the service, or use OFF sharding")
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         if self.filename:
             return self._file(ctx)
         return self._mem(ctx)
@@ -471,7 +471,7 @@ class Cache(Unary):
             if self._memory is None:
                 self._memory = items
 
-    def _file(self, ctx) -> Iterator:
+    def _file(self, ctx) -> Iterator[Any]:
         data, marker = self.filename + ".data", self.filename + ".complete"
         if os.path.exists(marker):
             with open(data, "rb") as f:
@@ -518,17 +518,17 @@ class Zip(Op):
         if not self.inputs:
             raise ValueError("zip() needs at least one dataset")
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.keys,)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         ns = [op.cardinality() for op in self.inputs]
         if UNKNOWN in ns:  # an input of unknown length may be the shortest
             return UNKNOWN
         finite = [n for n in ns if n >= 0]
         return min(finite) if finite else INFINITE
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         if ctx.split_provider is None:
             its = [op.iterate(ctx) for op in self.inputs]
         else:  # every component reads the same splits
@@ -553,7 +553,7 @@ class Concatenate(Op):
     def __init__(self, first: Op, second: Op) -> None:
         self.inputs = (first, second)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         a, b = (op.cardinality() for op in self.inputs)
         if INFINITE in (a, b):
             return INFINITE
@@ -561,7 +561,7 @@ class Concatenate(Op):
             return UNKNOWN
         return a + b
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         router = None if ctx.split_provider is None else ConcatenateRouter(ctx.split_provider)
         for k, op in enumerate(self.inputs):
             sub = ctx if router is None else replace(ctx, split_provider=router.component(k))
@@ -575,7 +575,7 @@ class Concatenate(Op):
 class BucketBySequenceLength(Unary):
     name = "bucket_by_sequence_length"
 
-    def __init__(self, input, element_length_func, bucket_boundaries, bucket_batch_sizes,
+    def __init__(self, input: Op, element_length_func, bucket_boundaries, bucket_batch_sizes,
                  padded_shapes=None, padding_values=None, pad_to_bucket_boundary: bool=False,
                  no_padding: bool=False, drop_remainder: bool=False) -> None:
         super().__init__(input)
@@ -603,11 +603,11 @@ class BucketBySequenceLength(Unary):
         self.no_padding = check_bool("no_padding", no_padding)
         self.drop_remainder = check_bool("drop_remainder", drop_remainder)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.length_fn, self.bounds, self.sizes, self.padded_shapes, self.padding_values,
                 self.pad_to_bucket_boundary, self.no_padding, self.drop_remainder)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         n = self.input.cardinality()
         return n if n == INFINITE else UNKNOWN
 
@@ -617,7 +617,7 @@ class BucketBySequenceLength(Unary):
                 return i
         return len(self.bounds)
 
-    def _emit(self, bucket: int, items: list) -> Any:
+    def _emit(self, bucket: int, items: list[Any]) -> Any:
         if self.no_padding:
             return stack(items)
         shapes = self.padded_shapes
@@ -630,8 +630,8 @@ class BucketBySequenceLength(Unary):
             shapes = _leading_dim_shapes(items[0], self.bounds[bucket] - 1)
         return pad_stack(items, shapes, self.padding_values)
 
-    def iterate(self, ctx):
-        buckets: list[list] = [[] for _ in self.sizes]
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        buckets: list[list[Any]] = [[] for _ in self.sizes]
         fn = self.length_fn
         for x in self.input.iterate(ctx):
             try:

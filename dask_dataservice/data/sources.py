@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -32,17 +32,17 @@ class Source(Op):
     #: Type of the split descriptors this source reads.
     split_type: type = IndexRange
 
-    def splits(self, split_size: int | None = None) -> list:
+    def splits(self, split_size: int | None = None) -> list[Any]:
         raise NotImplementedError
 
-    def read_split(self, split: Any) -> Iterator:
+    def read_split(self, split: Any) -> Iterator[Any]:
         raise NotImplementedError
 
-    def iterate_all(self, ctx: IterContext) -> Iterator:
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         for split in self.splits():
             yield from self.read_split(split)
 
-    def iterate(self, ctx: IterContext) -> Iterator:
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         provider = ctx.split_provider
         if ctx.ignore_errors:  # a split (file) that fails is dropped from the error on
             return self._iterate_ignoring(ctx, provider)
@@ -50,7 +50,7 @@ class Source(Op):
             return self.iterate_all(ctx)
         return self._iterate_provider(provider)
 
-    def _iterate_ignoring(self, ctx: IterContext, provider) -> Iterator:
+    def _iterate_ignoring(self, ctx: IterContext, provider) -> Iterator[Any]:
         if provider is None and (not self.splittable or type(self).iterate_all is not Source.iterate_all):
             # one stream (a generator, a shuffled file list): an error ends it, since a Python
             # iterator that raised cannot go on
@@ -67,7 +67,7 @@ class Source(Op):
                 if not ctx.ignored(e):
                     raise
 
-    def _iterate_provider(self, provider) -> Iterator:
+    def _iterate_provider(self, provider) -> Iterator[Any]:
         while (split := provider.get_next()) is not None:
             if not isinstance(split, self.split_type):
                 raise TypeError(
@@ -77,7 +77,7 @@ class Source(Op):
             yield from self.read_split(split)
 
 
-def _user_iterable(fn, args: tuple, op: str, call_context: Any, element_context: Any):
+def _user_iterable(fn, args: tuple[Any, ...], op: str, call_context: Any, element_context: Any):
     """Iterate ``fn(*args)``; an error from the user's code gains a note naming ``op``, and
     the user's iterator is closed when the pipeline stops early."""
     try:
@@ -107,7 +107,7 @@ class ListSource(Source):
     def __init__(self, items) -> None:
         self.items = list(items)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (tuple(map(repr, self.items[:8])), len(self.items))
 
     def cardinality(self) -> int:
@@ -127,7 +127,7 @@ class ListSource(Source):
 class RangeSource(Source):
     name = "range"
 
-    def __init__(self, start, stop=None, step=1) -> None:
+    def __init__(self, start: int, stop=None, step=1) -> None:
         if stop is None:
             start, stop = 0, start
         self.start = check_int("start", start)
@@ -137,7 +137,7 @@ class RangeSource(Source):
             raise ValueError("step must not be zero")
         self._range = range(self.start, self.stop, self.step)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.start, self.stop, self.step)
 
     def cardinality(self) -> int:
@@ -169,10 +169,10 @@ class TensorSlices(Source):
             )
         self.n = sizes.pop()
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.data,)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return self.n
 
     def splits(self, split_size=None):
@@ -184,7 +184,7 @@ class TensorSlices(Source):
     def read_split(self, split: IndexRange):
         return self._rows(split.start, split.stop)
 
-    def _rows(self, start: int, stop: int) -> Iterator:
+    def _rows(self, start: int, stop: int) -> Iterator[Any]:
         data = self.data
         if isinstance(data, np.ndarray):
             return iter(data[start:stop])
@@ -251,7 +251,7 @@ class ListFiles(Source):
     split_type = FileSplit
     file_based = True
 
-    def __init__(self, pattern, shuffle: bool=False, seed=None) -> None:
+    def __init__(self, pattern, shuffle: bool=False, seed: int | None = None) -> None:
         if isinstance(pattern, (str, os.PathLike)):
             patterns = [pattern]
         elif isinstance(pattern, (list, tuple)):
@@ -274,10 +274,10 @@ class ListFiles(Source):
         self.shuffle = bool(shuffle)
         self.seed = None if seed is None else check_int("seed", seed)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.files, self.shuffle, self.seed)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return len(self.files)
 
     def splits(self, split_size=None):
@@ -317,7 +317,7 @@ class FromFiles(Source):
             raise TypeError(f"reader must be callable, got {type(reader).__name__}")
         self.reader = reader
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.paths, self.reader)
 
     def splits(self, split_size=None):
@@ -368,16 +368,16 @@ class FromZarr(Source):
             opened = self._opened = zarr.open_array(self.store_path, path=self.array_path, mode="r")
         return opened
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_opened", None)
         return state
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         ident = self.store_path if self.store_path is not None else repr(getattr(self._array, "store", None))
         return (ident, self.array_path, self.shape, self.dtype, self.rows_per_split)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return self.shape[0]
 
     def splits(self, split_size=None):
@@ -394,7 +394,7 @@ class FromGenerator(Source):
     name = "from_generator"
     splittable = False
 
-    def __init__(self, fn, args=()) -> None:
+    def __init__(self, fn: Callable[..., Any], args=()) -> None:
         if not callable(fn):
             raise TypeError(f"generator must be callable, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):
@@ -402,10 +402,10 @@ class FromGenerator(Source):
         self.fn = fn
         self.args = tuple(args)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.fn, self.args)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return UNKNOWN
 
     def splits(self, split_size=None):
@@ -415,7 +415,7 @@ class FromGenerator(Source):
         # the generator's own cleanup runs when the pipeline stops early
         return _user_iterable(self.fn, self.args, "from_generator", self.args, _NO_ELEMENT)
 
-    def iterate(self, ctx):
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         return self.iterate_all(ctx)
 
     def why_not(self) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "SHARD_HINT",
@@ -76,7 +77,7 @@ class FileSplit:
     path: str
 
 
-class IndexRanges(Sequence):
+class IndexRanges(Sequence[Any]):
     """The splits of ``n`` positions cut into ranges of ``split_size``, computed on demand.
 
     A sequence of :class:`IndexRange` whose length and every item are O(1) to compute, and
@@ -280,7 +281,7 @@ class ZipTee(_SharedProvider):
         from collections import deque
 
         super().__init__(parent)
-        self._buffer: deque = deque()
+        self._buffer: deque[Any] = deque()
         self._base = 0  # position of self._buffer[0]
         self._pos = [0] * n
 
@@ -300,7 +301,7 @@ class ZipTee(_SharedProvider):
         return split
 
 
-def shared_splits(lists: list[list], length: int, split_size: int | None, enumerate_with) -> list | str:
+def shared_splits(lists: list[list[Any]], length: int, split_size: int | None, enumerate_with) -> list[Any] | str:
     """The splits the components of a zip share, or the reason they cannot share any.
 
     ``lists`` are the components' own splits. When they differ only because each index-range

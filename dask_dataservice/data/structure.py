@@ -19,7 +19,7 @@ def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(x, "_fields")
 
 
-def map_structure(fn: Callable, *structures: Any) -> Any:
+def map_structure(fn: Callable[..., Any], *structures: Any) -> Any:
     """Apply ``fn`` to the leaves of one or more structures of the same shape.
 
     Tuples (and namedtuples) and dicts are structure; everything else, lists included, is
@@ -34,7 +34,7 @@ def map_structure(fn: Callable, *structures: Any) -> Any:
     return fn(*structures)
 
 
-def flatten(x: Any) -> list:
+def flatten(x: Any) -> list[Any]:
     """The leaves of a structure, in a stable order (dict keys in insertion order)."""
     if isinstance(x, dict):
         return [leaf for v in x.values() for leaf in flatten(v)]
@@ -66,11 +66,11 @@ def _transpose(elements: Sequence[Any]) -> Any:
     return _Leaves(elements)
 
 
-class _Leaves(list):
+class _Leaves(list[Any]):
     """A list of leaves of one position of a structure (marker type for _transpose)."""
 
 
-def _check_one_kind(leaves: list, out: np.ndarray) -> None:
+def _check_one_kind(leaves: list[Any], out: np.ndarray) -> None:
     """numpy turns ``[1, "a"]`` into strings; a batch mixing numbers and text is an error."""
     if out.dtype.kind not in "US":
         return
@@ -82,7 +82,7 @@ def _check_one_kind(leaves: list, out: np.ndarray) -> None:
             "numpy would silently turn the numbers into strings")
 
 
-def _stack_leaves(leaves: list) -> np.ndarray:
+def _stack_leaves(leaves: list[Any]) -> np.ndarray:
     first = leaves[0]
     if isinstance(first, np.ndarray):
         try:
@@ -112,7 +112,7 @@ def stack(elements: Sequence[Any]) -> Any:
     return map_structure(_stack_leaves, _transpose(elements))
 
 
-def _pad_leaves(leaves: list, padded_shape: Any, padding_value: Any) -> np.ndarray:
+def _pad_leaves(leaves: list[Any], padded_shape: Any, padding_value: Any) -> np.ndarray:
     arrays = [np.asarray(x) for x in leaves]
     rank = arrays[0].ndim
     for a in arrays:
@@ -177,7 +177,7 @@ def batch_size_of(x: Any) -> int:
     return sizes.pop()
 
 
-def unstack(x: Any) -> list:
+def unstack(x: Any) -> list[Any]:
     """Split a batched element along axis 0 into a list of elements."""
     if not isinstance(x, (tuple, dict)):
         if np.ndim(x) == 0:

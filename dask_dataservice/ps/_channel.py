@@ -68,18 +68,18 @@ class Channel:
         self._group = group
         self._lock = threading.Lock()
         #: Messages submitted by threads, not yet written: ``(msg, future)``.
-        self._inbox: deque = deque()
+        self._inbox: deque[Any] = deque()
         #: Futures of written messages, in the order their replies will come.
-        self._pending: deque = deque()
+        self._pending: deque[Any] = deque()
         self._comm = None
         self._writing = False
         self._closed = False
         self._waker = LoopWaker(loop, self._kick)
 
     # -- any thread ----------------------------------------------------------------------
-    def submit(self, op: str, kwargs: dict) -> concurrent.futures.Future:
+    def submit(self, op: str, kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
         """Queue ``op(**kwargs)``; the future gets the reply (or a connection error)."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             self._inbox.append(({"op": op, "reply": True, **kwargs}, fut))
         self._waker.wake()
@@ -181,7 +181,7 @@ class Pipeline:
     asked after each ``liveness`` seconds without a reply.
     """
 
-    def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict],
+    def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict[str, Any]],
                  max_bytes: int, max_messages: int, timeout: float,
                  probe: Callable[[str, float], bool] | None = None,
                  liveness: float | None = None) -> None:
@@ -193,13 +193,13 @@ class Pipeline:
         self._max_messages = max_messages
         self._timeout = timeout
         #: ``(future, call, function index, nbytes)`` of unacknowledged updates.
-        self._outstanding: deque = deque()
+        self._outstanding: deque[Any] = deque()
         self._bytes = 0
         #: The function (index in the batch) now running, and errors charged to functions.
         self.current = 0
         self.errors: dict[int, BaseException] = {}
 
-    def _result(self, fut: concurrent.futures.Future, call: Call) -> dict:
+    def _result(self, fut: concurrent.futures.Future[Any], call: Call) -> dict[str, Any]:
         deadline = time.monotonic() + self._timeout
         while True:
             left = deadline - time.monotonic()
@@ -221,7 +221,7 @@ class Pipeline:
             raise err from None
         return self._check(reply, call)
 
-    def call_many(self, calls: list[Call]) -> list[dict]:
+    def call_many(self, calls: list[Call]) -> list[dict[str, Any]]:
         futs = [self._channel(c.address).submit(c.op, c.kwargs) for c in calls]
         return [self._result(fut, call) for fut, call in zip(futs, calls, strict=True)]
 

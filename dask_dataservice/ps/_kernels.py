@@ -102,7 +102,7 @@ def cast_value(value: Any, dtype: Any, what: str) -> np.ndarray:
     return arr.astype(dtype)
 
 
-def new_slots(config: dict, value: np.ndarray) -> dict[str, np.ndarray]:
+def new_slots(config: dict[str, Any], value: np.ndarray) -> dict[str, np.ndarray]:
     """Fresh slot arrays for a shard ``value``."""
     kind = config["kind"]
     if kind == "sgd":
@@ -170,19 +170,19 @@ def put_rows(value: np.ndarray, ids: np.ndarray, new: np.ndarray) -> None:
         np.put(rows, ids, items)
 
 
-def apply_dense(config: dict, value: np.ndarray, slots: dict, grad: np.ndarray) -> None:
+def apply_dense(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], grad: np.ndarray) -> None:
     """Apply one dense update to ``value`` (all rows) in place."""
     _apply(config, value, slots, grad, None)
 
 
-def apply_sparse(config: dict, value: np.ndarray, slots: dict, ids: np.ndarray,
+def apply_sparse(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], ids: np.ndarray,
                  grad_rows: np.ndarray) -> None:
     """Apply one sparse update to rows ``ids`` of ``value`` in place (duplicates summed)."""
     ids, grad_rows = dedupe_rows(ids, grad_rows)
     _apply(config, value, slots, grad_rows, ids)
 
 
-def _apply(config: dict, value: np.ndarray, slots: dict, g: np.ndarray, ids) -> None:
+def _apply(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], g: np.ndarray, ids) -> None:
     """One update of ``value`` (rows ``ids``, distinct; or all rows when None) in place.
 
     Sparse updates read the rows they touch with :func:`take_rows`, compute on those
@@ -331,8 +331,8 @@ def _accepts(fn) -> tuple[set[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-def initial_value(fn, shape: tuple, dtype, offset: int = 0,
-                  full_shape: tuple | None = None) -> tuple[np.ndarray, bool]:
+def initial_value(fn, shape: tuple[Any, ...], dtype, offset: int = 0,
+                  full_shape: tuple[Any, ...] | None = None) -> tuple[np.ndarray, bool]:
     """Call initializer ``fn`` for the partition ``shape`` at row ``offset``: ``(value, sliced)``.
 
     The convention is chosen from ``fn``'s signature, so a ``TypeError`` raised inside ``fn``

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from distributed import get_worker
 from distributed.utils import sync
@@ -34,6 +35,9 @@ from .. import config
 from .._rpc import raise_for_status
 from ._exceptions import ParameterServerError, ParameterServerUnavailableError, silent_server
 from ._types import Call, Tag
+
+if TYPE_CHECKING:
+    from tornado.ioloop import IOLoop
 
 __all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "register_owner",
            "run_sync", "send_updates", "tag"]
@@ -105,7 +109,7 @@ async def answers(rpc, address: str, limit: float) -> bool:
     return True
 
 
-def check(response: Any, call: Call) -> dict:
+def check(response: Any, call: Call) -> dict[str, Any]:
     """The response if OK; else raise the error it carries."""
     return raise_for_status(
         response, f"{call.op} request to {call.address}",
@@ -148,7 +152,7 @@ async def _guarded(rpc, call: Call) -> Any:
             await asyncio.gather(request, return_exceptions=True)
 
 
-async def call_async(rpc, call: Call, limit: float | None) -> dict:
+async def call_async(rpc, call: Call, limit: float | None) -> dict[str, Any]:
     if call.op in BULK_OPS:
         limit = None
     try:
@@ -163,19 +167,19 @@ async def call_async(rpc, call: Call, limit: float | None) -> dict:
     return check(response, call)
 
 
-async def _gather(rpc, calls: list[Call], limit: float | None) -> list[dict]:
+async def _gather(rpc, calls: list[Call], limit: float | None) -> list[dict[str, Any]]:
     if len(calls) == 1:
         return [await call_async(rpc, calls[0], limit)]
     return list(await asyncio.gather(*(call_async(rpc, c, limit) for c in calls)))
 
 
-def run_sync(loop, fn, *args, **kwargs):
+def run_sync[T](loop: IOLoop | None, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on ``loop`` from this thread (any thread but the loop's own)."""
     return sync(loop, fn, *args, **kwargs)
 
 
 def call_many(calls: list[Call], client=None, uid: str | None = None,
-              limit: float | None = None) -> list[dict]:
+              limit: float | None = None) -> list[dict[str, Any]]:
     """Send ``calls`` in parallel and wait for all replies (in order).
 
     Each reply is awaited at most ``limit`` seconds (default: ``dataservice.ps.request-timeout``).
@@ -201,6 +205,6 @@ def send_updates(calls: list[Call], client=None, nbytes: int = 0, uid: str | Non
         call_many(calls, client, uid)
 
 
-def call(address: str, op: str, client=None, kwargs: dict | None = None,
-         uid: str | None = None) -> dict:
+def call(address: str, op: str, client=None, kwargs: dict[str, Any] | None = None,
+         uid: str | None = None) -> dict[str, Any]:
     return call_many([Call(address, op, kwargs or {})], client, uid)[0]

@@ -132,7 +132,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
             self.poisoned.popitem(last=False)
 
     def _run_batch(self, payload: bytes, coordinator: int, generation: int,
-                   worker_index: int | None) -> list:
+                   worker_index: int | None) -> list[Any]:
         from distributed.worker import _worker_cvar
 
         _worker_cvar.set(self.worker)

@@ -43,7 +43,7 @@ class Lane:
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
         self._lock = threading.Lock()
-        self._queue: deque = deque()
+        self._queue: deque[Any] = deque()
         self._running = False
 
     @property
@@ -51,8 +51,8 @@ class Lane:
         with self._lock:
             return not self._running
 
-    def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             self._queue.append((fn, args, fut))
             if self._running:
@@ -151,7 +151,7 @@ class Shard:
     def read_slots(self, optimizer: str) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.slots.get(optimizer, {}).items()}
 
-    def snapshot(self, clean: bool = False) -> tuple[np.ndarray, dict]:
+    def snapshot(self, clean: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
         """Copies of the value and slots (for flush and save); ``clean`` marks it flushed."""
         if clean:
             self.dirty = False
@@ -176,7 +176,7 @@ class Shard:
         self.dirty = True
         return True
 
-    def apply(self, optimizer: dict, grad: np.ndarray, ids: np.ndarray | None, fn_id=None,
+    def apply(self, optimizer: dict[str, Any], grad: np.ndarray, ids: np.ndarray | None, fn_id=None,
               seq=None) -> bool:
         """One optimizer step: dense ``grad``, or rows ``ids``; False if a repeat."""
         if not self.fresh(fn_id, seq):
@@ -191,7 +191,7 @@ class Shard:
         self.dirty = True
         return True
 
-    def load(self, value: np.ndarray, slots: dict) -> None:
+    def load(self, value: np.ndarray, slots: dict[str, Any]) -> None:
         """Replace the value and slots (a restore); exactly-once records start over."""
         self.writable()[...] = value
         self.slots.update(slots)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -37,7 +38,7 @@ def create_backing(store, shard: Shard, chunk_bytes: int) -> None:
         attributes={"key": shard.key, "offset": shard.offset}, compressors=None)
 
 
-def write_shard(store, shard: Shard, value: np.ndarray, slots: dict, chunk_bytes: int) -> None:
+def write_shard(store, shard: Shard, value: np.ndarray, slots: dict[str, Any], chunk_bytes: int) -> None:
     """Write a snapshot of ``shard`` (taken on its lane) to its backing array and slots."""
     if shard.backing is None:
         create_backing(store, shard, chunk_bytes)
@@ -70,7 +71,7 @@ def reload(store, lane_for) -> list[Shard]:
     return shards
 
 
-def write_checkpoint(path: str, snaps: list) -> dict:
+def write_checkpoint(path: str, snaps: list[Any]) -> dict[str, Any]:
     """Write ``[(group, value, slots)]`` into the checkpoint at ``path``; the slot names."""
     store = LocalStore(path)
     slot_names: dict[str, dict[str, list[str]]] = {}
@@ -86,7 +87,7 @@ def write_checkpoint(path: str, snaps: list) -> dict:
     return slot_names
 
 
-def read_pieces(store, pieces: list, path: str, out: np.ndarray) -> bool:
+def read_pieces(store, pieces: list[Any], path: str, out: np.ndarray) -> bool:
     """Fill ``out`` from saved shards: ``pieces`` is ``[(group, start, stop, dst)]`` row ranges
     of the arrays ``<group>/<path>``. Rank-0 values (and per-shard scalars such as Adam's
     step count, whose shape has no rows) come from the first piece. False if none exists."""
@@ -106,7 +107,7 @@ def read_pieces(store, pieces: list, path: str, out: np.ndarray) -> bool:
     return found
 
 
-def _slot_shape(store, pieces: list, path: str, shape: tuple):
+def _slot_shape(store, pieces: list[Any], path: str, shape: tuple[Any, ...]):
     for group, *_ in pieces:
         try:
             arr = zarr.open_array(store, path=f"{group}/{path}", mode="r")
@@ -118,7 +119,7 @@ def _slot_shape(store, pieces: list, path: str, shape: tuple):
     return None
 
 
-def read_checkpoint(path: str, pieces: list, shape: tuple, dtype, slots: dict):
+def read_checkpoint(path: str, pieces: list[Any], shape: tuple[Any, ...], dtype, slots: dict[str, Any]):
     """The value (and the ``{optimizer: [slot names]}`` slots) of one shard from a checkpoint."""
     store = LocalStore(path, read_only=True)
     value = np.empty(shape, dtype=dtype)

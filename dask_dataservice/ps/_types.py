@@ -48,7 +48,7 @@ class Call(NamedTuple):
 
     address: str
     op: str
-    kwargs: dict
+    kwargs: dict[str, Any]
 
 
 class Tag(TypedDict, total=False):
@@ -69,8 +69,8 @@ class IndexedSlices(NamedTuple):
 class ShardInfo(NamedTuple):
     """TensorFlow's ``ShardInfo``: the shape of one partition and its offset on every axis."""
 
-    shape: tuple
-    offset: tuple
+    shape: tuple[Any, ...]
+    offset: tuple[Any, ...]
 
 
 # -- replies (status "OK") ------------------------------------------------------------------
@@ -98,7 +98,7 @@ class UpdateReply(TypedDict):
 class ClosuresReply(TypedDict):
     status: str
     #: ``[(ok, pickled result or error)]``, one per closure that ran (a failure stops the batch).
-    results: list
+    results: list[Any]
 
 
 # -- arrays on the wire ---------------------------------------------------------------------

@@ -53,7 +53,7 @@ __all__ = ["Checkpoint"]
 FORMAT = "dask_dataservice.ps.checkpoint/1"
 
 
-def _flatten(objects: dict, optimizers: list | None = None,
+def _flatten(objects: dict[str, Any], optimizers: list[Any] | None = None,
              inputs: dict[str, PerWorkerIterator] | None = None
              ) -> dict[str, Variable | ShardedVariable]:
     """``{path: variable}`` of ``objects``; their optimizers are appended to ``optimizers``,
@@ -86,7 +86,7 @@ def _flatten(objects: dict, optimizers: list | None = None,
     return out
 
 
-def _layout(var) -> tuple[list[Variable], list[int] | None]:
+def _layout(var: Variable | ShardedVariable) -> tuple[list[Variable], list[int] | None]:
     if isinstance(var, ShardedVariable):
         return var.variables, var.offsets
     return [var], ([0, var.shape[0]] if var.shape else None)
@@ -108,7 +108,7 @@ class Checkpoint:
         #: Number of times :meth:`save` ran (restored from the checkpoint).
         self.save_counter = 0
 
-    def save(self, path: str | os.PathLike) -> str:
+    def save(self, path: str | os.PathLike[str]) -> str:
         """Write a checkpoint to directory ``path`` (replaced if it exists); returns the path."""
         path = os.fspath(path)
         inputs: dict[str, PerWorkerIterator] = {}
@@ -119,8 +119,8 @@ class Checkpoint:
                                      "variables on parameter servers: add them")
         store = LocalStore(path)
         root = zarr.open_group(store, mode="w")
-        meta: dict[str, dict] = {}
-        per_ps: dict[str, list] = {}
+        meta: dict[str, dict[str, Any]] = {}
+        per_ps: dict[str, list[Any]] = {}
         local: list[tuple[str, Variable]] = []
         for name, var in variables.items():
             shards, offsets = _layout(var)
@@ -139,12 +139,12 @@ class Checkpoint:
         replies = _routing.call_many(
             [Call(a, "ps_save", {"path": path, "items": items}) for a, items in per_ps.items()],
             *client)
-        slot_names: dict[str, dict] = {}
+        slot_names: dict[str, dict[str, Any]] = {}
         for reply in replies:
             slot_names.update(reply["slots"])
         for name, var in variables.items():
             shards, _ = _layout(var)
-            merged: dict[str, set] = {}
+            merged: dict[str, set[Any]] = {}
             for i in range(len(shards)):
                 for opt, names in slot_names.get(_group(name, i), {}).items():
                     merged.setdefault(opt, set()).update(names)
@@ -158,12 +158,12 @@ class Checkpoint:
 
     write = save
 
-    def restore(self, path: str | os.PathLike) -> Checkpoint:
+    def restore(self, path: str | os.PathLike[str]) -> Checkpoint:
         """Load every variable of this Checkpoint from ``path`` (any sharding at save time)."""
         path = os.fspath(path)
         try:
             root = zarr.open_group(LocalStore(path, read_only=True), mode="r")
-            attrs = dict(root.attrs)
+            attrs: dict[str, Any] = dict(root.attrs)
         except (FileNotFoundError, zarr.errors.NodeNotFoundError) as e:
             raise FileNotFoundError(f"no checkpoint at {path}") from e
         if attrs.get("format") != FORMAT:
@@ -231,7 +231,7 @@ class Checkpoint:
         return f"<dds.Checkpoint {sorted(self._objects)} save_counter={self.save_counter}>"
 
 
-def _match_slots(name: str, saved: dict, optimizers: list[Optimizer], path: str) -> None:
+def _match_slots(name: str, saved: dict[str, Any], optimizers: list[Optimizer], path: str) -> None:
     """CheckpointMismatchError unless each saved slot group of variable ``name`` belongs to
     one of ``optimizers`` (by name) and holds the slots that optimizer keeps."""
     by_name = {o.name: o for o in optimizers}
@@ -249,16 +249,16 @@ def _match_slots(name: str, saved: dict, optimizers: list[Optimizer], path: str)
                 f"variable {name!r}, but {opt!r} keeps slots {sorted(opt.slot_names)}")
 
 
-def _client_of(variables: dict) -> tuple:
+def _client_of(variables: dict[str, Any]) -> tuple[Any, ...]:
     """``(client, strategy id)`` of the first remote variable (``(None, None)``: all local)."""
     for var in variables.values():
         for v in var.variables:
             if v.ps_address is not None:
-                return v._client_uid()
+                return v._client_uid()  # type: ignore[no-any-return]
     return None, None
 
 
-def _restore_local(path: str, v: Variable, pieces: list) -> None:
+def _restore_local(path: str, v: Variable, pieces: list[Any]) -> None:
     value = np.empty(v.shape, dtype=v.dtype)
     _store.read_pieces(LocalStore(path, read_only=True), pieces, "value", value)
     v.assign(value)

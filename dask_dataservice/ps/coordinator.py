@@ -177,7 +177,7 @@ class ClusterCoordinator:
         self._generation = 0
         self._closing = False
         self._fatal: BaseException | None = None
-        self._feeders: dict[str, list[asyncio.Task]] = {}
+        self._feeders: dict[str, list[asyncio.Task[Any]]] = {}
         #: Workers whose request failed, while the scheduler still lists them.
         self._dead: set[str] = set()
         #: ``{worker name: index}``: TensorFlow's worker index (stable across restarts).
@@ -355,7 +355,7 @@ class ClusterCoordinator:
                 t.cancel()
         await self._watch_ps(listed)
 
-    async def _watch_ps(self, listed: dict) -> None:
+    async def _watch_ps(self, listed: dict[str, Any]) -> None:
         """Note parameter servers that left; point variables at the ones that came back."""
         by_name = {str(w.get("name", "")): a for a, w in listed.items()}
         strategy = self.strategy
@@ -509,7 +509,7 @@ class ClusterCoordinator:
             self._cond.notify_all()
         self._have_work.set()
 
-    def _finish(self, batch: list[_Closure], results: list) -> None:
+    def _finish(self, batch: list[_Closure], results: list[Any]) -> None:
         with self._cond:
             for i, closure in enumerate(batch):
                 if i >= len(results):

@@ -56,7 +56,7 @@ class Optimizer:
             raise ValueError(f"an optimizer's name must be a non-empty str, got {name!r}")
         self.name = name if name is not None else type(self).__name__
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         """The hyperparameters, as sent to the parameter servers with each update."""
         return {"kind": self.kind, "name": self.name, "learning_rate": self.learning_rate}
 
@@ -91,7 +91,7 @@ class SGD(Optimizer):
     def slot_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
 
 
@@ -109,7 +109,7 @@ class Adagrad(Optimizer):
         self.initial_accumulator_value = float(initial_accumulator_value)
         self.epsilon = float(epsilon)
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
                 "epsilon": self.epsilon}
 
@@ -128,7 +128,7 @@ class Adam(Optimizer):
                 raise ValueError(f"{label} must be in [0, 1), got {b!r}")
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
                 "epsilon": self.epsilon}
 

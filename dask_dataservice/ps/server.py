@@ -92,7 +92,7 @@ def _check_ids(shard: Shard, ids: Any) -> np.ndarray:
     return ids
 
 
-def _as_value(shard: Shard, value: Any, shape: tuple | None = None) -> np.ndarray:
+def _as_value(shard: Shard, value: Any, shape: tuple[Any, ...] | None = None) -> np.ndarray:
     arr = _kernels.cast_value(unwire(value), shard.value.dtype, f"variable {shard.key!r}")
     want = shard.value.shape if shape is None else shape
     if arr.shape != want:
@@ -104,7 +104,7 @@ def _as_value(shard: Shard, value: Any, shape: tuple | None = None) -> np.ndarra
     return arr
 
 
-def _check_kind(kind: str, kinds: tuple) -> None:
+def _check_kind(kind: str, kinds: tuple[Any, ...]) -> None:
     if kind not in kinds:
         raise ValueError(f"unknown update kind {kind!r}; expected one of {kinds}")
 
@@ -224,13 +224,13 @@ class ParameterServerPlugin(WorkerPlugin):
                                            self._chunk_bytes)
         return {"status": "OK", "sliced": sliced, "existed": False}
 
-    def delete(self, key: str) -> dict:
+    def delete(self, key: str) -> dict[str, Any]:
         shard = self.shards.pop(key, None)
         if shard is not None:
             shard.lane.close()
         return {"status": "OK", "deleted": shard is not None}
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         """What this PS holds: ``{key: {"shape", "dtype", "offset", "slots"}}``."""
         return {"status": "OK", "is_ps": self.is_ps, "store": self.store_path,
                 "stats": dict(self.stats),
@@ -257,7 +257,7 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK", "value": to_serialize(out)}
 
     @handler
-    async def read_slots(self, key: str, optimizer: str) -> dict:
+    async def read_slots(self, key: str, optimizer: str) -> dict[str, Any]:
         shard = self._shard(key)
         slots = await self._on_lane(shard, shard.value.nbytes, shard.read_slots, optimizer)
         return {"status": "OK", "slots": {k: to_serialize(v) for k, v in slots.items()}}
@@ -298,7 +298,7 @@ class ParameterServerPlugin(WorkerPlugin):
                                                fn_id, seq))
 
     @handler
-    async def apply(self, key: str, optimizer: dict, grad, ids=None, fn_id: int | None = None,
+    async def apply(self, key: str, optimizer: dict[str, Any], grad, ids=None, fn_id: int | None = None,
                     seq: int | None = None) -> UpdateReply:
         """Apply one optimizer step to shard ``key``: dense ``grad``, or rows ``ids``."""
         shard = self._shard(key)
@@ -316,7 +316,7 @@ class ParameterServerPlugin(WorkerPlugin):
                                                fn_id, seq))
 
     @handler
-    async def forget(self, below: int, above: int = 0) -> dict:
+    async def forget(self, below: int, above: int = 0) -> dict[str, Any]:
         """Drop exactly-once records of functions with ids in ``[above, below)`` (finished);
         later updates of those functions are dropped (see the module doc)."""
         if above and below >> 32 << 32 == above:
@@ -328,7 +328,7 @@ class ParameterServerPlugin(WorkerPlugin):
 
     # -- persistence ---------------------------------------------------------------------
     @handler
-    async def flush(self, keys=None) -> dict:
+    async def flush(self, keys=None) -> dict[str, Any]:
         """Write the working copies (and slots) of ``keys`` (default: all dirty) to zarr."""
         written = await self._flush(keys)
         return {"status": "OK", "written": written, "store": self.store_path}
@@ -348,7 +348,7 @@ class ParameterServerPlugin(WorkerPlugin):
 
     # -- checkpoints ---------------------------------------------------------------------
     @handler
-    async def save(self, path: str, items: list) -> dict:
+    async def save(self, path: str, items: list[Any]) -> dict[str, Any]:
         """Write shards into an existing checkpoint group at ``path``.
 
         ``items`` is ``[{"key": shard key, "group": group path}]``; each shard becomes
@@ -365,7 +365,7 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK", "slots": slots}
 
     @handler
-    async def restore(self, path: str, key: str, pieces: list, slots: dict | None = None) -> dict:
+    async def restore(self, path: str, key: str, pieces: list[Any], slots: dict[str, Any] | None = None) -> dict[str, Any]:
         """Fill shard ``key`` from saved shards: ``pieces`` is ``[(group, src_start,
         src_stop, dst_start)]`` row ranges; ``slots`` maps optimizer → slot names to load."""
         shard = self._shard(key)

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ParameterServerStrategy", "InputContext", "ReduceOp", "cluster_roles"]
 
 #: The variable new variables are colocated with (``strategy.extended.colocate_vars_with``).
-_colocate: contextvars.ContextVar = contextvars.ContextVar("dds_ps_colocate", default=None)
+_colocate: contextvars.ContextVar[Variable | None] = contextvars.ContextVar("dds_ps_colocate", default=None)
 
 _INEFFICIENT_INIT = (
     "Large variable {name!r} is partitioned but was built whole on the coordinator and then "
@@ -62,10 +62,13 @@ _INEFFICIENT_INIT = (
 )
 
 
-def _identity(client: Client) -> dict:
+def _identity(client: Client) -> dict[str, Any]:
     # distributed.utils.sync (not client.sync): works from any thread but the client's loop,
     # also one running an event loop of its own (a Jupyter kernel)
-    return _routing.run_sync(client.loop, client.scheduler.identity).get("workers", {})
+    assert client.scheduler is not None  # a connected client
+    identity: dict[str, Any] = _routing.run_sync(client.loop, client.scheduler.identity)
+    workers: dict[str, Any] = identity.get("workers", {})
+    return workers
 
 
 def cluster_roles(client: Client) -> tuple[list[str], list[str]]:
@@ -77,10 +80,10 @@ def _names(client: Client) -> dict[str, str]:
     return {a: str(w.get("name", "")) for a, w in _identity(client).items()}
 
 
-def _roles(workers: dict) -> tuple[list[str], list[str]]:
+def _roles(workers: dict[str, Any]) -> tuple[list[str], list[str]]:
     ps_res, worker_res = config.get("ps.resource"), config.get("ps.worker-resource")
 
-    def key(addr):
+    def key(addr: str) -> tuple[str, str]:
         return (str(workers[addr].get("name", "")), addr)
 
     ps = sorted((a for a, w in workers.items() if (w.get("resources") or {}).get(ps_res)), key=key)
@@ -130,15 +133,15 @@ class _DatasetFromFunction:
     Iterating it on the coordinator is a ValueError, as in TensorFlow.
     """
 
-    def __init__(self, dataset_fn) -> None:
+    def __init__(self, dataset_fn: Callable[[InputContext], Any]) -> None:
         self._dataset_fn = dataset_fn
 
-    def __call__(self):
+    def __call__(self) -> Any:
         # Each worker runs one input pipeline and there is one replica per worker, so
         # every worker sees the same context (TensorFlow does the same).
         return self._dataset_fn(InputContext())
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if not _on_worker():
             raise ValueError(
                 "a distributed dataset of ParameterServerStrategy is built on the training "
@@ -155,7 +158,9 @@ class _Extended:
         self._strategy = strategy
 
     @contextlib.contextmanager
-    def colocate_vars_with(self, colocate_with_variable):
+    def colocate_vars_with(
+        self, colocate_with_variable: Variable | ShardedVariable
+    ) -> Iterator[None]:
         """Variables created in this context go to the PS of ``colocate_with_variable``,
         never partitioned (TensorFlow's rule)."""
         var = colocate_with_variable
@@ -168,15 +173,16 @@ class _Extended:
         finally:
             _colocate.reset(token)
 
-    def variable_created_in_scope(self, v) -> bool:
+    def variable_created_in_scope(self, v: object) -> bool:
         return any(v is w for w in self._strategy._variables)
 
 
-def _strategy_by_ref(uid: str, ps: list, ps_names: list, partitioner):
+def _strategy_by_ref(uid: str, ps: list[str], ps_names: list[str],
+                     partitioner: Callable[..., Sequence[int]] | None) -> ParameterServerStrategy:
     """Unpickle a strategy: the live one of this process, or a client-less stand-in."""
     live = _routing.owner(uid)
     if live is not None:
-        return live
+        return live  # type: ignore[no-any-return]
     stand_in = object.__new__(ParameterServerStrategy)
     stand_in.__dict__.update(_client=None, _uid=uid, _ps=list(ps), _ps_names=list(ps_names),
                              _variable_partitioner=partitioner, _variables=[],
@@ -231,7 +237,7 @@ class ParameterServerStrategy:
         _routing.register_owner(self._uid, self)
         logger.info("ParameterServerStrategy: %d parameter servers, %d workers", len(ps), len(workers))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # by reference: the coordinator gets its live strategy back, a worker a stand-in
         # without a client (enough for distribute_datasets_from_function, scope, reduce)
         return (_strategy_by_ref, (self._uid, self._ps, self._ps_names,
@@ -265,7 +271,7 @@ class ParameterServerStrategy:
         return len(self.worker_addresses)
 
     @property
-    def variable_partitioner(self):
+    def variable_partitioner(self) -> Callable[..., Sequence[int]] | None:
         return self._variable_partitioner
 
     @property
@@ -307,8 +313,8 @@ class ParameterServerStrategy:
             raise ValueError(f"reduce_op must be ReduceOp.SUM or ReduceOp.MEAN, got {reduce_op!r}")
         value = np.asarray(value.read_value() if hasattr(value, "read_value") else value)
         if axis is None:
-            return value
-        return value.sum(axis=axis) if op == ReduceOp.SUM else value.mean(axis=axis)
+            return value  # type: ignore[no-any-return]
+        return value.sum(axis=axis) if op == ReduceOp.SUM else value.mean(axis=axis)  # type: ignore[no-any-return]
 
     def reconnect(self, timeout: float = 30.0) -> dict[str, str]:
         """Point every variable at the current address of its parameter server.
@@ -352,7 +358,7 @@ class ParameterServerStrategy:
     def _answers(self, address: str, timeout: float = 2.0) -> bool:
         return _routing.run_sync(self._client.loop, self._answers_async, address, timeout)
 
-    def flush(self) -> dict:
+    def flush(self) -> dict[str, Any]:
         """Write every PS's working copies to its zarr store; ``{ps address: keys written}``."""
         replies = _routing.call_many([Call(a, "ps_flush", {}) for a in self._ps], self._client)
         return {a: list(r["written"]) for a, r in zip(self._ps, replies, strict=True)}
@@ -364,8 +370,9 @@ class ParameterServerStrategy:
             self._variable_count += 1
             return i
 
-    def _create_variable(self, initial_value=None, trainable: bool=True, name=None, dtype=None,
-                         shape=None, **kwargs):
+    def _create_variable(self, initial_value: Any = None, trainable: bool = True,
+                         name: str | None = None, dtype: Any = None, shape: Any = None,
+                         **kwargs: Any) -> Variable | ShardedVariable:
         name = name or "Variable"
         if self._client is None:
             raise RuntimeError("variables are created on the coordinator, in the scope of the "
@@ -384,6 +391,7 @@ class ParameterServerStrategy:
             if shape is not None and value.shape != tuple(shape):
                 raise ValueError(f"initial_value has shape {value.shape}, expected {tuple(shape)}")
             shape, dtype = value.shape, value.dtype
+        var: Variable | ShardedVariable
         num = 1
         colocate = _colocate.get()
         if colocate is not None:  # never partitioned, placed with the other variable
@@ -409,12 +417,13 @@ class ParameterServerStrategy:
             self._variables.append(var)
         return var
 
-    def _warn_if_large(self, name, shape) -> None:
+    def _warn_if_large(self, name: str, shape: tuple[int, ...]) -> None:
         if math.prod(shape) > float(config.get("ps.large-variable-elements")):
             warnings.warn(_INEFFICIENT_INIT.format(name=name), UserWarning, stacklevel=4)
 
-    def _create_shards(self, name, offsets, shape, dtype, trainable, initial_value, value,
-                       partitioned: bool, ps_index: int | None = None) -> list[Variable]:
+    def _create_shards(self, name: str, offsets: list[int] | None, shape: tuple[int, ...],
+                       dtype: np.dtype[Any], trainable: bool, initial_value: Any,
+                       value: np.ndarray | None, partitioned: bool, ps_index: int | None = None) -> list[Variable]:
         n = next(self._ids)
         pieces = [(0, None)] if offsets is None else list(zip(offsets, offsets[1:], strict=False))
         init = cloudpickle.dumps(initial_value) if value is None else None

@@ -449,7 +449,7 @@ def read_values(*variables) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------
 
 
-def _flat_ids(ids, rows: int, name: str) -> tuple[np.ndarray, tuple]:
+def _flat_ids(ids, rows: int, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         if ids.size == 0:
@@ -618,7 +618,7 @@ def _scatter(variables, offsets, shape, dtype, kind, ids, updates, client, uid) 
     _routing.send_updates(calls, client, rows.nbytes, uid)
 
 
-def apply_gradients(config: dict, grads_and_vars: list) -> None:
+def apply_gradients(config: dict[str, Any], grads_and_vars: list[Any]) -> None:
     """Send optimizer updates for ``[(grad, variable)]`` (see Optimizer.apply_gradients)."""
     calls = []
     client = uid = None
