@@ -14,9 +14,9 @@ computes it as Dask would). When it is pickled into a pipeline it keeps only:
 
 - for a *persisted* collection (every partition is a Future in the graph): the keys of each
   partition (``partition_keys``), the id of the scheduler that holds them, and the name under
-  which the futures are published on that scheduler (``pin_name``: published datasets stay in
-  memory while they are published, so the data outlives the client objects that made it;
-  ``client.unpublish_dataset(name)`` releases it);
+  which ``register_dataset`` publishes the futures on that scheduler (``pin_name``, see
+  :func:`pin_persisted`: published data stays in memory while it is published, so it outlives
+  the client objects that made it; ``client.unpublish_dataset(name)`` releases it);
 - otherwise the graph, with any Future in it replaced by its key (a Future cannot travel in a
   pickle: it belongs to a client), and the function that rebuilds the collection from it.
 
@@ -142,6 +142,8 @@ class FromDask(Source):
             raise TypeError(f"locality must be a bool, got {type(locality).__name__}")
         self.locality = locality
         self.kind = _kind(collection)
+        self.token = str(collection.__dask_tokenize__()) if hasattr(
+            collection, "__dask_tokenize__") else str(collection.name)
         self.rows = rows
         self._collection: Any = collection
         self._rebuild: tuple[Callable[..., Any], tuple[Any, ...], dict[Any, Any]] | None = None
@@ -162,8 +164,6 @@ class FromDask(Source):
             self.block_grid = ()
             self._length = UNKNOWN
             self.dtype = ""
-        self.token = str(collection.__dask_tokenize__()) if hasattr(
-            collection, "__dask_tokenize__") else collection.name
         graph = dict(collection.__dask_graph__())
         keys = collection.__dask_keys__()
         per_split = [_flat(keys[i]) for i in range(self.npartitions)]
@@ -178,7 +178,6 @@ class FromDask(Source):
             if all(k is not None for ks in physical for k in ks):
                 self.partition_keys = tuple(tuple(ks) for ks in physical)
             self.pin_name = _pin_name([f.key for f in futures])
-            _publish(client, self.pin_name, futures)
 
     @staticmethod
     def _futures(graph: dict[Any, Any]) -> list[Any]:
@@ -237,10 +236,8 @@ class FromDask(Source):
             return self._partition_here(i)
         client = worker._get_client()
         if self.scheduler_id is not None and _scheduler_id(client) != self.scheduler_id:
-            raise ValueError(
-                f"from_dask(): this collection was persisted on another Dask cluster (scheduler "
-                f"{self.scheduler_id}); this data worker belongs to {_scheduler_id(client)}. "
-                "Persist it with a client of the cluster that runs the data service")
+            raise ValueError(_other_cluster(self.scheduler_id, _scheduler_id(client),
+                                            "this data worker's scheduler"))
         if self.partition_keys is not None:
             keys = self.partition_keys[i]
             values = _local_values(worker, keys)
@@ -316,12 +313,28 @@ def _scheduler_id(client: Any) -> str:
     return str(ident) if ident else str(client.scheduler.address)
 
 
-def _publish(client: Any, name: str, futures: list[Any]) -> None:
-    """Keep the persisted partitions alive on their scheduler under ``name``."""
-    if client.asynchronous:
-        client.loop.add_callback(client.publish_dataset, override=True, **{name: futures})
-    else:
-        client.publish_dataset(override=True, **{name: futures})
+async def pin_persisted(client: Any, dataset_op: Any) -> None:
+    """Registration hook (``register_dataset``, on the client's loop): the Futures of every
+    Dask-collection source are published on the service's scheduler under the source's
+    ``pin_name``, so their data stays in memory while the dataset is registered; a collection
+    persisted on another cluster is a ValueError naming both schedulers."""
+    from ._base import walk
+
+    for op in walk(dataset_op):
+        if not isinstance(op, FromDask) or op.scheduler_id is None:
+            continue
+        mine = _scheduler_id(client)
+        if mine != op.scheduler_id:
+            raise ValueError(_other_cluster(op.scheduler_id, mine, "the data service's scheduler"))
+        if op._collection is not None and op.pin_name is not None:
+            futures = op._futures(dict(op._collection.__dask_graph__()))
+            await client._publish_dataset(override=True, **{op.pin_name: futures})
+
+
+def _other_cluster(theirs: str, mine: str, who: str) -> str:
+    return (f"from_dask(): this collection was persisted on another Dask cluster (scheduler "
+            f"{theirs}); {who} is {mine}. Persist it with a client of the cluster that runs "
+            "the data service")
 
 
 def _current_worker() -> Any | None:

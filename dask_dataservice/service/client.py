@@ -23,7 +23,7 @@ import cloudpickle
 from distributed import Client
 
 from ..data import Dataset
-from ..data.dask_source import locality_metadata
+from ..data.dask_source import locality_metadata, pin_persisted
 from ..data.spec import check_element_spec
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
@@ -130,6 +130,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         installing = _connection.ensure_installed(client)
         if installing is not None:
             await installing
+        await pin_persisted(client, dataset._op)  # Dask collections: keep their data alive
         # registration is idempotent (by fingerprint): retried across a dispatcher restart
         resp = await _connection.call_dispatcher(
             client, "dataservice_register_dataset", "dataset registration",
