@@ -19,7 +19,7 @@ import numpy as np
 from ._base import Op
 
 
-def _feed(h, obj: Any, seen: set[int], depth: int = 0) -> None:
+def _feed(h: hashlib.blake2b, obj: Any, seen: set[int], depth: int = 0) -> None:
     if depth > 50:
         h.update(b"<deep>")
         return
@@ -131,7 +131,7 @@ def _is_plain_data(x: Any, depth: int = 0) -> bool:
     if isinstance(x, _PLAIN):
         return True
     if isinstance(x, np.ndarray):
-        return x.dtype != object
+        return bool(x.dtype != object)
     if isinstance(x, dict):
         return all(_is_plain_data(k, depth + 1) and _is_plain_data(v, depth + 1)
                    for k, v in x.items())
@@ -140,7 +140,7 @@ def _is_plain_data(x: Any, depth: int = 0) -> bool:
     return False
 
 
-def _feed_globals(h, fn: types.FunctionType, seen: set[int], depth: int) -> None:
+def _feed_globals(h: hashlib.blake2b, fn: types.FunctionType, seen: set[int], depth: int) -> None:
     """The module globals ``fn`` reads (a constant, a table, a helper function).
 
     Plain data, functions, modules, classes and datasets are hashed by value; any other
@@ -160,7 +160,7 @@ def _feed_globals(h, fn: types.FunctionType, seen: set[int], depth: int) -> None
             h.update(b"type:" + type(value).__module__.encode() + type(value).__qualname__.encode())
 
 
-def _feed_code(h, code: types.CodeType, seen: set[int], depth: int) -> None:
+def _feed_code(h: hashlib.blake2b, code: types.CodeType, seen: set[int], depth: int) -> None:
     h.update(b"code:" + code.co_code)
     h.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
                    code.co_flags)).encode())

@@ -19,7 +19,7 @@ def is_url(path: str) -> bool:
     return "://" in path
 
 
-def _fs(path: str):
+def _fs(path: str) -> Any:
     import fsspec
 
     fs, _, _ = fsspec.get_fs_token_paths(path)
@@ -52,4 +52,5 @@ def open_file(path: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
         return open(path, mode, **kwargs)
     import fsspec
 
-    return fsspec.open(path, mode, **kwargs).open()
+    f: IO[Any] = fsspec.open(path, mode, **kwargs).open()
+    return f

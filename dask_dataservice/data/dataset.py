@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,11 +37,11 @@ __all__ = ["Dataset", "AUTOTUNE", "INFINITE", "UNKNOWN"]
 class _hybrid:
     """A method usable on the class (``Dataset.zip(a, b)``) and on an instance (``a.zip(b)``)."""
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]  # copies __doc__...
 
-    def __get__(self, obj, cls):
+    def __get__(self, obj: object, cls: type | None = None) -> Callable[..., Any]:
         if obj is None:
             return self.fn
         return functools.partial(self.fn, obj)
@@ -66,10 +66,10 @@ class Dataset:
             )
         self._op = op
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"_op": self._op}
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self._op = state["_op"]
 
     # ------------------------------------------------------------------------------------
@@ -453,6 +453,22 @@ class Dataset:
             if close is not None:
                 close()
 
+    def to_torch(self, pin_memory: bool = False) -> Any:
+        """This dataset with ``torch.Tensor`` leaves (zero-copy from writable numpy arrays), as
+        a ``torch.utils.data.IterableDataset`` for ``DataLoader`` or a plain ``for`` loop.
+        Needs ``pip install 'dask-dataservice[torch]'``; see :mod:`dask_dataservice.torch`."""
+        from ..torch import IterableDataset
+
+        return IterableDataset(self, pin_memory=pin_memory)
+
+    def to_jax(self, device: Any = None) -> Any:
+        """An iterable of this dataset's elements with ``jax.Array`` leaves, put on ``device``
+        (a device or sharding; default: JAX's default device) with ``jax.device_put``. Needs
+        ``pip install 'dask-dataservice[jax]'``; see :mod:`dask_dataservice.jax`."""
+        from ..jax import JaxIterable
+
+        return JaxIterable(self, device)
+
     def cardinality(self) -> int:
         """The number of elements, or ``INFINITE`` / ``UNKNOWN``, without running anything."""
         return self._op.cardinality()
@@ -477,7 +493,7 @@ class Dataset:
         if len(srcs) > 1:  # zip / concatenate: the plan decides (it enumerates the splits)
             plan = _split_plan(self._op, None)
             return plan if isinstance(plan, str) else None
-        source = srcs[0]
+        source = cast(sources.Source, srcs[0])
         if not source.splittable:
             return source.why_not()
         for node in walk(self._op):
@@ -497,7 +513,7 @@ class Dataset:
         if reason:
             raise NotSplittableError(f"this dataset cannot be split: {reason}")
 
-    def splits(self, split_size: int | None = None) -> list[Any]:
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         """The splits of the pipeline's source, in order (small picklable descriptors).
 
         ``split_size`` sets the elements per split of index-range sources (default: about
@@ -516,12 +532,12 @@ class Dataset:
     @property
     def source(self) -> sources.Source:
         """The pipeline's source op (the first, when there are several)."""
-        return _sources(self._op)[0]
+        return cast(sources.Source, _sources(self._op)[0])
 
     @property
     def is_file_based(self) -> bool:
         """True when every source of the pipeline reads files (FILE sharding applies)."""
-        return all(src.file_based for src in _sources(self._op))
+        return all(cast(sources.Source, src).file_based for src in _sources(self._op))
 
     @property
     def has_shard_hint(self) -> bool:
@@ -577,7 +593,7 @@ def _to_numpy(x: Any) -> Any:
     return x
 
 
-def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> list[Any] | str:
+def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> Sequence[Any] | str:
     """The splits of the pipeline rooted at ``op``, or the reason it has none.
 
     One source: its splits. ``concatenate``: the inputs' splits one after the other, tagged
@@ -585,7 +601,8 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> l
     every component shares (see :func:`~dask_dataservice.data.splits.shared_splits`).
     """
     if op.is_source:
-        return op.splits(split_size) if op.splittable else op.why_not()
+        source = cast(sources.Source, op)
+        return source.splits(split_size) if source.splittable else source.why_not()
     reason = op.split_blocker()
     if reason:
         return reason
@@ -606,7 +623,7 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> l
         for part in parts:
             if isinstance(part, str):
                 return part
-        return shared_splits(parts, op.cardinality(), split_size,
+        return shared_splits(cast(list[Sequence[Any]], parts), op.cardinality(), split_size,
                              lambda size: [_split_plan(c, size, True) for c in op.inputs])
     if len(op.inputs) != 1:
         return f"{op.name}() reads {len(op.inputs)} inputs and cannot be split"

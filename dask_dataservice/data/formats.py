@@ -29,7 +29,7 @@ from .tfrecord import read_records
 __all__ = ["RowGroupSplit", "FromParquet", "csv_rows", "json_lines", "image", "optional_import"]
 
 
-def optional_import(module: str, extra: str, what: str):
+def optional_import(module: str, extra: str, what: str) -> Any:
     """Import an optional dependency, or raise ImportError naming the extra to install."""
     import importlib
 
@@ -86,7 +86,7 @@ def csv_rows(path: str, header: bool = True, field_delim: str = ",",
                 continue
             if len(row) != len(names):
                 raise ValueError(f"{path}:{line_no}: {len(row)} fields, expected {len(names)} ({names})")
-            out = {}
+            out: dict[str, Any] = {}
             for c, i in zip(keep, index, strict=True):
                 text = row[i]
                 if text == "":
@@ -182,7 +182,7 @@ class FromParquet(Source):
         self._splits = tuple(groups)
         self._num_rows = total
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (self.paths, self.columns, self.rows, self.batch_rows)
 
     def cardinality(self) -> int:
@@ -190,7 +190,7 @@ class FromParquet(Source):
 
         return self._num_rows if self.rows else UNKNOWN
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> list[Any]:
         return list(self._splits)
 
     def read_split(self, split: RowGroupSplit) -> Iterator[Any]:
@@ -207,8 +207,8 @@ class FromParquet(Source):
                     yield {name: col[i] for name, col in cols.items()}
 
 
-def _column(array) -> np.ndarray:
+def _column(array: Any) -> np.ndarray:
     try:
-        return array.to_numpy(zero_copy_only=False)
+        return array.to_numpy(zero_copy_only=False)  # type: ignore[no-any-return]
     except Exception:  # noqa: BLE001 - nested types: fall back to Python objects
         return np.asarray(array.to_pylist(), dtype=object)

@@ -30,7 +30,7 @@ from ._base import (
     annotate_user_error,
     autotune_threads,
 )
-from .splits import SHARD_HINT
+from .splits import SHARD_HINT, _ShardHint
 from .structure import pad_stack, stack, unstack
 
 # ----------------------------------------------------------------------------------------
@@ -38,21 +38,22 @@ from .structure import pad_stack, stack, unstack
 # ----------------------------------------------------------------------------------------
 
 
-def check_int(name: str, value: Any, *, minimum: int | None = None, allow=()) -> int:
+def check_int(name: str, value: Any, *, minimum: int | None = None,
+              allow: tuple[Any, ...] = ()) -> int:
     if value in allow and not isinstance(value, bool):
-        return value
+        return value  # type: ignore[no-any-return]  # an allowed marker (AUTOTUNE...)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
 
 
 def check_callable(name: str, fn: Any) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"{name} must be callable, got {type(fn).__name__} {fn!r:.40}")
-    return fn
+    return fn  # type: ignore[no-any-return]
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -129,7 +130,8 @@ class ThreadedIterator:
     exits.
     """
 
-    def __init__(self, make_iter: Callable[[], Iterator[Any]], buffer_size: int, name: str) -> None:
+    def __init__(self, make_iter: Callable[[], Iterator[Any]] | None, buffer_size: int,
+                 name: str) -> None:
         self._cv = threading.Condition(threading.Lock())
         self._buf: deque[Any] = deque()  # filled by the producer, under the lock
         self._pending: deque[Any] = deque()  # taken by the consumer, touched by it alone
@@ -146,6 +148,7 @@ class ThreadedIterator:
         it = None
         cv, cap = self._cv, self._cap
         try:
+            assert self._make_iter is not None  # dropped only when this thread ends
             it = self._make_iter()
             for x in it:
                 with cv:
@@ -172,10 +175,10 @@ class ThreadedIterator:
                 except Exception:  # noqa: BLE001 - closing an abandoned input
                     pass
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         if self._pending:
             return self._pending.popleft()
         cv = self._cv
@@ -234,7 +237,8 @@ class Unary(Op):
 class Map(Unary):
     name = "map"
 
-    def __init__(self, input: Op, fn: Callable[..., Any], num_parallel_calls: int | None = None, deterministic: bool=True) -> None:
+    def __init__(self, input: Op, fn: Callable[..., Any], num_parallel_calls: int | None = None,
+                 deterministic: bool | None = True) -> None:
         super().__init__(input)
         self.fn = check_callable("map_func", fn)
         self.num_parallel_calls = parallelism("num_parallel_calls", num_parallel_calls)
@@ -251,7 +255,7 @@ class Map(Unary):
             return self._parallel(it, ctx)
         return self._sequential(it, ctx)
 
-    def _sequential(self, it, ctx):
+    def _sequential(self, it: Iterator[Any], ctx: IterContext) -> Iterator[Any]:
         fn = self.fn
         for x in it:
             try:
@@ -263,15 +267,16 @@ class Map(Unary):
                 raise
             yield y
 
-    def _parallel(self, it, ctx):
+    def _parallel(self, it: Iterator[Any], ctx: IterContext) -> Iterator[Any]:
         results = self._parallel_results(it, ctx)
         if not ctx.ignore_errors:
             return results
         return (y for y in results if y is not _DROPPED)
 
-    def _parallel_results(self, it, ctx):
+    def _parallel_results(self, it: Iterator[Any], ctx: IterContext) -> Iterator[Any]:
         call = _call_annotated if not ctx.ignore_errors else functools.partial(_call_dropping, ctx)
         n = self.num_parallel_calls
+        assert n is not None  # the parallel path
         pool = ThreadPoolExecutor(n, thread_name_prefix="dds-map")
         pending: deque[Any] = deque()
         in_flight = 2 * n
@@ -347,7 +352,7 @@ class Batch(Unary):
             return n
         return n // self.batch_size if self.drop_remainder else -(-n // self.batch_size)
 
-    def _stack(self, items):
+    def _stack(self, items: list[Any]) -> Any:
         try:
             return stack(items)
         except ValueError as e:
@@ -370,7 +375,8 @@ class Batch(Unary):
 class PaddedBatch(Batch):
     name = "padded_batch"
 
-    def __init__(self, input: Op, batch_size: int, padded_shapes=None, padding_values=None, drop_remainder: bool=False) -> None:
+    def __init__(self, input: Op, batch_size: int, padded_shapes: Any = None,
+                 padding_values: Any = None, drop_remainder: bool = False) -> None:
         super().__init__(input, batch_size, drop_remainder)
         self.padded_shapes = padded_shapes
         self.padding_values = padding_values
@@ -378,7 +384,7 @@ class PaddedBatch(Batch):
     def params(self) -> tuple[Any, ...]:
         return (self.batch_size, self.padded_shapes, self.padding_values, self.drop_remainder)
 
-    def _stack(self, items):
+    def _stack(self, items: list[Any]) -> Any:
         try:
             return pad_stack(items, self.padded_shapes, self.padding_values)
         except (ValueError, TypeError, KeyError) as e:
@@ -486,7 +492,7 @@ class Repeat(Unary):
 class _Counted(Unary):
     """An op with one ``count`` argument (-1: all)."""
 
-    def __init__(self, input: Op, count) -> None:
+    def __init__(self, input: Op, count: int) -> None:
         super().__init__(input)
         self.count = check_int("count", count, minimum=-1)
 
@@ -537,8 +543,10 @@ class Skip(_Counted):
 class Shard(Unary):
     name = "shard"
 
-    def __init__(self, input: Op, num_shards: int, index: int) -> None:
+    def __init__(self, input: Op, num_shards: int | _ShardHint, index: int | _ShardHint) -> None:
         super().__init__(input)
+        self.num_shards: int
+        self.index: int
         hint_n, hint_i = num_shards is SHARD_HINT, index is SHARD_HINT
         if hint_n != hint_i:
             raise ValueError("shard() takes SHARD_HINT for both num_shards and index, or for neither")
@@ -549,7 +557,8 @@ class Shard(Unary):
             if self.index >= self.num_shards:
                 raise ValueError(f"index must be < num_shards ({self.num_shards}), got {self.index}")
         else:
-            self.num_shards = self.index = SHARD_HINT
+            # placeholders: each worker builds its own Shard with (num_workers, worker_index)
+            self.num_shards = self.index = SHARD_HINT  # type: ignore[assignment]
 
     def params(self) -> tuple[Any, ...]:
         return (self.num_shards, self.index)

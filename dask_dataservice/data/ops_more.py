@@ -16,7 +16,7 @@ import os
 import pickle
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-def _call(fn, op: str, *args):
+def _call(fn: Callable[..., Any], op: str, *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception as e:
@@ -55,8 +55,8 @@ class SampleFromDatasets(Op):
 
     name = "sample_from_datasets"
 
-    def __init__(self, inputs: tuple[Op, ...], weights, seed, stop_on_empty_dataset,
-                 rerandomize_each_iteration) -> None:
+    def __init__(self, inputs: tuple[Op, ...], weights: Any, seed: int | None,
+                 stop_on_empty_dataset: bool, rerandomize_each_iteration: bool | None) -> None:
         if not inputs:
             raise ValueError("sample_from_datasets() needs at least one dataset")
         self.inputs = tuple(inputs)
@@ -170,7 +170,7 @@ class Scan(Unary):
 
     name = "scan"
 
-    def __init__(self, input: Op, initial_state, scan_func) -> None:
+    def __init__(self, input: Op, initial_state: Any, scan_func: Callable[..., Any]) -> None:
         super().__init__(input)
         self.initial_state = initial_state
         self.fn = check_callable("scan_func", scan_func)
@@ -190,19 +190,20 @@ class Scan(Unary):
             yield y
 
 
-def _window_structure(items: list[Any], template: Any):
+def _window_structure(items: list[Any], template: Any) -> Any:
     """TF's window element: a structure of datasets, one per component of the elements."""
     from .dataset import Dataset  # noqa: PLC0415 - dataset imports this module's ops lazily
     from .sources import ListSource
 
     if isinstance(template, (tuple, dict)):
-        def component(path):
+        def component(path: tuple[Any, ...]) -> Dataset:
             return Dataset(ListSource([_get(x, path) for x in items]))
         return _map_paths(template, component)
     return Dataset(ListSource(items))
 
 
-def _map_paths(template: Any, fn, path=()):
+def _map_paths(template: Any, fn: Callable[[tuple[Any, ...]], Any],
+               path: tuple[Any, ...] = ()) -> Any:
     if isinstance(template, dict):
         return {k: _map_paths(v, fn, (*path, k)) for k, v in template.items()}
     if isinstance(template, tuple):
@@ -285,7 +286,9 @@ class GroupByWindow(Unary):
 
     name = "group_by_window"
 
-    def __init__(self, input: Op, key_func, reduce_func, window_size: int | None = None, window_size_func=None) -> None:
+    def __init__(self, input: Op, key_func: Callable[..., Any], reduce_func: Callable[..., Any],
+                 window_size: int | None = None,
+                 window_size_func: Callable[[int], Any] | None = None) -> None:
         super().__init__(input)
         self.key_func = check_callable("key_func", key_func)
         self.reduce_func = check_callable("reduce_func", reduce_func)
@@ -301,7 +304,7 @@ class GroupByWindow(Unary):
     def cardinality(self) -> int:
         return UNKNOWN
 
-    def _key(self, x):
+    def _key(self, x: Any) -> int:
         k = _call(self.key_func, self.name, *(x if type(x) is tuple else (x,)))
         if isinstance(k, np.ndarray) and k.ndim == 0:
             k = k.item()
@@ -312,9 +315,10 @@ class GroupByWindow(Unary):
     def _size(self, key: int) -> int:
         if self.window_size is not None:
             return self.window_size
+        assert self.window_size_func is not None  # one of the two is set (checked in __init__)
         return check_int("window_size_func(key)", _call(self.window_size_func, self.name, key), minimum=1)
 
-    def _reduce(self, key: int, items: list[Any]):
+    def _reduce(self, key: int, items: list[Any]) -> Any:
         from .dataset import Dataset  # noqa: PLC0415
 
         window = _window_structure(items, items[0])
@@ -458,7 +462,7 @@ class Cache(Unary):
             return self._file(ctx)
         return self._mem(ctx)
 
-    def _mem(self, ctx):
+    def _mem(self, ctx: IterContext) -> Iterator[Any]:
         cached = self._memory
         if cached is not None:
             yield from cached
@@ -471,7 +475,7 @@ class Cache(Unary):
             if self._memory is None:
                 self._memory = items
 
-    def _file(self, ctx) -> Iterator[Any]:
+    def _file(self, ctx: IterContext) -> Iterator[Any]:
         data, marker = self.filename + ".data", self.filename + ".complete"
         if os.path.exists(marker):
             with open(data, "rb") as f:
@@ -508,7 +512,8 @@ class Cache(Unary):
 class Zip(Op):
     name = "zip"
 
-    def __init__(self, structure) -> None:
+    def __init__(self, structure: Any) -> None:
+        self.keys: tuple[Any, ...] | None
         if isinstance(structure, dict):
             self.keys = tuple(structure)
             self.inputs = tuple(d._op for d in structure.values())
@@ -575,8 +580,9 @@ class Concatenate(Op):
 class BucketBySequenceLength(Unary):
     name = "bucket_by_sequence_length"
 
-    def __init__(self, input: Op, element_length_func, bucket_boundaries, bucket_batch_sizes,
-                 padded_shapes=None, padding_values=None, pad_to_bucket_boundary: bool=False,
+    def __init__(self, input: Op, element_length_func: Callable[..., Any],
+                 bucket_boundaries: list[int], bucket_batch_sizes: list[int],
+                 padded_shapes: Any = None, padding_values: Any = None, pad_to_bucket_boundary: bool=False,
                  no_padding: bool=False, drop_remainder: bool=False) -> None:
         super().__init__(input)
         self.length_fn = check_callable("element_length_func", element_length_func)

@@ -52,4 +52,4 @@ def zarr_rows(path: str, block_rows: int | None = None) -> Iterator[np.ndarray]:
     arr = zarr.open_array(path, mode="r")
     step = block_rows or arr.chunks[0]
     for start in range(0, arr.shape[0], step):
-        yield from arr[start : start + step]
+        yield from np.asarray(arr[start : start + step])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
 from ._fs import expand
 from .ops import _close, check_int
-from .splits import FileSplit, IndexRange, default_split_size, index_ranges
+from .splits import FileSplit, IndexRange, SplitProvider, default_split_size, index_ranges
 from .structure import flatten
 
 __all__ = ["Source", "ListSource", "RangeSource", "TensorSlices", "ListFiles", "FromFiles", "FromZarr", "FromGenerator"]
@@ -32,7 +32,11 @@ class Source(Op):
     #: Type of the split descriptors this source reads.
     split_type: type = IndexRange
 
-    def splits(self, split_size: int | None = None) -> list[Any]:
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def why_not(self) -> str:
+        """Why this source cannot be split (sources with ``splittable = False``)."""
         raise NotImplementedError
 
     def read_split(self, split: Any) -> Iterator[Any]:
@@ -50,7 +54,8 @@ class Source(Op):
             return self.iterate_all(ctx)
         return self._iterate_provider(provider)
 
-    def _iterate_ignoring(self, ctx: IterContext, provider) -> Iterator[Any]:
+    def _iterate_ignoring(self, ctx: IterContext,
+                          provider: SplitProvider | None) -> Iterator[Any]:
         if provider is None and (not self.splittable or type(self).iterate_all is not Source.iterate_all):
             # one stream (a generator, a shuffled file list): an error ends it, since a Python
             # iterator that raised cannot go on
@@ -67,7 +72,7 @@ class Source(Op):
                 if not ctx.ignored(e):
                     raise
 
-    def _iterate_provider(self, provider) -> Iterator[Any]:
+    def _iterate_provider(self, provider: SplitProvider) -> Iterator[Any]:
         while (split := provider.get_next()) is not None:
             if not isinstance(split, self.split_type):
                 raise TypeError(
@@ -77,7 +82,8 @@ class Source(Op):
             yield from self.read_split(split)
 
 
-def _user_iterable(fn, args: tuple[Any, ...], op: str, call_context: Any, element_context: Any):
+def _user_iterable(fn: Callable[..., Any], args: tuple[Any, ...], op: str, call_context: Any,
+                   element_context: Any) -> Iterator[Any]:
     """Iterate ``fn(*args)``; an error from the user's code gains a note naming ``op``, and
     the user's iterator is closed when the pipeline stops early."""
     try:
@@ -104,7 +110,7 @@ class ListSource(Source):
 
     name = "from_list"
 
-    def __init__(self, items) -> None:
+    def __init__(self, items: Iterable[Any]) -> None:
         self.items = list(items)
 
     def params(self) -> tuple[Any, ...]:
@@ -113,21 +119,21 @@ class ListSource(Source):
     def cardinality(self) -> int:
         return len(self.items)
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         n = len(self.items)
         return index_ranges(n, split_size or default_split_size(n))
 
-    def iterate_all(self, ctx):
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         return iter(self.items)
 
-    def read_split(self, split: IndexRange):
+    def read_split(self, split: IndexRange) -> Iterator[Any]:
         return iter(self.items[split.start : split.stop])
 
 
 class RangeSource(Source):
     name = "range"
 
-    def __init__(self, start: int, stop=None, step=1) -> None:
+    def __init__(self, start: int, stop: int | None = None, step: int = 1) -> None:
         if stop is None:
             start, stop = 0, start
         self.start = check_int("start", start)
@@ -143,31 +149,32 @@ class RangeSource(Source):
     def cardinality(self) -> int:
         return len(self._range)
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         n = len(self._range)
         return index_ranges(n, split_size or default_split_size(n))
 
-    def iterate_all(self, ctx):
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         return iter(self._range)
 
-    def read_split(self, split: IndexRange):
+    def read_split(self, split: IndexRange) -> Iterator[Any]:
         return iter(self._range[split.start : split.stop])
 
 
 class TensorSlices(Source):
     name = "from_tensor_slices"
 
-    def __init__(self, data) -> None:
+    def __init__(self, data: Any) -> None:
         self.data = _as_arrays(data)
-        sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in flatten(self.data)}
-        if None in sizes:
+        sizes: set[int | None] = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in flatten(self.data)}
+        lengths = {s for s in sizes if s is not None}
+        if len(lengths) != len(sizes):
             raise ValueError("from_tensor_slices() needs arrays with at least one dimension")
-        if len(sizes) != 1:
+        if len(lengths) != 1:
             raise ValueError(
                 f"from_tensor_slices() needs every array to have the same length on axis 0, "
-                f"got lengths {sorted(sizes)}"
+                f"got lengths {sorted(lengths)}"
             )
-        self.n = sizes.pop()
+        self.n = lengths.pop()
 
     def params(self) -> tuple[Any, ...]:
         return (self.data,)
@@ -175,13 +182,13 @@ class TensorSlices(Source):
     def cardinality(self) -> int:
         return self.n
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         return index_ranges(self.n, split_size or default_split_size(self.n))
 
-    def iterate_all(self, ctx):
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         return self._rows(0, self.n)
 
-    def read_split(self, split: IndexRange):
+    def read_split(self, split: IndexRange) -> Iterator[Any]:
         return self._rows(split.start, split.stop)
 
     def _rows(self, start: int, stop: int) -> Iterator[Any]:
@@ -251,7 +258,8 @@ class ListFiles(Source):
     split_type = FileSplit
     file_based = True
 
-    def __init__(self, pattern, shuffle: bool=False, seed: int | None = None) -> None:
+    def __init__(self, pattern: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 shuffle: bool = False, seed: int | None = None) -> None:
         if isinstance(pattern, (str, os.PathLike)):
             patterns = [pattern]
         elif isinstance(pattern, (list, tuple)):
@@ -280,10 +288,10 @@ class ListFiles(Source):
     def cardinality(self) -> int:
         return len(self.files)
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         return [FileSplit(f) for f in self.files]
 
-    def iterate_all(self, ctx):
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         files = list(self.files)
         if self.shuffle:
             epoch = ctx.next_epoch(self)
@@ -291,7 +299,7 @@ class ListFiles(Source):
             rng.shuffle(files)
         return iter(files)
 
-    def read_split(self, split: FileSplit):
+    def read_split(self, split: FileSplit) -> Iterator[Any]:
         return iter((split.path,))
 
 
@@ -302,7 +310,8 @@ class FromFiles(Source):
     split_type = FileSplit
     file_based = True
 
-    def __init__(self, paths, reader) -> None:
+    def __init__(self, paths: Iterable[str | os.PathLike[str]],
+                 reader: Callable[[str], Iterable[Any]]) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         elif not isinstance(paths, (list, tuple)):
@@ -320,10 +329,10 @@ class FromFiles(Source):
     def params(self) -> tuple[Any, ...]:
         return (self.paths, self.reader)
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         return [FileSplit(p) for p in self.paths]
 
-    def read_split(self, split: FileSplit):
+    def read_split(self, split: FileSplit) -> Iterator[Any]:
         # the reader's own cleanup (an open file) runs when the pipeline stops early
         return _user_iterable(self.reader, (split.path,), "from_files", split.path, split.path)
 
@@ -333,12 +342,13 @@ class FromZarr(Source):
 
     name = "from_zarr"
 
-    def __init__(self, array_or_path, rows_per_split=None, path=None) -> None:
+    def __init__(self, array_or_path: Any, rows_per_split: int | None = None,
+                 path: str | None = None) -> None:
         if isinstance(array_or_path, (str, os.PathLike)):
-            self.store_path = os.fspath(array_or_path)
+            self.store_path: str | None = os.fspath(array_or_path)
             if path is not None and not isinstance(path, str):
                 raise TypeError(f"path must be a string, got {type(path).__name__}")
-            self.array_path = path
+            self.array_path: str | None = path
             self._array = None
             arr = self._open()
         else:
@@ -358,14 +368,15 @@ class FromZarr(Source):
             "rows_per_split", rows_per_split if rows_per_split is not None else arr.chunks[0], minimum=1
         )
 
-    def _open(self):
+    def _open(self) -> Any:
         if self._array is not None:
             return self._array
         opened = self.__dict__.get("_opened")
         if opened is None:  # opened once per process (reading metadata is not free)
             import zarr
 
-            opened = self._opened = zarr.open_array(self.store_path, path=self.array_path, mode="r")
+            opened = self._opened = zarr.open_array(self.store_path, path=self.array_path or "",
+                                                    mode="r")
         return opened
 
     def __getstate__(self) -> dict[str, Any]:
@@ -378,12 +389,12 @@ class FromZarr(Source):
         return (ident, self.array_path, self.shape, self.dtype, self.rows_per_split)
 
     def cardinality(self) -> int:
-        return self.shape[0]
+        return int(self.shape[0])
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         return index_ranges(self.shape[0], split_size or self.rows_per_split)
 
-    def read_split(self, split: IndexRange):
+    def read_split(self, split: IndexRange) -> Iterator[Any]:
         block = self._open()[split.start : split.stop]
         return iter(block)
 
@@ -394,7 +405,7 @@ class FromGenerator(Source):
     name = "from_generator"
     splittable = False
 
-    def __init__(self, fn: Callable[..., Any], args=()) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...] | list[Any] = ()) -> None:
         if not callable(fn):
             raise TypeError(f"generator must be callable, got {type(fn).__name__}")
         if not isinstance(args, (tuple, list)):
@@ -408,10 +419,10 @@ class FromGenerator(Source):
     def cardinality(self) -> int:
         return UNKNOWN
 
-    def splits(self, split_size=None):
+    def splits(self, split_size: int | None = None) -> Sequence[Any]:
         raise NotImplementedError
 
-    def iterate_all(self, ctx):
+    def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         # the generator's own cleanup runs when the pipeline stops early
         return _user_iterable(self.fn, self.args, "from_generator", self.args, _NO_ELEMENT)
 

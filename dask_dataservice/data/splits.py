@@ -17,9 +17,9 @@ its input, and a provider serves the splits of the next repetition.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 __all__ = [
     "SHARD_HINT",
@@ -38,7 +38,7 @@ class _ShardHint:
 
     _instance = None
 
-    def __new__(cls):
+    def __new__(cls) -> _ShardHint:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -46,7 +46,7 @@ class _ShardHint:
     def __repr__(self) -> str:
         return "SHARD_HINT"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_ShardHint, ())
 
 
@@ -77,7 +77,7 @@ class FileSplit:
     path: str
 
 
-class IndexRanges(Sequence[Any]):
+class IndexRanges(Sequence[IndexRange]):
     """The splits of ``n`` positions cut into ranges of ``split_size``, computed on demand.
 
     A sequence of :class:`IndexRange` whose length and every item are O(1) to compute, and
@@ -98,7 +98,13 @@ class IndexRanges(Sequence[Any]):
     def __len__(self) -> int:
         return -(-self.n // self.split_size)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> IndexRange: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[IndexRange]: ...
+
+    def __getitem__(self, index: int | slice) -> IndexRange | list[IndexRange]:
         if isinstance(index, slice):  # a strided selection (static sharding): a plain list
             return [self[i] for i in range(len(self))[index]]
         length = len(self)
@@ -109,7 +115,7 @@ class IndexRanges(Sequence[Any]):
         start = index * self.split_size
         return IndexRange(start, min(start + self.split_size, self.n))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[IndexRange]:
         for start in range(0, self.n, self.split_size):
             yield IndexRange(start, min(start + self.split_size, self.n))
 
@@ -123,7 +129,7 @@ class IndexRanges(Sequence[Any]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (IndexRanges, (self.n, self.split_size))
 
     def __repr__(self) -> str:
@@ -155,7 +161,7 @@ class SplitProvider(abc.ABC):
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Move on to the next repetition (called by ``repeat()`` before it restarts)."""
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[object]:
         while (split := self.get_next()) is not None:
             yield split
 
@@ -298,10 +304,11 @@ class ZipTee(_SharedProvider):
         while self._buffer and min(self._pos) > self._base:
             self._buffer.popleft()
             self._base += 1
-        return split
+        return split  # type: ignore[no-any-return]
 
 
-def shared_splits(lists: list[list[Any]], length: int, split_size: int | None, enumerate_with) -> list[Any] | str:
+def shared_splits(lists: list[Sequence[Any]], length: int, split_size: int | None,
+                  enumerate_with: Callable[[int], Sequence[Any]]) -> Sequence[Any] | str:
     """The splits the components of a zip share, or the reason they cannot share any.
 
     ``lists`` are the components' own splits. When they differ only because each index-range

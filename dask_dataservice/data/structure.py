@@ -55,13 +55,13 @@ def _transpose(elements: Sequence[Any]) -> Any:
             ) from e
     if isinstance(first, tuple):
         n = len(first)
-        for e in elements:
-            if not isinstance(e, tuple) or len(e) != n:
+        for el in elements:
+            if not isinstance(el, tuple) or len(el) != n:
                 raise ValueError(
                     f"cannot batch elements with different structures: a tuple of {n} and "
-                    f"{type(e).__name__} {e!r:.60}"
+                    f"{type(el).__name__} {el!r:.60}"
                 )
-        items = [_transpose([e[i] for e in elements]) for i in range(n)]
+        items = [_transpose([el[i] for el in elements]) for i in range(n)]
         return type(first)(*items) if _is_namedtuple(first) else tuple(items)
     return _Leaves(elements)
 
@@ -138,7 +138,8 @@ def _pad_leaves(leaves: list[Any], padded_shape: Any, padding_value: Any) -> np.
     fill = padding_value if padding_value is not None else ("" if dtype.kind in "US" else 0)
     out = np.full([len(arrays), *max_shape], fill, dtype=dtype)
     for i, a in enumerate(arrays):
-        out[(i, *tuple(slice(0, s) for s in a.shape))] = a
+        where: tuple[int | slice, ...] = (i, *(slice(0, s) for s in a.shape))
+        out[where] = a
     return out
 
 
@@ -169,12 +170,13 @@ def _map_pad(leaves: Any, shapes: Any, values: Any) -> Any:
 
 def batch_size_of(x: Any) -> int:
     """The size of axis 0 shared by every leaf of a batched element."""
-    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in flatten(x)}
-    if None in sizes:
+    sizes: set[int | None] = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in flatten(x)}
+    leading = {s for s in sizes if s is not None}
+    if len(leading) != len(sizes):
         raise ValueError("unbatch() needs every leaf of an element to have a leading axis")
-    if len(sizes) != 1:
-        raise ValueError(f"unbatch() needs leaves with one leading size, got {sorted(sizes)}")
-    return sizes.pop()
+    if len(leading) != 1:
+        raise ValueError(f"unbatch() needs leaves with one leading size, got {sorted(leading)}")
+    return leading.pop()
 
 
 def unstack(x: Any) -> list[Any]:

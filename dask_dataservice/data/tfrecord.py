@@ -50,7 +50,7 @@ class TFRecordCorruptError(ValueError):
 def _crc32c(data: bytes) -> int:
     import google_crc32c  # a dependency of zarr's codecs; fast C implementation
 
-    return google_crc32c.value(data)
+    return int(google_crc32c.value(data))
 
 
 def _masked_crc(data: bytes) -> int:
@@ -123,6 +123,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of a message: ints for varints, bytes otherwise."""
     pos = 0
+    value: int | bytes
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7
