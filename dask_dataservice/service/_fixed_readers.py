@@ -4,12 +4,16 @@ Both read the tasks that existed when the iteration started (workers joining lat
 part, as for TF's coordinated reads): :class:`CoordinatedReader` takes rounds of
 ``num_consumers`` elements from task ``r mod T``; :class:`CrossTrainerReader` takes turns of
 ``client.cross-trainer-turn-elements`` per task so that every trainer reads the same sequence.
+Their requests have the DYNAMIC reader's deadline (``client.request-timeout``, then the
+dispatcher's probe of the worker): a frozen worker ends the read with an error naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Any
 
 from .. import config
 from ._exceptions import DataServiceError
@@ -65,6 +69,31 @@ class _FixedTasksReader(IterationReader):
     async def _part(self, task_id: int, address: str, turn: int) -> list:
         raise NotImplementedError
 
+    async def _answer(self, task_id: int, address: str, request: Awaitable[Any]) -> Any:
+        """The reply to ``request`` (to task ``task_id`` on ``address``), as the DYNAMIC
+        reader waits for one: after ``client.request-timeout`` without it, the worker is
+        reported to the dispatcher (which probes it and drops a silent one); once the task
+        is lost the read fails saying so (every round or turn needs every task, so the
+        read cannot go on without it), instead of waiting forever on a frozen worker."""
+        pending = self.group.spawn(_awaited, request)
+        pending._dds_awaited = True  # type: ignore[attr-defined]
+        try:
+            while True:
+                done, _ = await asyncio.wait((pending,), timeout=self.request_timeout)
+                if done:
+                    return pending.result()
+                await self._unresponsive(task_id, address)
+                view = await self._heartbeat()
+                if any(t["task_id"] == task_id and t["status"] == "lost"
+                       for t in view["tasks"]):
+                    raise DataServiceError(
+                        f"{self.what}: the worker of task {task_id} ({address}) stopped "
+                        f"answering (no reply for {self.request_timeout:g}s, "
+                        "dataservice.client.request-timeout) and the dispatcher dropped it; "
+                        f"{self.what} need every task of the job, so this read ends")
+        finally:
+            pending.cancel()
+
     def _join(self, parts: list[list]) -> list:
         return [x for part in parts for x in part]
 
@@ -89,10 +118,10 @@ class CoordinatedReader(_FixedTasksReader):
 
     async def _part(self, task_id: int, address: str, turn: int) -> list:
         k = max(1, int(config.get("client.rounds-per-request")))
-        resp = await self.client.rpc(address).dataservice_get_rounds(
+        resp = await self._answer(task_id, address, self.client.rpc(address).dataservice_get_rounds(
             task_id=task_id, first_round=turn * k, count=k,
             consumer_index=self.spec.consumer_index, num_consumers=self.spec.num_consumers,
-            job_token=self.job_token)
+            job_token=self.job_token))
         return raise_for_status(resp, "coordinated read")["elements"].items
 
     def _join(self, parts: list[list]) -> list:
@@ -113,9 +142,9 @@ class CrossTrainerReader(_FixedTasksReader):
         rpc = self.client.rpc(address)
         out: list = []
         while len(out) < k:
-            resp = await rpc.dataservice_get_elements(
+            resp = await self._answer(task_id, address, rpc.dataservice_get_elements(
                 task_id=task_id, max_elements=k - len(out), max_bytes=self.max_bytes,
-                wait=self.long_poll, trainer_id=self.trainer_id, job_token=self.job_token)
+                wait=self.long_poll, trainer_id=self.trainer_id, job_token=self.job_token))
             if resp is None or resp.get("closing"):
                 raise DataServiceError(f"cross-trainer cache: the worker of task {task_id} "
                                        f"({address}) is shutting down")
@@ -126,3 +155,7 @@ class CrossTrainerReader(_FixedTasksReader):
                 raise DataServiceError("the cross-trainer cache needs an infinite dataset, and "
                                        f"task {task_id} ended")
         return out
+
+
+async def _awaited(request: Awaitable[Any]) -> Any:
+    return await request
