@@ -263,8 +263,13 @@ class DashboardPlugin(SchedulerPlugin):
                     "finished_tasks": it.num_finished_tasks,
                     "consumers": clients_by_iteration.get(it.iteration_id, 0)}
                 if job.processing_mode == "DYNAMIC":
+                    # handed out: every pass of the splits so far (repetition) plus the
+                    # current one; done: handed out and acknowledged by the task's pipeline
                     rep, nxt, total = state.split_position(it.iteration_id)
-                    entry.update(splits_done=nxt, splits_total=total, split_repetition=rep)
+                    handed = rep * total + nxt
+                    held = len(state.splits_in_flight(it.iteration_id))
+                    entry.update(splits_total=total, splits_handed_out=handed,
+                                 splits_done=handed - held)
                 iterations.append(entry)
             jobs.append({
                 "job_id": job.job_id, "name": job.job_name, "dataset_id": job.dataset_id,

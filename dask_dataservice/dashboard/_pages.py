@@ -182,7 +182,8 @@ def _progress(job: dict[str, Any]) -> str:
     its = job["iterations"]
     if job["mode"] == "DYNAMIC" and its:
         it = its[-1]
-        return f"{it['splits_done']}/{it['splits_total']} splits"
+        return (f"{it['splits_done']}/{it['splits_total']} splits done "
+                f"({it['splits_handed_out']} handed out)")
     return f"{job['elements_produced']} elements"
 
 
