@@ -208,7 +208,8 @@ async def _fetch(worker: Any, address: str, key: str) -> Any:
             break
         await asyncio.sleep(delay)  # Dask's own gather backs off the same way
         delay = min(2 * delay, 1.0)
-    data: dict[str, Any] = dict(reply.get("data") or {})
+    raw: Any = reply.get("data")
+    data: dict[str, Any] = raw if isinstance(raw, dict) else {}
     if key not in data:
         raise RuntimeError(f"the table's data {key!r} is not on {address} any more (the "
                            "parameter server restarted, or the table was deleted on the "
