@@ -152,7 +152,7 @@ async def test_bag_partitions_plain_and_persisted(c, s, a, b):
 
 @gen_cluster(client=True, nthreads=TWO,
              config={"dataservice.dispatcher.worker-addresses": ["0", "1"]})
-async def test_file_sharding_gives_each_worker_every_other_partition(c, s, a, b):
+async def test_file_and_data_sharding_split_the_partitions(c, s, a, b):
     x = da.arange(60, chunks=10)
     out = await read(await distribute(
         Dataset.from_dask(x).map(lambda v: (current_task()["worker_index"], int(v))), "FILE", c))
@@ -161,6 +161,11 @@ async def test_file_sharding_gives_each_worker_every_other_partition(c, s, a, b)
         groups[index].append(v)
     assert {i: sorted(v) for i, v in groups.items()} == {
         i: sorted(v for p in range(i, 6, 2) for v in range(10 * p, 10 * p + 10)) for i in (0, 1)}
+    # DATA: every worker reads every partition and keeps every other element
+    out = await read(await distribute(
+        Dataset.from_dask(x).map(lambda v: (current_task()["worker_index"], int(v))), "DATA", c))
+    assert sorted(v for i, v in out if i == 1) == list(range(1, 60, 2))
+    assert sorted(v for _, v in out) == list(range(60))
 
 
 # -- registered size --------------------------------------------------------------------------
