@@ -26,18 +26,23 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _kernels, _routing
 from ._exceptions import ShapeMismatchError
 from ._types import Call, IndexedSlices, wire
 
+if TYPE_CHECKING:
+    from distributed import Client
+
 __all__ = ["Variable", "ShardedVariable", "read_values", "apply_gradients"]
 
 #: The strategy whose ``scope()`` is active in this context (set by ParameterServerStrategy).
-current_strategy: contextvars.ContextVar = contextvars.ContextVar("dds_ps_strategy", default=None)
+current_strategy: contextvars.ContextVar[Any] = contextvars.ContextVar("dds_ps_strategy", default=None)
 
 
 class _Handle:
@@ -52,6 +57,22 @@ class _Handle:
     """
 
     # both handle classes store ``_name``, ``_shape`` and ``_dtype``
+    _name: str
+    _shape: tuple[int, ...]
+    _dtype: np.dtype[Any]
+
+    def read_value(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _update(self, kind: str, value: Any) -> None:
+        raise NotImplementedError
+
+    def _parts(self) -> tuple[list[Variable], list[int]]:
+        raise NotImplementedError
+
+    def _client_uid(self) -> tuple[Client | None, str | None]:
+        raise NotImplementedError
+
     @property
     def name(self) -> str:
         return self._name
@@ -61,7 +82,7 @@ class _Handle:
         return self._shape
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
         return self._dtype
 
     def value(self) -> np.ndarray:
@@ -69,27 +90,27 @@ class _Handle:
 
     read = numpy = value
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         v = self.read_value()
         return v if dtype is None else v.astype(dtype)
 
     # -- updates (TensorFlow's names; ``read_value=False`` returns None, as TF returns an op) --
-    def assign(self, value, read_value: bool = True):
+    def assign(self, value: Any, read_value: bool = True) -> Self | None:
         """Set the value (broadcast to the variable's shape); returns the variable."""
         self._update("assign", value)
         return self if read_value else None
 
-    def assign_add(self, delta, read_value: bool = True):
+    def assign_add(self, delta: Any, read_value: bool = True) -> Self | None:
         """Add ``delta`` to the value on its PS; returns the variable."""
         self._update("assign_add", delta)
         return self if read_value else None
 
-    def assign_sub(self, delta, read_value: bool = True):
+    def assign_sub(self, delta: Any, read_value: bool = True) -> Self | None:
         """Subtract ``delta`` from the value on its PS; returns the variable."""
         self._update("assign_sub", delta)
         return self if read_value else None
 
-    def gather(self, ids) -> np.ndarray:
+    def gather(self, ids: ArrayLike) -> np.ndarray:
         """Rows ``ids`` (any shape of ints): result shape ``ids.shape + shape[1:]``.
 
         A sharded variable sends one request per shard holding any id, all in parallel,
@@ -100,79 +121,79 @@ class _Handle:
 
     sparse_read = gather
 
-    def _scatter(self, kind: str, ids, updates):
+    def _scatter(self, kind: str, ids: Any, updates: Any) -> Self:
         shards, offsets = self._parts()
         client, uid = self._client_uid()
         _scatter(shards, offsets, self._shape, self._dtype, kind, ids, updates, client, uid)
         return self
 
-    def scatter_add(self, ids, updates=None):
+    def scatter_add(self, ids: Any, updates: Any = None) -> Self:
         """Add ``updates[i]`` to row ``ids[i]`` (duplicates accumulate); or one IndexedSlices."""
         return self._scatter("add", ids, updates)
 
-    def scatter_sub(self, ids, updates=None):
+    def scatter_sub(self, ids: Any, updates: Any = None) -> Self:
         """Subtract ``updates[i]`` from row ``ids[i]`` (duplicates accumulate)."""
         return self._scatter("sub", ids, updates)
 
-    def scatter_update(self, ids, updates=None):
+    def scatter_update(self, ids: Any, updates: Any = None) -> Self:
         """Set row ``ids[i]`` to ``updates[i]`` (for a duplicate id the last one wins)."""
         return self._scatter("update", ids, updates)
 
-    def scatter_mul(self, ids, updates=None):
+    def scatter_mul(self, ids: Any, updates: Any = None) -> Self:
         """Multiply row ``ids[i]`` by ``updates[i]`` (duplicates multiply)."""
         return self._scatter("mul", ids, updates)
 
-    def scatter_div(self, ids, updates=None):
+    def scatter_div(self, ids: Any, updates: Any = None) -> Self:
         """Divide row ``ids[i]`` by ``updates[i]`` (duplicates divide by their product;
         integer variables use floor division)."""
         return self._scatter("div", ids, updates)
 
-    def scatter_max(self, ids, updates=None):
+    def scatter_max(self, ids: Any, updates: Any = None) -> Self:
         """Row ``ids[i]`` becomes the elementwise maximum of itself and ``updates[i]``."""
         return self._scatter("max", ids, updates)
 
-    def scatter_min(self, ids, updates=None):
+    def scatter_min(self, ids: Any, updates: Any = None) -> Self:
         """Row ``ids[i]`` becomes the elementwise minimum of itself and ``updates[i]``."""
         return self._scatter("min", ids, updates)
 
     # -- arithmetic ----------------------------------------------------------------------------
-    def _v(self):
+    def _v(self) -> np.ndarray:
         return self.read_value()
 
-    def __add__(self, o):
+    def __add__(self, o: Any) -> Any:
         return self._v() + o
 
-    def __radd__(self, o):
+    def __radd__(self, o: Any) -> Any:
         return o + self._v()
 
-    def __sub__(self, o):
+    def __sub__(self, o: Any) -> Any:
         return self._v() - o
 
-    def __rsub__(self, o):
+    def __rsub__(self, o: Any) -> Any:
         return o - self._v()
 
-    def __mul__(self, o):
+    def __mul__(self, o: Any) -> Any:
         return self._v() * o
 
-    def __rmul__(self, o):
+    def __rmul__(self, o: Any) -> Any:
         return o * self._v()
 
-    def __truediv__(self, o):
+    def __truediv__(self, o: Any) -> Any:
         return self._v() / o
 
-    def __rtruediv__(self, o):
+    def __rtruediv__(self, o: Any) -> Any:
         return o / self._v()
 
-    def __matmul__(self, o):
+    def __matmul__(self, o: Any) -> Any:
         return self._v() @ o
 
-    def __rmatmul__(self, o):
+    def __rmatmul__(self, o: Any) -> Any:
         return o @ self._v()
 
-    def __neg__(self):
+    def __neg__(self) -> Any:
         return -self._v()
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Any:
         return self._v()[index]
 
     def __float__(self) -> float:
@@ -191,8 +212,12 @@ class Variable(_Handle):
     ``dtype``, ``shape``. ``per_worker_variable=True`` is refused (see the docs).
     """
 
+    #: The value of a local variable (None: it lives on a parameter server).
+    _local: np.ndarray | None
+    _lock: threading.Lock | None
+
     def __new__(cls, initial_value: Any = None, trainable: bool = True, name: str | None = None,
-                dtype: Any = None, shape: Any = None, **kwargs):
+                dtype: Any = None, shape: Any = None, **kwargs: Any) -> Any:
         if kwargs.get("per_worker_variable"):
             raise NotImplementedError(
                 "per_worker_variable=True is not supported: keep per-worker state in the "
@@ -226,8 +251,9 @@ class Variable(_Handle):
 
     # -- construction (strategy) -----------------------------------------------------------
     @classmethod
-    def _remote(cls, name: str, shape, dtype, trainable: bool, address: str, key: str,
-                ps_index: int, client=None, owner: str | None = None) -> Variable:
+    def _remote(cls, name: str, shape: Sequence[int], dtype: Any, trainable: bool, address: str,
+                key: str, ps_index: int, client: Client | None = None,
+                owner: str | None = None) -> Variable:
         self = object.__new__(cls)
         self._init_handle(name, tuple(shape), np.dtype(dtype), trainable, address, key, ps_index)
         self._local = None
@@ -236,7 +262,8 @@ class Variable(_Handle):
         self._owner = owner
         return self
 
-    def _init_handle(self, name, shape, dtype, trainable, address, key, ps_index) -> None:
+    def _init_handle(self, name: str, shape: Sequence[int], dtype: Any, trainable: bool,
+                     address: str | None, key: str | None, ps_index: int | None) -> None:
         self._name = name
         self._shape = tuple(int(d) for d in shape)
         self._dtype = np.dtype(dtype)
@@ -244,11 +271,11 @@ class Variable(_Handle):
         self._address = address
         self._key = key
         self._ps_index = ps_index
-        self._client = None
-        self._owner = None
+        self._client: Client | None = None
+        self._owner: str | None = None
         self._ready = True
 
-    def __reduce_ex__(self, protocol):
+    def __reduce_ex__(self, protocol: Any) -> Any:
         if self._local is not None:
             return object.__reduce_ex__(self, protocol)  # the value travels: __getstate__
         # A remote handle travels as plain strings and ints: pickling it (once per scheduled
@@ -256,21 +283,21 @@ class Variable(_Handle):
         return (_remote_handle, (self._name, self._shape, self._dtype.str, self._trainable,
                                  self._address, self._key, self._ps_index, self._owner))
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_client", None)
         state.pop("_lock", None)
         return state
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._client = None
         self._lock = threading.Lock() if self._local is not None else None
 
-    def _parts(self):
+    def _parts(self) -> tuple[list[Variable], list[int]]:
         return [self], [0, self._shape[0] if self._shape else 0]
 
-    def _client_uid(self):
+    def _client_uid(self) -> tuple[Client | None, str | None]:
         return self._client, self._owner
 
     # -- properties ------------------------------------------------------------------------
@@ -312,12 +339,14 @@ class Variable(_Handle):
     def read_value(self) -> np.ndarray:
         """The current value, as a new numpy array."""
         if self._local is not None:
+            assert self._lock is not None  # local variables have one
             with self._lock:
                 return self._local.copy()
-        return _routing.call(self._address, "ps_read", self._client, {"key": self._key},
-                             self._owner)["value"]
+        value: np.ndarray = _routing.call(_ps_address(self._address), "ps_read", self._client,
+                                          {"key": self._key}, self._owner)["value"]
+        return value
 
-    def _update(self, kind: str, value) -> None:
+    def _update(self, kind: str, value: Any) -> None:
         arr = _kernels.cast_value(value, self._dtype, f"{kind} to variable {self._name!r}")
         if arr.shape != self._shape:
             try:
@@ -328,16 +357,24 @@ class Variable(_Handle):
                 raise ShapeMismatchError(f"shape {arr.shape} does not fit variable "
                                          f"{self._name!r} of shape {self._shape}")
         if self._local is not None:
+            assert self._lock is not None  # local variables have one
             with self._lock:
                 _kernels.update_dense(self._local, kind, arr)
             return
         _routing.send_updates(
-            [Call(self._address, "ps_update",
+            [Call(_ps_address(self._address), "ps_update",
                   {"key": self._key, "kind": kind, "value": wire(arr), **_routing.tag()})],
             self._client, arr.nbytes, self._owner)
 
 
-def _remote_handle(name, shape, dtype, trainable, address, key, ps_index, owner) -> Variable:
+def _ps_address(address: str | None) -> str:
+    """The PS address of a remote variable (set for every variable on a PS)."""
+    assert address is not None, "a local variable has no parameter server"
+    return address
+
+
+def _remote_handle(name: str, shape: Sequence[int], dtype: Any, trainable: bool, address: str,
+                   key: str, ps_index: int, owner: str | None) -> Variable:
     return Variable._remote(name, shape, dtype, trainable, address, key, ps_index, None, owner)
 
 
@@ -389,17 +426,17 @@ class ShardedVariable(_Handle):
         return (f"<dds.ShardedVariable {self._name!r} shape={self._shape} dtype={self._dtype} "
                 f"shards={[v.shape[0] for v in self._variables]}>")
 
-    def _parts(self):
+    def _parts(self) -> tuple[list[Variable], list[int]]:
         return self._variables, self._offsets
 
-    def _client_uid(self):
+    def _client_uid(self) -> tuple[Client | None, str | None]:
         return self._variables[0]._client_uid()
 
     def read_value(self) -> np.ndarray:
         """The whole value: every shard read in parallel, concatenated."""
         return read_values(self)[0]
 
-    def _update(self, kind: str, value) -> None:
+    def _update(self, kind: str, value: Any) -> None:
         arr = _kernels.cast_value(value, self._dtype, f"{kind} to variable {self._name!r}")
         try:
             full = np.broadcast_to(arr, self._shape)
@@ -412,7 +449,7 @@ class ShardedVariable(_Handle):
                 v._update(kind, piece)
             return
         tag = _routing.tag()
-        calls = [Call(v._address, "ps_update",
+        calls = [Call(_ps_address(v._address), "ps_update",
                       {"key": v._key, "kind": kind,
                        "value": wire(arr if arr.ndim == 0 else piece), **tag})
                  for v, piece in zip(self._variables, pieces, strict=True)]
@@ -420,9 +457,10 @@ class ShardedVariable(_Handle):
         _routing.send_updates(calls, client, arr.nbytes, uid)
 
 
-def read_values(*variables) -> list[np.ndarray]:
+def read_values(*variables: Variable | ShardedVariable) -> list[np.ndarray]:
     """The values of several variables, read in parallel (one request per shard)."""
-    calls, local = [], {}
+    calls: list[Call] = []
+    local: dict[int, np.ndarray] = {}
     client = uid = None
     for i, var in enumerate(variables):
         for v in var.variables:
@@ -430,7 +468,7 @@ def read_values(*variables) -> list[np.ndarray]:
                 local[i] = np.concatenate([s.read_value() for s in var.variables]) \
                     if isinstance(var, ShardedVariable) else var.read_value()
                 break
-            calls.append(Call(v._address, "ps_read", {"key": v._key}))
+            calls.append(Call(_ps_address(v._address), "ps_read", {"key": v._key}))
             client, uid = client or v._client, uid or v._owner
     replies = iter(_routing.call_many(calls, client, uid))
     out = []
@@ -449,7 +487,7 @@ def read_values(*variables) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------
 
 
-def _flat_ids(ids, rows: int, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
+def _flat_ids(ids: Any, rows: int, name: str) -> tuple[np.ndarray, tuple[Any, ...]]:
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         if ids.size == 0:
@@ -479,7 +517,10 @@ class _Plan:
         #: ``order``: a stable argsort of ``flat`` (None: already sorted and distinct);
         #: ``first``: which sorted positions start a run of equal ids (None: all do);
         #: ``group``: the position in ``uniq`` of each sorted position (None: identity).
-        self._order = self._first = self._group = self._inverse = None
+        self._order: np.ndarray | None = None
+        self._first: np.ndarray | None = None
+        self._group: np.ndarray | None = None
+        self._inverse: np.ndarray | None = None
         n = flat.size
         if n < 2 or bool(np.all(flat[1:] > flat[:-1])):
             self.uniq = flat
@@ -518,7 +559,7 @@ class _Plan:
         inv = self.inverse
         return rows if inv is None else np.take(rows, inv, axis=0)
 
-    def combine(self, rows: np.ndarray, ufunc) -> np.ndarray:
+    def combine(self, rows: np.ndarray, ufunc: np.ufunc | None) -> np.ndarray:
         """Rows per requested id → rows per distinct id: repeats merged with ``ufunc``
         (``np.add``, ``np.multiply``, ...), or the last one kept when ``ufunc`` is None."""
         order = self._order
@@ -531,13 +572,14 @@ class _Plan:
             last = np.empty_like(first)
             last[-1] = True
             last[:-1] = first[1:]
-            return np.take(rows, order[last], axis=0)
+            return np.take(rows, order[last], axis=0)  # type: ignore[no-any-return]
         # first rows copied, the few repeats merged in (much faster than np.add.at or
         # np.add.reduceat over all rows when repeats are rare)
         out = np.take(rows, order[first], axis=0)
         repeat = ~first
+        assert self._group is not None  # set with first
         ufunc.at(out, self._group[repeat], np.take(rows, order[repeat], axis=0))
-        return out
+        return out  # type: ignore[no-any-return]
 
 
 #: The last plan made in this thread, with a private copy of its ids: a training step
@@ -551,7 +593,7 @@ def _plan(flat: np.ndarray, offsets: list[int]) -> _Plan:
     if cached is not None:
         ids, offs, plan = cached
         if offs == offsets and ids.shape == flat.shape and np.array_equal(ids, flat):
-            return plan
+            return plan  # type: ignore[no-any-return]
     ids = flat.copy()  # the plan may keep views of it: never of the caller's array
     plan = _Plan(ids, offsets)
     _last_plan.value = (ids, list(offsets), plan)
@@ -563,7 +605,8 @@ _COMBINE = {"add": np.add, "sub": np.add, "update": None, "mul": np.multiply,
             "div": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _gather(variables, offsets, shape, dtype, ids, client, uid) -> np.ndarray:
+def _gather(variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
+            dtype: np.dtype[Any], ids: Any, client: Client | None, uid: str | None) -> np.ndarray:
     name = variables[0].name
     flat, ids_shape = _flat_ids(ids, offsets[-1] if shape else 0, name)
     row_shape = tuple(shape[1:])
@@ -573,7 +616,7 @@ def _gather(variables, offsets, shape, dtype, ids, client, uid) -> np.ndarray:
         for s, a, b, local in plan.parts:
             rows[a:b] = variables[s].read_value()[local]
     else:
-        calls = [Call(variables[s]._address, "ps_gather",
+        calls = [Call(_ps_address(variables[s]._address), "ps_gather",
                       {"key": variables[s]._key, "ids": wire(local)})
                  for s, _, _, local in plan.parts]
         replies = _routing.call_many(calls, client, uid)
@@ -588,7 +631,9 @@ def _gather(variables, offsets, shape, dtype, ids, client, uid) -> np.ndarray:
     return plan.expand(rows).reshape(ids_shape + row_shape)
 
 
-def _scatter(variables, offsets, shape, dtype, kind, ids, updates, client, uid) -> None:
+def _scatter(variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
+             dtype: np.dtype[Any], kind: str, ids: Any, updates: Any, client: Client | None,
+             uid: str | None) -> None:
     if updates is None:
         if not isinstance(ids, IndexedSlices):
             raise TypeError("scatter_* takes (ids, updates) or one IndexedSlices")
@@ -607,11 +652,12 @@ def _scatter(variables, offsets, shape, dtype, kind, ids, updates, client, uid) 
     if variables[0]._local is not None:
         for s, a, b, local in plan.parts:
             v = variables[s]
+            assert v._lock is not None and v._local is not None
             with v._lock:
                 _kernels.scatter_rows(v._local, kind, local, rows[a:b])
         return
     tag = _routing.tag()
-    calls = [Call(variables[s]._address, "ps_scatter",
+    calls = [Call(_ps_address(variables[s]._address), "ps_scatter",
                   {"key": variables[s]._key, "kind": kind, "ids": wire(local),
                    "updates": wire(rows[a:b]), **tag})
              for s, a, b, local in plan.parts]
@@ -641,7 +687,7 @@ def apply_gradients(config: dict[str, Any], grads_and_vars: list[Any]) -> None:
             summed = plan.combine(rows, np.add)  # duplicate ids: gradients add up
             for s, a, b, local in plan.parts:
                 v = shards[s]
-                calls.append(Call(v._address, "ps_apply",
+                calls.append(Call(_ps_address(v._address), "ps_apply",
                                   {"key": v._key, "optimizer": config,
                                    "grad": wire(summed[a:b]), "ids": wire(local), **tag}))
             nbytes += summed.nbytes
@@ -652,7 +698,7 @@ def apply_gradients(config: dict[str, Any], grads_and_vars: list[Any]) -> None:
                                  f"{var.name!r} of shape {var.shape}")
             for v, a, b in zip(shards, offsets, offsets[1:], strict=False):
                 part = g if len(shards) == 1 else g[a:b]
-                calls.append(Call(v._address, "ps_apply", {"key": v._key, "optimizer": config,
+                calls.append(Call(_ps_address(v._address), "ps_apply", {"key": v._key, "optimizer": config,
                                                            "grad": wire(part), **tag}))
             nbytes += g.nbytes
     _routing.send_updates(calls, client, nbytes, uid)
