@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
-from distributed.comm import connect
+from distributed.comm.core import Comm, connect
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import run_in_executor_with_context
 
@@ -39,6 +40,9 @@ from ._channel import Channel, Pipeline
 from ._exceptions import ParameterServerError
 from ._types import ClosuresReply
 from .input_position import CountingIterator
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 __all__ = ["RUNNER_NAME", "PerWorkerDataset", "PerWorkerIterator", "TrainingWorkerPlugin"]
 
@@ -54,7 +58,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
     name = RUNNER_NAME
     idempotent = True
 
-    async def setup(self, worker) -> None:
+    async def setup(self, worker: Worker) -> None:
         self.worker = worker
         self._runner = owned_executor("dds-ps-runner", 1)
         self._group = TaskGroup("ps-channels")
@@ -73,7 +77,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.extensions[RUNNER_NAME] = self
 
-    async def teardown(self, worker) -> None:
+    async def teardown(self, worker: Worker) -> None:
         worker.handlers.pop("ps_run_closures", None)
         worker.extensions.pop(RUNNER_NAME, None)
         for channel in self.channels.values():
@@ -97,14 +101,14 @@ class TrainingWorkerPlugin(WorkerPlugin):
         return {"status": "OK", "results": results}
 
     # -- methods for the runner thread -------------------------------------------------------
-    async def _connect(self, address: str):
+    async def _connect(self, address: str) -> Comm:
         comm = await connect(address, timeout=self._connect_timeout, deserialize=True,
                              **self.worker.connection_args)
         comm.name = "dataservice-ps-channel"
         # Messages here are small dicts and to_serialize'd arrays, cheap to (de)serialise at
         # any size: skip the per-message sizeof() walk that decides whether to offload.
         comm.allow_offload = False
-        return comm
+        return comm  # type: ignore[no-any-return]
 
     def _answers(self, address: str, limit: float) -> bool:
         """Whether the PS at ``address`` answers a probe (from the runner thread)."""
@@ -114,7 +118,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
     def _channel(self, address: str) -> Channel:
         ch = self.channels.get(address)
         if ch is None:
-            ch = self.channels[address] = Channel(self.worker.loop.asyncio_loop, address,
+            loop = self.worker.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
+            ch = self.channels[address] = Channel(loop, address,
                                                   self._connect, self._group)
         return ch
 
@@ -174,7 +179,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
             _routing._thread.pipeline = None
         return results
 
-    def iterator(self, handle: PerWorkerIterator):
+    def iterator(self, handle: PerWorkerIterator) -> CountingIterator:
         it = self._iterators.get(handle.uid)
         if it is None:
             old = self._newest.get(handle.dataset_uid)
@@ -190,10 +195,11 @@ class TrainingWorkerPlugin(WorkerPlugin):
 
 def _dumps_result(ok: bool, value: Any) -> bytes:
     try:
-        return cloudpickle.dumps(value, protocol=5)
+        data: bytes = cloudpickle.dumps(value, protocol=5)
+        return data
     except Exception as e:  # noqa: BLE001
         what = "result" if ok else "error"
-        return cloudpickle.dumps(ParameterServerError(
+        return cloudpickle.dumps(ParameterServerError(  # type: ignore[no-any-return]
             f"the scheduled function's {what} could not be pickled: {type(e).__name__}: {e}; "
             f"{what} was {value!r:.200}"))
 
@@ -206,7 +212,7 @@ def _dumps_result(ok: bool, value: Any) -> bytes:
 class PerWorkerDataset:
     """A dataset built lazily on each training worker (``create_per_worker_dataset``)."""
 
-    def __init__(self, dataset_fn):
+    def __init__(self, dataset_fn: Callable[[], Any]) -> None:
         self._dataset_fn = dataset_fn
         self._uid = secrets.token_hex(6)
 
@@ -221,17 +227,17 @@ class PerWorkerDataset:
 class PerWorkerIterator:
     """Pass it to scheduled functions; ``next(it)`` there reads this worker's dataset."""
 
-    def __init__(self, dataset_uid: str, dataset_fn):
+    def __init__(self, dataset_uid: str, dataset_fn: Callable[[], Any]) -> None:
         self.dataset_uid = dataset_uid
         self.dataset_fn = dataset_fn
         self.uid = secrets.token_hex(6)
         #: ``{worker name: elements to skip}`` (a restored checkpoint's input position).
         self.start: dict[str, int] = {}
 
-    def __iter__(self):
+    def __iter__(self) -> PerWorkerIterator:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         worker = getattr(_routing._thread, "worker", None)
         plugin = worker.extensions.get(RUNNER_NAME) if worker is not None else None
         if plugin is None:
