@@ -71,7 +71,7 @@ class Channel:
         self._inbox: deque[Any] = deque()
         #: Futures of written messages, in the order their replies will come.
         self._pending: deque[Any] = deque()
-        self._comm = None
+        self._comm: Any = None
         self._writing = False
         self._closed = False
         self._waker = LoopWaker(loop, self._kick)
@@ -128,7 +128,7 @@ class Channel:
             if more:
                 self._kick()
 
-    async def _read(self, comm) -> None:
+    async def _read(self, comm: Any) -> None:
         try:
             while not comm.closed():
                 reply = await comm.read()
@@ -203,7 +203,8 @@ class Pipeline:
         deadline = time.monotonic() + self._timeout
         while True:
             left = deadline - time.monotonic()
-            step = left if self._probe is None else min(left, self._liveness)
+            step = left if self._probe is None or self._liveness is None \
+                else min(left, self._liveness)
             try:
                 reply = fut.result(max(0.0, step))
                 break
@@ -213,7 +214,8 @@ class Pipeline:
                 err = ParameterServerUnavailableError(
                     f"parameter server {call.address} did not answer {call.op} within "
                     f"{self._timeout:g} s (dataservice.ps.request-timeout)")
-            elif not self._probe(call.address, self._liveness):
+            elif self._probe is not None and self._liveness is not None \
+                    and not self._probe(call.address, self._liveness):
                 err = silent_server(call.address, call.op, self._liveness)
             else:
                 continue

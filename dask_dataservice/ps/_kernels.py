@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -161,12 +162,13 @@ def take_rows(value: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def put_rows(value: np.ndarray, ids: np.ndarray, new: np.ndarray) -> None:
     """``value[ids] = new`` for valid ids (for a repeated id the last row wins)."""
     rows = _row_view(value)
-    items = None
+    items: np.ndarray | None = None
     if rows is not None and new.dtype == value.dtype and new.shape == (ids.size, *value.shape[1:]):
         items = _row_view(np.ascontiguousarray(new))
     if items is None:
         value[ids] = new
     else:
+        assert rows is not None  # items is set only with rows
         np.put(rows, ids, items)
 
 
@@ -182,7 +184,8 @@ def apply_sparse(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any
     _apply(config, value, slots, grad_rows, ids)
 
 
-def _apply(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], g: np.ndarray, ids) -> None:
+def _apply(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], g: np.ndarray,
+           ids: np.ndarray | None) -> None:
     """One update of ``value`` (rows ``ids``, distinct; or all rows when None) in place.
 
     Sparse updates read the rows they touch with :func:`take_rows`, compute on those
@@ -193,10 +196,10 @@ def _apply(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], g: 
     g = np.asarray(g, dtype=dt)
     lr = dt.type(config["learning_rate"])
 
-    def get(arr):
+    def get(arr: np.ndarray) -> np.ndarray:
         return arr if ids is None else take_rows(arr, ids)
 
-    def put(arr, new) -> None:
+    def put(arr: np.ndarray, new: np.ndarray) -> None:
         if ids is None:
             if new is not arr:
                 arr[...] = new
@@ -282,7 +285,7 @@ def update_dense(value: np.ndarray, kind: str, delta: Any, *, copy: bool = False
         if ufunc is None:
             return np.array(np.broadcast_to(delta, value.shape), dtype=value.dtype, order="C")
         # out= keeps a 0-d result an array (a bare ufunc call would return a scalar)
-        return ufunc(value, delta, out=np.empty_like(value, order="C"))
+        return ufunc(value, delta, out=np.empty_like(value, order="C"))  # type: ignore[no-any-return]
     if ufunc is None:
         value[...] = delta
     else:
@@ -290,7 +293,7 @@ def update_dense(value: np.ndarray, kind: str, delta: Any, *, copy: bool = False
     return value
 
 
-def _divide(ufunc, dtype):
+def _divide(ufunc: np.ufunc, dtype: np.dtype[Any]) -> np.ufunc:
     return np.floor_divide if ufunc is np.divide and dtype.kind in "iu" else ufunc
 
 
@@ -302,7 +305,7 @@ def scatter_rows(value: np.ndarray, kind: str, ids: np.ndarray, rows: np.ndarray
     """
     if kind not in _SCATTER_UFUNCS:
         raise ValueError(f"unknown scatter kind {kind!r}; expected one of {SCATTER_KINDS}")
-    ufunc = _SCATTER_UFUNCS[kind]
+    ufunc: np.ufunc | None = _SCATTER_UFUNCS[kind]
     if ufunc is None:
         put_rows(value, ids, rows)
         return
@@ -320,7 +323,7 @@ def scatter_rows(value: np.ndarray, kind: str, ids: np.ndarray, rows: np.ndarray
 # ---------------------------------------------------------------------------------------
 
 
-def _accepts(fn) -> tuple[set[str], bool]:
+def _accepts(fn: Callable[..., Any]) -> tuple[set[str], bool]:
     """``(keyword parameter names, takes **kwargs)`` of ``fn``; ``(set(), False)`` if unknown."""
     try:
         params = inspect.signature(fn).parameters.values()
@@ -331,7 +334,7 @@ def _accepts(fn) -> tuple[set[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-def initial_value(fn, shape: tuple[Any, ...], dtype, offset: int = 0,
+def initial_value(fn: Callable[..., Any], shape: tuple[Any, ...], dtype: Any, offset: int = 0,
                   full_shape: tuple[Any, ...] | None = None) -> tuple[np.ndarray, bool]:
     """Call initializer ``fn`` for the partition ``shape`` at row ``offset``: ``(value, sliced)``.
 

@@ -112,7 +112,7 @@ class Shard:
         self.applied: dict[int, int] = {}
         #: First row of this shard in the whole variable.
         self.offset = offset
-        self.backing: zarr.Array | None = None
+        self.backing: zarr.Array[Any] | None = None
         self.dirty = True
         #: True while a reply may still be sending ``value``'s buffer (zero-copy reads):
         #: the next in-place update must first move to a fresh buffer (copy on write).
@@ -132,7 +132,7 @@ class Shard:
 
     def fresh(self, fn_id: int | None, seq: int | None) -> bool:
         """Record ``(fn_id, seq)``; False if this shard already applied it."""
-        if fn_id is None:
+        if fn_id is None or seq is None:
             return True
         if seq <= self.applied.get(fn_id, 0):
             return False
@@ -159,7 +159,7 @@ class Shard:
                                    for o, d in self.slots.items()}
 
     # -- updates -------------------------------------------------------------------------------
-    def update(self, kind: str, delta: np.ndarray, fn_id=None, seq=None) -> bool:
+    def update(self, kind: str, delta: np.ndarray, fn_id: int | None = None, seq: int | None = None) -> bool:
         """``assign`` / ``assign_add`` / ``assign_sub`` the whole shard; False if a repeat."""
         if not self.fresh(fn_id, seq):
             return False
@@ -169,15 +169,15 @@ class Shard:
         self.dirty = True
         return True
 
-    def scatter(self, kind: str, ids: np.ndarray, rows: np.ndarray, fn_id=None, seq=None) -> bool:
+    def scatter(self, kind: str, ids: np.ndarray, rows: np.ndarray, fn_id: int | None = None, seq: int | None = None) -> bool:
         if not self.fresh(fn_id, seq):
             return False
         _kernels.scatter_rows(self.writable(), kind, ids, rows)
         self.dirty = True
         return True
 
-    def apply(self, optimizer: dict[str, Any], grad: np.ndarray, ids: np.ndarray | None, fn_id=None,
-              seq=None) -> bool:
+    def apply(self, optimizer: dict[str, Any], grad: np.ndarray, ids: np.ndarray | None, fn_id: int | None = None,
+              seq: int | None = None) -> bool:
         """One optimizer step: dense ``grad``, or rows ``ids``; False if a repeat."""
         if not self.fresh(fn_id, seq):
             return False

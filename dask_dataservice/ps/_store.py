@@ -9,14 +9,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 from urllib.parse import quote, unquote
 
 import numpy as np
 import zarr
-from zarr.storage import LocalStore
+from zarr.storage import LocalStore, StoreLike
 
-from ._shard import Shard
+from ._shard import Lane, Shard
 
 __all__ = ["create_backing", "read_checkpoint", "read_pieces", "reload", "write_checkpoint",
            "write_shard", "zarr_name"]
@@ -26,7 +27,7 @@ def zarr_name(key: str) -> str:
     return quote(key, safe="")
 
 
-def create_backing(store, shard: Shard, chunk_bytes: int) -> None:
+def create_backing(store: StoreLike, shard: Shard, chunk_bytes: int) -> None:
     value = shard.value
     rows = value.shape[0] if value.ndim else 1
     row_bytes = max(1, value[:1].nbytes if value.ndim else value.nbytes)
@@ -38,10 +39,11 @@ def create_backing(store, shard: Shard, chunk_bytes: int) -> None:
         attributes={"key": shard.key, "offset": shard.offset}, compressors=None)
 
 
-def write_shard(store, shard: Shard, value: np.ndarray, slots: dict[str, Any], chunk_bytes: int) -> None:
+def write_shard(store: StoreLike, shard: Shard, value: np.ndarray, slots: dict[str, Any], chunk_bytes: int) -> None:
     """Write a snapshot of ``shard`` (taken on its lane) to its backing array and slots."""
     if shard.backing is None:
         create_backing(store, shard, chunk_bytes)
+    assert shard.backing is not None
     shard.backing[...] = value
     for opt, d in slots.items():
         for name, arr in d.items():
@@ -49,7 +51,7 @@ def write_shard(store, shard: Shard, value: np.ndarray, slots: dict[str, Any], c
                               data=arr, overwrite=True, compressors=None)
 
 
-def reload(store, lane_for) -> list[Shard]:
+def reload(store: StoreLike, lane_for: Callable[[], Lane]) -> list[Shard]:
     """The shards a previous run of a parameter server flushed to ``store``."""
     try:
         root = zarr.open_group(store, mode="r")
@@ -58,13 +60,18 @@ def reload(store, lane_for) -> list[Shard]:
     if "values" not in root:
         return []
     shards = []
-    for name, arr in root["values"].arrays():
+    values = root["values"]
+    assert isinstance(values, zarr.Group)
+    for name, arr in values.arrays():
         shard = Shard(unquote(name), np.array(arr[...], order="C"),
-                      int(arr.attrs.get("offset", 0)), lane_for())
+                      int(cast(int, arr.attrs.get("offset", 0))), lane_for())
         shard.backing = zarr.open_array(store, path=f"values/{name}", mode="r+")
         shard.dirty = False
-        if "slots" in root and name in root["slots"]:
-            for oname, ogroup in root["slots"][name].groups():
+        slots_root = root["slots"] if "slots" in root else None
+        if isinstance(slots_root, zarr.Group) and name in slots_root:
+            shard_slots = slots_root[name]
+            assert isinstance(shard_slots, zarr.Group)
+            for oname, ogroup in shard_slots.groups():
                 shard.slots[unquote(oname)] = {
                     sname: np.array(sarr[...]) for sname, sarr in ogroup.arrays()}
         shards.append(shard)
@@ -87,7 +94,7 @@ def write_checkpoint(path: str, snaps: list[Any]) -> dict[str, Any]:
     return slot_names
 
 
-def read_pieces(store, pieces: list[Any], path: str, out: np.ndarray) -> bool:
+def read_pieces(store: StoreLike, pieces: list[Any], path: str, out: np.ndarray) -> bool:
     """Fill ``out`` from saved shards: ``pieces`` is ``[(group, start, stop, dst)]`` row ranges
     of the arrays ``<group>/<path>``. Rank-0 values (and per-shard scalars such as Adam's
     step count, whose shape has no rows) come from the first piece. False if none exists."""
@@ -107,7 +114,8 @@ def read_pieces(store, pieces: list[Any], path: str, out: np.ndarray) -> bool:
     return found
 
 
-def _slot_shape(store, pieces: list[Any], path: str, shape: tuple[Any, ...]):
+def _slot_shape(store: StoreLike, pieces: list[Any], path: str,
+                shape: tuple[Any, ...]) -> tuple[tuple[int, ...], Any] | None:
     for group, *_ in pieces:
         try:
             arr = zarr.open_array(store, path=f"{group}/{path}", mode="r")
@@ -119,7 +127,8 @@ def _slot_shape(store, pieces: list[Any], path: str, shape: tuple[Any, ...]):
     return None
 
 
-def read_checkpoint(path: str, pieces: list[Any], shape: tuple[Any, ...], dtype, slots: dict[str, Any]):
+def read_checkpoint(path: str, pieces: list[Any], shape: tuple[Any, ...], dtype: Any,
+                    slots: dict[str, Any]) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]:
     """The value (and the ``{optimizer: [slot names]}`` slots) of one shard from a checkpoint."""
     store = LocalStore(path, read_only=True)
     value = np.empty(shape, dtype=dtype)

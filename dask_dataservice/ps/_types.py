@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
-from distributed.protocol import to_serialize
+from distributed.protocol.serialize import to_serialize
 
 __all__ = [
     "Call",

@@ -58,7 +58,7 @@ def _element_bytes(dtype: Any, bytes_per_string: int) -> int:
     dt = np.dtype(dtype)
     if dt.kind in "OSUT":  # strings (and objects, which is how numpy holds them) are estimated
         return bytes_per_string
-    return dt.itemsize
+    return int(dt.itemsize)
 
 
 def _axis(shape: tuple[int, ...], axis: int) -> int:
@@ -69,7 +69,7 @@ def _axis(shape: tuple[int, ...], axis: int) -> int:
     return axis
 
 
-def _positive(name: str, value: Any, integer: bool = True):
+def _positive(name: str, value: Any, integer: bool = True) -> Any:
     """``value`` if it is a number >= 1 (an int when ``integer``), else a TypeError or
     ValueError naming the argument (``FixedShardsPartitioner(0)`` is refused at once)."""
     kinds = (int, np.integer) if integer else (int, np.integer, float, np.floating)
@@ -105,7 +105,7 @@ class FixedShardsPartitioner(Partitioner):
     def __init__(self, num_shards: int) -> None:
         self._num_shards = _positive("num_shards", num_shards)
 
-    def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
+    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
         del dtype
         dims = _shape(shape)
         axis = _axis(dims, axis)
@@ -127,7 +127,7 @@ class MinSizePartitioner(Partitioner):
         self._max_shards = _positive("max_shards", max_shards)
         self._bytes_per_string = _positive("bytes_per_string", bytes_per_string)
 
-    def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
+    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
         dims = _shape(shape)
         axis = _axis(dims, axis)
         total = math.prod(dims) * _element_bytes(dtype, self._bytes_per_string)
@@ -151,7 +151,7 @@ class MaxSizePartitioner(Partitioner):
         self._max_shards = None if max_shards is None else _positive("max_shards", max_shards)
         self._bytes_per_string = _positive("bytes_per_string", bytes_per_string)
 
-    def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
+    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
         dims = _shape(shape)
         axis = _axis(dims, axis)
         result = [1] * len(dims)
