@@ -50,9 +50,12 @@ _LAZY: dict[str, str] = {
     "ShardedVariable": "dask_dataservice.ps.variables",
     "Checkpoint": "dask_dataservice.ps.checkpoint",
     "partitioners": "dask_dataservice.ps.partitioners",
+    # the PyTorch bridge (a module: dds.torch.IterableDataset); imports torch
+    "torch": "dask_dataservice.torch",
 }
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
+    from . import torch as torch
     from .dashboard import status as status
     from .data.snapshot import distributed_save as distributed_save
     from .ps import partitioners as partitioners
@@ -79,7 +82,7 @@ def __getattr__(name: str) -> object:
     if module is None:
         raise AttributeError(f"module 'dask_dataservice' has no attribute {name!r}")
     mod = importlib.import_module(module)
-    value = mod if name == "partitioners" else getattr(mod, name)
+    value = mod if name in ("partitioners", "torch") else getattr(mod, name)
     globals()[name] = value
     return value
 

@@ -1,0 +1,9 @@
+"""PyTorch bridge: ``dds.torch.IterableDataset`` and ``Dataset.to_torch()``.
+
+Importing this package imports torch (``pip install 'dask-dataservice[torch]'``);
+``import dask_dataservice`` does not.
+"""
+
+from .data import IterableDataset, to_tensors
+
+__all__ = ["IterableDataset", "to_tensors"]
