@@ -341,20 +341,44 @@ def _current_worker() -> Any | None:
     """The Dask worker whose data-service task runs in this thread, or None."""
     try:
         from distributed import get_worker
-        from distributed.worker import Worker
     except ImportError:
         return None
     try:
         return get_worker()
     except ValueError:
         pass
+    found = _current_runner()
+    return None if found is None else found[0]
+
+
+def _current_runner() -> tuple[Any, Any] | None:
+    """``(worker, task runner)`` of the data-service task running in this thread, or None."""
+    from distributed.worker import Worker
+
     me = threading.current_thread()
     for worker in list(Worker._instances):
         ext = getattr(worker, "extensions", {}).get("dataservice")
         for runner in list(getattr(ext, "_runners", ()) or ()):
             if getattr(runner, "thread", None) is me:
-                return worker
+                return worker, runner
     return None
+
+
+def _wait_unless_cancelled(fut: Any) -> None:
+    """Wait for ``fut``; give up when this thread's data-service task is cancelled (its
+    consumers left), so that teardown does not wait for a long partition computation."""
+    from distributed import wait
+
+    found = _current_runner()
+    while True:
+        try:
+            wait([fut], timeout=0.5)
+            return
+        except TimeoutError:
+            if found is not None and getattr(found[1], "cancelled", False):
+                from ..service._buffers import TaskCancelled  # the task runner's own signal
+
+                raise TaskCancelled from None
 
 
 def _on_loop(worker: Any, fn: Callable[[], Any]) -> Any:
@@ -413,7 +437,7 @@ def _run_here(worker: Any, client: Any, fn: Callable[..., Any] | None, arg: Any,
               client_keys: Sequence[Any] = ()) -> Any:
     """Run ``fn(*futures of client_keys)`` or compute the collection ``arg`` in one task on
     this worker; read its result from this worker's memory."""
-    from distributed import Future, wait
+    from distributed import Future
 
     if fn is not None:
         fut = client.submit(fn, *[Future(k, client) for k in client_keys],
@@ -421,7 +445,7 @@ def _run_here(worker: Any, client: Any, fn: Callable[..., Any] | None, arg: Any,
     else:
         fut = client.compute(arg, workers=[worker.address], allow_other_workers=False)
     try:
-        wait([fut])  # the value stays where it was computed (this worker)
+        _wait_unless_cancelled(fut)  # the value stays where it was computed (this worker)
         if fut.status != "finished":
             fut.result()  # raises the task's error
         key = fut.key
