@@ -193,6 +193,14 @@ class ModelCheckpoint(Callback):
             self._best = value
         self._save()
 
+    def on_train_end(self, logs: Logs | None = None) -> None:
+        # a SidecarEvaluator stops after the checkpoint marked final
+        if self._run().completed and self.saved:
+            latest = os.path.join(self.directory, "latest")
+            with open(latest) as f:
+                state = json.load(f)
+            _write_json_atomically(latest, {**state, "final": True})
+
     def _save(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         number = self.checkpoint.save_counter + 1
