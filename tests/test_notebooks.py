@@ -65,21 +65,55 @@ def test_every_notebook_is_valid_nbformat4():
         _check_nbformat4(_load(path))
 
 
+#: Notebooks with a test of their own (below); every other one runs in the generic test.
+CHECKED = {"quickstart.ipynb", "parameter-server.ipynb"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(p for p in NOTEBOOKS.glob("*.ipynb")
-                                         if p.name != "quickstart.ipynb"), ids=lambda p: p.name)
+                                         if p.name not in CHECKED), ids=lambda p: p.name)
 def test_notebook_runs_in_a_real_kernel(path):
     """Every other notebook (the quickstart runs in test_quickstart_results)."""
     _execute(path)
 
 
+def _images(nb) -> int:
+    """How many PNG images the executed notebook's outputs hold (matplotlib figures)."""
+    return sum(1 for cell in nb.cells if cell.cell_type == "code"
+               for o in cell.outputs if "image/png" in o.get("data", {}))
+
+
 @pytest.mark.slow
 def test_quickstart_results():
     report = ("import json; print(json.dumps({'rows': rows, 'features': len(features), "
-              "'values': len(values), 'parts': len(part_a) + len(part_b)}))")
-    _, values = _execute(NOTEBOOKS / "quickstart.ipynb", report)
+              "'values': len(values), 'parts': len(part_a) + len(part_b), "
+              "'streamed': streamed, 'stats': read_stats['elements'], "
+              "'per_worker': sum(w['elements'] for w in read_stats['workers'].values()), "
+              "'timeline': max(status['timeline']['elements_per_second'])}))")
+    nb, values = _execute(NOTEBOOKS / "quickstart.ipynb", report)
+    assert _images(nb) >= 1  # throughput over time and elements per worker (one figure)
     # DYNAMIC: every row once; OFF: every row once per worker
     assert values["rows"] == values["features"] == 10_000
     assert values["values"] == 2 * 1000
     # the named job: two consumers, each element once between them
     assert values["parts"] == 2000
+    # the dashboard section: the read's stats count every element, per worker too
+    assert values["streamed"] == values["stats"] == values["per_worker"] == 600
+    assert values["timeline"] > 0
+
+
+@pytest.mark.slow
+def test_parameter_server_notebook():
+    report = ("import json; print(json.dumps({'examples': examples_trained, "
+              "'steps': len(history), 'first_loss': float(np.mean([r[2] for r in history[:10]])), "
+              "'last_loss': float(np.mean([r[2] for r in history[-10:]])), "
+              "'last_acc': float(np.mean([r[1] for r in history[-10:]])), "
+              "'restored': bool(restored_ok), 'scrambled': scrambled, "
+              "'steps_per_second': max(timeline['steps_per_second'])}))")
+    nb, values = _execute(NOTEBOOKS / "parameter-server.ipynb", report)
+    assert _images(nb) >= 1  # loss, accuracy and steps/s (one figure)
+    assert values["examples"] == 40_000  # every example trained on once (DYNAMIC)
+    assert values["last_loss"] < values["first_loss"]  # it learns
+    assert values["last_acc"] > 0.75
+    assert values["steps_per_second"] > 0
+    assert values["scrambled"] == 0.0 and values["restored"] is True

@@ -69,7 +69,8 @@ def status(client: Any) -> dict[str, Any]:
     (datasets, jobs with their progress and throughput, consumers, journal), ``workers``
     (per worker: elements and bytes served, rates, buffers, tasks, CPU of the service's
     threads), ``parameter_servers``, ``training_workers``, ``totals`` and ``timeline``.
-    Rates are over the last 5 s of samples taken every ``dataservice.dashboard.interval``.
+    Rates are over the last 2 s (at least two samples) of samples taken every
+    ``dataservice.dashboard.interval``.
     With an asynchronous client, returns an awaitable.
     """
     from ..service import _connection

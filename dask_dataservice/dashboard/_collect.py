@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dataservice-dashboard"
 _DISPATCHER = "dataservice-dispatcher"
-#: Seconds over which rates are averaged.
-WINDOW = 5.0
+#: Seconds over which rates are averaged (at least two poll intervals).
+WINDOW = 2.0
 
 
 class DashboardPlugin(SchedulerPlugin):
@@ -107,7 +107,8 @@ class DashboardPlugin(SchedulerPlugin):
             self._update_worker(now, address, fig)
         self._update_journal(now)
         self._update_jobs(now)
-        total = {name: sum(s.rate(WINDOW) for k, s in self._series.items() if k[0] == kind)
+        window = max(WINDOW, 2 * self.interval)
+        total = {name: sum(s.rate(window) for k, s in self._series.items() if k[0] == kind)
                  for name, kind in (("elements_per_second", "served"),
                                     ("bytes_per_second", "bytes"),
                                     ("steps_per_second", "closures"),
@@ -186,9 +187,9 @@ class DashboardPlugin(SchedulerPlugin):
         self._series["journal_records", ""].add(now, m.records_written)
 
     # status ----------------------------------------------------------------------------
-    def rate(self, kind: str, address: str, window: float = WINDOW) -> float:
+    def rate(self, kind: str, address: str) -> float:
         s = self._series.get((kind, address))
-        return s.rate(window) if s is not None else 0.0
+        return s.rate(max(WINDOW, 2 * self.interval)) if s is not None else 0.0
 
     def status(self) -> dict[str, Any]:
         """Everything the pages show, as plain data (string keys: it is also JSON)."""
