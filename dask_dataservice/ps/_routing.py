@@ -26,7 +26,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from distributed import get_worker
 from distributed.utils import sync
@@ -37,6 +37,7 @@ from ._exceptions import ParameterServerError, ParameterServerUnavailableError, 
 from ._types import Call, Tag
 
 if TYPE_CHECKING:
+    from distributed import Client
     from tornado.ioloop import IOLoop
 
 __all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "register_owner",
@@ -46,7 +47,7 @@ __all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "regist
 _thread = threading.local()
 
 #: ``{strategy id: strategy}`` of the live strategies of this process (weak values).
-_owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_owners: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
 class FunctionContext:
@@ -70,12 +71,12 @@ def owner(uid: str | None) -> Any:
     return None if uid is None else _owners.get(uid)
 
 
-def client_of(uid: str | None, client=None):
+def client_of(uid: str | None, client: Client | None = None) -> Client | None:
     """The client to use on the coordinator for a handle of strategy ``uid``."""
     if client is not None:
         return client
     strategy = owner(uid)
-    return None if strategy is None else strategy.client
+    return None if strategy is None else cast("Client", strategy.client)
 
 
 def tag() -> Tag:
@@ -100,7 +101,7 @@ def liveness() -> float:
     return config.get_seconds("ps.liveness-timeout")
 
 
-async def answers(rpc, address: str, limit: float) -> bool:
+async def answers(rpc: Callable[[str], Any], address: str, limit: float) -> bool:
     """Whether the server at ``address`` answers a probe (its event loop) within ``limit``."""
     try:
         await asyncio.wait_for(rpc(address).identity(), limit)
@@ -117,7 +118,8 @@ def check(response: Any, call: Call) -> dict[str, Any]:
         missing_error=ParameterServerError, closing_error=ParameterServerUnavailableError)
 
 
-def _route(client=None, uid: str | None = None):
+def _route(client: Client | None = None,
+           uid: str | None = None) -> tuple[IOLoop | None, Callable[[str], Any]]:
     worker = getattr(_thread, "worker", None)
     if worker is None:
         try:
@@ -135,7 +137,7 @@ def _route(client=None, uid: str | None = None):
     return client.loop, client.rpc
 
 
-async def _guarded(rpc, call: Call) -> Any:
+async def _guarded(rpc: Callable[[str], Any], call: Call) -> Any:
     """The reply to ``call``; while none came, probe the PS every liveness timeout."""
     limit = liveness()
     request = asyncio.ensure_future(getattr(rpc(call.address), call.op)(**call.kwargs))
@@ -152,7 +154,7 @@ async def _guarded(rpc, call: Call) -> Any:
             await asyncio.gather(request, return_exceptions=True)
 
 
-async def call_async(rpc, call: Call, limit: float | None) -> dict[str, Any]:
+async def call_async(rpc: Callable[[str], Any], call: Call, limit: float | None) -> dict[str, Any]:
     if call.op in BULK_OPS:
         limit = None
     try:
@@ -167,7 +169,7 @@ async def call_async(rpc, call: Call, limit: float | None) -> dict[str, Any]:
     return check(response, call)
 
 
-async def _gather(rpc, calls: list[Call], limit: float | None) -> list[dict[str, Any]]:
+async def _gather(rpc: Callable[[str], Any], calls: list[Call], limit: float | None) -> list[dict[str, Any]]:
     if len(calls) == 1:
         return [await call_async(rpc, calls[0], limit)]
     return list(await asyncio.gather(*(call_async(rpc, c, limit) for c in calls)))
@@ -175,10 +177,10 @@ async def _gather(rpc, calls: list[Call], limit: float | None) -> list[dict[str,
 
 def run_sync[T](loop: IOLoop | None, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on ``loop`` from this thread (any thread but the loop's own)."""
-    return sync(loop, fn, *args, **kwargs)
+    return sync(loop, fn, *args, **kwargs)  # type: ignore[arg-type]  # a live client's loop
 
 
-def call_many(calls: list[Call], client=None, uid: str | None = None,
+def call_many(calls: list[Call], client: Client | None = None, uid: str | None = None,
               limit: float | None = None) -> list[dict[str, Any]]:
     """Send ``calls`` in parallel and wait for all replies (in order).
 
@@ -189,12 +191,12 @@ def call_many(calls: list[Call], client=None, uid: str | None = None,
     calls = [c if isinstance(c, Call) else Call(*c) for c in calls]
     pipeline = getattr(_thread, "pipeline", None)
     if pipeline is not None:
-        return pipeline.call_many(calls)
+        return pipeline.call_many(calls)  # type: ignore[no-any-return]
     loop, rpc = _route(client, uid)
     return run_sync(loop, _gather, rpc, calls, timeout() if limit is None else limit)
 
 
-def send_updates(calls: list[Call], client=None, nbytes: int = 0, uid: str | None = None) -> None:
+def send_updates(calls: list[Call], client: Client | None = None, nbytes: int = 0, uid: str | None = None) -> None:
     """Send updates; inside a scheduled function, without waiting for the replies."""
     if not calls:
         return
@@ -205,6 +207,6 @@ def send_updates(calls: list[Call], client=None, nbytes: int = 0, uid: str | Non
         call_many(calls, client, uid)
 
 
-def call(address: str, op: str, client=None, kwargs: dict[str, Any] | None = None,
+def call(address: str, op: str, client: Client | None = None, kwargs: dict[str, Any] | None = None,
          uid: str | None = None) -> dict[str, Any]:
     return call_many([Call(address, op, kwargs or {})], client, uid)[0]

@@ -51,7 +51,7 @@ import secrets
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 
@@ -113,11 +113,12 @@ class RemoteValue:
                 self._value = cloudpickle.loads(self._data)
                 self._data, self._loaded = None, True
             return self._value
+        assert self._error is not None  # failed or cancelled
         raise self._error
 
     get = fetch
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise RemoteValueArgumentError(
             "a RemoteValue cannot be an argument of a scheduled function (TensorFlow refuses "
             "it too): pass rv.fetch() instead")
@@ -142,7 +143,8 @@ def _refuse_remote_values(x: Any, depth: int = 0) -> None:
 class _Closure:
     __slots__ = ("fn_id", "fn", "args", "kwargs", "remote", "generation")
 
-    def __init__(self, fn_id, fn, args, kwargs, remote, generation) -> None:
+    def __init__(self, fn_id: int, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], remote: RemoteValue, generation: int) -> None:
         self.fn_id, self.fn, self.args, self.kwargs = fn_id, fn, args, kwargs
         self.remote, self.generation = remote, generation
 
@@ -155,10 +157,10 @@ class ClusterCoordinator:
     coordinator per strategy: a second ``ClusterCoordinator(strategy)`` returns the first.
     """
 
-    def __new__(cls, strategy: ParameterServerStrategy):
+    def __new__(cls, strategy: ParameterServerStrategy) -> ClusterCoordinator:
         existing = getattr(strategy, "_cluster_coordinator", None)
         if existing is not None:
-            return existing
+            return existing  # type: ignore[no-any-return]
         return super().__new__(cls)
 
     def __init__(self, strategy: ParameterServerStrategy) -> None:
@@ -337,6 +339,7 @@ class ClusterCoordinator:
                 logger.debug("membership poll failed: %s", e)
 
     async def _refresh_workers(self) -> None:
+        assert self._client.scheduler is not None  # a connected client
         info = await self._client.scheduler.identity()
         listed = info.get("workers", {})
         _, workers = _roles(listed)
@@ -551,7 +554,7 @@ class ClusterCoordinator:
         self._requeue(good)  # cancelled instead if one of them failed their generation
         self._have_work.set()
 
-    def _settle_locked(self, closure: _Closure, state: int, error) -> None:
+    def _settle_locked(self, closure: _Closure, state: int, error: BaseException | None) -> None:
         if closure.remote._state != _PENDING:
             return
         closure.remote._state = state
@@ -576,7 +579,9 @@ class ClusterCoordinator:
 
 
 def _pickle_batch(batch: list[_Closure]) -> bytes:
-    return cloudpickle.dumps([(c.fn_id, c.fn, c.args, c.kwargs) for c in batch], protocol=5)
+    data: bytes = cloudpickle.dumps([(c.fn_id, c.fn, c.args, c.kwargs) for c in batch],
+                                    protocol=5)
+    return data
 
 
 def _pickle_each(batch: list[_Closure]) -> list[BaseException | None]:

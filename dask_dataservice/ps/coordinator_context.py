@@ -19,4 +19,4 @@ def get_current_worker_index() -> int:
     if ctx is None or ctx.worker_index is None:
         raise RuntimeError("get_current_worker_index() is only available inside a function "
                            "scheduled with ClusterCoordinator.schedule")
-    return ctx.worker_index
+    return int(ctx.worker_index)

@@ -24,7 +24,7 @@ run by the PS); this module holds only the client-side objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._kernels import apply_dense, apply_sparse, dedupe_rows, put_rows, take_rows
@@ -88,7 +88,7 @@ class SGD(Optimizer):
         self.nesterov = bool(nesterov)
 
     @property
-    def slot_names(self) -> tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:  # type: ignore[override]  # momentum 0: no slot
         return ("momentum",) if self.momentum else ()
 
     def get_config(self) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class Adam(Optimizer):
                 "epsilon": self.epsilon}
 
 
-_KINDS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+_KINDS: dict[str, Callable[..., Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
 
 
 def get(identifier: Any) -> Optimizer:

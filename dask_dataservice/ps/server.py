@@ -37,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol import to_serialize
+from distributed.protocol.serialize import to_serialize
 from distributed.utils import run_in_executor_with_context
 from zarr.storage import LocalStore, MemoryStore
 
@@ -53,6 +54,9 @@ from . import _kernels, _store
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
 from ._shard import Lane, Shard
 from ._types import SCATTER_KINDS, UPDATE_KINDS, CreateReply, UpdateReply, ValueReply, unwire
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +84,12 @@ HANDLERS = {
 _ARRAYS_TOUCHED = {"sgd": 2, "adagrad": 2, "adam": 3}
 
 
+def _lane_of(shard: Shard) -> Lane:
+    """The lane of a shard of this server (every shard it holds got one)."""
+    assert shard.lane is not None, shard.key
+    return shard.lane
+
+
 def _check_ids(shard: Shard, ids: Any) -> np.ndarray:
     ids = np.asarray(unwire(ids))
     if ids.dtype.kind not in "iu":
@@ -89,7 +99,7 @@ def _check_ids(shard: Shard, ids: Any) -> np.ndarray:
     if ids.size and (ids.min() < 0 or ids.max() >= rows):
         bad = ids[(ids < 0) | (ids >= rows)][0]
         raise IndexError(f"id {int(bad)} is out of range [0, {rows}) for shard {shard.key!r}")
-    return ids
+    return ids  # type: ignore[no-any-return]
 
 
 def _as_value(shard: Shard, value: Any, shape: tuple[Any, ...] | None = None) -> np.ndarray:
@@ -123,9 +133,11 @@ class ParameterServerPlugin(WorkerPlugin):
     def __init__(self, work_dir: str | None = None) -> None:
         #: Overrides ``dataservice.ps.work-dir`` when given.
         self.work_dir = work_dir
+        self.store_path: str | None = None
+        self._store: LocalStore | MemoryStore | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
-    async def setup(self, worker) -> None:
+    async def setup(self, worker: Worker) -> None:
         self.worker = worker
         self.shards: dict[str, Shard] = {}
         resource = config.get("ps.resource")
@@ -155,7 +167,7 @@ class ParameterServerPlugin(WorkerPlugin):
             logger.info("parameter server %s reloaded %d shards from %s", worker.address,
                         len(shards), self.store_path)
 
-    async def teardown(self, worker) -> None:
+    async def teardown(self, worker: Worker) -> None:
         if self.store_path is not None and self.shards:
             try:
                 await self._flush(list(self.shards))
@@ -165,7 +177,7 @@ class ParameterServerPlugin(WorkerPlugin):
             worker.handlers.pop(op, None)
         worker.extensions.pop(PLUGIN_NAME, None)
         for shard in self.shards.values():
-            shard.lane.close()
+            _lane_of(shard).close()
         shutdown_executor(self._compute)
         shutdown_executor(self._io)
 
@@ -183,23 +195,26 @@ class ParameterServerPlugin(WorkerPlugin):
             raise VariableNotFoundError(
                 f"parameter server {self.worker.address} holds no shard {key!r}") from None
 
-    async def _on_lane(self, shard: Shard, nbytes: int, fn, *args):
+    async def _on_lane[T](self, shard: Shard, nbytes: int, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on ``shard``'s lane: inline if small and the lane is idle, else on a
         compute thread after the work queued before it."""
-        if nbytes < self._offload_bytes and shard.lane.idle:
+        lane = _lane_of(shard)
+        if nbytes < self._offload_bytes and lane.idle:
             return fn(*args)
         self.stats["offloaded"] += 1
-        return await asyncio.wrap_future(shard.lane.submit(fn, *args))
+        return await asyncio.wrap_future(lane.submit(fn, *args))
 
     @property
     def busy(self) -> bool:
         """Any shard has work queued or running (cleanup checks use it)."""
-        return any(s.lane.pending for s in self.shards.values())
+        return any(_lane_of(s).pending for s in self.shards.values())
 
     # -- creation ------------------------------------------------------------------------
     @handler
-    async def create(self, key: str, shape=None, dtype=None, value=None, init=None,
-                     offset: int = 0, full_shape=None, exist_ok: bool = False) -> CreateReply:
+    async def create(self, key: str, shape: Sequence[int] | None = None, dtype: Any = None,
+                     value: Any = None, init: bytes | None = None, offset: int = 0,
+                     full_shape: Sequence[int] | None = None,
+                     exist_ok: bool = False) -> CreateReply:
         """Create shard ``key`` from ``value`` or by calling the pickled ``init`` here (on the
         I/O thread; see :func:`._kernels.initial_value` for the calling conventions)."""
         if not self.is_ps:
@@ -210,6 +225,7 @@ class ParameterServerPlugin(WorkerPlugin):
             raise ValueError(f"parameter server {self.worker.address} already holds {key!r}")
         sliced = False
         if init is not None:
+            assert shape is not None  # an initializer comes with its shape
             value, sliced = await run_in_executor_with_context(
                 self._io, _call_initializer, init, tuple(shape), dtype, int(offset),
                 tuple(full_shape) if full_shape is not None else None)
@@ -227,7 +243,7 @@ class ParameterServerPlugin(WorkerPlugin):
     def delete(self, key: str) -> dict[str, Any]:
         shard = self.shards.pop(key, None)
         if shard is not None:
-            shard.lane.close()
+            _lane_of(shard).close()
         return {"status": "OK", "deleted": shard is not None}
 
     def info(self) -> dict[str, Any]:
@@ -247,7 +263,7 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK", "value": to_serialize(await self._on_lane(shard, 0, shard.read))}
 
     @handler
-    async def gather(self, key: str, ids) -> ValueReply:
+    async def gather(self, key: str, ids: Any) -> ValueReply:
         """Rows ``ids`` (shard-local, any order, duplicates allowed) of shard ``key``."""
         shard = self._shard(key)
         ids = _check_ids(shard, ids)
@@ -272,7 +288,7 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK", "applied": applied}
 
     @handler
-    async def update(self, key: str, kind: str, value, fn_id: int | None = None,
+    async def update(self, key: str, kind: str, value: Any, fn_id: int | None = None,
                      seq: int | None = None) -> UpdateReply:
         """``assign`` / ``assign_add`` / ``assign_sub`` the whole shard."""
         shard = self._shard(key)
@@ -284,7 +300,7 @@ class ParameterServerPlugin(WorkerPlugin):
                                                val, fn_id, seq))
 
     @handler
-    async def scatter(self, key: str, kind: str, ids, updates, fn_id: int | None = None,
+    async def scatter(self, key: str, kind: str, ids: Any, updates: Any, fn_id: int | None = None,
                       seq: int | None = None) -> UpdateReply:
         """Rows ``ids`` of shard ``key``: ``add``/``sub``/``mul``/``div``/``max``/``min``
         (duplicates accumulate), ``update`` (the last duplicate wins)."""
@@ -298,7 +314,7 @@ class ParameterServerPlugin(WorkerPlugin):
                                                fn_id, seq))
 
     @handler
-    async def apply(self, key: str, optimizer: dict[str, Any], grad, ids=None, fn_id: int | None = None,
+    async def apply(self, key: str, optimizer: dict[str, Any], grad: Any, ids: Any = None, fn_id: int | None = None,
                     seq: int | None = None) -> UpdateReply:
         """Apply one optimizer step to shard ``key``: dense ``grad``, or rows ``ids``."""
         shard = self._shard(key)
@@ -309,7 +325,7 @@ class ParameterServerPlugin(WorkerPlugin):
             grad = _as_value(shard, grad)
         if self._late(fn_id):
             return self._count(False)
-        nbytes = grad.nbytes * _ARRAYS_TOUCHED.get(optimizer.get("kind"), 3)
+        nbytes = grad.nbytes * _ARRAYS_TOUCHED.get(str(optimizer.get("kind")), 3)
         if optimizer.get("kind") == "sgd" and not optimizer.get("momentum"):
             nbytes = grad.nbytes
         return self._count(await self._on_lane(shard, nbytes, shard.apply, optimizer, grad, ids,
@@ -328,12 +344,12 @@ class ParameterServerPlugin(WorkerPlugin):
 
     # -- persistence ---------------------------------------------------------------------
     @handler
-    async def flush(self, keys=None) -> dict[str, Any]:
+    async def flush(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         """Write the working copies (and slots) of ``keys`` (default: all dirty) to zarr."""
         written = await self._flush(keys)
         return {"status": "OK", "written": written, "store": self.store_path}
 
-    async def _flush(self, keys) -> list[str]:
+    async def _flush(self, keys: Sequence[str] | None) -> list[str]:
         keys = list(self.shards) if keys is None else list(keys)
         written = []
         for shard in [self._shard(k) for k in keys]:
@@ -376,6 +392,7 @@ class ParameterServerPlugin(WorkerPlugin):
         return {"status": "OK"}
 
 
-def _call_initializer(init: bytes, shape, dtype, offset, full_shape):
+def _call_initializer(init: bytes, shape: tuple[int, ...], dtype: Any, offset: int,
+                      full_shape: tuple[int, ...] | None) -> tuple[np.ndarray, bool]:
     """Unpickle and call a user initializer (on the I/O thread, never on the loop)."""
     return _kernels.initial_value(cloudpickle.loads(init), shape, dtype, offset, full_shape)

@@ -229,7 +229,7 @@ class ParameterServerStrategy:
         self._variable_count = 0
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._cluster_coordinator = None
+        self._cluster_coordinator: Any = None
         #: Every variable created in scope, in creation order (checkpoints use them).
         self._variables: list[Variable | ShardedVariable] = []
         client.register_plugin(ParameterServerPlugin())
@@ -346,6 +346,7 @@ class ParameterServerStrategy:
             self._ps = [addresses.get(n, a) for n, a in zip(self._ps_names, self._ps, strict=True)]
             for var in self._variables:
                 for v in var.variables:
+                    assert v._ps_index is not None  # a variable on a PS
                     v._address = self._ps[v._ps_index]
 
     async def _answers_async(self, address: str, timeout: float = 2.0) -> bool:
