@@ -5,6 +5,7 @@ mutate). A mixin: it reads the state's private maps and holds none of its own.""
 from __future__ import annotations
 
 import typing
+from collections import deque
 
 from ._entities import (
     PROCESSING_MODES,
@@ -14,6 +15,7 @@ from ._entities import (
     Iteration,
     IterationClient,
     Job,
+    SplitCursor,
     Task,
     Worker,
 )
@@ -53,6 +55,29 @@ from ._updates import (
 
 class StateChecks:
     """Lookups and preconditions of the dispatcher's state (mixed into ``DispatcherState``)."""
+
+    # The maps this mixin (and StateQueries) read, created by DispatcherState.__init__
+    # (annotations only, for type checkers).
+    _next_dataset_id: int
+    _next_iteration_id: int
+    _next_iteration_client_id: int
+    _next_task_id: int
+    _next_job_id: int
+    _datasets: dict[int, Dataset]
+    _dataset_by_fingerprint: dict[str, int]
+    _dataset_by_name: dict[str, int]
+    _workers: dict[str, Worker]
+    _tasks_by_worker: dict[str, dict[int, int]]
+    _jobs: dict[int, Job]
+    _jobs_by_name: dict[tuple[int, str], int]
+    _iterations: dict[int, Iteration]
+    _iterations_by_key: dict[tuple[int, int], int]
+    _split_cursors: dict[int, SplitCursor]
+    _lost_splits: dict[int, list[tuple[int, int, int]]]
+    _tasks: dict[int, Task]
+    _tasks_by_iteration: dict[int, dict[int, None]]
+    _splits_in_flight: dict[int, deque[tuple[int, int, int]]]
+    _iteration_clients: dict[int, IterationClient]
 
     # -- lookups that raise the typed errors --------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from ._entities import (
     Dataset,
@@ -28,8 +29,13 @@ from ._exceptions import (
 
 __all__ = ["StateQueries"]
 
+if TYPE_CHECKING:  # the lookups and maps it reads come with StateChecks in DispatcherState
+    from ._state_checks import StateChecks as _StateBase
+else:
+    _StateBase = object
 
-class StateQueries:
+
+class StateQueries(_StateBase):
     """Accessors of the dispatcher's state (mixed into ``DispatcherState``)."""
 
     # -- accessors (read-only: each returns a detached copy) ---------------------------------
@@ -237,6 +243,7 @@ class StateQueries:
         cursor = self._split_cursors.get(iteration_id)
         if cursor is None:
             self.split_cursor(iteration_id)  # raises the typed error (unknown, or not DYNAMIC)
+        assert cursor is not None
         return cursor.repetition, cursor.next_index, cursor.num_splits
 
     def task_status(self, task_id: int) -> str:
@@ -296,7 +303,7 @@ class StateQueries:
         self._get_iteration(iteration_id)
         return tuple(sorted(expand_runs(self._lost_splits.get(iteration_id, ()))))
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """A plain-data view of the state (``dataservice_state``): tests, dashboards, debugging."""
         return {
             "datasets": [d.dataset_id for d in self.list_datasets()],
