@@ -5,5 +5,6 @@ Importing this package imports torch (``pip install 'dask-dataservice[torch]'``)
 """
 
 from .data import IterableDataset, to_tensors
+from .ps import ShardedEmbedding, TorchModuleOnPS, torch_module
 
-__all__ = ["IterableDataset", "to_tensors"]
+__all__ = ["IterableDataset", "to_tensors", "ShardedEmbedding", "TorchModuleOnPS", "torch_module"]
