@@ -50,6 +50,11 @@ _LAZY: dict[str, str] = {
     "ShardedVariable": "dask_dataservice.ps.variables",
     "Checkpoint": "dask_dataservice.ps.checkpoint",
     "partitioners": "dask_dataservice.ps.partitioners",
+    "fit": "dask_dataservice.ps.fit",
+    "DatasetCreator": "dask_dataservice.ps.fit",
+    "SidecarEvaluator": "dask_dataservice.ps.evaluator",
+    "StaticHashTable": "dask_dataservice.ps.tables",
+    "DistributedTable": "dask_dataservice.ps.tables",
     # the PyTorch bridge (a module: dds.torch.IterableDataset); imports torch
     "torch": "dask_dataservice.torch",
 }
@@ -61,7 +66,12 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
+    from .ps.evaluator import SidecarEvaluator as SidecarEvaluator
+    from .ps.fit import DatasetCreator as DatasetCreator
+    from .ps.fit import fit as fit
     from .ps.strategy import ParameterServerStrategy as ParameterServerStrategy
+    from .ps.tables import DistributedTable as DistributedTable
+    from .ps.tables import StaticHashTable as StaticHashTable
     from .ps.variables import ShardedVariable as ShardedVariable
     from .ps.variables import Variable as Variable
     from .service.client import CrossTrainerCache as CrossTrainerCache
