@@ -205,7 +205,8 @@ class DashboardPlugin(SchedulerPlugin):
             for a, f in sorted(self.workers.items()) if f.get("ps") is not None}
         out["training_workers"] = {
             a: {"stats": f["runner"]["stats"], "steps_per_second": self.rate("closures", a)}
-            for a, f in sorted(self.workers.items()) if f.get("runner") is not None}
+            for a, f in sorted(self.workers.items())
+            if f.get("runner") is not None and f.get("ps") is None}
         last = self.timeline[-1] if self.timeline else {}
         out["totals"] = {k: v for k, v in last.items() if k != "time"}
         out["timeline"] = {k: [row.get(k, 0.0) for row in self.timeline]
