@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import threading
+import time
 
 import cloudpickle
 import dask
@@ -410,3 +413,43 @@ def test_illegal_explicit_orders_are_refused_and_change_nothing(bad, message):
     with pytest.raises(IllegalUpdateError, match=message):
         state.apply(bad)
     assert state.snapshot() == before
+
+
+# -- a data worker waiting on a partition's computation stops with its task -----------------
+
+GATE = threading.Event()
+ENTERED = threading.Event()
+
+
+def _gated(block):
+    ENTERED.set()
+    GATE.wait(60)  # released by the test once the data worker's thread has exited
+    return block
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60,
+             config={"dataservice.client.no-workers-timeout": "1s",
+                     "dataservice.client.no-workers-warning": "100ms"})
+async def test_closing_a_worker_stops_a_pipeline_waiting_on_a_partition(c, s, a, b):
+    GATE.clear()
+    ENTERED.clear()
+    # one partition, computed (pinned) on the worker whose pipeline reads it: that worker's
+    # only Dask thread runs the gated computation
+    x = da.zeros(10, chunks=10).map_blocks(_gated, meta=np.array((), dtype=float))
+    ds = await distribute(Dataset.from_dask(x), "DYNAMIC", c)
+    consumer = asyncio.ensure_future(read(ds))
+    try:
+        await poll(lambda: ENTERED.is_set(), what="the partition computation to start")
+        reading = next(w for w in (a, b) if w.state.executing_count)  # computes it
+        plugin = reading.extensions["dataservice"]
+        assert plugin._runners
+        started = time.monotonic()
+        await reading.close(executor_wait=False)  # the gated Dask task keeps its thread
+        # the task thread left its wait for the partition; teardown did not wait for the
+        # computation (which still waits on the gate): it took less than the 10 s join timeout
+        assert not any(r.thread.is_alive() for r in plugin._runners)
+        assert time.monotonic() - started < 8 and not GATE.is_set()
+    finally:
+        GATE.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(consumer, 20)
