@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -194,3 +195,14 @@ def test_pages_and_route_on_the_dask_dataservice_scheduler_command(tmp_path):
             assert dds.status(client)["service"]["installed"] is True
         servers.stop(worker)
         servers.stop(scheduler)
+
+
+def test_demo_prints_the_dashboard_pages():
+    from test_cli import invoke
+
+    rc, out, err = invoke("demo", "--no-train", "--no-processes", "--workers", "2",
+                          "--elements", "2000")
+    assert rc == 0, err
+    [line] = [ln for ln in err.splitlines() if ln.startswith("demo: dashboard: ")]
+    assert re.fullmatch(r"demo: dashboard: http://127\.0\.0\.1:\d+/dataservice \(data service\), "
+                        r"http://127\.0\.0\.1:\d+/parameter-servers", line), line

@@ -81,9 +81,19 @@ def run_demo(opts: DemoOptions) -> int:
         return _report(opts, count, batches, time.perf_counter() - start, copies=1)
     with _cluster.sigterm_exits(PROG), _cluster.demo_logging(opts.verbose), \
             _client(opts) as client:
+        opts.say(_dashboard_pages(client))
         if _training(opts, client):
             return _train(opts, client)
         return _stream(opts, client)
+
+
+def _dashboard_pages(client: Any) -> str:
+    """Where to watch the demo: the service's pages on the scheduler's dashboard."""
+    try:
+        base = client.dashboard_link.rsplit("/", 1)[0]
+    except (AttributeError, KeyError, TypeError):  # the scheduler serves no dashboard
+        return "dashboard: none (start the scheduler with a dashboard to watch the service)"
+    return f"dashboard: {base}/dataservice (data service), {base}/parameter-servers"
 
 
 def _check(opts: DemoOptions) -> None:
