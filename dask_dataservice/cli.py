@@ -211,6 +211,8 @@ _DASK_MODULES = {
     "worker": "distributed.cli.dask_worker",
 }
 PRELOAD = "dask_dataservice"
+#: The worker class of a supervised worker (``--supervise``): it rides out a scheduler restart.
+RECONNECTING_WORKER = "dask_dataservice.service.worker.ReconnectingWorker"
 
 
 def dask_command(kind: str, dask_args: Sequence[str] = ()) -> list[str]:
@@ -364,7 +366,13 @@ def worker(dry_run: bool, supervise: bool, dask_args: tuple[str, ...]) -> None:
     warning = insecure_listen_warning(dask_args, role="worker")
     if warning:
         click.echo(warning, err=True)
-    _run(dask_command("worker", dask_args), dict(os.environ), dry_run=dry_run, supervise=supervise)
+    args = list(dask_args)
+    if supervise and not any(a == "--worker-class" or a.startswith("--worker-class=")
+                             for a in args):
+        # rides out a scheduler restart with its data tasks (the supervisor restarts it only
+        # when it closed anyway)
+        args += ["--worker-class", RECONNECTING_WORKER]
+    _run(dask_command("worker", args), dict(os.environ), dry_run=dry_run, supervise=supervise)
 
 
 # ready

@@ -21,7 +21,8 @@ from dask_dataservice.service._buffers import (
     element_size,
 )
 from dask_dataservice.service._exceptions import DataServiceError
-from dask_dataservice.service._worker_plugin import _FINISHED_MEMORY, _Recent
+from dask_dataservice.service._worker_plugin import _FINISHED_MEMORY
+from dask_dataservice.service._worker_util import Recent as _Recent
 
 pytestmark = pytest.mark.timeout(30)
 

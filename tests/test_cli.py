@@ -318,9 +318,15 @@ def test_dry_run_prints_the_dask_command():
     assert rc == 0
     assert shlex.split(out) == cli.dask_command("worker", dask_args)
     # supervised: the same `dask worker` command, every option included, run and restarted
+    # (with the worker class that rides out a scheduler restart, unless one is given)
     rc, out, _ = invoke("worker", "--supervise", "--dry-run", *dask_args)
     assert rc == 0
-    assert shlex.split(out) == cli.dask_command("worker", dask_args)
+    assert shlex.split(out) == cli.dask_command(
+        "worker", [*dask_args, "--worker-class", cli.RECONNECTING_WORKER])
+    rc, out, _ = invoke("worker", "--supervise", "--dry-run", *dask_args,
+                        "--worker-class", "my.Worker")
+    assert shlex.split(out) == cli.dask_command("worker", [*dask_args, "--worker-class",
+                                                           "my.Worker"])
 
 
 def test_unknown_options_are_refused_by_commands_without_passthrough():
@@ -499,14 +505,15 @@ def test_supervised_workers_come_back_with_their_options_after_a_scheduler_resta
     expected = [("ps-0", 1, {"ps": 1}), ("ps-1", 1, {"ps": 1})]
     with Client(address, timeout="30s", set_as_default=False) as client:
         assert workers(client) == expected
-    servers.stop(scheduler)  # the workers lose their scheduler, and `dask worker` exits
+    servers.stop(scheduler)  # the workers lose their scheduler and wait for it
     scheduler = servers.start(*scheduler_argv)
     with Client(address, timeout="30s", set_as_default=False) as client:
-        assert workers(client) == expected  # a new `dask worker`, with every option again
+        assert workers(client) == expected  # the same workers, with every option
     # clean=False: losing its scheduler, the first worker logged distributed's INFO lines on
     # the closed comms, with their tracebacks (expected here)
     err = servers.stop(supervised, clean=False)
-    assert "restart 1)" in err, err
+    assert "waits for the scheduler to come back" in err, err
+    assert "registered again" in err or "restart 1)" not in err, err
     servers.stop(scheduler)
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from typing import Any
 
@@ -41,7 +40,6 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
-from .._async import owned_executor, shutdown_executor
 from .._rpc import handler
 from . import _locality
 from ._access import AccessGuard, new_token, redact_summary
@@ -63,6 +61,7 @@ from ._job_checks import (
 )
 from ._liveness import WorkerLiveness
 from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo
+from ._recovery import recover, revive, undelivered
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from .state import (
     AckSplits,
@@ -182,6 +181,9 @@ class DispatcherPlugin(SchedulerPlugin):
         self._access = AccessGuard(scheduler)
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self._idle_iterations: set[int] = set()
+        #: Workers the journal knew that have not heartbeated since this start: revived
+        #: with their tasks if they come back resumed, dropped after ``worker-timeout``.
+        self._recovered_workers: set[str] = set()
         if self.fault_tolerant_mode:
             if not self.work_dir:
                 raise ValueError(
@@ -233,78 +235,8 @@ class DispatcherPlugin(SchedulerPlugin):
         await attach(scheduler)
 
     async def _recover(self) -> None:
-        """Replay the journal (before any handler is served), then open a new segment.
-
-        Replay is the newest snapshot plus the records after it; a record that decodes but
-        is illegal for the state replayed so far is :class:`JournalCorruptedError` naming its
-        file and byte offset. The writer folds old segments into snapshots as it goes
-        (``dispatcher.snapshot-records`` / ``snapshot-bytes``); a long replayed tail is
-        folded at once, in the background, so the next restart does not replay it again.
-        """
-        from ._state_codec import compact, restore
-        from .journal import JournalWriter, load_journal
-
-        work_dir = os.fspath(self.work_dir)
-        snapshot_records = int(config.get("dispatcher.snapshot-records") or 0) or None
-        snapshot_bytes = config.get_bytes("dispatcher.snapshot-bytes") or None
-
-        def replay() -> tuple[DispatcherState, int, JournalWriter]:
-            contents = load_journal(work_dir)
-            state, n = restore(contents.snapshot, contents.records)
-            writer = JournalWriter.open(work_dir, compact=compact,
-                                        snapshot_records=snapshot_records,
-                                        snapshot_bytes=snapshot_bytes)
-            return state, n, writer
-
-        loop = asyncio.get_running_loop()
-        # file I/O and the replay stay off the scheduler's loop, in a thread owned here
-        executor = owned_executor("dds-dispatcher-recovery")
-        started = time.perf_counter()
-        try:
-            self.state, self.recovered_updates, self._journal = await loop.run_in_executor(
-                executor, replay)
-        finally:
-            shutdown_executor(executor)
-        self.recovery_seconds = time.perf_counter() - started
-        if snapshot_records and self.recovered_updates >= snapshot_records // 2:
-            self._journal.request_snapshot()
-        # Rebuild what is not journaled. Workers of the previous run are gone (a Dask worker
-        # does not outlive its scheduler): their tasks are lost, and so are the splits they
-        # held, which are never handed out again. Clients restart their liveness timers
-        # (``_recovered_at``; heartbeats are not journaled).
-        for worker in self.state.list_workers():
-            self._apply(RemoveWorker(address=worker.address))
-        self._idle_iterations = {
-            it.iteration_id for it in self.state.list_live_iterations()
-            if not it.num_clients
-            and it.last_client_released_micros is not None
-        }
-        self._warn_changed_worker_lists()
-        if self._journal_tail is not None:
-            await self._journal_tail
-        logger.info(
-            "dataservice dispatcher recovered %d journaled updates from %s in %.2fs "
-            "(%d datasets, %d jobs)",
-            self.recovered_updates, work_dir, self.recovery_seconds,
-            len(self.state.list_datasets()), len(self.state.list_jobs()),
-        )
-
-    def _warn_changed_worker_lists(self) -> None:
-        """Say so when the config's worker list differs from what live static jobs journaled.
-
-        Those jobs keep their own list (a shard is never reassigned by a config change);
-        only new jobs use the new one.
-        """
-        config_list = tuple(self.worker_addresses or ())
-        for job in self.state.list_jobs():
-            if job.worker_addresses and not job.garbage_collected and \
-                    job.worker_addresses != config_list:
-                gone = sorted(set(job.worker_addresses) - set(config_list))
-                logger.warning(
-                    "dataservice: job %s keeps the worker list it was created with, %s; the "
-                    "dispatcher is now configured with %s (new jobs use it)%s",
-                    job.job_id, list(job.worker_addresses), list(config_list),
-                    f"; no longer configured: {gone}" if gone else "")
+        """Replay the journal before any handler is served (see :func:`._recovery.recover`)."""
+        await recover(self)
 
     async def close(self) -> None:
         """Stop the GC and close the journal (every queued record made durable first).
@@ -569,14 +501,19 @@ class DispatcherPlugin(SchedulerPlugin):
     ########################
     @_durable
     def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1,
-                  job_token: str | None = None) -> dict:
+                  job_token: str | None = None, received: int | None = None) -> dict:
         """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
 
         ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
-        indices returned). O(count). Only the task's worker may ask: it shows the job's
-        token, which it got with the task definition.
+        indices returned). O(count). Only the task's worker may ask, with the job's token.
+        A retry says how many splits the task ``received``: any handed to it that it never
+        got are answered again (:func:`._recovery.undelivered`).
         """
         self._check_task_token(task_id, job_token, "taking splits", iteration_id)
+        if received is not None:
+            again = undelivered(self.state, iteration_id, task_id, repetition, int(received))
+            if again is not None:
+                return {"status": "OK", "split_indices": again[0], "end_of_splits": again[1]}
         current, index, num_splits = self.state.split_position(iteration_id)
         if self.state.task_status(task_id) != "active" or repetition < current:
             return {"status": "OK", "split_indices": [], "end_of_splits": True}
@@ -626,22 +563,23 @@ class DispatcherPlugin(SchedulerPlugin):
     @handler
     async def worker_heartbeat(self, address: str, host: str, nthreads: int,
                                active_tasks: list | tuple = (), finished_tasks: list | tuple = (),
-                               worker_key: str | None = None) -> dict:
+                               worker_key: str | None = None, resumed: bool = False) -> dict:
         """Register a data worker if needed and tell it which tasks to start and drop.
 
+        ``resumed``: it kept its tasks across a scheduler restart (:mod:`._reconnect`); a
+        worker the journal knew is then revived with them (:func:`._recovery.revive`).
+
         Only the worker itself may (it shows its key): the reply carries task definitions,
-        and so the job tokens of its tasks. Durable as the other mutating handlers, with one
-        shortcut: a heartbeat that changed nothing and tells the worker nothing new (the
-        steady state) answers at once instead of waiting for the journal's next group commit
-        (records of other handlers in flight), since its reply shows no effect a crash could
-        undo.
+        and so job tokens. Durable as the other mutating handlers, but a heartbeat that
+        changed nothing and tells nothing new (the steady state) answers without waiting for
+        the journal's next group commit: its reply shows no effect a crash could undo.
         """
         if self._closed:
             return {"status": "closing"}
         tail = self._journal_tail
         try:
             reply = self._worker_heartbeat(address, host, nthreads, active_tasks,
-                                           finished_tasks, worker_key)
+                                           finished_tasks, worker_key, resumed)
         except BaseException:
             await self._wait_durable()
             raise
@@ -650,18 +588,19 @@ class DispatcherPlugin(SchedulerPlugin):
             await self._wait_durable()
         return reply
 
-    #: Benchmarks only: wait for the journal on every heartbeat (the behaviour before the
-    #: shortcut), to measure the shortcut against it in one run.
+    #: Benchmarks only: every heartbeat waits for the journal (the behaviour before).
     _heartbeat_waits_always = False
 
     def _worker_heartbeat(self, address: str, host: str, nthreads: int,
                           active_tasks: list | tuple, finished_tasks: list | tuple,
-                          worker_key: str | None) -> dict:
+                          worker_key: str | None, resumed: bool) -> dict:
         ws = self.scheduler.workers.get(address)
-        if ws is None:
-            return TaskChanges(status="OK", new_tasks=[], cancelled=list(active_tasks))
+        if ws is None:  # not (yet) registered with the scheduler: nothing to tell it
+            return TaskChanges(status="OK", new_tasks=[], cancelled=[])
         self._access.check_worker(address, worker_key, "a data worker heartbeat")
         self._liveness.seen(address)
+        if address in self._recovered_workers:
+            revive(self, address, resumed, active_tasks)
         try:
             known = self.state.worker(address).registered
         except WorkerNotFoundError:

@@ -27,18 +27,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import pickle
 import threading
 from collections import OrderedDict, deque
 from typing import Any
 
 import cloudpickle
-import dask.config
-from dask.utils import parse_bytes
 from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
-from distributed.protocol.serialize import Serialized, serialize
 from distributed.utils import offload, run_in_executor_with_context
 from distributed.utils_comm import retry
 
@@ -53,6 +49,7 @@ from ._messages import ElementBatch, TaskDef, raise_for_status
 from ._metrics import count_served
 from ._sharding import ShardingPolicy
 from ._worker_key import WorkerKey
+from ._worker_util import Recent, Turns, offload_bytes, serialized_batch
 
 logger = logging.getLogger(__name__)
 
@@ -80,29 +77,6 @@ def current_task() -> TaskDef | None:
     return getattr(_local, "task", None)
 
 
-class _Recent:
-    """A set that remembers only its ``capacity`` most recent members."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[int, None] = OrderedDict()
-
-    def add(self, item: int) -> None:
-        self._items[item] = None
-        self._items.move_to_end(item)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def __contains__(self, item: object) -> bool:
-        return item in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self):
-        return iter(self._items)
-
-
 class DispatcherSplitProvider(SplitProvider):
     """Serves a DYNAMIC task's source the splits the dispatcher hands out.
 
@@ -120,6 +94,8 @@ class DispatcherSplitProvider(SplitProvider):
         self._runner = runner
         self._splits = splits
         self.repetition = 0
+        #: Splits received of this repetition (a retried request says it: see _get_splits).
+        self._received = 0
         self._pending: concurrent.futures.Future | None = None
         self._local: deque = deque()
         self._ended = False
@@ -132,7 +108,7 @@ class DispatcherSplitProvider(SplitProvider):
     def _request(self) -> concurrent.futures.Future:
         runner = self._runner
         return runner.plugin.submit(runner.plugin._get_splits, runner.task, self.repetition,
-                                    self._batch)
+                                    self._batch, self._received)
 
     def _wait(self, fut: concurrent.futures.Future):
         if not fut.done() and self._batch < self.MAX_BATCH:
@@ -147,6 +123,7 @@ class DispatcherSplitProvider(SplitProvider):
             self._pending = None
             indices, ended = self._wait(fut)
             self._local.extend(indices)
+            self._received += len(indices)
             self._ended = ended
             if not ended:
                 self._pending = self._request()
@@ -154,6 +131,7 @@ class DispatcherSplitProvider(SplitProvider):
 
     def reset(self) -> None:
         self.repetition += 1
+        self._received = 0
         self._ended = False
         if self.repetition >= 2:
             # Splits two repetitions back have left the pipeline (short of a shuffle buffer
@@ -271,29 +249,6 @@ class TaskRunner:
         self.buffer.close()
 
 
-class _Turns:
-    """Runs requests numbered 0, 1, 2, ... one after the other, in number order."""
-
-    def __init__(self) -> None:
-        self.next = 0
-        self._waiters: dict[int, asyncio.Future] = {}
-
-    async def wait_turn(self, seq: int, timeout: float) -> None:
-        if seq <= self.next:
-            return
-        fut = self._waiters[seq] = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:  # an earlier request never came: go on rather than hang
-            self._waiters.pop(seq, None)
-
-    def done(self, seq: int) -> None:
-        self.next = max(self.next, seq + 1)
-        fut = self._waiters.pop(self.next, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-
 class DataWorkerPlugin(WorkerPlugin):
     """The data service's half on each Dask worker (see the module docstring)."""
 
@@ -305,13 +260,13 @@ class DataWorkerPlugin(WorkerPlugin):
         #: ``dataservice.worker.heartbeat-interval``).
         self.heartbeat_interval = heartbeat_interval
         self.tasks: dict[int, TaskRunner | None] = {}
-        self.finished_tasks = _Recent(_FINISHED_MEMORY)
+        self.finished_tasks = Recent(_FINISHED_MEMORY)
 
     async def setup(self, worker) -> None:
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         self.tasks = {}
-        self.finished_tasks = _Recent(_FINISHED_MEMORY)
+        self.finished_tasks = Recent(_FINISHED_MEMORY)
         #: ``{dataset_id: (dataset, splits)}``, most recently used last.
         self._datasets: OrderedDict[int, tuple[Any, list | None]] = OrderedDict()
         #: Datasets being loaded: concurrent starts of one dataset share one load.
@@ -321,13 +276,17 @@ class DataWorkerPlugin(WorkerPlugin):
         self._executor = owned_executor("dds-worker-io", 1)
         self._group = TaskGroup("dataservice worker")
         self._closing = False
+        #: Whether a dispatcher answered a heartbeat of this plugin: its next first heartbeat
+        #: to a restarted dispatcher says it *resumed* with its tasks (see :meth:`reconnected`).
+        self._answered = False
+        self._wake_heartbeat = asyncio.Event()
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0}
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
-        #: ``{(task_id, consumer): _Turns}``: the order in which a consumer's requests run.
-        self._order: dict[tuple[int, int | None], _Turns] = {}
+        #: ``{(task_id, consumer): Turns}``: the order in which a consumer's requests run.
+        self._order: dict[tuple[int, int | None], Turns] = {}
         worker.handlers["dataservice_get_elements"] = self.get_elements
         worker.handlers["dataservice_get_rounds"] = self.get_rounds
         worker.handlers["dataservice_worker_state"] = self.worker_state
@@ -425,7 +384,7 @@ class DataWorkerPlugin(WorkerPlugin):
         key = (task_id, consumer)
         order = self._order.get(key)
         if order is None:
-            order = self._order[key] = _Turns()
+            order = self._order[key] = Turns()
         await order.wait_turn(seq, timeout=wait + 10)
         try:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
@@ -491,10 +450,10 @@ class DataWorkerPlugin(WorkerPlugin):
             count_served(self, runner.task_id, items)  # issue 14: dashboard (service/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
-            if sum(map(element_size, items)) > _offload_bytes():
-                elements = await offload(_serialized_batch, runner, items)
+            if sum(map(element_size, items)) > offload_bytes():
+                elements = await offload(serialized_batch, runner, items)
             else:
-                elements = _serialized_batch(runner, items)
+                elements = serialized_batch(runner, items)
             return {"status": "OK", "elements": elements, "end_of_sequence": False}
         if buf.end_visible:
             if buf.error is not None:
@@ -633,19 +592,27 @@ class DataWorkerPlugin(WorkerPlugin):
         self._release_unused_datasets()
         return loaded
 
-    async def _get_splits(self, task: TaskDef, repetition: int, count: int):
+    async def _get_splits(self, task: TaskDef, repetition: int, count: int, received: int = 0):
         """Split indices from the dispatcher; rides out a dispatcher that is going away.
 
         A closing (or unreachable) scheduler is retried with backoff for about 30 s (with
         distributed's ``retry``); if this worker is closing meanwhile, its tasks are being
         cancelled, and failing the task instead would report a bogus error to consumers.
+        A retry says how many splits of ``repetition`` the task ``received``: if the failed
+        attempt's splits were handed out (a reply lost with the dispatcher that crashed
+        after journaling it), the dispatcher hands out those again, not new ones.
         """
+        attempts = 0
+
         async def ask():
+            nonlocal attempts
             if self._closing:
                 raise TaskCancelled
+            attempts += 1
             return raise_for_status(await self.worker.scheduler.dataservice_get_split(
                 iteration_id=task["iteration_id"], task_id=task["task_id"],
                 repetition=repetition, count=count, job_token=task.get("job_token"),
+                **({"received": received} if attempts > 1 else {}),
             ), "split request")
 
         try:
@@ -690,7 +657,21 @@ class DataWorkerPlugin(WorkerPlugin):
             # flooded with "no handler" lines. Installing the dispatcher re-sends this plugin
             # to every worker, which restarts the heartbeat at once.
             delay = interval if answered else min(30.0, max(delay, interval) * 2)
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.wait_for(self._wake_heartbeat.wait(), delay)
+            except TimeoutError:
+                pass
+            self._wake_heartbeat.clear()
+
+    def reconnected(self) -> None:
+        """The worker registered again with a restarted scheduler (:mod:`._reconnect`).
+
+        Its tasks, buffers and split cursors are intact: ask the new dispatcher for a key and
+        report them at once (the first heartbeat says ``resumed``, and the replayed
+        dispatcher revives them instead of counting them lost).
+        """
+        self._key.forget()
+        self._wake_heartbeat.set()
 
     async def _heartbeat(self) -> bool:
         w = self.worker
@@ -702,7 +683,7 @@ class DataWorkerPlugin(WorkerPlugin):
         resp = await w.scheduler.dataservice_worker_heartbeat(
             address=w.address, host=get_address_host(w.address),
             nthreads=w.state.nthreads, active_tasks=active, finished_tasks=done,
-            worker_key=key,
+            worker_key=key, resumed=self._answered,
         )
         if resp is None:  # the dispatcher is not installed (yet)
             return False
@@ -711,6 +692,7 @@ class DataWorkerPlugin(WorkerPlugin):
         except JobAccessDeniedError:
             self._key.forget()  # a new dispatcher: ask for a new key next time
             raise
+        self._answered = True
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
         return True
 
@@ -735,48 +717,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
         loop.call_soon_threadsafe(callback)
     except RuntimeError:  # the loop is closed: the worker is gone
         pass
-
-
-def _offload_bytes() -> int:
-    value = dask.config.get("distributed.comm.offload")
-    return int(parse_bytes(value) if isinstance(value, str) else value or 0)
-
-
-def _serialized_batch(runner: TaskRunner, items: list) -> Serialized:
-    """``items`` serialized now, so that an element that cannot travel is an error naming
-    its type, its task and its pipeline (serialized by the comm, it would only say "Could
-    not serialize object of type ElementBatch", and the consumer would see a closed comm)."""
-    try:
-        header, frames = serialize(ElementBatch(items), serializers=("dask",), on_error="raise")
-    except Exception as e:
-        raise _unpicklable_element(runner, items, e) from e
-    return Serialized(header, frames)
-
-
-def _unpicklable_element(runner: TaskRunner, items: list, error: Exception) -> TypeError:
-    """The error for a batch that failed to serialize: which element, of which pipeline."""
-    cause: BaseException = error.__cause__ or error
-    for x in items:
-        try:
-            pickle.dumps(x, protocol=5, buffer_callback=_drop)
-        except Exception as e:  # noqa: BLE001 - this element is the culprit
-            cause = e
-            bad = f"an element of type {type(x).__module__}.{type(x).__qualname__}"
-            break
-    else:
-        bad = "a batch of elements"
-    pipeline = repr(runner.dataset)
-    if len(pipeline) > 500:
-        pipeline = pipeline[:500] + "...>"
-    return TypeError(
-        f"{bad} produced by task {runner.task_id} (dataset {runner.dataset_id}) cannot be "
-        f"pickled to travel to the consumer: {type(cause).__name__}: {cause}. Pipeline: "
-        f"{pipeline}. Elements must be picklable (no open files, locks, sockets or "
-        "generators); convert them in a map() before they leave the worker")
-
-
-def _drop(buffer) -> None:
-    return None
 
 
 def _noop() -> None:

@@ -291,6 +291,12 @@ class WorkerServer(_BackgroundServer):
         return self.server.restarts
 
     @property
+    def reconnects(self) -> int:
+        """How many times the worker registered again with a restarted scheduler, keeping its
+        data tasks (:class:`~dask_dataservice.service.worker.ReconnectingWorker`)."""
+        return getattr(self.server.worker, "reconnects", 0)
+
+    @property
     def worker_address(self) -> str:
         """This worker's current address."""
         return self.server.worker.address
@@ -300,9 +306,11 @@ class WorkerSupervisor:
     """Keeps a Dask worker with the data-worker plugin connected to a scheduler.
 
     Dask workers do not reconnect to a restarted scheduler: they close themselves (see
-    dask/distributed#6361). The supervisor starts a fresh worker whenever the current one
-    closes for any reason but :meth:`close`; the new worker waits until the scheduler is
-    reachable again, then registers, and the dispatcher gives it tasks.
+    dask/distributed#6361). The supervised worker is a
+    :class:`~._reconnect.ReconnectingWorker`, which does, keeping its data tasks, buffers and
+    server (readers keep reading). If it closes anyway (for any reason but :meth:`close`),
+    the supervisor starts a fresh worker, which waits until the scheduler is reachable
+    again, then registers, and the dispatcher gives it tasks.
     """
 
     #: Backoff between failed restarts: 0.1 s doubling to this many seconds.
@@ -319,12 +327,12 @@ class WorkerSupervisor:
         self._group: TaskGroup | None = None
 
     def _new_worker(self):
-        from distributed import Worker
-
+        from ._reconnect import ReconnectingWorker
         from ._worker_plugin import DataWorkerPlugin
 
         plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
-        return Worker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
+        # rides out a scheduler restart with its data tasks; a new worker only when it closed
+        return ReconnectingWorker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
 
     async def start(self) -> WorkerSupervisor:
         self.worker = self._new_worker()

@@ -7,10 +7,15 @@ module keeps the names users and deployments import:
   ``client.register_plugin(DataWorkerPlugin())`` (``dds.install`` does it for you).
 - :func:`current_task`: inside a pipeline function, the task (and under static sharding the
   shard) this thread produces for.
+- :class:`ReconnectingWorker`: a Dask worker class that rides out a restart of its scheduler
+  with its data tasks (``dask worker --worker-class
+  dask_dataservice.service.worker.ReconnectingWorker``; ``dask-dataservice worker
+  --supervise`` uses it).
 """
 
 from __future__ import annotations
 
+from ._reconnect import ReconnectingWorker
 from ._worker_plugin import PLUGIN_NAME, DataWorkerPlugin, current_task
 
-__all__ = ["PLUGIN_NAME", "DataWorkerPlugin", "current_task"]
+__all__ = ["PLUGIN_NAME", "DataWorkerPlugin", "ReconnectingWorker", "current_task"]
