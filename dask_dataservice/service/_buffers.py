@@ -64,8 +64,8 @@ class ElementBuffer:
     lingers = True
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int) -> None:
-        self._items: deque = deque()
-        self._sizes: deque = deque()
+        self._items: deque[Any] = deque()
+        self._sizes: deque[Any] = deque()
         self._bytes = 0
         self._max_bytes = max_bytes
         self._max_elements = max_elements
@@ -82,7 +82,7 @@ class ElementBuffer:
         self.produced = 0
 
     # -- producer thread ---------------------------------------------------------------
-    def put_many(self, items: list, sizes: list | None = None) -> None:
+    def put_many(self, items: list[Any], sizes: list[Any] | None = None) -> None:
         """Add elements (producer thread); blocks until :meth:`_room` says there is room.
 
         Raises :class:`TaskCancelled` once the buffer is closed.
@@ -128,7 +128,7 @@ class ElementBuffer:
         self.end_visible = True
         self._event.set()
 
-    def take(self, max_elements: int, max_bytes: int) -> list:
+    def take(self, max_elements: int, max_bytes: int) -> list[Any]:
         """Pop up to ``max_elements`` / about ``max_bytes`` of elements (never blocks)."""
         with self._cond:
             out = []
@@ -230,7 +230,7 @@ class CrossTrainerWindow(ElementBuffer):
             self._items.popleft()
             self._base += 1
 
-    def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list:
+    def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list[Any]:
         with self._cond:
             cursor = self._cursors.get(trainer_id, self._base)
             if cursor < self._base:
@@ -272,7 +272,7 @@ class RoundBuffer:
         self.n = num_consumers
         self.timeout = timeout
         self.max_ahead = max_ahead
-        self.rounds: dict[int, list] = {}
+        self.rounds: dict[int, list[Any]] = {}
         self.taken: dict[int, set[int]] = {}
         self.next_form = 0
         self.oldest = 0
@@ -281,7 +281,7 @@ class RoundBuffer:
 
     async def _form_next(self) -> None:
         buf = self.buffer
-        items: list = []
+        items: list[Any] = []
         while len(items) < self.n:
             got = buf.take(self.n - len(items), 2**62)
             items.extend(got)

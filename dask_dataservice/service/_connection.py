@@ -165,14 +165,14 @@ def close_clients(address: str | None = None) -> None:
 atexit.register(close_clients)
 
 
-def run(client: Client, coro_fn: Callable[..., Awaitable], *args, **kwargs):
+def run(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args, **kwargs):
     """Run ``coro_fn(*args, **kwargs)`` on the client's loop (see the module docstring)."""
     if client.asynchronous:
         return coro_fn(*args, **kwargs)
     return run_blocking(client, coro_fn, *args, **kwargs)
 
 
-def run_blocking(client: Client, coro_fn: Callable[..., Awaitable], *args, **kwargs):
+def run_blocking(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args, **kwargs):
     """Run ``coro_fn`` on the client's loop and wait for it, whatever the client's kind."""
     if on_loop_thread(client):
         raise RuntimeError(
@@ -194,7 +194,7 @@ def check_can_block(client: Client, what: str) -> None:
         )
 
 
-async def call_dispatcher(client: Client, op: str, what: str, **kwargs) -> dict:
+async def call_dispatcher(client: Client, op: str, what: str, **kwargs) -> dict[str, Any]:
     """``client.scheduler.<op>(**kwargs)``, checked, riding out a restarting dispatcher.
 
     A dispatcher that is shutting down or restarting answers "closing", or its comm closes
@@ -219,14 +219,14 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs) -> dict:
             delay = min(2 * delay, 1.0)
 
 
-def _plugins() -> tuple:
+def _plugins() -> tuple[Any, ...]:
     from ._dispatcher_plugin import DispatcherPlugin
     from ._worker_plugin import DataWorkerPlugin
 
     return DispatcherPlugin(), DataWorkerPlugin()
 
 
-def _check_worker_replies(responses: dict | None) -> None:
+def _check_worker_replies(responses: dict[str, Any] | None) -> None:
     for response in (responses or {}).values():
         raise_for_status(response, "worker plugin installation")
 

@@ -4,6 +4,7 @@ the constants their fields take."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -208,6 +209,6 @@ def derived_finished(iteration: Iteration) -> bool:
     )
 
 
-def expand_runs(runs) -> list[tuple[int, int]]:
+def expand_runs(runs: Iterable[tuple[int, int, int]]) -> list[tuple[int, int]]:
     """``(repetition, index)`` of every split in runs ``(repetition, start, stop)``."""
     return [(repetition, i) for repetition, start, stop in runs for i in range(start, stop)]

@@ -31,7 +31,7 @@ class _FixedTasksReader(IterationReader):
 
     what = "reads"
 
-    async def _read(self, view: dict) -> None:
+    async def _read(self, view: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.dispatcher_timeout
         delay = 0.01
@@ -46,7 +46,7 @@ class _FixedTasksReader(IterationReader):
         tasks = sorted((t["task_id"], t["worker_address"]) for t in active)
         self.group.spawn(self._heartbeats)
 
-        def request(turn: int) -> list[asyncio.Task]:
+        def request(turn: int) -> list[asyncio.Task[Any]]:
             out = []
             for tid, addr in tasks:
                 t = self.group.spawn(self._part, tid, addr, turn)
@@ -66,7 +66,7 @@ class _FixedTasksReader(IterationReader):
             for f in pending:
                 f.cancel()
 
-    async def _part(self, task_id: int, address: str, turn: int) -> list:
+    async def _part(self, task_id: int, address: str, turn: int) -> list[Any]:
         raise NotImplementedError
 
     async def _answer(self, task_id: int, address: str, request: Awaitable[Any]) -> Any:
@@ -94,7 +94,7 @@ class _FixedTasksReader(IterationReader):
         finally:
             pending.cancel()
 
-    def _join(self, parts: list[list]) -> list:
+    def _join(self, parts: list[list[Any]]) -> list[Any]:
         return [x for part in parts for x in part]
 
     async def _heartbeats(self) -> None:
@@ -116,7 +116,7 @@ class CoordinatedReader(_FixedTasksReader):
 
     what = "coordinated reads"
 
-    async def _part(self, task_id: int, address: str, turn: int) -> list:
+    async def _part(self, task_id: int, address: str, turn: int) -> list[Any]:
         k = max(1, int(config.get("client.rounds-per-request")))
         resp = await self._answer(task_id, address, self.client.rpc(address).dataservice_get_rounds(
             task_id=task_id, first_round=turn * k, count=k,
@@ -124,7 +124,7 @@ class CoordinatedReader(_FixedTasksReader):
             job_token=self.job_token))
         return raise_for_status(resp, "coordinated read")["elements"].items
 
-    def _join(self, parts: list[list]) -> list:
+    def _join(self, parts: list[list[Any]]) -> list[Any]:
         return [x for row in zip(*parts, strict=True) for x in row]
 
 
@@ -137,10 +137,10 @@ class CrossTrainerReader(_FixedTasksReader):
 
     what = "cross-trainer cache"
 
-    async def _part(self, task_id: int, address: str, turn: int) -> list:
+    async def _part(self, task_id: int, address: str, turn: int) -> list[Any]:
         k = max(1, int(config.get("client.cross-trainer-turn-elements", CROSS_TRAINER_TURN)))
         rpc = self.client.rpc(address)
-        out: list = []
+        out: list[Any] = []
         while len(out) < k:
             resp = await self._answer(task_id, address, rpc.dataservice_get_elements(
                 task_id=task_id, max_elements=k - len(out), max_bytes=self.max_bytes,

@@ -5,11 +5,16 @@ scheduler): :mod:`._dispatcher_plugin` calls them before it builds any update.""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from .._rpc import strip_protocol
 from ..data._base import INFINITE, UNKNOWN
 from ._exceptions import DataServiceError
 from ._sharding import STATIC_POLICIES, ShardingPolicy
+
+if TYPE_CHECKING:
+    from ._entities import Dataset
 
 __all__ = [
     "JobAccessDeniedError",
@@ -22,7 +27,7 @@ __all__ = [
 ]
 
 
-def require_shared_infinite(feature: str, verb: str, job_name: str | None, dataset, *,
+def require_shared_infinite(feature: str, verb: str, job_name: str | None, dataset: Dataset, *,
                              unknown_ok: bool = False) -> None:
     """Coordinated reads and the cross-trainer cache: a named job over an endless dataset.
 
@@ -54,16 +59,16 @@ def check_target_workers(mode: ShardingPolicy, target_workers: str,
             "host: target_workers='ANY' is not allowed (use 'AUTO' or 'LOCAL')")
 
 
-def worker_list(entries) -> list[str]:
+def worker_list(entries: Iterable[str]) -> list[str]:
     """The static worker list as strings (config files may give names as numbers)."""
     return [str(entry) for entry in entries]
 
 
-def _cardinality_name(n) -> str:
+def _cardinality_name(n: int | None) -> str:
     return {INFINITE: "INFINITE", UNKNOWN: "UNKNOWN", None: "UNKNOWN"}.get(n, str(n))
 
 
-def check_mode(mode: ShardingPolicy, dataset, worker_addresses: list[str] | None) -> ShardingPolicy:
+def check_mode(mode: ShardingPolicy, dataset: Dataset, worker_addresses: list[str] | None) -> ShardingPolicy:
     """Validate a processing mode for a dataset; FILE_OR_DATA resolves to FILE or DATA."""
     if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
         reason = dataset.metadata.get("why_not_splittable") or "it has no splits"

@@ -14,7 +14,7 @@ import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from dask_dataservice.service._exceptions import DataServiceError
 
@@ -93,7 +93,7 @@ class JournalCorruptedError(JournalError):
         self.reason = reason
         super().__init__(f"journal {self.path} is corrupted at byte offset {offset}: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.path, self.offset, self.reason)
 
 
@@ -138,7 +138,7 @@ class JournalTornTailWarning(UserWarning):
             f"({size - offset} bytes dropped)"
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.path, self.offset, self.size, self.reason, self.repaired)
 
 
@@ -269,7 +269,7 @@ def segment_path(work_dir: str | os.PathLike[str], number: int) -> Path:
     return Path(work_dir) / f"journal_{number:0{_SEGMENT_DIGITS}d}"
 
 
-def _numbered_files(work_dir: str | os.PathLike[str], pattern: re.Pattern,
+def _numbered_files(work_dir: str | os.PathLike[str], pattern: re.Pattern[str],
                     what: str) -> list[tuple[int, Path]]:
     """``(number, path)`` of the files whose whole name matches ``pattern``, by number."""
     found: dict[int, Path] = {}

@@ -31,12 +31,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from .._rpc import handler
 from ._exceptions import TaskNotFoundError, WorkerNotFoundError
 from .state import RemoveWorker
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class WorkerLiveness:
         #: Workers removed for silence (address → when), for the log when they come back.
         self.dropped: dict[str, float] = {}
 
-    def install(self, scheduler) -> None:
+    def install(self, scheduler: Scheduler) -> None:
         scheduler.handlers["dataservice_data_workers"] = self.data_workers
         scheduler.handlers["dataservice_suspect_worker"] = self.suspect_worker
 
@@ -134,12 +137,12 @@ class WorkerLiveness:
     # Handlers
     ##########
     @handler
-    def data_workers(self) -> dict:
+    def data_workers(self) -> dict[str, Any]:
         """Why readers may see no task: the workers present and how many serve data."""
         return {"status": "OK", **describe_data_workers(self.plugin)}
 
     @handler
-    async def suspect_worker(self, address: str) -> dict:
+    async def suspect_worker(self, address: str) -> dict[str, Any]:
         """A consumer got no answer from ``address``: probe it, drop it if it is silent too."""
         if address not in self.plugin.scheduler.workers:
             return {"status": "OK", "dropped": False}
@@ -157,7 +160,7 @@ class WorkerLiveness:
         return {"status": "OK", "dropped": True}
 
 
-def describe_data_workers(plugin: Any) -> dict:
+def describe_data_workers(plugin: Any) -> dict[str, Any]:
     """``{"registered": n, "present": n, "reason": str}``: the data workers of a dispatcher."""
     scheduler = plugin.scheduler
     excluded = tuple(config.get("dispatcher.worker-resource-excluded") or ())

@@ -17,9 +17,9 @@ workers and the readers agree on field names instead of list positions.
 from __future__ import annotations
 
 import pickle
-from typing import TypedDict
+from typing import Any, TypedDict
 
-from distributed.protocol import dask_deserialize, dask_serialize
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
 from .._rpc import raise_for_status as _raise_for_status
 from ._exceptions import DispatcherUnavailableError
@@ -99,26 +99,26 @@ class ElementBatch:
 
     __slots__ = ("items",)
 
-    def __init__(self, items: list) -> None:
+    def __init__(self, items: list[Any]) -> None:
         self.items = items
 
     def __len__(self) -> int:
         return len(self.items)
 
 
-@dask_serialize.register(ElementBatch)
-def _serialize_batch(batch: ElementBatch) -> tuple[dict, list]:
-    buffers: list = []
+@dask_serialize.register(ElementBatch)  # type: ignore[untyped-decorator]  # dask's Dispatch
+def _serialize_batch(batch: ElementBatch) -> tuple[dict[str, Any], list[Any]]:
+    buffers: list[Any] = []
     data = pickle.dumps(batch.items, protocol=5, buffer_callback=buffers.append)
     return {"buffers": len(buffers)}, [data, *(b.raw() for b in buffers)]
 
 
-@dask_deserialize.register(ElementBatch)
-def _deserialize_batch(header: dict, frames: list) -> ElementBatch:
+@dask_deserialize.register(ElementBatch)  # type: ignore[untyped-decorator]
+def _deserialize_batch(header: dict[str, Any], frames: list[Any]) -> ElementBatch:
     return ElementBatch(pickle.loads(frames[0], buffers=frames[1:]))
 
 
-def raise_for_status(response, what: str = "request") -> dict:
+def raise_for_status(response: Any, what: str = "request") -> dict[str, Any]:
     """:func:`dask_dataservice._rpc.raise_for_status` with the data service's errors."""
     return _raise_for_status(
         response, what,

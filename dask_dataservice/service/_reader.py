@@ -107,7 +107,7 @@ class ServiceSource(Op):
         self.check_repetition(repetition)
         return repetition
 
-    def iterate(self, ctx: IterContext) -> Iterator:
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
         return self.stats.wrap(  # issue 14: time waiting vs computing, elements per worker
             read(self.spec, self.next_repetition(), self.reader_client(), self.stats))
 
@@ -146,7 +146,7 @@ class Channel:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._size = 0
         self._capacity = capacity
         self._space = asyncio.Event()
@@ -263,7 +263,7 @@ class IterationReader:
         self.client_id = client_id
         self.channel = channel
         self.group = TaskGroup(f"dataservice reader {iteration_id}")
-        self.fetchers: dict[int, asyncio.Task | None] = {}
+        self.fetchers: dict[int, asyncio.Task[Any] | None] = {}
         self.lost: dict[int, bool] = {}
         #: Reading only the tasks on this host: done when they are (the others are
         #: other consumers' business).
@@ -273,7 +273,7 @@ class IterationReader:
         self.trainer_id = cache.trainer_id if cache is not None else None
         self.task_done = asyncio.Event()
         self.stopped = False
-        self._release: asyncio.Task | None = None
+        self._release: asyncio.Task[Any] | None = None
         #: Set once :meth:`run` returned (the channel holds its last item).
         self.done = threading.Event()
         self.max_elements = int(config.get("client.request-elements"))
@@ -297,10 +297,10 @@ class IterationReader:
         self.no_workers = _Tracker.from_config("client.no-workers-warning",
                                                "client.no-workers-timeout")
 
-    def start(self, view: dict) -> None:
+    def start(self, view: dict[str, Any]) -> None:
         self.group.spawn(self.run, view)
 
-    async def run(self, view: dict) -> None:
+    async def run(self, view: dict[str, Any]) -> None:
         """Read the iteration into the channel; end it with END, or the first error."""
         try:
             await self._read(view)
@@ -319,7 +319,7 @@ class IterationReader:
             self.stop()
             self.done.set()
 
-    async def _read(self, view: dict) -> None:
+    async def _read(self, view: dict[str, Any]) -> None:
         self._update_tasks(view)
         loop = asyncio.get_running_loop()
         no_workers_since = loop.time()
@@ -373,7 +373,7 @@ class IterationReader:
             self.channel.put_nowait(Failure(e))
         self.stop()
 
-    async def _heartbeat(self) -> dict:
+    async def _heartbeat(self) -> dict[str, Any]:
         """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
 
         A fault-tolerant dispatcher comes back with the same iteration (its journal holds
@@ -410,7 +410,7 @@ class IterationReader:
             await asyncio.sleep(min(delay, remaining))
             delay = min(2 * delay, 1.0)
 
-    def _select(self, view: dict) -> list[TaskInfo]:
+    def _select(self, view: dict[str, Any]) -> list[TaskInfo]:
         """The tasks this consumer reads, by ``target_workers`` (see ``from_dataset_id``)."""
         tasks: list[TaskInfo] = view["tasks"]
         target = self.spec.target_workers
@@ -431,7 +431,7 @@ class IterationReader:
             return local
         return tasks
 
-    def _update_tasks(self, view: dict) -> None:
+    def _update_tasks(self, view: dict[str, Any]) -> None:
         for task in self._select(view):
             task_id = task["task_id"]
             if task["status"] == "lost":
@@ -449,7 +449,7 @@ class IterationReader:
     async def _fetch(self, task_id: int, address: str) -> None:
         """Read one task: keep ``requests-per-task`` requests in flight, take them in order."""
         rpc = self.client.rpc(address)
-        pending: collections.deque = collections.deque()
+        pending: collections.deque[Any] = collections.deque()
         seq = 0
         loop = asyncio.get_running_loop()
         last_element = loop.time()
@@ -652,7 +652,7 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
 
 
 def read(spec: ReadSpec, repetition: int, client: Client,
-         stats: ReadStats | None = None) -> Iterator:
+         stats: ReadStats | None = None) -> Iterator[Any]:
     """Generator: one pass over a job of the service (blocking; any thread but the loop's)."""
     _connection.check_can_block(client, "iterating a distributed dataset")
     _connection.ensure_installed(client)
@@ -682,7 +682,7 @@ def read(spec: ReadSpec, repetition: int, client: Client,
             _close_now(client, reader)
 
 
-async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterator:
+async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterator[Any]:
     """Async generator: one pass, on an asynchronous client's loop (``async for``)."""
     if not (client.asynchronous and _connection.on_loop_thread(client)):
         raise RuntimeError(
@@ -704,7 +704,7 @@ async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterato
         await reader.close()
 
 
-def _batch(item) -> list:
+def _batch(item) -> list[Any]:
     """A batch taken from the channel, or the error that ended the read, raised."""
     if type(item) is Failure:
         exc = item.exc

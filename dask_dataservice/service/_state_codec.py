@@ -104,10 +104,11 @@ def encode_state(state: DispatcherState) -> bytes:
     payload["splits_in_flight"] = [[t, _flatten(runs)]
                                    for t, runs in state._splits_in_flight.items()]
     payload["split_orders"] = _split_order.encode(state)  # locality; absent from older ones
-    return msgpack.packb(payload, use_bin_type=True)
+    data: bytes = msgpack.packb(payload, use_bin_type=True)
+    return data
 
 
-def _rows(payload: dict, key: str, cls: type) -> list:
+def _rows(payload: dict[str, Any], key: str, cls: type) -> list[Any]:
     names = payload["fields"].get(cls.__name__)
     if names is None:
         raise ValueError(f"no field list for {cls.__name__}")
@@ -152,7 +153,7 @@ def decode_state(data: bytes) -> DispatcherState:
         raise ValueError(f"malformed state snapshot: {e!r}") from e
 
 
-def _build(payload: dict) -> DispatcherState:
+def _build(payload: dict[str, Any]) -> DispatcherState:
     state = DispatcherState()
     (state._next_dataset_id, state._next_iteration_id, state._next_iteration_client_id,
      state._next_task_id, state._next_job_id) = payload["next_ids"]

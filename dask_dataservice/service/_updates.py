@@ -605,7 +605,8 @@ def encode_update(update: Update) -> bytes:
     if _UPDATES_BY_NAME.get(cls.__name__) is not cls:
         raise TypeError(f"Not an update record: {update!r}")
     fields = {name: getattr(update, name) for name, _, _ in _FIELD_SPECS[cls]}
-    return msgpack.packb([cls.__name__, fields], use_bin_type=True)
+    data: bytes = msgpack.packb([cls.__name__, fields], use_bin_type=True)
+    return data
 
 
 def decode_update(data: bytes) -> Update:
@@ -647,7 +648,7 @@ def decode_update(data: bytes) -> Update:
     if unknown:
         raise IllegalUpdateError(f"Cannot decode {name}: unknown fields {sorted(unknown)}")
     try:
-        return cls(**fields)
+        return cls(**fields)  # type: ignore[no-any-return]
     except TypeError as e:
         raise IllegalUpdateError(f"Cannot decode {name}: {e}") from e
 

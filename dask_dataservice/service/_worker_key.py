@@ -14,8 +14,12 @@ refused (a new dispatcher draws new keys).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Any
 
 from ._messages import WORKER_KEY_OP, raise_for_status
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 __all__ = ["WorkerKey"]
 
@@ -26,7 +30,7 @@ _WAIT = 5.0
 class WorkerKey:
     """The key of one worker (see the module docstring). Lives on the worker's loop."""
 
-    def __init__(self, worker) -> None:
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self._key: str | None = None
         self._arrived = asyncio.Event()
@@ -38,7 +42,7 @@ class WorkerKey:
         # Keep a no-op: an unknown stream op would break the scheduler stream.
         self.worker.stream_handlers[WORKER_KEY_OP] = _ignore
 
-    def received(self, key: str = "", **kwargs) -> None:
+    def received(self, key: str = "", **kwargs: Any) -> None:
         """Stream handler: the dispatcher sent this worker its key. Never raises."""
         if isinstance(key, str) and key:
             self._key = key
@@ -69,5 +73,5 @@ class WorkerKey:
         return self._key
 
 
-def _ignore(**kwargs) -> None:
+def _ignore(**kwargs: Any) -> None:
     pass

@@ -187,7 +187,7 @@ class DistributedDataset(Dataset):
         snapshot: dict[str, Any] = self.source.stats.snapshot()
         return snapshot
 
-    def __aiter__(self) -> AsyncIterator:
+    def __aiter__(self) -> AsyncIterator[Any]:
         """``async for x in dataset``: one pass, read on the client's own event loop.
 
         For asynchronous clients (``Client(asynchronous=True)``), in a coroutine on the

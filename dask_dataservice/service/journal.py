@@ -175,6 +175,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._journal_format import (
     FORMAT_VERSION,
@@ -353,7 +354,7 @@ class JournalWriter:
 
     @classmethod
     def open(cls, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
-             **snapshots) -> JournalWriter:
+             **snapshots: Any) -> JournalWriter:
         """Create a writer and :meth:`start` it.
 
         Parameters
@@ -528,7 +529,9 @@ class JournalWriter:
             self._fail_waiters(self._failure)
             task, self._flush_task = self._flush_task, None
             if task is not None and not task.done():
-                task.get_coro().close()  # it can never run; avoid "never awaited" at GC
+                coro = task.get_coro()
+                if coro is not None:
+                    coro.close()  # it can never run; avoid "never awaited" at GC
 
     def _check_writable(self) -> None:
         self._check_loop_alive()
@@ -707,6 +710,7 @@ class JournalWriter:
 
     def _rotate(self) -> None:
         """Switch to a new segment (on the I/O thread, under the file lock) and compact."""
+        assert self.segment is not None  # started
         fd, path = self._new_segment(self.segment + 1)
         os.close(self._fd)
         self._fd, self.path, self.segment = fd, path, self.segment + 1
@@ -730,6 +734,8 @@ class JournalWriter:
             pending = self._compaction
             if pending is not None and not pending.running() and not pending.done():
                 return None  # the queued one will read the directory when it runs
+            if self._compactor is None:  # shut down meanwhile
+                return None
             try:
                 self._compaction = self._compactor.submit(self._compact_before, base)
             except RuntimeError:  # shut down meanwhile
@@ -752,6 +758,7 @@ class JournalWriter:
                 return
             covered = [(n, p) for n, p in _segments_after(
                 self.work_dir, snapshots[-1] if snapshots else None) if n < base]
+            assert self._compact is not None  # a compactor runs only with the callback
             payload = self._compact(previous, self._closed_records(covered))
             if self._stop_compaction.is_set():
                 return

@@ -10,7 +10,7 @@ from __future__ import annotations
 from distributed import Scheduler, Worker
 
 
-def dask_setup(server) -> object:
+def dask_setup(server: Scheduler | Worker) -> object:
     from ._dispatcher_plugin import DispatcherPlugin
     from .worker import DataWorkerPlugin
 

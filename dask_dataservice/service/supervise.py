@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["supervise"]
 
@@ -50,7 +50,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
-              announce=None) -> int:
+              announce: Callable[[str], None] | None = None) -> int:
     """Run ``cmd`` and run it again each time it exits with code 0, until SIGTERM/SIGINT.
 
     ``announce(message)`` (default: print on stderr) hears about each (re)start.
@@ -61,7 +61,7 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
             print(f"dataservice worker supervisor: {message}", file=sys.stderr, flush=True)
 
     stop = threading.Event()
-    child: list[subprocess.Popen] = []
+    child: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, frame: object) -> None:
         stop.set()
