@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 import cloudpickle
 from distributed import Client
@@ -56,7 +56,7 @@ class CrossTrainerCache:
 
     trainer_id: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.trainer_id, str) or not self.trainer_id:
             raise ValueError(f"trainer_id must be a non-empty string, got {self.trainer_id!r}")
 
@@ -67,13 +67,14 @@ class CrossTrainerCache:
 
 
 def register_dataset(service: Any, dataset: Dataset, compression: str | None = "AUTO",
-                     dataset_id: str | None = None, split_size: int | None = None):
+                     dataset_id: str | None = None, split_size: int | None = None) -> Any:
     """Register ``dataset`` with the data service and return its dataset id.
 
     The pipeline is pickled here (so an unpicklable function fails now, with a message
     naming it) and, when the source is splittable, its splits are enumerated here, once.
     Registering the same pipeline again returns the same id. With an asynchronous client,
-    returns an awaitable of the id (``await dds.register_dataset(client, ds)``).
+    returns an awaitable of the id (``await dds.register_dataset(client, ds)``), which is
+    why the return type is ``Any`` (an ``int``, a ``str`` with ``dataset_id``, or an awaitable).
 
     Parameters
     ----------
@@ -126,7 +127,7 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
         **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
     }
 
-    async def go():
+    async def go() -> int | str:
         installing = _connection.ensure_installed(client)
         if installing is not None:
             await installing
@@ -138,7 +139,8 @@ def register_dataset(service: Any, dataset: Dataset, compression: str | None = "
             compression=compression, metadata=metadata, dataset_id=dataset_id,
             client_id=client.id,
         )
-        return resp["dataset_id"]
+        dataset_id_: int | str = resp["dataset_id"]
+        return dataset_id_
 
     if client.asynchronous and _connection.on_loop_thread(client):
         return go()
@@ -155,6 +157,7 @@ class DistributedDataset(Dataset):
     """
 
     __slots__ = ("_element_spec",)  # from_dataset_id(element_spec=...), else unset
+    _element_spec: Any
 
     @property
     def element_spec(self) -> Any:
@@ -163,16 +166,20 @@ class DistributedDataset(Dataset):
         return spec if spec is not None else Dataset.element_spec.fget(self)  # type: ignore[attr-defined]
 
     @property
-    def dataset_id(self) -> int:
-        return self.source.spec.dataset_id
+    def _service(self) -> ServiceSource:
+        return cast(ServiceSource, self.source)  # from_dataset_id built it on one
+
+    @property
+    def dataset_id(self) -> int | str:
+        return self._service.spec.dataset_id
 
     @property
     def processing_mode(self) -> ShardingPolicy:
-        return ShardingPolicy(self.source.spec.processing_mode)
+        return ShardingPolicy(self._service.spec.processing_mode)
 
     @property
     def job_name(self) -> str | None:
-        return self.source.spec.job_name
+        return self._service.spec.job_name
 
     def stats(self) -> dict[str, Any]:
         """What reading this dataset cost so far, as plain data (Ray's ``Dataset.stats()``).
@@ -184,7 +191,7 @@ class DistributedDataset(Dataset):
         ``wait_fraction``, and ``workers``: elements and batches received from each data
         worker. ``async for`` and coordinated reads count no per-worker figures.
         """
-        snapshot: dict[str, Any] = self.source.stats.snapshot()
+        snapshot: dict[str, Any] = self._service.stats.snapshot()
         return snapshot
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -194,7 +201,7 @@ class DistributedDataset(Dataset):
         client's loop. Transformations applied after ``from_dataset_id`` are not run by
         ``async for``: apply them to the elements yourself.
         """
-        source = self.source
+        source = self._service
         return aread(source.spec, source.next_repetition(), source.reader_client())
 
 
@@ -239,6 +246,7 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, e
         for name, value in (("consumer_index", consumer_index), ("num_consumers", num_consumers)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+        assert num_consumers is not None  # given together (checked above)
         if num_consumers < 1 or not 0 <= consumer_index < num_consumers:
             raise ValueError(
                 f"need 0 <= consumer_index < num_consumers, got consumer_index={consumer_index}, "
@@ -277,7 +285,8 @@ def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
                consumer_index: int | None = None, num_consumers: int | None = None,
                max_outstanding_requests: int | None = None, data_transfer_protocol: str | None = None,
                compression: str | None = "AUTO", cross_trainer_cache: Any = None,
-               target_workers: str = "AUTO", split_size: int | None = None):
+               target_workers: str = "AUTO",
+               split_size: int | None = None) -> Callable[[Dataset], DistributedDataset]:
     """A transformation that moves a pipeline onto the data service.
 
     Use with ``Dataset.apply``: ``ds.apply(distribute("distributed_epoch", client))``
@@ -291,7 +300,7 @@ def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
     def _apply(dataset: Dataset) -> DistributedDataset:
         if mode == ShardingPolicy.DYNAMIC:
             dataset.check_splittable()  # say why now, before anything is sent
-        def read(dataset_id):
+        def read(dataset_id: int | str) -> DistributedDataset:
             return from_dataset_id(
                 processing_mode, service, dataset_id, job_name=job_name,
                 consumer_index=consumer_index, num_consumers=num_consumers,
@@ -304,9 +313,10 @@ def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
         if isinstance(dataset_id, int):
             return read(dataset_id)
 
-        async def registered():  # an asynchronous client: ``await ds.apply(distribute(...))``
+        async def registered() -> DistributedDataset:  # ``await ds.apply(distribute(...))``
             return read(await dataset_id)
 
-        return registered()
+        # an asynchronous client: an awaitable of the dataset (see the docstring)
+        return registered()  # type: ignore[return-value]
 
     return _apply
