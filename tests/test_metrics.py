@@ -8,6 +8,7 @@ import re
 import urllib.request
 
 import dask
+import numpy as np
 import pytest
 from _helpers import PS, WK, distribute, in_thread, poll, read
 
@@ -221,3 +222,23 @@ def test_journal_metrics_by_value(tmp_path):
         assert before[1] <= _value(text, "dataservice_journal_fsyncs_total") <= after[1]
         latency = _value(text, "dataservice_journal_last_fsync_seconds")
         assert 0 < latency < 10
+
+
+@gen_cluster(client=True, nthreads=[WK], config=FAST)
+async def test_plugin_thread_cpu_reaches_dasks_worker_metrics(c, s, a):
+    """The service's thread CPU time goes to Dask's fine performance metrics (Linux)."""
+    from dask_dataservice.dashboard._worker import DIGEST_KEY, plugin_cpu_seconds
+
+    if plugin_cpu_seconds() is None:
+        pytest.skip("no /proc: thread CPU time is Linux only")
+    await _install_async(c)
+
+    def burn(x):
+        return float(np.linalg.norm(np.random.default_rng(x).random((120, 120)) @ np.eye(120)))
+
+    ds = await distribute(dds.Dataset.range(400).map(burn), "DYNAMIC", c)
+    assert len(await read(ds)) == 400
+    await poll(lambda: s.cumulative_worker_metrics.get(DIGEST_KEY, 0) > 0, timeout=30,
+               what="the digest in a worker heartbeat")
+    plugin = s.plugins[PLUGIN_NAME]
+    assert plugin.workers[a.address]["plugin_cpu_seconds"] > 0
