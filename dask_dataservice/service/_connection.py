@@ -38,13 +38,13 @@ _CLIENTS: dict[str, Client] = {}
 #: Clients this module opened itself (closed at exit or by close_clients()).
 _OWN_CLIENTS: dict[str, Client] = {}
 _CLIENTS_LOCK = threading.Lock()
-_INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[Client, bool] = weakref.WeakKeyDictionary()
 
 
 def service_address(service: Any) -> str:
     """The scheduler address of ``service`` (a Client or an address string)."""
     if isinstance(service, Client):
-        return service.scheduler.address
+        return str(service.scheduler.address)  # type: ignore[union-attr]  # a connected client
     if isinstance(service, str) and service.strip():
         return normalize_address(service)
     raise TypeError(
@@ -63,7 +63,7 @@ def on_loop_thread(client: Client) -> bool:
         running = asyncio.get_running_loop()
     except RuntimeError:
         return False
-    return running is client.loop.asyncio_loop
+    return running is client.loop.asyncio_loop  # type: ignore[union-attr]  # tornado AsyncIOLoop
 
 
 def client_for(service: Any) -> Client:
@@ -71,15 +71,16 @@ def client_for(service: Any) -> Client:
     if isinstance(service, Client):
         if not _usable(service):
             raise DataServiceError("the distributed.Client given as service is closed")
+        address = service_address(service)
         with _CLIENTS_LOCK:
-            if not _usable(_CLIENTS.get(service.scheduler.address)):
-                _CLIENTS[service.scheduler.address] = service
+            if not _usable(_CLIENTS.get(address)):
+                _CLIENTS[address] = service
         return service
     address = service_address(service)
     with _CLIENTS_LOCK:
-        client = _CLIENTS.get(address)
-        if _usable(client):
-            return client
+        known = _CLIENTS.get(address)
+        if known is not None and _usable(known):
+            return known
     client = _worker_client(address)
     if client is None:
         timeout = config.get_seconds("client.connect-timeout")
@@ -103,8 +104,8 @@ def probe(address: str, timeout: float) -> None:
     process's Dask TLS configuration (``distributed.comm.tls.*``), as a ``Client`` would; a
     ``tls://`` address without it is an error that says what to configure.
     """
-    from distributed.comm import connect
     from distributed.comm.addressing import parse_address
+    from distributed.comm.core import connect
     from distributed.security import Security
 
     args = Security().get_connection_args("client")
@@ -165,14 +166,15 @@ def close_clients(address: str | None = None) -> None:
 atexit.register(close_clients)
 
 
-def run(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args, **kwargs):
+def run(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
     """Run ``coro_fn(*args, **kwargs)`` on the client's loop (see the module docstring)."""
     if client.asynchronous:
         return coro_fn(*args, **kwargs)
     return run_blocking(client, coro_fn, *args, **kwargs)
 
 
-def run_blocking(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args, **kwargs):
+def run_blocking(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args: Any,
+                 **kwargs: Any) -> Any:
     """Run ``coro_fn`` on the client's loop and wait for it, whatever the client's kind."""
     if on_loop_thread(client):
         raise RuntimeError(
@@ -180,7 +182,7 @@ def run_blocking(client: Client, coro_fn: Callable[..., Awaitable[Any]], *args, 
             "distributed.Client (that would deadlock); call it from another thread (e.g. "
             "await asyncio.to_thread(list, dataset)), or use Client(asynchronous=True) and await it"
         )
-    return sync(client.loop, coro_fn, *args, **kwargs)
+    return sync(client.loop, coro_fn, *args, **kwargs)  # type: ignore[arg-type]  # connected
 
 
 def check_can_block(client: Client, what: str) -> None:
@@ -194,7 +196,7 @@ def check_can_block(client: Client, what: str) -> None:
         )
 
 
-async def call_dispatcher(client: Client, op: str, what: str, **kwargs) -> dict[str, Any]:
+async def call_dispatcher(client: Client, op: str, what: str, **kwargs: Any) -> dict[str, Any]:
     """``client.scheduler.<op>(**kwargs)``, checked, riding out a restarting dispatcher.
 
     A dispatcher that is shutting down or restarting answers "closing", or its comm closes
@@ -212,7 +214,7 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs) -> dict[
             remaining = deadline - loop.time()
             if remaining <= 0 or client.status in ("closed", "closing"):
                 raise DataServiceError(
-                    f"{what}: the data service at {client.scheduler.address} did not come back "
+                    f"{what}: the data service at {service_address(client)} did not come back "
                     f"within dataservice.client.dispatcher-timeout: {e!r}") from e
             logger.info("dataservice: %s failed (%r); retrying", what, e)
             await asyncio.sleep(min(delay, remaining))
@@ -239,7 +241,7 @@ async def _install_async(client: Client) -> None:
     _INSTALLED[client] = True
 
 
-def install(service: Any):
+def install(service: Any) -> Awaitable[None] | None:
     """Install the dispatcher and data-worker plugins on a cluster (idempotent).
 
     Called automatically on first use; call it yourself to pay the cost up front. Clusters
@@ -251,7 +253,8 @@ def install(service: Any):
         return _install_async(client)
     check_can_block(client, "install()")
     if client.asynchronous:  # another thread than the client's loop: wait for it there
-        return run_blocking(client, _install_async, client)
+        run_blocking(client, _install_async, client)
+        return None
     dispatcher, worker = _plugins()
     client.register_plugin(dispatcher)
     _check_worker_replies(client.register_plugin(worker))
@@ -259,7 +262,7 @@ def install(service: Any):
     return None
 
 
-def ensure_installed(client: Client):
+def ensure_installed(client: Client) -> Awaitable[None] | None:
     """:func:`install` once per client (an awaitable, or None, as :func:`install`)."""
     if _INSTALLED.get(client):
         return _done() if client.asynchronous and on_loop_thread(client) else None
