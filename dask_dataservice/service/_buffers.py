@@ -39,7 +39,7 @@ def element_size(x: Any) -> int:
     """Bytes an element holds (8 for a scalar), for the buffers' byte bounds."""
     t = type(x)
     if t is np.ndarray:
-        return x.nbytes
+        return int(x.nbytes)
     if t in _SCALARS or isinstance(x, np.generic):
         return 8
     return nbytes(x)
@@ -131,7 +131,7 @@ class ElementBuffer:
     def take(self, max_elements: int, max_bytes: int) -> list[Any]:
         """Pop up to ``max_elements`` / about ``max_bytes`` of elements (never blocks)."""
         with self._cond:
-            out = []
+            out: list[Any] = []
             taken = 0
             items, sizes = self._items, self._sizes
             while items and len(out) < max_elements and (taken < max_bytes or not out):
@@ -196,7 +196,8 @@ class CrossTrainerWindow(ElementBuffer):
     #: No lingering: a trainer's request would follow production instead of falling behind.
     lingers = False
 
-    def __init__(self, loop, max_bytes: int, lookahead: int = 256) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int,
+                 lookahead: int = 256) -> None:
         super().__init__(loop, max_bytes=max_bytes, max_elements=2**62)
         self._base = 0  # sequence number of self._items[0]
         self._cursors: dict[str | None, int] = {}
@@ -236,7 +237,7 @@ class CrossTrainerWindow(ElementBuffer):
             if cursor < self._base:
                 self.skipped += self._base - cursor
                 cursor = self._base
-            out = []
+            out: list[Any] = []
             taken = 0
             items, sizes = self._items, self._sizes
             i = cursor - self._base
@@ -299,7 +300,7 @@ class RoundBuffer:
         self.taken[self.next_form] = set()
         self.next_form += 1
 
-    async def get(self, r: int, consumer: int):
+    async def get(self, r: int, consumer: int) -> Any:
         """Consumer ``consumer``'s element of round ``r`` (waits for the round to form)."""
         if r < self.oldest:
             raise DataServiceError(

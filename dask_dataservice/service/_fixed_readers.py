@@ -50,7 +50,7 @@ class _FixedTasksReader(IterationReader):
             out = []
             for tid, addr in tasks:
                 t = self.group.spawn(self._part, tid, addr, turn)
-                t._dds_awaited = True
+                t._dds_awaited = True  # type: ignore[attr-defined]  # see TaskGroup
                 out.append(t)
             return out
 
@@ -122,7 +122,8 @@ class CoordinatedReader(_FixedTasksReader):
             task_id=task_id, first_round=turn * k, count=k,
             consumer_index=self.spec.consumer_index, num_consumers=self.spec.num_consumers,
             job_token=self.job_token))
-        return raise_for_status(resp, "coordinated read")["elements"].items
+        items: list[Any] = raise_for_status(resp, "coordinated read")["elements"].items
+        return items
 
     def _join(self, parts: list[list[Any]]) -> list[Any]:
         return [x for row in zip(*parts, strict=True) for x in row]

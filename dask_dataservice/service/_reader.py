@@ -19,11 +19,12 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
 from typing import Any
 
 from distributed import Client
+from distributed._async_taskgroup import AsyncTaskGroupClosedError
 from distributed.comm.addressing import get_address_host
-from distributed.core import AsyncTaskGroupClosedError
 
 from .. import config
 from .._async import LoopWaker, TaskGroup
@@ -71,10 +72,10 @@ class ServiceSource(Op):
         self._lock = threading.Lock()
         self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec}
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.spec = state["spec"]
         self.client = None
         self._repetitions = 0
@@ -89,10 +90,10 @@ class ServiceSource(Op):
             return client
         return _connection.client_for(self.spec.address)
 
-    def params(self):
+    def params(self) -> tuple[Any, ...]:
         return (dataclasses.astuple(self.spec),)
 
-    def cardinality(self):
+    def cardinality(self) -> int:
         return UNKNOWN
 
     def why_not(self) -> str:
@@ -241,7 +242,7 @@ def _local_host(scheduler_address: str) -> str:
 
     host = get_address_host(scheduler_address)
     try:
-        return get_ip(host)
+        return str(get_ip(host))
     except OSError:
         return host
 
@@ -354,7 +355,8 @@ class IterationReader:
             return
         try:
             resp = await asyncio.wait_for(
-                self.client.scheduler.dataservice_data_workers(), self.heartbeat_interval + 5)
+                self.client.scheduler.dataservice_data_workers(),  # type: ignore[union-attr]
+                self.heartbeat_interval + 5)
             why = raise_for_status(resp, "data worker query")["reason"]
         except Exception as e:  # noqa: BLE001 - the message says what it could
             why = f"the dispatcher could not say why ({e!r})"
@@ -467,7 +469,7 @@ class IterationReader:
                         # gather a slow pipeline's elements for a moment
                         linger=self.linger if pending else 0.0,
                     )
-                    request._dds_awaited = True
+                    request._dds_awaited = True  # type: ignore[attr-defined]  # see TaskGroup
                     pending.append(request)
                     seq += 1
                 head = pending[0]
@@ -518,7 +520,8 @@ class IterationReader:
             task_id, address, self.request_timeout)
         try:
             await asyncio.wait_for(
-                self.client.scheduler.dataservice_suspect_worker(address=address),
+                self.client.scheduler.dataservice_suspect_worker(  # type: ignore[union-attr]
+                    address=address),
                 self.request_timeout)
         except Exception as e:  # noqa: BLE001 - the dispatcher's own deadline still applies
             logger.info("dataservice: could not report worker %s: %r", address, e)
@@ -571,7 +574,7 @@ class IterationReader:
 
     async def _release_client(self) -> None:
         try:
-            await asyncio.wait_for(self.client.scheduler.dataservice_release_iteration_client(
+            await asyncio.wait_for(self.client.scheduler.dataservice_release_iteration_client(  # type: ignore[union-attr]
                 iteration_client_id=self.client_id, job_token=self.job_token), 10)
         except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
             logger.debug("dataservice: release failed: %r", e)
@@ -580,6 +583,7 @@ class IterationReader:
         """Stop, release the iteration client, and wait for every task of the reader."""
         self.stop()
         self._start_release()
+        assert self._release is not None
         await asyncio.wait([self._release])
         await self.group.stop()
 
@@ -627,16 +631,18 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
                  stats: ReadStats | None = None) -> IterationReader:
     """Acquire an iteration of the job and start reading it (on the client's loop)."""
     capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
-    job = raise_for_status(await client.scheduler.dataservice_get_or_create_job(
+    scheduler: Any = client.scheduler  # a connected client's
+    job = raise_for_status(await scheduler.dataservice_get_or_create_job(
         dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
         job_name=spec.job_name, target_workers=spec.target_workers,
         num_consumers=spec.num_consumers,
         cross_trainer_cache=spec.cross_trainer_cache is not None,
     ), "job creation")
-    view = raise_for_status(await client.scheduler.dataservice_get_or_create_iteration(
+    view = raise_for_status(await scheduler.dataservice_get_or_create_iteration(
         job_id=job["job_id"], repetition=repetition, job_token=job.get("job_token"),
     ), "iteration creation")
     channel = Channel(asyncio.get_running_loop(), capacity)
+    cls: type[IterationReader]
     if spec.num_consumers is not None:
         cls = _fixed_readers().CoordinatedReader
     elif (spec.cross_trainer_cache is not None and len(view["tasks"]) > 1
@@ -704,11 +710,11 @@ async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterato
         await reader.close()
 
 
-def _batch(item) -> list[Any]:
+def _batch(item: list[Any] | Failure) -> list[Any]:
     """A batch taken from the channel, or the error that ended the read, raised."""
-    if type(item) is Failure:
+    if isinstance(item, Failure):
         exc = item.exc
-        item.exc = None  # no reference cycle through the traceback
+        item.exc = None  # type: ignore[assignment]  # no reference cycle through the traceback
         raise exc
     return item
 
@@ -729,12 +735,12 @@ def _close_soon(client: Client, reader: IterationReader) -> None:
     StopIteration costs no round trip). The reader's own tasks are owned by its group,
     which ``close`` stops."""
     try:
-        client.loop.add_callback(reader.close)
+        client.loop.add_callback(reader.close)  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - the client's loop is closed
         pass
 
 
-def _fixed_readers():
+def _fixed_readers() -> ModuleType:
     """The readers over a fixed task list (imported late: they build on IterationReader)."""
     from . import _fixed_readers as module
 
