@@ -20,6 +20,7 @@ import dask_dataservice as dds
 from dask_dataservice.ps.callbacks import BackupAndRestore, Callback
 from dask_dataservice.ps.fit import fit
 from dask_dataservice.ps.input_position import CountingIterator, InputPositionError, reposition
+from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
 pytestmark = pytest.mark.timeout(90)
@@ -152,3 +153,15 @@ def test_reposition_checks_counts():
     assert h.start == {"w": 3} and h.uid != "a"
     with pytest.raises(InputPositionError, match="counts >= 0"):
         reposition(h, {"w": -1})
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_a_data_service_dataset_is_not_repositioned(c, s, a):
+    from _helpers import distribute
+
+    ds = await distribute(dds.Dataset.range(10), "distributed_epoch", c)
+    # in a thread: iterating a data-service dataset blocks
+    values = await asyncio.to_thread(lambda: [int(x) for x in CountingIterator(ds, skip=0)])
+    assert sorted(values) == list(range(10))  # no position to restore: read as usual
+    with pytest.raises(InputPositionError, match="data-service dataset .* cannot be restored"):
+        await asyncio.to_thread(next, CountingIterator(ds, skip=3))
