@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import shutil
+import tempfile
 import threading
 import time
 
@@ -28,6 +30,7 @@ from dask_dataservice.data.dask_source import LOCALITY_KEY, locality_metadata
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service._exceptions import IllegalUpdateError
 from dask_dataservice.service._state_codec import decode_state, encode_state
+from dask_dataservice.service.journal import read_journal
 from dask_dataservice.service.state import (
     CreateIteration,
     CreateJob,
@@ -205,6 +208,7 @@ async def _dynamic_iteration(plugin, ds, workers):
     job = await plugin.get_or_create_job(dataset_id=reply["dataset_id"], processing_mode="DYNAMIC")
     token = job["job_token"]
     view = await plugin.get_or_create_iteration(job_id=job["job_id"], job_token=token)
+    assert not plugin.state.tasks_for_iteration(view["iteration_id"])
     tasks = {}
     for address in workers:
         plugin._apply(RegisterWorker(address, "127.0.0.1", 1))
@@ -214,7 +218,11 @@ async def _dynamic_iteration(plugin, ds, workers):
     return view["iteration_id"], tasks, token
 
 
-@gen_cluster(client=True, nthreads=TWO)
+#: Workers that run no data tasks (a "ps" resource): the test asks for splits in their name.
+NOT_DATA_WORKERS = {"resources": {"ps": 1}}
+
+
+@gen_cluster(client=True, nthreads=TWO, worker_kwargs=NOT_DATA_WORKERS)
 async def test_dynamic_hands_each_worker_the_partitions_in_its_memory_first(c, s, a, b):
     x = c.persist(da.arange(160, chunks=10))
     await wait(x)
@@ -222,7 +230,8 @@ async def test_dynamic_hands_each_worker_the_partitions_in_its_memory_first(c, s
     who = await c.scheduler.who_has(keys=keys)
     local = {w.address: [i for i, k in enumerate(keys) if w.address in who[k]] for w in (a, b)}
     assert local[a.address] and local[b.address], f"Dask put every chunk on one worker: {who}"
-    plugin = DispatcherPlugin()
+    work_dir = tempfile.mkdtemp(prefix="dds-locality-")
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=work_dir)
     s.add_plugin(plugin)
     await plugin.start(s)
     try:
@@ -246,12 +255,19 @@ async def test_dynamic_hands_each_worker_the_partitions_in_its_memory_first(c, s
         assert sorted(got_b + stolen) == local[b.address] and end
         assert plugin.state.split_position(iteration_id) == (1, 0, 16)
         plugin.state.validate_state()
+        state = plugin.state
     finally:
         await plugin.close()
         s.plugins.pop(plugin.name, None)
+    # the journal holds the explicit orders and replays to the same state
+    records = [decode_update(r) for r in read_journal(work_dir)]
+    handed = [list(r.indices) for r in records if isinstance(r, ProduceSplits)]
+    assert handed == [first_a, rest_a, stolen, got_b]
+    assert replay(records) == state
+    shutil.rmtree(work_dir)
 
 
-@gen_cluster(client=True, nthreads=TWO)
+@gen_cluster(client=True, nthreads=TWO, worker_kwargs=NOT_DATA_WORKERS)
 async def test_locality_blind_dataset_hands_out_splits_in_order(c, s, a, b):
     x = c.persist(da.arange(40, chunks=10))
     await wait(x)
