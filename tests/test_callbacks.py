@@ -4,10 +4,13 @@ EarlyStopping, ProgressBar."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -48,13 +51,18 @@ def _data():
     return dds.Dataset.range(10).repeat()
 
 
-@gen_cluster(client=False, nthreads=[PS, WK, WK])
-async def test_model_checkpoint_every_n_steps_keeps_last_k(s, p0, w0, w1, tmp_path=None):
-    import tempfile
-
+@contextlib.contextmanager
+def _tempdir():
     directory = tempfile.mkdtemp()
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
-    def body(c):
+
+@gen_cluster(client=False, nthreads=[PS, WK, WK])
+async def test_model_checkpoint_every_n_steps_keeps_last_k(s, p0, w0, w1):
+    def body(c, directory):
         strategy = dds.ParameterServerStrategy(c)
         with strategy.scope():
             counter = dds.Variable(0, dtype="i8", name="counter")
@@ -75,25 +83,18 @@ async def test_model_checkpoint_every_n_steps_keeps_last_k(s, p0, w0, w1, tmp_pa
         with open(os.path.join(directory, "latest")) as f:
             assert json.load(f)["global_step"] == 15
 
-    try:
-        await in_thread(s, body)
-    finally:
-        import shutil
-
-        shutil.rmtree(directory, ignore_errors=True)
+    with _tempdir() as directory:
+        await in_thread(s, lambda c: body(c, directory))
 
 
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_model_checkpoint_save_best_only_and_bad_arguments(s, p0, w0):
-    import tempfile
-
-    directory = tempfile.mkdtemp()
-
-    def body(c):
+    def body(c, directory):
         strategy = dds.ParameterServerStrategy(c)
         with strategy.scope():
             counter = dds.Variable(0, dtype="i8", name="counter")
         ckpt = dds.Checkpoint(counter=counter)
+
         def step(iterator):
             return {"loss": 0.0}
 
@@ -116,12 +117,8 @@ async def test_model_checkpoint_save_best_only_and_bad_arguments(s, p0, w0):
         with pytest.raises(ValueError, match="mode must be 'auto', 'min' or 'max'"):
             EarlyStopping(mode="lowest")
 
-    try:
-        await in_thread(s, body)
-    finally:
-        import shutil
-
-        shutil.rmtree(directory, ignore_errors=True)
+    with _tempdir() as directory:
+        await in_thread(s, lambda c: body(c, directory))
 
 
 @gen_cluster(client=False, nthreads=[PS, WK])
@@ -171,11 +168,7 @@ class _Crash(Callback):
 
 @gen_cluster(client=False, nthreads=[PS, WK, WK])
 async def test_backup_and_restore_in_process(s, p0, w0, w1):
-    import tempfile
-
-    directory = tempfile.mkdtemp()
-
-    def body(c):
+    def body(c, directory):
         strategy = dds.ParameterServerStrategy(c)
         with strategy.scope():
             counter = dds.Variable(0, dtype="i8", name="counter")
@@ -202,7 +195,8 @@ async def test_backup_and_restore_in_process(s, p0, w0, w1):
         assert history.epoch == [0, 1, 2] and history.history == {"loss": [1.0] * 3}
         assert not os.path.exists(directory)  # deleted after a normal end
 
-    await in_thread(s, body)
+    with _tempdir() as tmp:
+        await in_thread(s, lambda c: body(c, os.path.join(tmp, "backup")))
 
 
 _COORDINATOR = textwrap.dedent("""
@@ -243,10 +237,11 @@ _COORDINATOR = textwrap.dedent("""
 @pytest.mark.slow
 @gen_cluster(client=False, nthreads=[PS, WK, WK], timeout=80)
 async def test_backup_and_restore_coordinator_process_killed(s, p0, w0, w1):
-    import tempfile
+    with _tempdir() as tmp:
+        await _kill_and_resume(s, os.path.join(tmp, "backup"), os.path.join(tmp, "log"))
 
-    tmp = tempfile.mkdtemp()
-    directory, log = os.path.join(tmp, "backup"), os.path.join(tmp, "log")
+
+async def _kill_and_resume(s, directory, log):
 
     async def coordinator():
         proc = await asyncio.create_subprocess_exec(
@@ -255,24 +250,18 @@ async def test_backup_and_restore_coordinator_process_killed(s, p0, w0, w1):
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         return proc.returncode, out.decode(), err.decode()
 
-    try:
-        code, out, err = await coordinator()
-        assert code == -9, err  # killed by SIGKILL at global step 7
-        code, out, err = await coordinator()
-        assert code == 0, err
-        with open(log) as f:
-            rows = [tuple(json.loads(line)) for line in f]
-        first = [(e, b) for e, b, g in rows[:7]]
-        assert first == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
-        # the second coordinator resumes at the last backup (global step 6: epoch 1, step 2)
-        assert [(e, b) for e, b, g in rows[7:]] == [(1, 2), (1, 3), (2, 0), (2, 1), (2, 2),
-                                                    (2, 3)]
-        result = json.loads(out.strip().splitlines()[-1])
-        assert result == {"counter": 12, "epochs": [0, 1, 2], "restored": 6}
-    finally:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+    code, out, err = await coordinator()
+    assert code == -9, err  # killed by SIGKILL at global step 7
+    code, out, err = await coordinator()
+    assert code == 0, err
+    with open(log) as f:
+        rows = [tuple(json.loads(line)) for line in f]
+    first = [(e, b) for e, b, g in rows[:7]]
+    assert first == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
+    # the second coordinator resumes at the last backup (global step 6: epoch 1, step 2)
+    assert [(e, b) for e, b, g in rows[7:]] == [(1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"counter": 12, "epochs": [0, 1, 2], "restored": 6}
 
 
 def test_metrics_must_be_numbers():

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
+from test_callbacks import _step  # noqa: E402
 
 
 def _evaluator(directory, **kwargs):
@@ -52,14 +53,10 @@ async def test_sidecar_evaluator_sees_every_checkpoint(s, p0, w0):
         with strategy.scope():
             counter = dds.Variable(0, dtype="i8", name="counter")
 
-        def step(iterator):
-            next(iterator)
-            counter.assign_add(1)
-
         thread = threading.Thread(target=run_evaluator, name="test-sidecar-evaluator")
         thread.start()
         try:
-            fit(strategy, step, lambda: dds.Dataset.range(3).repeat(), epochs=2,
+            fit(strategy, _step(counter), lambda: dds.Dataset.range(3).repeat(), epochs=2,
                 steps_per_epoch=5, callbacks=[ModelCheckpoint(dds.Checkpoint(counter=counter),
                                                               directory, save_freq=3)],
                 verbose=False)

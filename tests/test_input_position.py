@@ -17,7 +17,7 @@ from distributed import Client, Scheduler, Worker
 from distributed.utils_test import gen_test
 
 import dask_dataservice as dds
-from dask_dataservice.ps.callbacks import BackupAndRestore, Callback
+from dask_dataservice.ps.callbacks import BackupAndRestore
 from dask_dataservice.ps.fit import fit
 from dask_dataservice.ps.input_position import CountingIterator, InputPositionError, reposition
 from dask_dataservice.testing import gen_cluster
@@ -27,15 +27,7 @@ pytestmark = pytest.mark.timeout(90)
 
 warm_up_zarr()
 
-
-class _Crash(Callback):
-    def __init__(self, at: int):
-        super().__init__()
-        self.at = at
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.run.global_step == self.at:
-            raise RuntimeError("crash for the test")
+from test_callbacks import _Crash  # noqa: E402
 
 
 @contextlib.asynccontextmanager
