@@ -174,6 +174,23 @@ async def test_file_and_data_sharding_split_the_partitions(c, s, a, b):
     assert sorted(v for _, v in out) == list(range(60))
 
 
+def _double_in_place(block):
+    block *= 2
+    return block
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_persisted_blocks_read_in_place_are_read_only(c, s, a):
+    plain = da.arange(40, chunks=10)
+    x = c.persist(plain)
+    await wait(x)
+    assert Dataset.from_dask(x).fingerprint() != Dataset.from_dask(plain).fingerprint()
+    with pytest.raises(ValueError, match="read-only"):
+        await read(await distribute(Dataset.from_dask(x, rows=False).map(_double_in_place),
+                                    "DYNAMIC", c))
+    assert (await c.compute(x.sum())) == sum(range(40))  # the persisted data is unchanged
+
+
 # -- registered size --------------------------------------------------------------------------
 
 

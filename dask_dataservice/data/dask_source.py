@@ -203,7 +203,9 @@ class FromDask(Source):
         self._rebuilt = None
 
     def params(self) -> tuple[Any, ...]:
-        return (self.kind, self.token, self.rows, self.npartitions, self.locality)
+        # persisted or not (same keys: another pipeline), and where
+        return (self.kind, self.token, self.rows, self.npartitions, self.locality,
+                self.partition_keys is not None, self.scheduler_id)
 
     def cardinality(self) -> int:
         return self._length if self.rows else (self.npartitions if self.kind == "array" else UNKNOWN)
@@ -223,7 +225,7 @@ class FromDask(Source):
             block = np.asarray(part)
             return iter(block) if self.rows else iter((block,))
         if self.kind == "dataframe":
-            cols = {name: part[name].to_numpy() for name in part.columns}
+            cols = {name: _read_only(part[name].to_numpy()) for name in part.columns}
             if not self.rows:
                 return iter((cols,))
             return ({name: col[j] for name, col in cols.items()} for j in range(len(part)))
@@ -244,7 +246,8 @@ class FromDask(Source):
             if values is None:
                 _check_known(client, keys)
                 values = _run_here(worker, client, _gather_keys, list(keys), client_keys=keys)
-            return self._assemble(values)
+            # read in place: the pipeline must not change the persisted data
+            return self._assemble([_read_only(v) for v in values])
         part = _partition_of(self._collection_for(client), self.kind, i)
         return _run_here(worker, client, None, part)
 
@@ -399,6 +402,14 @@ def _local_values(worker: Any, keys: Sequence[Any]) -> list[Any] | None:
         return [data[k] for k in keys]
 
     return _on_loop(worker, read)  # type: ignore[no-any-return]
+
+
+def _read_only(value: Any) -> Any:
+    """A read-only view of an array (other values as they are)."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
 
 
 def _gather_keys(*values: Any) -> list[Any]:
