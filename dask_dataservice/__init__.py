@@ -118,4 +118,4 @@ def dask_setup(server: object) -> object:
     """Dask preload entry point: ``--preload dask_dataservice`` installs the plugins."""
     from .service.preload import dask_setup as _setup
 
-    return _setup(server)
+    return _setup(server)  # type: ignore[arg-type]  # a Scheduler or a Worker (dask's preload)

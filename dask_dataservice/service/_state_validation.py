@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import _split_order
@@ -99,7 +100,7 @@ def validate_state(state: DispatcherState) -> None:
     )
     for address, by_iteration in state._tasks_by_worker.items():
         for iteration_id, task_id in by_iteration.items():
-            task = state._tasks.get(task_id)
+            task = state._tasks.get(task_id)  # type: ignore[assignment]  # None: invariant fails
             _invariant(task is not None, f"worker {address!r} lists unknown task {task_id}")
             _invariant(
                 task.status == "active"
@@ -139,7 +140,7 @@ def validate_state(state: DispatcherState) -> None:
                 f"job {job_id}: name index disagrees with garbage_collected={job.garbage_collected}",
             )
     for (dataset_id, job_name), job_id in state._jobs_by_name.items():
-        job = state._jobs.get(job_id)
+        job = state._jobs.get(job_id)  # type: ignore[assignment]  # None: invariant fails
         _invariant(
             job is not None
             and (job.dataset_id, job.job_name) == (dataset_id, job_name)
@@ -167,7 +168,7 @@ def validate_state(state: DispatcherState) -> None:
             iteration.iteration_id == iteration_id,
             f"iteration {iteration_id} stored under another id",
         )
-        job = state._jobs.get(iteration.job_id)
+        job = state._jobs.get(iteration.job_id)  # type: ignore[assignment]  # None: invariant fails
         _invariant(
             job is not None, f"iteration {iteration_id} of unknown job {iteration.job_id}"
         )
@@ -200,6 +201,7 @@ def validate_state(state: DispatcherState) -> None:
             continue
         task_ids = state._tasks_by_iteration.get(iteration_id)
         _invariant(task_ids is not None, f"iteration {iteration_id} has no task index")
+        assert task_ids is not None
         statuses = [state._tasks[task_id].status for task_id in task_ids]
         _invariant(
             (iteration.num_tasks, iteration.num_finished_tasks, iteration.num_lost_tasks)
@@ -253,7 +255,7 @@ def validate_state(state: DispatcherState) -> None:
             iteration_id in state._iterations, f"task index of unknown iteration {iteration_id}"
         )
         for task_id in task_ids:
-            task = state._tasks.get(task_id)
+            task = state._tasks.get(task_id)  # type: ignore[assignment]  # None: invariant fails
             _invariant(
                 task is not None and task.iteration_id == iteration_id,
                 f"iteration {iteration_id} lists task {task_id} wrongly",
@@ -276,6 +278,7 @@ def validate_state(state: DispatcherState) -> None:
     # Splits: each handed out at most once, in flight only on active tasks, behind the
     # cursor, ascending per task, and never both in flight and lost.
     seen: dict[int, set[tuple[int, int]]] = {}
+    runs: Sequence[tuple[int, int, int]]
     for iteration_id, runs in state._lost_splits.items():
         lost = expand_runs(runs)
         _invariant(all(start < stop for _, start, stop in runs) and len(set(lost)) == len(lost),
@@ -296,7 +299,7 @@ def validate_state(state: DispatcherState) -> None:
                 f"lost split {split} of iteration {iteration_id} is not behind the cursor",
             )
     for task_id, runs in state._splits_in_flight.items():
-        task = state._tasks.get(task_id)
+        task = state._tasks.get(task_id)  # type: ignore[assignment]  # None: invariant fails
         _invariant(
             task is not None and task.status == "active",
             f"task {task_id} holds splits but is not active",
@@ -310,7 +313,7 @@ def validate_state(state: DispatcherState) -> None:
             f"task {task_id}'s runs of splits are not ascending and merged: {list(runs)}",
         )
         held = expand_runs(runs)
-        cursor = state._split_cursors.get(task.iteration_id)
+        cursor = state._split_cursors.get(task.iteration_id)  # type: ignore[assignment]  # None: invariant fails
         _invariant(
             cursor is not None, f"task {task_id} holds splits of a non-DYNAMIC iteration"
         )
