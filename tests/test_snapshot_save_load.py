@@ -243,3 +243,27 @@ def test_a_killed_save_loses_no_committed_chunk(tmp_path):
     assert sorted(out) == sorted(seen)
     with pytest.raises(TimeoutError, match="no chunk committed for 0.3s"):
         list(load(path, wait=True, timeout=0.3))
+
+
+def _fail_at_700(x):
+    if x == 700:
+        raise ValueError("bad record 700")
+    return x
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_a_failing_pipeline_marks_the_save_failed(c, s, a, b):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/snap"
+        save = await asyncio.to_thread(dds.distributed_save, Dataset.range(1000).map(_fail_at_700),
+                                       path, c, max_chunk_elements=50)
+        with pytest.raises(ValueError, match="bad record 700"):
+            await asyncio.to_thread(save.result, 60)
+        manifest = read_manifest(path)
+        assert manifest["state"] == "failed" and "bad record 700" in manifest["error"]
+        with pytest.raises(RuntimeError, match="the save to .* failed: ValueError"):
+            list(load(path, wait=True))
+        got = [int(x) for x in load(path)]  # what was committed before the failure
+        assert len(got) == len(set(got)) and 700 not in got and len(got) % 50 == 0

@@ -397,6 +397,8 @@ class LoadSnapshot(Source):
         self.timeout = timeout
         manifest = read_manifest(self.path)
         self.state = manifest["state"]
+        if wait and self.state == "failed":  # it will never be done: say so, not part of it
+            raise _failed(self.path, manifest)
         self.wait = bool(wait) and self.state == "running"
         names = manifest["chunks"] if self.state == "done" else committed_chunks(self.path)
         self._splits = tuple(ChunkSplit(_join(self.path, CHUNKS, n)) for n in names)
@@ -443,8 +445,7 @@ class LoadSnapshot(Source):
             if final:
                 return
             if manifest["state"] == "failed":
-                raise RuntimeError(f"the save to {self.path} failed: {manifest.get('error')} "
-                                   "(load(path) reads the chunks it committed)")
+                raise _failed(self.path, manifest)
             now = time.monotonic()
             if new:
                 last_new, pause = now, 0.02
@@ -455,3 +456,8 @@ class LoadSnapshot(Source):
                     "reads the chunks committed so far)")
             time.sleep(pause)  # a filesystem has no notification to wait on: poll, backing off
             pause = min(1.0, pause * 2)
+
+
+def _failed(path: str, manifest: dict[str, Any]) -> RuntimeError:
+    return RuntimeError(f"the save to {path} failed: {manifest.get('error')} "
+                        "(load(path) without wait reads the chunks it committed)")
