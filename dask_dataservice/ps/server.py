@@ -50,6 +50,7 @@ from zarr.storage import LocalStore, MemoryStore
 from .. import config
 from .._async import owned_executor, shutdown_executor
 from .._rpc import handler
+from ..service._metrics import count_shard_op
 from . import _kernels, _store
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
 from ._shard import Lane, Shard
@@ -199,6 +200,7 @@ class ParameterServerPlugin(WorkerPlugin):
         """``fn(*args)`` on ``shard``'s lane: inline if small and the lane is idle, else on a
         compute thread after the work queued before it."""
         lane = _lane_of(shard)
+        count_shard_op(self, shard.key, fn)  # issue 14: per-shard rates on the dashboard
         if nbytes < self._offload_bytes and lane.idle:
             return fn(*args)
         self.stats["offloaded"] += 1
