@@ -185,6 +185,7 @@ async def test_prometheus_parameter_servers_and_training_steps(c, s, ps, wk):
     st = plugin.status()
     [shard] = st["parameter_servers"][ps.address]["shards"].items()
     assert shard[0].endswith("/counter") and shard[1]["bytes"] == 8 and shard[1]["rows"] == 1
+    assert shard[1]["updates"] == 7 and shard[1]["gathers"] == 0  # per shard
 
 
 def test_journal_metrics_by_value(tmp_path):

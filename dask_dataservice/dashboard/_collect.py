@@ -134,8 +134,14 @@ class DashboardPlugin(SchedulerPlugin):
             self._series["cpu", address].add(now, fig["plugin_cpu_seconds"])
         ps = fig.get("ps")
         if ps is not None:
+            for k in [k for k in self._series if k[0].startswith("shard_") and k[1] == address
+                      and k[2] not in ps["shards"]]:
+                del self._series[k]
             self._series["gathers", address].add(now, ps["stats"].get("gathers", 0))
             self._series["updates", address].add(now, ps["stats"].get("updates", 0))
+            for key, shard in ps["shards"].items():
+                self._series["shard_gathers", address, key].add(now, shard["gathers"])
+                self._series["shard_updates", address, key].add(now, shard["updates"])
         runner = fig.get("runner")
         if runner is not None:
             self._series["closures", address].add(now, runner["stats"].get("closures", 0))
@@ -187,8 +193,8 @@ class DashboardPlugin(SchedulerPlugin):
         self._series["journal_records", ""].add(now, m.records_written)
 
     # status ----------------------------------------------------------------------------
-    def rate(self, kind: str, address: str) -> float:
-        s = self._series.get((kind, address))
+    def rate(self, kind: str, address: str, key: str | None = None) -> float:
+        s = self._series.get((kind, address) if key is None else (kind, address, key))
         return s.rate(max(WINDOW, 2 * self.interval)) if s is not None else 0.0
 
     def status(self) -> dict[str, Any]:
@@ -198,7 +204,10 @@ class DashboardPlugin(SchedulerPlugin):
         out["service"] = self._service()
         out["workers"] = {a: self._worker_status(a, f) for a, f in sorted(self.workers.items())}
         out["parameter_servers"] = {
-            a: {"shards": f["ps"]["shards"], "stats": f["ps"]["stats"],
+            a: {"shards": {k: {**sh, "gathers_per_second": self.rate("shard_gathers", a, k),
+                               "updates_per_second": self.rate("shard_updates", a, k)}
+                           for k, sh in f["ps"]["shards"].items()},
+                "stats": f["ps"]["stats"],
                 "gathers_per_second": self.rate("gathers", a),
                 "updates_per_second": self.rate("updates", a),
                 "duplicates_dropped": f["ps"]["stats"].get("skipped", 0)}

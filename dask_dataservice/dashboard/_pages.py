@@ -201,7 +201,8 @@ class ParameterServersPage(_Page):
         self.shards, t_s = _table("dds-shards", [
             ("ps", "Parameter server"), ("variable", "Variable shard"), ("shape", "Shape"),
             ("rows", "Rows"), ("bytes", "Bytes"), ("dtype", "dtype"),
-            ("optimizers", "Optimizer slots")], height=220)
+            ("optimizers", "Optimizer slots"), ("gathers_per_second", "Gathers/s"),
+            ("updates_per_second", "Update requests/s")], height=220)
         self.servers, t_p = _table("dds-ps", [
             ("ps", "Parameter server"), ("shards", "Shards"), ("gathers", "Gathers"),
             ("updates", "Updates"), ("gathers_per_second", "Gathers/s"),
@@ -239,7 +240,9 @@ class ParameterServersPage(_Page):
             "shape": [str(tuple(s["shape"])) for _, _, s in rows],
             "rows": [s["rows"] for _, _, s in rows], "bytes": [s["bytes"] for _, _, s in rows],
             "dtype": [s["dtype"] for _, _, s in rows],
-            "optimizers": [", ".join(s["optimizers"]) for _, _, s in rows]}
+            "optimizers": [", ".join(s["optimizers"]) for _, _, s in rows],
+            "gathers_per_second": [round(s["gathers_per_second"], 1) for _, _, s in rows],
+            "updates_per_second": [round(s["updates_per_second"], 1) for _, _, s in rows]}
         tws = st["training_workers"]
         self.trainers.data = {
             "worker": list(tws), "steps": [t["stats"].get("closures", 0) for t in tws.values()],

@@ -164,6 +164,10 @@ class WorkerCollector:
                           "Repeated updates dropped (exactly once)", labels=["worker"])
         shard_bytes = gauge("dataservice_worker_ps_shard_bytes", "Bytes of a variable shard",
                             labels=["worker", "variable"])
+        shard_gathers = counter("dataservice_worker_ps_shard_gathers", "Gathers of a shard",
+                                labels=["worker", "variable"])
+        shard_updates = counter("dataservice_worker_ps_shard_updates",
+                                "Update requests that reached a shard", labels=["worker", "variable"])
         steps = counter("dataservice_worker_training_steps", "Scheduled functions run",
                         labels=["worker"])
         for w in workers:
@@ -187,8 +191,10 @@ class WorkerCollector:
                 dropped.add_metric([a], ps["stats"].get("skipped", 0))
                 for key, sh in ps["shards"].items():
                     shard_bytes.add_metric([a, key], sh["bytes"])
+                    shard_gathers.add_metric([a, key], sh["gathers"])
+                    shard_updates.add_metric([a, key], sh["updates"])
             runner = fig.get("runner")
             if runner is not None:
                 steps.add_metric([a], runner["stats"].get("closures", 0))
         yield from (served, nbytes, produced, tasks, buffered, cpu, updates, gathers, dropped,
-                    shard_bytes, steps)
+                    shard_bytes, shard_gathers, shard_updates, steps)

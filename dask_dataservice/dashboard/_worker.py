@@ -106,11 +106,17 @@ def worker_figures(worker: Any) -> dict[str, Any]:
     ps = worker.plugins.get(_PS_PLUGIN)
     if ps is not None and getattr(ps, "is_ps", False):
         shards = {}
+        ops = getattr(ps, "shard_ops", {})
+        for key in [k for k in list(ops) if k not in ps.shards]:  # deleted shards
+            ops.pop(key, None)
         for key, s in list(ps.shards.items()):
             v = s.value
+            counts = ops.get(key, {})
             shards[key] = {"shape": [int(d) for d in v.shape], "dtype": str(v.dtype),
                            "rows": int(v.shape[0]) if v.ndim else 1, "bytes": int(v.nbytes),
-                           "optimizers": sorted(s.slots)}
+                           "optimizers": sorted(s.slots),
+                           "gathers": int(counts.get("gathers", 0)),
+                           "updates": int(counts.get("updates", 0))}
         out["ps"] = {"stats": {k: int(v) for k, v in ps.stats.items()}, "shards": shards}
     runner = worker.plugins.get(_RUNNER_PLUGIN)
     if runner is not None and hasattr(runner, "stats"):
