@@ -343,6 +343,17 @@ class EarlyStopping(Callback):
             self._run().stop_training = True
 
 
+def interactive() -> bool:
+    """Whether a progress bar would be seen: in Jupyter (tqdm.auto draws a widget there) or
+    on a terminal; not in a pipe or a log, where each refresh would be a line."""
+    import sys
+
+    from tqdm import autonotebook, std  # type: ignore[import-untyped, unused-ignore]
+
+    in_notebook = autonotebook.tqdm is not std.tqdm
+    return bool(in_notebook or getattr(sys.stderr, "isatty", lambda: False)())
+
+
 def _bar_class() -> Any:
     """tqdm.auto's bar without tqdm's monitor thread (a daemon no one would own or join;
     it only adjusts the refresh interval of stalled bars)."""

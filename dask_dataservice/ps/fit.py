@@ -48,7 +48,7 @@ from typing import Any, Literal
 from ._exceptions import ParameterServerError
 from ._fit_run import FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
-from .callbacks import BackupAndRestore, Callback, History, ProgressBar
+from .callbacks import BackupAndRestore, Callback, History, ProgressBar, interactive
 from .coordinator import ClusterCoordinator, RemoteValue
 from .strategy import InputContext, ParameterServerStrategy
 
@@ -128,7 +128,8 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
     steps_per_epoch : int
         Required (TensorFlow requires it with a parameter-server strategy too).
     verbose : bool or "auto"
-        Show a progress bar (tqdm; a widget in Jupyter). "auto": yes.
+        Show a progress bar (tqdm; a widget in Jupyter). "auto": in Jupyter or on a
+        terminal, not in a pipe or a log file.
     """
     if steps_per_epoch is None:
         raise ValueError("steps_per_epoch is required: with parameter-server training each "
@@ -149,6 +150,8 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
     run = FitRun(coordinator, _iterator(coordinator, x), epochs, steps, initial_epoch)
     history = run.history = History()
     # Keras' order: the progress bar first, History last (it records what the others added)
+    if verbose == "auto":
+        verbose = interactive()
     cbs: list[Callback] = [*([ProgressBar(leave=False)] if verbose else []), *callbacks, history]
     for cb in cbs:
         cb.set_run(run)
