@@ -16,7 +16,8 @@ Snapshot payload (msgpack map, version 1)::
      "workers": [...], "jobs": [...], "iterations": [...], "tasks": [...],
      "iteration_clients": [...], "split_cursors": [...],
      "lost_splits": [[iteration_id, [repetition, start, stop, ...]], ...],     # runs
-     "splits_in_flight": [[task_id, [repetition, start, stop, ...]], ...]}   # runs
+     "splits_in_flight": [[task_id, [repetition, start, stop, ...]], ...],   # runs
+     "split_orders": [[iteration_id, [split, ...]], ...]}   # explicit orders (locality); optional
 
 Only the primary maps are stored, in their insertion order; the secondary indexes (by
 fingerprint, by name, by key, by worker, by iteration) are rebuilt from them, so a snapshot
