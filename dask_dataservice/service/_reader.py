@@ -379,7 +379,7 @@ class IterationReader:
         """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
 
         A fault-tolerant dispatcher comes back with the same iteration (its journal holds
-        it), so the consumer keeps asking, with a backoff (50 ms doubling to 1 s), for up to
+        it), so the consumer keeps asking, with a backoff (50 ms doubling to 250 ms), for up to
         ``client.dispatcher-timeout``. (distributed's ``retry`` counts attempts; this
         contract is a duration, hence the loop.)
         """
@@ -410,7 +410,7 @@ class IterationReader:
                     f"lost contact with the data service at {self.spec.address}: {error!r}"
                 ) from error
             await asyncio.sleep(min(delay, remaining))
-            delay = min(2 * delay, 1.0)
+            delay = min(2 * delay, 0.25)  # short: a restart is over in seconds
 
     def _select(self, view: dict[str, Any]) -> list[TaskInfo]:
         """The tasks this consumer reads, by ``target_workers`` (see ``from_dataset_id``)."""

@@ -139,7 +139,7 @@ class ReconnectingWorker(Worker):
                                      **self.connection_args)
             except OSError:
                 await asyncio.sleep(delay)
-                delay = min(2 * delay, 1.0)
+                delay = min(2 * delay, 0.25)
                 continue
             comm.abort()
             return

@@ -616,7 +616,7 @@ class DataWorkerPlugin(WorkerPlugin):
             ), "split request")
 
         try:
-            resp = await retry(ask, count=_RETRIES, delay_min=0.05, delay_max=2.0,
+            resp = await retry(ask, count=_RETRIES, delay_min=0.05, delay_max=_RETRY_DELAY_MAX,
                                operation="dataservice split request")
         except OSError:
             if self._closing:
@@ -697,8 +697,10 @@ class DataWorkerPlugin(WorkerPlugin):
         return True
 
 
-#: Retries of a split request (backoff 0.05 s doubling to 2 s: about 30 s in all).
-_RETRIES = 20
+#: Retries of a split request (backoff 0.05 s doubling to 0.25 s: about 30 s in all; a
+#: short cap, so that the split flow resumes soon after a restarted dispatcher is back).
+_RETRIES = 120
+_RETRY_DELAY_MAX = 0.25
 
 
 def _copy_outcome(task: asyncio.Task, out: concurrent.futures.Future) -> None:
