@@ -19,13 +19,18 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from distributed.comm.addressing import get_address_host, parse_address, unparse_address
 from distributed.utils import LoopRunner, sync
 
 from .._async import TaskGroup
 from .._rpc import normalize_address, strip_protocol
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+    from ._reconnect import ReconnectingWorker
 
 logger = logging.getLogger(__name__)
 
@@ -152,10 +157,10 @@ class _BackgroundServer:
             self._runner = None
             self._stopped.set()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __del__(self) -> None:
@@ -193,7 +198,7 @@ class DispatchServer(_BackgroundServer):
             return
         cfg = self.config
 
-        async def make():
+        async def make() -> Scheduler:
             from distributed import Scheduler
 
             from ._dispatcher_plugin import DispatcherPlugin
@@ -211,7 +216,7 @@ class DispatchServer(_BackgroundServer):
                 worker_addresses=cfg.worker_addresses,
             )
             if cfg.worker_timeout_ms is not None:
-                plugin.worker_timeout = cfg.worker_timeout_ms / 1000  # read by its liveness
+                plugin.worker_timeout = cfg.worker_timeout_ms / 1000  # type: ignore[attr-defined]  # read by its liveness
             scheduler.add_plugin(plugin)
             await scheduler
             return scheduler
@@ -227,7 +232,7 @@ class DispatchServer(_BackgroundServer):
     @property
     def target(self) -> str:
         """The address clients and workers use, e.g. ``tcp://127.0.0.1:8786``."""
-        return self.server.address
+        return str(self.server.address)
 
     @property
     def _address(self) -> str:
@@ -276,7 +281,7 @@ class WorkerServer(_BackgroundServer):
         kwargs = dict(nthreads=cfg.nthreads, host=host, port=cfg.port, protocol=self._protocol,
                       dashboard=False, resources=cfg.resources, name=cfg.name)
 
-        async def make():
+        async def make() -> WorkerSupervisor:
             supervisor = WorkerSupervisor(address, heartbeat_interval=(
                 None if cfg.heartbeat_interval_ms is None else cfg.heartbeat_interval_ms / 1000
             ), **kwargs)
@@ -288,7 +293,7 @@ class WorkerServer(_BackgroundServer):
     @property
     def restarts(self) -> int:
         """How many times the worker was restarted after losing its scheduler."""
-        return self.server.restarts
+        return int(self.server.restarts)
 
     @property
     def reconnects(self) -> int:
@@ -299,7 +304,7 @@ class WorkerServer(_BackgroundServer):
     @property
     def worker_address(self) -> str:
         """This worker's current address."""
-        return self.server.worker.address
+        return str(self.server.worker.address)
 
 
 class WorkerSupervisor:
@@ -317,16 +322,16 @@ class WorkerSupervisor:
     max_restart_delay = 5.0
 
     def __init__(self, scheduler_address: str, heartbeat_interval: float | None = None,
-                 **worker_kwargs) -> None:
+                 **worker_kwargs: Any) -> None:
         self.scheduler_address = scheduler_address
         self.heartbeat_interval = heartbeat_interval
         self.worker_kwargs = worker_kwargs
-        self.worker = None
+        self.worker: ReconnectingWorker | None = None
         self.restarts = 0
         self._closing = False
         self._group: TaskGroup | None = None
 
-    def _new_worker(self):
+    def _new_worker(self) -> ReconnectingWorker:
         from ._reconnect import ReconnectingWorker
         from ._worker_plugin import DataWorkerPlugin
 
@@ -335,8 +340,8 @@ class WorkerSupervisor:
         return ReconnectingWorker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
 
     async def start(self) -> WorkerSupervisor:
-        self.worker = self._new_worker()
-        await self.worker
+        self.worker = worker = self._new_worker()
+        await worker
         self._group = TaskGroup("worker supervisor")
         self._group.spawn(self._supervise)
         return self
@@ -349,7 +354,8 @@ class WorkerSupervisor:
         as long as the supervisor runs: waiting for its scheduler is its whole job.
         """
         while not self._closing:
-            await self.worker.finished()
+            assert self.worker is not None  # started
+            await self.worker.finished()  # type: ignore[no-untyped-call]  # distributed.Server
             if self._closing:
                 return
             self.restarts += 1
@@ -381,4 +387,5 @@ class WorkerSupervisor:
 
     @property
     def address(self) -> str:
-        return self.worker.address
+        assert self.worker is not None  # started
+        return str(self.worker.address)
