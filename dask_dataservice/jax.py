@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._bridge import convert_each
 from .data.formats import optional_import
 
 jax: Any = optional_import("jax", "jax", "Dataset.to_jax()")
@@ -48,14 +49,7 @@ class JaxIterable:
         self.device = device
 
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.dataset)
-        try:
-            for element in it:
-                yield to_device(element, self.device)
-        finally:  # stop the pipeline's threads (and its service job) when abandoned
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+        return convert_each(self.dataset, lambda x: to_device(x, self.device))
 
     def __repr__(self) -> str:
         return f"JaxIterable({self.dataset!r}, device={self.device!r})"

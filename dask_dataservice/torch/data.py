@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._bridge import convert_each
 from ..data.formats import optional_import
 
 torch: Any = optional_import("torch", "torch", "dask_dataservice.torch")
@@ -105,18 +106,12 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[misc]
     def __iter__(self) -> Iterator[Any]:
         share = self._share()
         if share is None:
-            it = iter(self.dataset)
+            it: Any = self.dataset
         elif isinstance(share, Dataset):
-            it = iter(share)
+            it = share
         else:
             it = self.dataset.iterate(share)
-        try:
-            for element in it:
-                yield to_tensors(element, self.pin_memory)
-        finally:  # stop the pipeline's threads (and its service job) when abandoned
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+        return convert_each(it, lambda x: to_tensors(x, self.pin_memory))
 
     def __len__(self) -> int:
         return len(self.dataset)
