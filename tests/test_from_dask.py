@@ -191,6 +191,21 @@ async def test_persisted_blocks_read_in_place_are_read_only(c, s, a):
     assert (await c.compute(x.sum())) == sum(range(40))  # the persisted data is unchanged
 
 
+def _sum_in_a_task(ds):
+    return float(sum(float(v) for v in ds))
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_dask_task_on_a_one_thread_worker_can_read_from_dask(c, s, a):
+    # the task holds the worker's only thread: computing the partitions must not need it
+    plain = da.arange(30, chunks=10) * 1.0
+    x = c.persist(plain)
+    await wait(x)
+    for ds in (Dataset.from_dask(plain), Dataset.from_dask(x)):
+        copy = cloudpickle.loads(cloudpickle.dumps(ds))  # as a task receives it
+        assert await asyncio.wait_for(c.submit(_sum_in_a_task, copy, pure=False), 30) == 435.0
+
+
 # -- registered size --------------------------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ distributed are imported inside the functions that need them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -233,9 +234,10 @@ class FromDask(Source):
 
     # -- computing a partition ------------------------------------------------------------------
     def _partition(self, i: int) -> Any:
-        worker = _current_worker()
-        if worker is None:
+        found = _current_runner()
+        if found is None:  # not a data-service pipeline thread
             return self._partition_here(i)
+        worker = found[0]
         client = worker._get_client()
         if self.scheduler_id is not None and _scheduler_id(client) != self.scheduler_id:
             raise ValueError(_other_cluster(self.scheduler_id, _scheduler_id(client),
@@ -252,18 +254,23 @@ class FromDask(Source):
         return _run_here(worker, client, None, part)
 
     def _partition_here(self, i: int) -> Any:
-        """Outside a data worker (iterating the dataset locally): as Dask computes it."""
-        if self._collection is not None:
+        """Outside a data worker (iterating the dataset locally, or in a Dask task): as Dask
+        computes it. In a task, through ``worker_client()``, which secedes from the worker's
+        thread pool: the computation may need the thread this task holds."""
+        in_task = _current_worker() is not None
+        if not in_task and self._collection is not None:
             return _partition_of(self._collection, self.kind, i).compute()
         import distributed
 
-        client = distributed.get_client()
-        if self.partition_keys is not None:
-            from distributed import Future
-
-            _check_known(client, self.partition_keys[i])
-            return self._assemble(client.gather([Future(k, client) for k in self.partition_keys[i]]))
-        return _partition_of(self._collection_for(client), self.kind, i).compute()
+        clients = (distributed.worker_client() if in_task
+                   else contextlib.nullcontext(distributed.get_client()))
+        with clients as client:
+            if self.partition_keys is not None:
+                keys = self.partition_keys[i]
+                _check_known(client, keys)
+                return self._assemble(client.gather([distributed.Future(k, client) for k in keys]))
+            part = _partition_of(self._collection_for(client), self.kind, i)
+            return client.compute(part).result()
 
     def _assemble(self, values: list[Any]) -> Any:
         if self.kind != "array" or len(values) == 1:
@@ -341,7 +348,7 @@ def _other_cluster(theirs: str, mine: str, who: str) -> str:
 
 
 def _current_worker() -> Any | None:
-    """The Dask worker whose data-service task runs in this thread, or None."""
+    """The Dask worker running this thread's Dask task or data-service task, or None."""
     try:
         from distributed import get_worker
     except ImportError:
@@ -356,7 +363,10 @@ def _current_worker() -> Any | None:
 
 def _current_runner() -> tuple[Any, Any] | None:
     """``(worker, task runner)`` of the data-service task running in this thread, or None."""
-    from distributed.worker import Worker
+    try:
+        from distributed.worker import Worker
+    except ImportError:
+        return None
 
     me = threading.current_thread()
     for worker in list(Worker._instances):
