@@ -130,3 +130,31 @@ async def test_fit_errors(s, p0, w0):
         assert history.history == {"loss": [0.5]}
 
     await in_thread(s, body)
+
+
+@gen_cluster(client=False, nthreads=[PS, WK])
+async def test_fit_on_a_data_service_job(s, p0, w0):
+    # the training worker also serves data (PS never run data tasks): a DYNAMIC job of
+    # 10 batches, 10 steps: each example trained on exactly once
+    def body(c):
+        strategy = dds.ParameterServerStrategy(c)
+        with strategy.scope():
+            seen = dds.Variable(np.zeros(40, "i8"), name="seen")
+        dataset_id = dds.register_dataset(c, dds.Dataset.range(40).batch(4))
+        address = c.scheduler.address
+
+        def dataset_fn(input_context):
+            return dds.from_dataset_id("distributed_epoch", address, dataset_id,
+                                       job_name="fit-job")
+
+        def step(iterator):
+            ids = np.asarray(next(iterator))
+            seen.scatter_add(ids, np.ones(len(ids), "i8"))
+            return {"examples": float(len(ids))}
+
+        history = fit(strategy, step, DatasetCreator(dataset_fn), steps_per_epoch=10,
+                      verbose=False)
+        assert history.history == {"examples": [4.0]}
+        np.testing.assert_array_equal(seen.numpy(), np.ones(40, "i8"))
+
+    await in_thread(s, body)
