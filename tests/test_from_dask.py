@@ -325,6 +325,30 @@ def _reader_address(block):
     return int(block[0]) // 10, _current_worker().address
 
 
+@gen_cluster(client=True, nthreads=TWO, worker_kwargs=NOT_DATA_WORKERS)
+async def test_partitions_no_worker_holds_go_out_in_batches(c, s, a, b):
+    x = c.persist(da.arange(40, chunks=10))
+    await wait(x)
+    ds = Dataset.from_dask(x)
+    plugin = DispatcherPlugin()
+    s.add_plugin(plugin)
+    await plugin.start(s)
+    try:
+        # release the keys (never published: registered at the dispatcher directly): the hint
+        # points nowhere, as after a scheduler restart
+        del x
+        ds._op._collection = None
+        await poll(lambda: not any(k in s.tasks for ks in ds.source.partition_keys for k in ks),
+                   what="the scheduler to forget the partitions")
+        iteration_id, tasks, token = await _dynamic_iteration(plugin, ds, [a.address])
+        reply = await plugin.get_split(iteration_id=iteration_id, task_id=tasks[a.address],
+                                       repetition=0, count=3, job_token=token)
+        assert reply["split_indices"] == [0, 1, 2] and not reply["end_of_splits"]
+    finally:
+        await plugin.close()
+        s.plugins.pop(plugin.name, None)
+
+
 @gen_cluster(client=True, nthreads=TWO)
 async def test_only_partitions_read_elsewhere_move_between_workers(c, s, a, b):
     x = c.persist(da.arange(400, chunks=10))  # 40 partitions

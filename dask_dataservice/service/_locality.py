@@ -5,9 +5,10 @@ locality hint in its metadata (``"dask_locality"``: for each split, the keys of 
 partition). The dispatcher runs inside the scheduler, so it sees where every key is
 (``scheduler.tasks[key].who_has``). When a task of such a DYNAMIC iteration asks for splits,
 :func:`pick` answers the splits not handed out yet in this repetition whose keys the task's
-worker holds, in index order; once it holds none of the remaining ones, it gets one other
-split per request (so a fast worker does not take a whole batch that another worker holds
-locally). The choice is journaled as ``ProduceSplits.indices`` (see :mod:`._split_order`), so a
+worker holds, in index order; once it holds none of the remaining ones, the splits no worker
+holds (lost or released partitions: nobody reads them locally), as many as asked; then one
+split that another worker holds per request (so a fast worker does not take a whole batch that
+another worker would read locally). The choice is journaled as ``ProduceSplits.indices`` (see :mod:`._split_order`), so a
 restarted dispatcher replays it; the keys' whereabouts are only consulted, never journaled.
 
 Cost: O(splits of the dataset) per request (a scan over the hint), fine for the thousands of
@@ -57,12 +58,14 @@ def _hint(dispatcher: Any, iteration_id: int) -> list[tuple[Any, ...]] | None:
     return hint
 
 
-def _held(tasks: Any, keys: tuple[Any, ...], address: str) -> bool:
+def _holders(tasks: Any, keys: tuple[Any, ...]) -> set[str]:
+    """Addresses of the workers holding any of ``keys``."""
+    out: set[str] = set()
     for key in keys:
         ts = tasks.get(key)
-        if ts is not None and any(ws.address == address for ws in ts.who_has or ()):
-            return True
-    return False
+        if ts is not None:
+            out.update(ws.address for ws in ts.who_has or ())
+    return out
 
 
 def pick(dispatcher: Any, iteration_id: int, task_id: int, count: int) -> tuple[int, ...]:
@@ -77,16 +80,23 @@ def pick(dispatcher: Any, iteration_id: int, task_id: int, count: int) -> tuple[
     address = dispatcher.state.task(task_id).worker_address
     tasks = dispatcher.scheduler.tasks
     local: list[int] = []
+    orphans: list[int] = []  # in no worker's memory (lost, or released): no one reads them locally
     other = -1
     for i, keys in enumerate(hint):
         if i in taken:
             continue
-        if _held(tasks, keys, address):
+        holders = _holders(tasks, keys)
+        if address in holders:
             local.append(i)
             if len(local) == count:
                 break
+        elif not holders:
+            if len(orphans) < count:
+                orphans.append(i)
         elif other < 0:
             other = i
     if local:
         return tuple(local)
+    if orphans:
+        return tuple(orphans)
     return (other,) if other >= 0 else ()
