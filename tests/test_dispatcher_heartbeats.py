@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import dask
 import pytest
 from _helpers import poll
 from distributed import Scheduler, Worker
@@ -81,3 +82,54 @@ async def test_idle_heartbeat_does_not_wait_for_records_in_flight(tmp_path):
         ok(await creating)
         ok(await it)
         await pending
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("resumed", [True, False])
+@gen_test(timeout=60)
+async def test_a_replayed_worker_is_revived_only_if_it_kept_its_tasks(tmp_path, resumed):
+    """After a restart, a worker of the journal is pending: its first heartbeat revives its
+    tasks if it says ``resumed`` (it kept them), else they are lost (a new process)."""
+    from test_dispatcher_plugin import dispatcher
+
+    port = _free_port()
+    async with dispatcher(fault_tolerant_mode=True, work_dir=str(tmp_path)) as (plugin, s):
+        async with Worker(s.address, nthreads=1, port=port) as w:
+            address = w.address
+            await poll(lambda: plugin.state.list_workers(), what="the worker to register")
+            dataset_id = await register(plugin, dds.Dataset.range(10**6))
+            job_id = ok(await plugin.get_or_create_job(
+                dataset_id=dataset_id, processing_mode="OFF"))["job_id"]
+            ok(await plugin.get_or_create_iteration(
+                job_id=job_id, job_token=plugin.state.job(job_id).token))
+            [task] = plugin.state.tasks_for_worker(address)
+            await plugin.close()  # the crash: nothing more is journaled (not the departure)
+    async with dispatcher(fault_tolerant_mode=True, work_dir=str(tmp_path)) as (plugin, s):
+        assert plugin._recovered_workers == {address}
+        assert plugin.state.task_status(task.task_id) == "active"  # pending, not lost
+        # the worker of the same address sends no heartbeat of its own (an excluded resource
+        # keeps its plugin quiet): the test sends the one whose ``resumed`` is decided here
+        with dask.config.set({"dataservice.dispatcher.worker-resource-excluded": ["quiet"]}):
+            w = await Worker(s.address, nthreads=1, port=port, resources={"quiet": 1})
+        async with w:
+            assert w.address == address
+            key = await w.plugins[WORKER_PLUGIN]._key.get()
+            reply = ok(await plugin.worker_heartbeat(
+                address=address, host="127.0.0.1", nthreads=1, active_tasks=[task.task_id],
+                finished_tasks=[], worker_key=key, resumed=resumed))
+            assert address not in plugin._recovered_workers
+            if resumed:
+                assert plugin.state.task_status(task.task_id) == "active"
+                assert reply["cancelled"] == [] and reply["new_tasks"] == []
+            else:
+                assert plugin.state.task_status(task.task_id) == "lost"
+                assert reply["cancelled"] == [task.task_id]
+                assert plugin.state.worker(address).registered  # registered again, afresh
+            await plugin.close()

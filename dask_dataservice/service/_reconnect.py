@@ -36,7 +36,7 @@ from typing import Any
 
 from distributed import Worker
 from distributed.batched import BatchedSend
-from distributed.comm import Comm
+from distributed.comm.core import Comm, connect
 from distributed.core import Status
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class ReconnectingWorker(Worker):
         super().__init__(*args, **kwargs)
         #: How many times this worker registered again after losing its scheduler.
         self.reconnects = 0
-        self._reconnecting: asyncio.Task[bool] | None = None
+        self._reconnecting: asyncio.Task[Any] | None = None
         self._reregistering = False
         self.stream_handlers["close"] = self._close_from_scheduler
 
@@ -91,7 +91,7 @@ class ReconnectingWorker(Worker):
         # there, hear "missing" and close the worker: registering starts it again.
         for name in ("heartbeat", "keep-alive"):
             self.periodic_callbacks[name].stop()
-        self._reconnecting = asyncio.current_task()  # type: ignore[assignment]
+        self._reconnecting = asyncio.current_task()
         try:
             await self._wait_for_scheduler()
             if self.status not in (Status.running, Status.paused):
@@ -130,8 +130,6 @@ class ReconnectingWorker(Worker):
 
     async def _wait_for_scheduler(self) -> None:
         """Until the scheduler's address accepts a connection (or this worker closes)."""
-        from distributed.comm import connect
-
         delay = 0.05
         while self.status in (Status.running, Status.paused):
             try:
@@ -144,7 +142,7 @@ class ReconnectingWorker(Worker):
             comm.abort()
             return
 
-    async def close(self, *args: Any, **kwargs: Any) -> str | None:
+    async def close(self, *args: Any, **kwargs: Any) -> str | None:  # type: ignore[override]
         reconnecting = self._reconnecting
         if reconnecting is not None and reconnecting is not asyncio.current_task():
             reconnecting.cancel()
