@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 
 import fsspec
@@ -206,12 +205,10 @@ def test_a_killed_save_loses_no_committed_chunk(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script), path], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 90
-        while len(committed_chunks(path)) < 6:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the saver committed no chunks"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
+        wait(lambda: proc.poll() is not None or len(committed_chunks(path)) >= 6, 90,
+             "the saver to commit 6 chunks")
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        proc.send_signal(signal.SIGKILL)  # at an arbitrary moment of the save
         proc.wait(30)
     finally:
         if proc.poll() is None:
