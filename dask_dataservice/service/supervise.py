@@ -6,7 +6,10 @@ place, the workers must come back by themselves: :func:`supervise` runs the ``da
 command line (every Dask option passes through: ``--nworkers``, ``--resources``, ``--tls-*``,
 ...) as a child process, and starts it again each time it ends cleanly (exit code 0: its
 scheduler went away). The fresh ``dask worker`` waits until the scheduler is reachable, then
-registers. A child that fails (non-zero exit code, e.g. a bad option) ends the supervisor with
+registers. ``dask-dataservice worker --supervise`` runs the child with ``--worker-class
+dask_dataservice.service.worker.ReconnectingWorker`` (:mod:`._reconnect`): that worker rides
+out a scheduler restart with its data tasks and does not exit, so a restart of the child is
+the fallback (a worker that had to close, e.g. one holding Dask tasks). A child that fails (non-zero exit code, e.g. a bad option) ends the supervisor with
 the same code; a child that ends cleanly soon after its start is restarted with a growing
 delay (so ``dask worker --version`` cannot turn into a busy loop).
 
