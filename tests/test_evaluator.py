@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
+import sys
 import tempfile
+import textwrap
 import threading
 
 import pytest
@@ -84,5 +88,46 @@ def test_sidecar_evaluator_stops_on_timeout_and_checks_arguments():
             SidecarEvaluator(dds.Checkpoint(), print, [], directory, steps=0)
         with pytest.raises(TypeError, match="checkpoint must be a dds.Checkpoint"):
             SidecarEvaluator(None, print, [], directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_EVALUATOR = textwrap.dedent("""
+    import json, sys
+    import dask_dataservice as dds
+
+    directory, metrics = sys.argv[1:3]
+    counter = dds.Variable(0, dtype="i8", name="counter")
+    evaluator = dds.SidecarEvaluator(
+        dds.Checkpoint(counter=counter), lambda batch: {"counter": int(counter.numpy())},
+        [0], directory, metrics_file=metrics, poll_interval=0.02, timeout=50)
+    print(json.dumps([r["checkpoint"] for r in evaluator.start()]))
+""")
+
+
+@pytest.mark.slow
+@gen_cluster(client=False, nthreads=[PS, WK], timeout=80)
+async def test_sidecar_evaluator_in_its_own_process(s, p0, w0):
+    directory = tempfile.mkdtemp()
+    metrics = os.path.join(directory, "eval.jsonl")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _EVALUATOR, directory, metrics,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+        def body(c):
+            strategy = dds.ParameterServerStrategy(c)
+            with strategy.scope():
+                counter = dds.Variable(0, dtype="i8", name="counter")
+            fit(strategy, _step(counter), lambda: dds.Dataset.range(3).repeat(), epochs=4,
+                steps_per_epoch=3, callbacks=[ModelCheckpoint(dds.Checkpoint(counter=counter),
+                                                              directory)], verbose=False)
+
+        await in_thread(s, body)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert json.loads(out.decode().strip().splitlines()[-1]) == [
+            "ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
+        assert [r["counter"] for r in read_metrics(metrics)] == [3, 6, 9, 12]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
