@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import tempfile
 
 import numpy as np
 import pytest
+from distributed import Nanny
 
 import dask_dataservice as dds
 from dask_dataservice.ps import tables
@@ -120,3 +122,36 @@ async def test_restarted_worker_builds_the_table_again(s, p0, w0):
 
     await in_thread(s, again)
     assert len(tables._INDEXES[w0]) == 1
+
+
+@pytest.mark.slow
+@gen_cluster(client=False, Worker=Nanny, nthreads=[PS, WK], timeout=80)
+async def test_a_restarted_worker_process_recreates_the_table(s, n_ps, n_wk):
+    from distributed import Client
+
+    c = await asyncio.to_thread(Client, s.address, set_as_default=False)
+    try:
+        def create(c):
+            strategy = dds.ParameterServerStrategy(c)
+            coordinator = dds.ClusterCoordinator(strategy)
+            with strategy.scope():
+                table = StaticHashTable(np.array(["x", "y"]), np.array([1, 2]), default_value=0)
+
+            def step():
+                import os
+
+                return os.getpid(), table.lookup(["y", "q"]).tolist()
+
+            return coordinator, step
+
+        coordinator, step = await asyncio.to_thread(create, c)
+        pid, values = await asyncio.to_thread(lambda: coordinator.schedule(step).fetch())
+        assert values == [2, 0]
+        await n_wk.kill()  # the worker process dies; the nanny starts a new one
+        await n_wk.instantiate()
+        # a new process, without the index: the next lookup builds it from the PS again
+        new_pid, values = await asyncio.to_thread(lambda: coordinator.schedule(step).fetch())
+        assert new_pid != pid and values == [2, 0]
+        await asyncio.to_thread(coordinator.shutdown)
+    finally:
+        await asyncio.to_thread(c.close)
