@@ -29,12 +29,13 @@ import concurrent.futures
 import logging
 import threading
 from collections import OrderedDict, deque
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol import to_serialize
+from distributed.protocol.serialize import to_serialize
 from distributed.utils import offload, run_in_executor_with_context
 from distributed.utils_comm import retry
 
@@ -50,6 +51,11 @@ from ._metrics import count_served
 from ._sharding import ShardingPolicy
 from ._worker_key import WorkerKey
 from ._worker_util import Recent, Turns, offload_bytes, serialized_batch
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+    from ..data.dataset import Dataset
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +96,14 @@ class DispatcherSplitProvider(SplitProvider):
 
     MAX_BATCH = 64
 
-    def __init__(self, runner: TaskRunner, splits: list) -> None:
+    def __init__(self, runner: TaskRunner, splits: list[Any]) -> None:
         self._runner = runner
         self._splits = splits
         self.repetition = 0
         #: Splits received of this repetition (a retried request says it: see _get_splits).
         self._received = 0
-        self._pending: concurrent.futures.Future | None = None
-        self._local: deque = deque()
+        self._pending: concurrent.futures.Future[Any] | None = None
+        self._local: deque[Any] = deque()
         self._ended = False
         self._batch = 1
 
@@ -105,17 +111,17 @@ class DispatcherSplitProvider(SplitProvider):
     def num_splits(self) -> int:
         return len(self._splits)
 
-    def _request(self) -> concurrent.futures.Future:
+    def _request(self) -> concurrent.futures.Future[Any]:
         runner = self._runner
         return runner.plugin.submit(runner.plugin._get_splits, runner.task, self.repetition,
                                     self._batch, self._received)
 
-    def _wait(self, fut: concurrent.futures.Future):
+    def _wait(self, fut: concurrent.futures.Future[Any]) -> Any:
         if not fut.done() and self._batch < self.MAX_BATCH:
             self._batch *= 2  # we are waiting on the dispatcher: ask for more at once
         return self._runner.wait(fut)
 
-    def get_next(self):
+    def get_next(self) -> object | None:
         while not self._local:
             if self._ended:
                 return None
@@ -127,7 +133,8 @@ class DispatcherSplitProvider(SplitProvider):
             self._ended = ended
             if not ended:
                 self._pending = self._request()
-        return self._splits[self._local.popleft()]
+        split: object = self._splits[self._local.popleft()]
+        return split
 
     def reset(self) -> None:
         self.repetition += 1
@@ -144,7 +151,8 @@ class DispatcherSplitProvider(SplitProvider):
 class TaskRunner:
     """One task: a pipeline running in its own thread into an :class:`ElementBuffer`."""
 
-    def __init__(self, plugin: DataWorkerPlugin, task: TaskDef, dataset, splits: list | None) -> None:
+    def __init__(self, plugin: DataWorkerPlugin, task: TaskDef, dataset: Dataset | None,
+                 splits: list[Any] | None) -> None:
         self.plugin = plugin
         self.task = task
         self.task_id: int = task["task_id"]
@@ -163,7 +171,7 @@ class TaskRunner:
             )
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
-        self._waiting_on: concurrent.futures.Future | None = None
+        self._waiting_on: concurrent.futures.Future[Any] | None = None
         self.thread = threading.Thread(
             target=self._run, name=f"dds-task-{self.task_id}", daemon=True
         )
@@ -171,7 +179,7 @@ class TaskRunner:
     def start(self) -> None:
         self.thread.start()
 
-    def wait(self, fut: concurrent.futures.Future):
+    def wait(self, fut: concurrent.futures.Future[Any]) -> Any:
         """The result of ``fut`` (task thread); TaskCancelled once the task is cancelled."""
         self._waiting_on = fut
         try:
@@ -183,18 +191,22 @@ class TaskRunner:
         finally:
             self._waiting_on = None
 
-    def _iterator(self):
+    def _iterator(self) -> Iterator[Any]:
         mode = ShardingPolicy(self.task["processing_mode"])
         ds = self.dataset
+        assert ds is not None  # a runner without a dataset never starts its thread
         if mode == ShardingPolicy.DYNAMIC:
+            assert self.splits is not None  # DYNAMIC datasets have splits
             return ds.iterate(DispatcherSplitProvider(self, self.splits))
         index, n = self.task.get("worker_index"), self.task.get("num_workers")
         if mode == ShardingPolicy.FILE:
             # this worker's files: every n-th, from its index (each repetition again)
+            assert self.splits is not None  # FILE datasets have splits
             return ds.iterate(ListSplitProvider(self.splits[index::n]))
         if mode == ShardingPolicy.DATA:
             return iter(ds.shard(n, index))
         if mode == ShardingPolicy.HINT:
+            assert n is not None and index is not None  # static modes have both
             return iter(ds.with_shard_hint(n, index) if ds.has_shard_hint else ds)
         return iter(ds)
 
@@ -206,8 +218,8 @@ class TaskRunner:
             it = self._iterator()
             buf = self.buffer
             put_many = buf.put_many
-            chunk: list = []
-            sizes: list = []
+            chunk: list[Any] = []
+            sizes: list[Any] = []
             chunk_bytes = 0
             # Hand elements over in chunks (one lock round per chunk), but at once when a
             # consumer is waiting, so a slow pipeline's first element is not held back, and
@@ -262,15 +274,15 @@ class DataWorkerPlugin(WorkerPlugin):
         self.tasks: dict[int, TaskRunner | None] = {}
         self.finished_tasks = Recent(_FINISHED_MEMORY)
 
-    async def setup(self, worker) -> None:
+    async def setup(self, worker: Worker) -> None:
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         self.tasks = {}
         self.finished_tasks = Recent(_FINISHED_MEMORY)
         #: ``{dataset_id: (dataset, splits)}``, most recently used last.
-        self._datasets: OrderedDict[int, tuple[Any, list | None]] = OrderedDict()
+        self._datasets: OrderedDict[int, tuple[Any, list[Any] | None]] = OrderedDict()
         #: Datasets being loaded: concurrent starts of one dataset share one load.
-        self._loading: dict[int, asyncio.Future] = {}
+        self._loading: dict[int, asyncio.Future[Any]] = {}
         #: Runners whose thread has not exited yet (also cancelled ones).
         self._runners: set[TaskRunner] = set()
         self._executor = owned_executor("dds-worker-io", 1)
@@ -300,7 +312,7 @@ class DataWorkerPlugin(WorkerPlugin):
         if self.is_data_worker:
             self._group.spawn(self._heartbeat_loop)
 
-    async def teardown(self, worker) -> None:
+    async def teardown(self, worker: Worker) -> None:
         self._closing = True
         # Requests may still be in flight: answer them "closing" rather than "unknown op".
         worker.handlers["dataservice_get_elements"] = _closing_get_elements
@@ -338,13 +350,14 @@ class DataWorkerPlugin(WorkerPlugin):
 
     # Thread → loop
     ###############
-    def submit(self, afunc, *args) -> concurrent.futures.Future:
+    def submit(self, afunc: Callable[..., Coroutine[Any, Any, Any]],
+               *args: Any) -> concurrent.futures.Future[Any]:
         """Run ``afunc(*args)`` in the plugin's task group, from any thread.
 
         Returns a concurrent future of its result; cancelling the future cancels the task.
         After teardown (or with the loop closed) the future is cancelled at once.
         """
-        out: concurrent.futures.Future = concurrent.futures.Future()
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def start() -> None:
             if out.cancelled():
@@ -354,9 +367,10 @@ class DataWorkerPlugin(WorkerPlugin):
             except Exception:  # noqa: BLE001 - the group is closed: we are shutting down
                 out.cancel()
                 return
-            task._dds_awaited = True  # its outcome goes to `out`
+            task._dds_awaited = True  # type: ignore[attr-defined]  # its outcome goes to `out`
             task.add_done_callback(lambda t: _copy_outcome(t, out))
-            out.add_done_callback(lambda f: f.cancelled() and _call_soon(self.loop, task.cancel))
+            out.add_done_callback(
+                lambda f: f.cancelled() and _call_soon(self.loop, task.cancel))  # type: ignore[func-returns-value]
 
         try:
             self.loop.call_soon_threadsafe(start)
@@ -371,7 +385,7 @@ class DataWorkerPlugin(WorkerPlugin):
                            max_bytes: int = 32 << 20, wait: float = 1.0,
                            consumer: int | None = None, seq: int | None = None,
                            trainer_id: str | None = None, linger: float = 0.0,
-                           job_token: str | None = None) -> dict:
+                           job_token: str | None = None) -> dict[str, Any]:
         """Up to ``max_elements`` buffered elements of a task, or end of sequence.
 
         A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
@@ -405,8 +419,9 @@ class DataWorkerPlugin(WorkerPlugin):
                 pass
         return runner
 
-    async def _get_elements(self, task_id, max_elements, max_bytes, wait,
-                            trainer_id=None, linger=0.0, job_token=None) -> dict:
+    async def _get_elements(self, task_id: int, max_elements: int, max_bytes: int, wait: float,
+                            trainer_id: str | None = None, linger: float = 0.0,
+                            job_token: str | None = None) -> dict[str, Any]:
         runner = self.tasks.get(task_id)
         if runner is None:
             # The consumer learnt of the task from the dispatcher before the task reached
@@ -420,10 +435,10 @@ class DataWorkerPlugin(WorkerPlugin):
         _check_token(runner, job_token, "reading elements")
         buf = runner.buffer
         if isinstance(buf, CrossTrainerWindow):
-            def take(n=max_elements):
+            def take(n: int = max_elements) -> list[Any]:
                 return buf.take(n, max_bytes, trainer_id)
         else:
-            def take(n=max_elements):
+            def take(n: int = max_elements) -> list[Any]:
                 return buf.take(n, max_bytes)
         items = take()
         if not items and not buf.end_visible and not runner.cancelled:
@@ -457,14 +472,14 @@ class DataWorkerPlugin(WorkerPlugin):
             return {"status": "OK", "elements": elements, "end_of_sequence": False}
         if buf.end_visible:
             if buf.error is not None:
-                return error_message(buf.error)
+                return error_message(buf.error)  # type: ignore[return-value]  # distributed's TypedDict
             return {"status": "OK", "elements": None, "end_of_sequence": True}
         return {"status": "OK", "elements": None, "end_of_sequence": runner.cancelled}
 
     @handler
     async def get_rounds(self, task_id: int, first_round: int, count: int,
                          consumer_index: int, num_consumers: int,
-                         job_token: str | None = None) -> dict:
+                         job_token: str | None = None) -> dict[str, Any]:
         """Coordinated reads: this consumer's elements of rounds ``first_round ..``."""
         runner = await self._runner(task_id, 10.0)
         if runner is None:
@@ -479,7 +494,7 @@ class DataWorkerPlugin(WorkerPlugin):
         out = [await rounds.get(r, consumer_index) for r in range(first_round, first_round + count)]
         return {"status": "OK", "elements": to_serialize(ElementBatch(out))}
 
-    def worker_state(self) -> dict:
+    def worker_state(self) -> dict[str, Any]:
         return {
             "status": "OK",
             "is_data_worker": self.is_data_worker,
@@ -493,7 +508,7 @@ class DataWorkerPlugin(WorkerPlugin):
             "threads": len(self._runners),
         }
 
-    def tasks_changed(self, new_tasks=(), cancelled=()) -> None:
+    def tasks_changed(self, new_tasks: Iterable[TaskDef] = (), cancelled: Iterable[int] = ()) -> None:
         """Stream handler: the dispatcher assigned or cancelled tasks. Never raises."""
         try:
             self._apply_tasks(new_tasks, cancelled)
@@ -502,7 +517,7 @@ class DataWorkerPlugin(WorkerPlugin):
 
     # Internals
     ###########
-    def _apply_tasks(self, new_tasks, cancelled) -> None:
+    def _apply_tasks(self, new_tasks: Iterable[TaskDef], cancelled: Iterable[int]) -> None:
         for task_id in cancelled:
             runner = self.tasks.pop(task_id, None)
             if runner is not None:
@@ -563,7 +578,7 @@ class DataWorkerPlugin(WorkerPlugin):
         event, self._task_arrived = self._task_arrived, asyncio.Event()
         event.set()
 
-    async def _get_dataset(self, dataset_id: int):
+    async def _get_dataset(self, dataset_id: int) -> tuple[Any, list[Any] | None]:
         cached = self._datasets.get(dataset_id)
         if cached is not None:
             self._datasets.move_to_end(dataset_id)
@@ -571,11 +586,11 @@ class DataWorkerPlugin(WorkerPlugin):
         loading = self._loading.get(dataset_id)
         if loading is None:
             loading = self._loading[dataset_id] = self._group.spawn(self._load_dataset, dataset_id)
-            loading._dds_awaited = True
+            loading._dds_awaited = True  # type: ignore[attr-defined]  # see TaskGroup
             loading.add_done_callback(lambda _: self._loading.pop(dataset_id, None))
         return await asyncio.shield(loading)
 
-    async def _load_dataset(self, dataset_id: int):
+    async def _load_dataset(self, dataset_id: int) -> tuple[Any, list[Any] | None]:
         key = await self._key.get()
         try:
             resp = raise_for_status(await self.worker.scheduler.dataservice_get_dataset(
@@ -592,7 +607,8 @@ class DataWorkerPlugin(WorkerPlugin):
         self._release_unused_datasets()
         return loaded
 
-    async def _get_splits(self, task: TaskDef, repetition: int, count: int, received: int = 0):
+    async def _get_splits(self, task: TaskDef, repetition: int, count: int,
+                          received: int = 0) -> tuple[list[int], bool]:
         """Split indices from the dispatcher; rides out a dispatcher that is going away.
 
         A closing (or unreachable) scheduler is retried with backoff for about 30 s (with
@@ -604,7 +620,7 @@ class DataWorkerPlugin(WorkerPlugin):
         """
         attempts = 0
 
-        async def ask():
+        async def ask() -> dict[str, Any]:
             nonlocal attempts
             if self._closing:
                 raise TaskCancelled
@@ -703,7 +719,7 @@ _RETRIES = 120
 _RETRY_DELAY_MAX = 0.25
 
 
-def _copy_outcome(task: asyncio.Task, out: concurrent.futures.Future) -> None:
+def _copy_outcome(task: asyncio.Task[Any], out: concurrent.futures.Future[Any]) -> None:
     if out.done():
         return
     if task.cancelled():
@@ -714,7 +730,7 @@ def _copy_outcome(task: asyncio.Task, out: concurrent.futures.Future) -> None:
         out.set_result(task.result())
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, callback) -> None:
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
     try:
         loop.call_soon_threadsafe(callback)
     except RuntimeError:  # the loop is closed: the worker is gone
@@ -725,7 +741,7 @@ def _noop() -> None:
     return None
 
 
-def _closing_get_elements(**kwargs) -> dict:
+def _closing_get_elements(**kwargs: Any) -> dict[str, Any]:
     return {"status": "OK", "elements": None, "end_of_sequence": False, "closing": True}
 
 
@@ -733,10 +749,10 @@ def _check_token(runner: TaskRunner, job_token: str | None, what: str) -> None:
     check_job_token(runner.task.get("job_token") or "", job_token, runner.task["job_id"], what)
 
 
-def _ignore(**kwargs) -> None:
+def _ignore(**kwargs: Any) -> None:
     return None
 
 
-def _load_dataset(pipeline: bytes, splits: bytes | None):
+def _load_dataset(pipeline: bytes, splits: bytes | None) -> tuple[Any, list[Any] | None]:
     dataset = cloudpickle.loads(pipeline)
     return dataset, (cloudpickle.loads(splits) if splits else None)
