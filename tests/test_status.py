@@ -11,11 +11,12 @@ import urllib.request
 import dask
 import numpy as np
 import pytest
-from _helpers import wait
+from _helpers import poll, wait
 from distributed import Client, LocalCluster
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
+from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -169,3 +170,14 @@ def test_stats_wait_versus_compute():
 def test_status_rejects_a_bad_service():
     with pytest.raises(TypeError, match="service must be a distributed.Client or a scheduler"):
         dds.status(42)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=FAST)
+async def test_status_with_an_asynchronous_client(c, s, a):
+    st = await dds.status(c)  # installs the service on first use, as every entry point
+    assert st["service"]["installed"] is True and st["scheduler"] == s.address
+    assert st["service"]["jobs"] == [] and st["service"]["datasets"] == []
+    await poll(lambda: a.address in s.plugins[PLUGIN_NAME].workers, what="a first poll")
+    st = await dds.status(c)
+    assert st["workers"][a.address]["elements_served"] == 0
+    assert st["workers"][a.address]["data_worker"] is True

@@ -89,10 +89,20 @@ def status(client: Any) -> dict[str, Any]:
             raise RuntimeError(
                 f"the scheduler at {scheduler.address} has no dataservice dashboard: install "
                 "dask_dataservice there (dds.install(client) or --preload dask_dataservice)")
-        return dict(resp)
+        out: dict[str, Any] = _lists(dict(resp))
+        return out
 
     if c.asynchronous and _connection.on_loop_thread(c):
         return go()  # type: ignore[return-value]
     _connection.check_can_block(c, "status()")
     result: dict[str, Any] = _connection.run_blocking(c, go)
     return result
+
+
+def _lists(x: Any) -> Any:
+    """The comm turns lists into tuples: give them back as the JSON route shows them."""
+    if isinstance(x, dict):
+        return {k: _lists(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_lists(v) for v in x]
+    return x
