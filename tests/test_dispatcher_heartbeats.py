@@ -133,3 +133,49 @@ async def test_a_replayed_worker_is_revived_only_if_it_kept_its_tasks(tmp_path, 
                 assert reply["cancelled"] == [task.task_id]
                 assert plugin.state.worker(address).registered  # registered again, afresh
             await plugin.close()
+
+
+@gen_test(timeout=60)
+async def test_a_retried_split_request_gets_the_splits_of_a_lost_reply(tmp_path):
+    """A ``get_split`` journaled whose reply never arrived (the dispatcher crashed after the
+    fsync): the worker's retry says how many splits it received, and gets those again, once,
+    with no new record; a retry that lost nothing gets new splits; across the end of the
+    repetition too."""
+    from test_snapshots import W, ft_dispatcher
+
+    from dask_dataservice.service.state import CreateTask, RegisterWorker
+
+    async with ft_dispatcher(tmp_path) as plugin:
+        dataset_id = ok(await plugin.register_dataset(
+            fingerprint="fp", pipeline=b"p", splits=b"s", num_splits=100))["dataset_id"]
+        job_id = ok(await plugin.get_or_create_job(
+            dataset_id=dataset_id, processing_mode="DYNAMIC"))["job_id"]
+        token = plugin.state.job(job_id).token
+        view = ok(await plugin.get_or_create_iteration(job_id=job_id, job_token=token))
+        it = view["iteration_id"]
+        plugin._apply(RegisterWorker(W, "10.0.0.1", 1))
+        plugin._apply(CreateTask(plugin.state.next_task_id(), it, W))
+        [task] = plugin.state.tasks_for_iteration(it)
+
+        async def get(count, received=None):
+            kwargs = {} if received is None else {"received": received}
+            return ok(await plugin.get_split(iteration_id=it, task_id=task.task_id,
+                                             repetition=0, count=count, job_token=token,
+                                             **kwargs))
+
+        assert (await get(10))["split_indices"] == list(range(10))
+        lost = await get(20)  # this reply is "lost": the worker received 10 splits only
+        assert lost["split_indices"] == list(range(10, 30))
+        records = plugin._journal.metrics.records_written
+        again = await get(20, received=10)
+        assert again == lost  # the same splits, to the same task, no new record
+        assert plugin._journal.metrics.records_written == records
+        # nothing lost: a retry gets new splits
+        assert (await get(20, received=30))["split_indices"] == list(range(30, 50))
+        # the lost reply ended the repetition: the retry says so too
+        last = await get(64)
+        assert last["split_indices"] == list(range(50, 100)) and last["end_of_splits"]
+        assert await get(64, received=50) == last
+        assert plugin.state.task_splits(task.task_id) == tuple((0, i) for i in range(100))
+        ok(await plugin.release_iteration_client(
+            iteration_client_id=view["iteration_client_id"], job_token=token))
