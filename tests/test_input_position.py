@@ -157,3 +157,29 @@ async def test_a_data_service_dataset_is_not_repositioned(c, s, a):
     assert sorted(values) == list(range(10))  # no position to restore: read as usual
     with pytest.raises(InputPositionError, match="data-service dataset .* cannot be restored"):
         await asyncio.to_thread(next, CountingIterator(ds, skip=3))
+
+
+def test_checkpoint_attributes_are_written_once(monkeypatch):
+    """The attributes that make a checkpoint complete (format) and its contents (variables,
+    inputs) reach zarr.json in one write: a reader never sees one without the other."""
+    import json
+
+    from zarr.storage import LocalStore
+
+    writes: list[dict] = []
+    original = LocalStore.set
+
+    async def spy(self, key, value):  # records, then writes as zarr does
+        if key == "zarr.json":
+            writes.append(json.loads(value.to_bytes()).get("attributes", {}))
+        return await original(self, key, value)
+
+    monkeypatch.setattr(LocalStore, "set", spy)
+    directory = tempfile.mkdtemp()
+    try:
+        w = dds.Variable(np.arange(3, dtype="f4"), name="w")
+        dds.Checkpoint(w=w).save(os.path.join(directory, "ckpt"))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    complete = [a for a in writes if "format" in a]
+    assert complete and all({"variables", "save_counter", "inputs"} <= set(a) for a in complete)

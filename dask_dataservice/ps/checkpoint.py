@@ -152,8 +152,10 @@ class Checkpoint:
         # read after every shard is written, saved in the same (last) write as the rest
         where = {name: positions(client[0], it) for name, it in inputs.items()}
         self.save_counter += 1
-        root.attrs.update({"format": FORMAT, "save_counter": self.save_counter, "variables": meta,
-                           "inputs": where})
+        # ONE write of zarr.json (zarr writes it atomically): attrs.update() would write it
+        # once per key, and a reader could see "format" (complete) before "variables"
+        root.attrs.put({"format": FORMAT, "save_counter": self.save_counter, "variables": meta,
+                        "inputs": where})
         return path
 
     write = save
