@@ -283,3 +283,35 @@ def test_sigkill_scheduler_named_job_two_consumers(tmp_path):
     missing = set(range(20_000)) - set(seen)
     assert missing <= _lost_elements(state, dds.Dataset.range(20_000).splits())
     assert len([j for j in state["jobs"].values() if j["name"] == "shared-ft"]) == 1
+
+
+def test_a_restart_without_the_journal_never_mixes_old_tasks_with_new_ones():
+    """A dispatcher restarted *without* fault-tolerant mode starts from an empty state and
+    reuses task ids; a worker that reconnected with the tasks of the previous run must drop
+    them (and forget their ids), so that a new task with a reused id runs the new job."""
+    port = _free_port()
+    cfg = dds.DispatcherConfig(port=port)
+    dispatcher = dds.DispatchServer(cfg)
+    worker = dds.WorkerServer(dds.WorkerConfig(dispatcher._address))
+    try:
+        with Client(dispatcher.target, timeout="20s") as c:
+            c.wait_for_workers(1)
+            first = dds.Dataset.range(10**6).apply(dds.distribute("parallel_epochs", c))
+            it = iter(first)
+            assert [next(it) for _ in range(10)] == list(range(10))
+            old = dispatcher.server.plugins["dataservice-dispatcher"]
+            [old_task] = [t.task_id for i in old.state.list_iterations()
+                          for t in old.state.tasks_for_iteration(i.iteration_id)]
+            dispatcher.stop()
+            dispatcher = dds.DispatchServer(cfg)
+            _wait(lambda: worker.reconnects >= 1, what="the worker to reconnect")
+            second = dds.Dataset.range(100, 200).apply(dds.distribute("parallel_epochs", c))
+            assert sorted(second) == list(range(100, 200))
+            plugin = dispatcher.server.plugins["dataservice-dispatcher"]
+            new_tasks = [t.task_id for i in plugin.state.list_iterations()
+                         for t in plugin.state.tasks_for_iteration(i.iteration_id)]
+            assert old_task in new_tasks, "the id was reused (what makes the test bite)"
+            it.close()
+    finally:
+        worker.stop()
+        dispatcher.stop()

@@ -601,10 +601,12 @@ class DispatcherPlugin(SchedulerPlugin):
         self._liveness.seen(address)
         if address in self._recovered_workers:
             revive(self, address, resumed, active_tasks)
+        stranger = False
         try:
             known = self.state.worker(address).registered
-        except WorkerNotFoundError:
-            known = False
+        except WorkerNotFoundError:  # its tasks (if it kept any) are another state's
+            known, stranger = False, bool(resumed)
+            active_tasks = finished_tasks = ()
         if not known:
             self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
                                        resources=dict(ws.resources)))
@@ -625,7 +627,7 @@ class DispatcherPlugin(SchedulerPlugin):
         new_tasks = [self._task_def(t) for tid, t in assigned.items()
                      if tid not in reported and t.status == "active"]
         cancelled = self._liveness.dropped_tasks(reported)
-        return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled)
+        return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled, reset=stranger)
 
     @handler
     def state_summary(self, job_token: str | None = None, address: str | None = None,

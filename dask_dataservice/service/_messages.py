@@ -73,6 +73,10 @@ class TaskChanges(TypedDict, total=False):
     new_tasks: list[TaskDef]
     #: Ids of tasks to stop and forget (their iteration was collected, or is unknown).
     cancelled: list[int]
+    #: Heartbeat reply only: drop every task you hold and forget their ids first. Said to a
+    #: worker that kept the tasks of a dispatcher whose state this one does not have (a
+    #: restart without the journal): their ids mean nothing here, and may be reused.
+    reset: bool
 
 
 class TaskInfo(TypedDict):

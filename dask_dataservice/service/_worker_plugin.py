@@ -709,6 +709,14 @@ class DataWorkerPlugin(WorkerPlugin):
             self._key.forget()  # a new dispatcher: ask for a new key next time
             raise
         self._answered = True
+        if resp.get("reset"):  # a dispatcher without the state these tasks belong to
+            logger.warning("dataservice: the dispatcher does not know this worker's tasks %s "
+                           "(restarted without its journal?): dropping them",
+                           sorted(self.tasks))
+            self._apply_tasks((), list(self.tasks))
+            # task and dataset ids may be reused by this dispatcher
+            self.finished_tasks = Recent(_FINISHED_MEMORY)
+            self._datasets.clear()
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
         return True
 
