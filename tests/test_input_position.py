@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +32,7 @@ pytestmark = pytest.mark.timeout(90)
 
 warm_up_zarr()
 
+from _helpers import wait  # noqa: E402
 from test_callbacks import _Crash  # noqa: E402
 
 
@@ -53,9 +59,10 @@ def _shard_of_worker(size: int, trainers: int, batch: int):
     return dataset_fn
 
 
-def _train(address, directory, dataset_fn, size, steps, crash_at):
+def _train(address, directory, dataset_fn, size, steps, crash_at, crash=_Crash, workers=2):
     """One coordinator's life: returns the counts of examples trained on (or None)."""
     with Client(address, set_as_default=False) as c:
+        c.wait_for_workers(workers, timeout=60)
         strategy = dds.ParameterServerStrategy(c)
         coordinator = dds.ClusterCoordinator(strategy)
         with strategy.scope():
@@ -69,7 +76,7 @@ def _train(address, directory, dataset_fn, size, steps, crash_at):
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         backup = BackupAndRestore(dds.Checkpoint(seen=seen, input=iterator), directory,
                                   save_freq=4, delete_checkpoint=False)
-        callbacks = [backup] + ([_Crash(crash_at)] if crash_at else [])
+        callbacks = [backup] + ([crash(crash_at)] if crash_at else [])
         try:
             fit(coordinator, step, iterator, epochs=1, steps_per_epoch=steps,
                 callbacks=callbacks, verbose=False)
@@ -85,13 +92,13 @@ async def _two_lives(trainers: int, size: int, batch: int, steps: int, crash_at:
     try:
         async with _cluster(trainers) as (s, _, _):
             seen, restored = await asyncio.to_thread(_train, s.address, directory, dataset_fn,
-                                                     size, steps, crash_at)
+                                                     size, steps, crash_at, _Crash, trainers + 1)
             assert seen is None and restored is None
         # every server of the first life is gone; the backup is all that is left
         attrs = dict(zarr.open_group(os.path.join(directory, "backup-1"), mode="r").attrs)
         async with _cluster(trainers) as (s, _, _):
             seen, restored = await asyncio.to_thread(_train, s.address, directory, dataset_fn,
-                                                     size, steps, None)
+                                                     size, steps, None, _Crash, trainers + 1)
         return seen, restored, attrs
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -183,3 +190,58 @@ def test_checkpoint_attributes_are_written_once(monkeypatch):
         shutil.rmtree(directory, ignore_errors=True)
     complete = [a for a in writes if "format" in a]
     assert complete and all({"variables", "save_counter", "inputs"} <= set(a) for a in complete)
+
+
+class _KillEveryServer(_Crash):
+    """At step ``at``: SIGKILL the scheduler, the PS and the training workers, then stop."""
+
+    pids: list[int] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.run.global_step == self.at:
+            for pid in self.pids:
+                os.kill(pid, signal.SIGKILL)
+            raise RuntimeError("crash for the test: every server was killed")
+
+
+@contextlib.contextmanager
+def _process_cluster(directory: str, trainers: int):
+    """A scheduler, a PS and training workers as processes, named the same each time."""
+    scheduler_file = os.path.join(directory, f"scheduler-{time.monotonic_ns()}.json")
+    common = ["--host", "127.0.0.1", "--no-dashboard"]
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
+                               "0", "--scheduler-file", scheduler_file, *common],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        wait(lambda: os.path.exists(scheduler_file), 30, "the scheduler file")
+        for name, extra in [("ps-0", ["--resources", "ps=1"])] + [
+                (f"trainer-{i}", []) for i in range(trainers)]:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                 scheduler_file, "--nthreads", "1", "--no-nanny", "--name", name, *extra,
+                 *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with open(scheduler_file) as f:
+            address = json.load(f)["address"]
+        yield address, [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)
+
+
+@pytest.mark.slow
+def test_one_epoch_exactly_after_sigkilling_every_process():
+    directory = tempfile.mkdtemp()
+    backup = os.path.join(directory, "backup")
+    dataset_fn = _shard_of_worker(40, 1, 4)
+    try:
+        with _process_cluster(directory, 1) as (address, pids):
+            _KillEveryServer.pids = pids
+            seen, restored = _train(address, backup, dataset_fn, 40, 10, 6, _KillEveryServer)
+            assert seen is None and restored is None
+        with _process_cluster(directory, 1) as (address, _):
+            seen, restored = _train(address, backup, dataset_fn, 40, 10, None)
+        assert restored["global_step"] == 4
+        np.testing.assert_array_equal(seen, np.ones(40, "i8"))  # each example exactly once
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
