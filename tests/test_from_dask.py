@@ -156,6 +156,25 @@ async def test_bag_partitions_plain_and_persisted(c, s, a, b):
     assert sorted(out) == [v + 1 for v in range(25)]
 
 
+@gen_cluster(client=True, nthreads=TWO)
+async def test_collections_built_on_persisted_ones(c, s, a, b):
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+    x = c.persist(da.arange(60, chunks=10).reshape(20, 3).rechunk((5, 2)))
+    frame = c.persist(dd.from_pandas(pd.DataFrame({"a": np.arange(20)}), npartitions=2))
+    await wait([x, frame])
+    on_top = x * 10 + 1  # a graph that holds Futures and tasks
+    filtered = frame[frame.a > 3]
+    ds = Dataset.from_dask(on_top)
+    assert ds.source.partition_keys is None  # not a persisted collection itself
+    out = await read(await distribute(ds, "DYNAMIC", c))
+    assert rows_of(out) == rows_of(np.arange(60).reshape(20, 3) * 10 + 1)
+    out = await read(await distribute(Dataset.from_dask(filtered), "DYNAMIC", c))
+    assert sorted(int(r["a"]) for r in out) == list(range(4, 20))
+    copy = cloudpickle.loads(cloudpickle.dumps(Dataset.from_dask(filtered)))
+    assert sorted(int(r["a"]) for r in await asyncio.to_thread(list, copy)) == list(range(4, 20))
+
+
 @gen_cluster(client=True, nthreads=TWO,
              config={"dataservice.dispatcher.worker-addresses": ["0", "1"]})
 async def test_file_and_data_sharding_split_the_partitions(c, s, a, b):

@@ -147,9 +147,11 @@ class FromDask(Source):
             collection, "__dask_tokenize__") else str(collection.name)
         self.rows = rows
         self._collection: Any = collection
-        self._rebuild: tuple[Callable[..., Any], tuple[Any, ...], dict[Any, Any]] | None = None
+        #: A graph holding Futures (partly persisted), Futures as :class:`_FutureRef`: set
+        #: when pickled; the worker computes a split's keys from it.
+        self._graph: dict[Any, Any] | None = None
         self._cache_lock = threading.Lock()
-        self._rebuilt: Any = None
+        self._resolved: dict[Any, Any] | None = None
         if self.kind == "array":
             if collection.ndim < 1:
                 raise ValueError("from_dask() needs an array with at least one dimension")
@@ -168,6 +170,8 @@ class FromDask(Source):
         graph = dict(collection.__dask_graph__())
         keys = collection.__dask_keys__()
         per_split = [_flat(keys[i]) for i in range(self.npartitions)]
+        #: The output keys of each split (of the blocks of row block i, for an array).
+        self.split_keys = tuple(tuple(ks) for ks in per_split)
         physical = [[_resolve(graph, k) for k in ks] for ks in per_split]
         self.partition_keys: tuple[tuple[Any, ...], ...] | None = None
         self.scheduler_id: str | None = None
@@ -189,19 +193,19 @@ class FromDask(Source):
     # -- pickling: keys or the graph, never Futures --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_collection", "_cache_lock", "_rebuilt")}
+                 if k not in ("_collection", "_cache_lock", "_resolved")}
         state["_collection"] = None
         if self.partition_keys is None and self._collection is not None:
-            rebuild = self._rebuild or _graph_state(self._collection)
-            if rebuild is None:  # no Future in the graph: the collection pickles as it is
+            graph = self._graph or _graph_state(self._collection)
+            if graph is None:  # no Future in the graph: the collection pickles as it is
                 state["_collection"] = self._collection
-            state["_rebuild"] = rebuild
+            state["_graph"] = graph
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._cache_lock = threading.Lock()
-        self._rebuilt = None
+        self._resolved = None
 
     def params(self) -> tuple[Any, ...]:
         # persisted or not (same keys: another pipeline), and where
@@ -250,8 +254,17 @@ class FromDask(Source):
                 values = _run_here(worker, client, _gather_keys, list(keys), client_keys=keys)
             # read in place: the pipeline must not change the persisted data
             return self._assemble([_read_only(v) for v in values])
-        part = _partition_of(self._collection_for(client), self.kind, i)
-        return _run_here(worker, client, None, part)
+        if self._collection is not None:
+            return _run_here(worker, client, None, _partition_of(self._collection, self.kind, i))
+        keys = self.split_keys[i]  # a graph holding Futures: compute the split's keys here
+        futures = client.get(_cull(self._graph_for(client), keys), list(keys), sync=False,
+                             workers=[worker.address], allow_other_workers=False)
+        try:
+            return self._assemble(_run_here(worker, client, _gather_keys, list(keys),
+                                            client_keys=keys))
+        finally:
+            for future in futures:
+                future.release()
 
     def _partition_here(self, i: int) -> Any:
         """Outside a data worker (iterating the dataset locally, or in a Dask task): as Dask
@@ -269,8 +282,10 @@ class FromDask(Source):
                 keys = self.partition_keys[i]
                 _check_known(client, keys)
                 return self._assemble(client.gather([distributed.Future(k, client) for k in keys]))
-            part = _partition_of(self._collection_for(client), self.kind, i)
-            return client.compute(part).result()
+            if self._collection is not None:
+                return client.compute(_partition_of(self._collection, self.kind, i)).result()
+            keys = self.split_keys[i]
+            return self._assemble(client.get(_cull(self._graph_for(client), keys), list(keys)))
 
     def _assemble(self, values: list[Any]) -> Any:
         if self.kind != "array" or len(values) == 1:
@@ -280,33 +295,44 @@ class FromDask(Source):
             grid[pos] = value
         return np.block(grid.tolist())
 
-    def _collection_for(self, client: Any) -> Any:
-        """The collection rebuilt from the pickled graph, Futures re-resolved (once per process)."""
-        if self._collection is not None:
-            return self._collection
+    def _graph_for(self, client: Any) -> dict[Any, Any]:
+        """The pickled graph with its Futures re-resolved against ``client`` (once per
+        process; the Futures keep their keys wanted while this pipeline is loaded)."""
         with self._cache_lock:
-            if self._rebuilt is None:
-                assert self._rebuild is not None
-                rebuild, args, graph = self._rebuild
+            if self._resolved is None:
+                assert self._graph is not None
                 from distributed import Future
 
-                resolved = {k: Future(v.key, client) if isinstance(v, _FutureRef) else v
-                            for k, v in graph.items()}
-                self._rebuilt = rebuild(resolved, *args)
-            return self._rebuilt
+                self._resolved = {k: Future(v.key, client) if isinstance(v, _FutureRef) else v
+                                  for k, v in self._graph.items()}
+            return self._resolved
 
 
-def _graph_state(collection: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[Any, Any]] | None:
-    """``(rebuild, args, graph)`` with Futures as :class:`_FutureRef`, or None when the graph
-    holds no Future (then the collection pickles as it is)."""
+def _graph_state(collection: Any) -> dict[Any, Any] | None:
+    """The collection's graph with its Futures as :class:`_FutureRef`, or None when it holds
+    no Future (then the collection pickles as it is)."""
+    from dask._task_spec import convert_legacy_graph
     from distributed import Future
 
     graph = dict(collection.__dask_graph__())
-    if not any(isinstance(v, Future) for v in graph.values()):
+    futures = {k: _FutureRef(v.key) for k, v in graph.items() if isinstance(v, Future)}
+    if not futures:
         return None
-    rebuild, args = collection.__dask_postpersist__()
-    return rebuild, tuple(args), {k: _FutureRef(v.key) if isinstance(v, Future) else v
-                                  for k, v in graph.items()}
+    nodes = convert_legacy_graph({k: v for k, v in graph.items() if k not in futures})
+    return {**nodes, **futures}
+
+
+def _cull(graph: dict[Any, Any], keys: Sequence[Any]) -> dict[Any, Any]:
+    """The part of ``graph`` that ``keys`` need (Futures are leaves)."""
+    out: dict[Any, Any] = {}
+    work = list(keys)
+    while work:
+        key = work.pop()
+        if key in out or key not in graph:
+            continue
+        node = out[key] = graph[key]
+        work.extend(getattr(node, "dependencies", ()) or ())
+    return out
 
 
 def _partition_of(collection: Any, kind: str, i: int) -> Any:
