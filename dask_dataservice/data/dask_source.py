@@ -17,14 +17,20 @@ computes it as Dask would). When it is pickled into a pipeline it keeps only:
   which ``register_dataset`` publishes the futures on that scheduler (``pin_name``, see
   :func:`pin_persisted`: published data stays in memory while it is published, so it outlives
   the client objects that made it; ``client.unpublish_dataset(name)`` releases it);
-- otherwise the graph, with any Future in it replaced by its key (a Future cannot travel in a
-  pickle: it belongs to a client), and the function that rebuilds the collection from it.
+- a collection built on persisted ones (its graph holds Futures and tasks): the materialized
+  graph with every Future replaced by its key (a Future cannot travel in a pickle: it belongs to
+  a client; the worker re-resolves the keys against its own client) and each split's output
+  keys, which the worker computes from the culled graph;
+- otherwise the collection itself (its graph pickles by value).
 
 Worker side. A data worker runs the pipeline in a thread of a Dask worker. For a persisted
 partition whose keys are all in this worker's memory, the values are read in place (no
 transfer, no task). Otherwise one small task pinned to this worker gathers the partition's
 keys (Dask moves them between workers and counts the bytes in the workers' transfer logs) or
-computes the partition from the graph; its result is read from this worker's memory. A key the
+computes the partition from the graph; its result is read from this worker's memory (in place:
+a persisted block is handed out as a read-only view). The wait gives up when the data-service
+task is cancelled. In a Dask task (not a data-service thread) partitions are computed through
+``worker_client()``, which secedes from the worker's thread pool. A key the
 scheduler no longer knows is an error naming it (:class:`DaskPartitionLostError`); a key that is
 being recomputed after a worker died is waited for (the scheduler recomputes persisted data
 from its graph).
@@ -33,8 +39,8 @@ Locality. For a persisted collection, :func:`locality_metadata` gives the dispat
 split's keys; under DYNAMIC sharding it then hands every data worker the splits whose
 partitions are in that worker's memory first (see ``service/_locality.py``).
 
-Nothing here is imported by ``import dask_dataservice`` with Dask loaded: Dask and
-distributed are imported inside the functions that need them.
+``import dask_dataservice`` does not import Dask through this module: Dask and distributed
+are imported inside the functions that need them.
 """
 
 from __future__ import annotations
