@@ -34,7 +34,8 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -81,13 +82,19 @@ from .state import (
     encode_update,
 )
 
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+    from ._entities import Dataset as DatasetEntity
+    from ._entities import Iteration, IterationClient, Job, Task
+
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dataservice-dispatcher"
 
 
 
-def _durable(method):
+def _durable(method: Callable[..., Any]) -> Callable[..., Any]:
     """Make a mutating handler reply only once its updates are in the journal.
 
     The handler runs synchronously (validate → journal append → apply, with no other
@@ -99,7 +106,7 @@ def _durable(method):
 
     @handler
     @functools.wraps(method)
-    async def wrapper(self, *args, **kwargs):
+    async def wrapper(self: DispatcherPlugin, *args: Any, **kwargs: Any) -> Any:
         if self._closed:  # shutting down: callers retry against the next dispatcher
             return {"status": "closing"}
         try:
@@ -154,7 +161,7 @@ class DispatcherPlugin(SchedulerPlugin):
 
     # Lifecycle
     ###########
-    async def start(self, scheduler) -> None:
+    async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.state = DispatcherState()
         if self.job_gc_timeout is None:
@@ -176,7 +183,7 @@ class DispatcherPlugin(SchedulerPlugin):
         self._recovered_at = _now_micros()
         #: ``{iteration_client_id: micros}``: the last heartbeat of each client heard since
         #: this start (liveness is not journaled; see ``client_heartbeat``).
-        self._client_seen: dict[int, int] = {}
+        self._client_seen = {}
         #: Worker keys and registration limits (see :mod:`._access`).
         self._access = AccessGuard(scheduler)
         #: Iterations of named jobs that lost their last client (candidates for GC).
@@ -196,7 +203,7 @@ class DispatcherPlugin(SchedulerPlugin):
                 "dataservice dispatcher started without fault-tolerant mode: its state will not "
                 "survive a restart of the scheduler"
             )
-        handlers = {
+        handlers: dict[str, Callable[..., Any]] = {
             "dataservice_register_dataset": self.register_dataset,
             "dataservice_get_dataset": self.get_dataset,
             "dataservice_worker_key": self.worker_key,
@@ -261,7 +268,7 @@ class DispatcherPlugin(SchedulerPlugin):
         # Handlers stay installed: requests still in flight get answers, not "unknown op".
         self.scheduler.extensions.pop("dataservice", None)
 
-    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         self._access.forget_worker(worker)
         if self._closed:  # the scheduler is shutting down: leave the journal as it is
             return
@@ -292,21 +299,22 @@ class DispatcherPlugin(SchedulerPlugin):
             self._journal_tail = tail
         self.state.apply(update, checked=True)
 
-    def _send_when_durable(self, address: str, msg: dict) -> None:
+    def _send_when_durable(self, address: str, msg: Mapping[str, Any]) -> None:
         """Tell a worker about a change only once the change is in the journal.
 
         A worker acting on a task (or a cancellation) that a crash could undo would break
         the promise that no one sees an effect the journal does not hold.
         """
+        message = cast(dict[str, Any], msg)  # a TaskChanges
         tail = self._journal_tail
         if tail is None or tail.done():
             if tail is None or (not tail.cancelled() and tail.exception() is None):
-                self.scheduler.worker_send(address, msg)
+                self.scheduler.worker_send(address, message)
             return
 
-        def send(fut) -> None:
+        def send(fut: asyncio.Future[Any]) -> None:
             if not fut.cancelled() and fut.exception() is None and address in self.scheduler.workers:
-                self.scheduler.worker_send(address, msg)
+                self.scheduler.worker_send(address, message)
 
         tail.add_done_callback(send)
 
@@ -320,7 +328,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception as e:  # noqa: BLE001 - reported to the caller as a service error
             raise DataServiceError(f"the dispatcher's journal failed: {e!r}") from e
 
-    def _journal_done(self, fut) -> None:
+    def _journal_done(self, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()
@@ -333,8 +341,8 @@ class DispatcherPlugin(SchedulerPlugin):
     @_durable
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
-                         metadata: dict | None = None, compression: str | None = None,
-                         dataset_id: str | None = None, client_id: str | None = None) -> dict:
+                         metadata: dict[str, Any] | None = None, compression: str | None = None,
+                         dataset_id: str | None = None, client_id: str | None = None) -> dict[str, Any]:
         """Register a dataset; answer its id.
 
         Without ``dataset_id`` the same pipeline (fingerprint) always gets the same numeric
@@ -376,14 +384,14 @@ class DispatcherPlugin(SchedulerPlugin):
         ))
         return {"status": "OK", "dataset_id": new_id if dataset_id is None else dataset_id}
 
-    def _dataset(self, dataset_id: int | str):
+    def _dataset(self, dataset_id: int | str) -> DatasetEntity:
         """A dataset by its numeric id or by the id its user chose."""
         if isinstance(dataset_id, str):
             return self.state.dataset_by_name(dataset_id)
         return self.state.dataset(dataset_id)
 
     @handler
-    def worker_key(self, address: str) -> dict:
+    def worker_key(self, address: str) -> dict[str, Any]:
         """Send worker ``address`` its key, over the scheduler's stream to that worker.
 
         The key never travels in a reply: whoever asks, only the worker registered at
@@ -395,7 +403,7 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @handler
     def get_dataset(self, dataset_id: int | str, address: str = "",
-                    worker_key: str | None = None) -> dict:
+                    worker_key: str | None = None) -> dict[str, Any]:
         """A dataset's pipeline, for a data worker only (it shows its key)."""
         self._access.check_worker(address, worker_key,
                                   f"downloading the pipeline of dataset {dataset_id}")
@@ -406,7 +414,7 @@ class DispatcherPlugin(SchedulerPlugin):
     @_durable
     def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
                           job_name: str | None = None, num_consumers: int | None = None,
-                          target_workers: str = "AUTO", cross_trainer_cache: bool = False) -> dict:
+                          target_workers: str = "AUTO", cross_trainer_cache: bool = False) -> dict[str, Any]:
         mode = parse_processing_mode(processing_mode)
         dataset = self._dataset(dataset_id)
         dataset_id = dataset.dataset_id
@@ -448,14 +456,15 @@ class DispatcherPlugin(SchedulerPlugin):
             processing_mode=mode.name, num_consumers=num_consumers,
             target_workers=target_workers,
             cross_trainer_cache=bool(cross_trainer_cache),
-            worker_addresses=tuple(self.worker_addresses) if mode in STATIC_POLICIES else (),
+            worker_addresses=tuple(self.worker_addresses)  # type: ignore[arg-type]  # _check_mode
+            if mode in STATIC_POLICIES else (),
             token=new_token(),
         ))
         return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
 
     @_durable
     def get_or_create_iteration(self, job_id: int, repetition: int = 0,
-                                job_token: str | None = None) -> dict:
+                                job_token: str | None = None) -> dict[str, Any]:
         job = self.state.job(job_id)
         check_job_token(job.token, job_token, job_id, "reading")
         try:
@@ -483,7 +492,7 @@ class DispatcherPlugin(SchedulerPlugin):
                 **self._iteration_view(iteration_id)}
 
     @handler
-    def client_heartbeat(self, iteration_client_id: int, job_token: str | None = None) -> dict:
+    def client_heartbeat(self, iteration_client_id: int, job_token: str | None = None) -> dict[str, Any]:
         """A consumer is alive: remember when (not journaled: liveness need not survive a
         restart, every timer starts again after recovery); answer its iteration's view."""
         client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
@@ -492,7 +501,7 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @_durable
     def release_iteration_client(self, iteration_client_id: int,
-                                 job_token: str | None = None) -> dict:
+                                 job_token: str | None = None) -> dict[str, Any]:
         self._iteration_client(iteration_client_id, job_token, "releasing a consumer")
         self._release_client(iteration_client_id)
         return {"status": "OK"}
@@ -501,7 +510,7 @@ class DispatcherPlugin(SchedulerPlugin):
     ########################
     @_durable
     def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1,
-                  job_token: str | None = None, received: int | None = None) -> dict:
+                  job_token: str | None = None, received: int | None = None) -> dict[str, Any]:
         """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
 
         ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
@@ -537,7 +546,7 @@ class DispatcherPlugin(SchedulerPlugin):
                 "end_of_splits": end}
 
     @_durable
-    def ack_splits(self, task_id: int, repetition: int, job_token: str | None = None) -> dict:
+    def ack_splits(self, task_id: int, repetition: int, job_token: str | None = None) -> dict[str, Any]:
         """A task is done with every split it holds of ``repetition`` and before."""
         try:
             self._check_task_token(task_id, job_token, "acknowledging splits")
@@ -550,7 +559,7 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @_durable
     def finish_task(self, task_id: int, error: bool = False,
-                    job_token: str | None = None) -> dict:
+                    job_token: str | None = None) -> dict[str, Any]:
         try:
             self._check_task_token(task_id, job_token, "finishing a task")
             status = self.state.task_status(task_id)
@@ -562,8 +571,9 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @handler
     async def worker_heartbeat(self, address: str, host: str, nthreads: int,
-                               active_tasks: list | tuple = (), finished_tasks: list | tuple = (),
-                               worker_key: str | None = None, resumed: bool = False) -> dict:
+                               active_tasks: list[Any] | tuple[Any, ...] = (), finished_tasks: list[Any] | tuple[Any, ...] = (),
+                               worker_key: str | None = None,
+                               resumed: bool = False) -> Mapping[str, Any]:
         """Register a data worker if needed and tell it which tasks to start and drop.
 
         ``resumed``: it kept its tasks across a scheduler restart (:mod:`._reconnect`); a
@@ -592,8 +602,8 @@ class DispatcherPlugin(SchedulerPlugin):
     _heartbeat_waits_always = False
 
     def _worker_heartbeat(self, address: str, host: str, nthreads: int,
-                          active_tasks: list | tuple, finished_tasks: list | tuple,
-                          worker_key: str | None, resumed: bool) -> dict:
+                          active_tasks: list[Any] | tuple[Any, ...], finished_tasks: list[Any] | tuple[Any, ...],
+                          worker_key: str | None, resumed: bool) -> TaskChanges:
         ws = self.scheduler.workers.get(address)
         if ws is None:  # not (yet) registered with the scheduler: nothing to tell it
             return TaskChanges(status="OK", new_tasks=[], cancelled=[])
@@ -631,7 +641,7 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @handler
     def state_summary(self, job_token: str | None = None, address: str | None = None,
-                      worker_key: str | None = None) -> dict:
+                      worker_key: str | None = None) -> dict[str, Any]:
         """A plain-data view of the dispatcher, for tests, dashboards and debugging.
 
         Names and counts for anyone; the tasks and lost splits of a job only with its token,
@@ -648,7 +658,7 @@ class DispatcherPlugin(SchedulerPlugin):
         ws = self.scheduler.workers.get(address)
         return ws is not None and not any(ws.resources.get(r) for r in self._excluded_resources)
 
-    def _create_task(self, iteration_id: int, address: str, job, push: bool = True) -> None:
+    def _create_task(self, iteration_id: int, address: str, job: Job, push: bool = True) -> None:
         if not self._is_data_worker(address):
             return
         shard_index = None
@@ -667,7 +677,7 @@ class DispatcherPlugin(SchedulerPlugin):
                 op=TASKS_OP, new_tasks=[self._task_def(self.state.task(task_id))], cancelled=[]))
 
     @staticmethod
-    def _serves(iteration, job) -> bool:
+    def _serves(iteration: Iteration, job: Job) -> bool:
         """Whether a worker that joins now gets a task of this live iteration.
 
         A running one, yes (a static one stays running until every shard of its worker list
@@ -679,9 +689,10 @@ class DispatcherPlugin(SchedulerPlugin):
         """
         if iteration.status == "running":
             return True
-        return job.processing_mode == "OFF" and iteration.num_clients > 0
+        return bool(job.processing_mode == "OFF" and iteration.num_clients > 0)
 
-    def _iteration_client(self, iteration_client_id: int, job_token: str | None, what: str):
+    def _iteration_client(self, iteration_client_id: int, job_token: str | None,
+                          what: str) -> IterationClient:
         """A consumer, if ``job_token`` is its job's token (only the consumer may act for it)."""
         client = self.state.iteration_client(iteration_client_id)
         job = self.state.job(self.state.iteration(client.iteration_id).job_id)
@@ -697,7 +708,7 @@ class DispatcherPlugin(SchedulerPlugin):
         job = self.state.job(self.state.iteration(task.iteration_id).job_id)
         check_job_token(job.token, job_token, job.job_id, what)
 
-    def _task_def(self, task) -> TaskDef:
+    def _task_def(self, task: Task) -> TaskDef:
         iteration = self.state.iteration(task.iteration_id)
         job = self.state.job(iteration.job_id)
         return TaskDef(task_id=task.task_id, iteration_id=task.iteration_id, job_id=job.job_id,
@@ -708,7 +719,7 @@ class DispatcherPlugin(SchedulerPlugin):
                        num_consumers=job.num_consumers,
                        cross_trainer_cache=job.cross_trainer_cache, job_token=job.token)
 
-    def _check_mode(self, mode: ShardingPolicy, dataset) -> ShardingPolicy:
+    def _check_mode(self, mode: ShardingPolicy, dataset: DatasetEntity) -> ShardingPolicy:
         return check_mode(mode, dataset, self.worker_addresses)
 
     def _shard_index(self, entries: tuple[str, ...], address: str) -> int | None:
@@ -765,6 +776,7 @@ class DispatcherPlugin(SchedulerPlugin):
         try:
             self._liveness.check()
             now = _now_micros()
+            assert self.client_timeout is not None and self.job_gc_timeout is not None  # start()
             timeout = int(self.client_timeout * 1_000_000)
             for client in self.state.list_iteration_clients():
                 # after a restart, every timer starts again (heartbeats are not journaled)
@@ -787,7 +799,7 @@ class DispatcherPlugin(SchedulerPlugin):
         except Exception:  # noqa: BLE001 - a periodic callback must not die
             logger.exception("dataservice: garbage collection failed")
 
-    def _collectable(self, iteration) -> bool:
+    def _collectable(self, iteration: Iteration) -> bool:
         """Whether an idle named iteration may be collected once ``job-gc-timeout`` passed.
 
         A DYNAMIC job promises that every split is read once (TensorFlow's visitation
