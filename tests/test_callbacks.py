@@ -272,3 +272,23 @@ def test_metrics_must_be_numbers():
     assert _metrics({"acc": np.int64(1)}) == {"acc": 1.0}
     with pytest.raises(TypeError, match="mapping of names to numbers"):
         _metrics([1, 2])
+
+
+@gen_cluster(client=False, nthreads=[PS, WK])
+async def test_model_checkpoint_never_reuses_a_name(s, p0, w0):
+    def body(c, directory):
+        strategy = dds.ParameterServerStrategy(c)
+        with strategy.scope():
+            counter = dds.Variable(0, dtype="i8", name="counter")
+        ckpt = dds.Checkpoint(counter=counter)
+        fit(strategy, _step(counter), _data, epochs=3, steps_per_epoch=2,
+            callbacks=[ModelCheckpoint(ckpt, directory)], verbose=False)
+        ckpt.restore(os.path.join(directory, "ckpt-1"))  # save counter back to 1
+        fit(strategy, _step(counter), _data, epochs=1, steps_per_epoch=2,
+            callbacks=[ModelCheckpoint(ckpt, directory)], verbose=False)
+        assert latest_checkpoint(directory) == os.path.join(directory, "ckpt-4")
+        attrs = dict(zarr.open_group(os.path.join(directory, "ckpt-2"), mode="r").attrs)
+        assert attrs["save_counter"] == 2  # the first run's ckpt-2 is untouched
+
+    with _tempdir() as directory:
+        await in_thread(s, lambda c: body(c, directory))

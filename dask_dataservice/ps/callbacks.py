@@ -203,7 +203,11 @@ class ModelCheckpoint(Callback):
 
     def _save(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        number = self.checkpoint.save_counter + 1
+        # never reuse a name: after a restart (the save counter restored from an older
+        # checkpoint) a later save must not replace one a SidecarEvaluator may have seen
+        taken = [int(d[5:]) for d in os.listdir(self.directory)
+                 if d.startswith("ckpt-") and d[5:].isdigit()]
+        number = max([self.checkpoint.save_counter, *taken]) + 1
         path = os.path.join(self.directory, f"ckpt-{number}")
         self.checkpoint.save(path)
         _write_json_atomically(os.path.join(self.directory, "latest"),
