@@ -58,9 +58,12 @@ _LAZY: dict[str, str] = {
     # the PyTorch bridge (a module: dds.torch.IterableDataset); imports torch
     "torch": "dask_dataservice.torch",
 }
+#: Lazy names left out of the TYPE_CHECKING re-exports below: following them makes a type
+#: checker analyse torch itself (minutes of mypy time for every user of the package). Typed
+#: code imports ``dask_dataservice.torch`` explicitly.
+_UNTYPED_LAZY = frozenset({"torch"})
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
-    from . import torch as torch
     from .dashboard import status as status
     from .data.snapshot import distributed_save as distributed_save
     from .ps import partitioners as partitioners
