@@ -51,6 +51,13 @@ def _data():
     return dds.Dataset.range(10).repeat()
 
 
+def _strategy_and_counter(c):
+    strategy = dds.ParameterServerStrategy(c)
+    with strategy.scope():
+        counter = dds.Variable(0, dtype="i8", name="counter")
+    return strategy, counter
+
+
 @contextlib.contextmanager
 def _tempdir():
     directory = tempfile.mkdtemp()
@@ -63,9 +70,7 @@ def _tempdir():
 @gen_cluster(client=False, nthreads=[PS, WK, WK])
 async def test_model_checkpoint_every_n_steps_keeps_last_k(s, p0, w0, w1):
     def body(c, directory):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         ckpt = dds.Checkpoint(counter=counter)
         mc = ModelCheckpoint(ckpt, directory, save_freq=5, max_to_keep=2)
         fit(strategy, _step(counter), _data, epochs=2, steps_per_epoch=8, callbacks=[mc],
@@ -90,9 +95,7 @@ async def test_model_checkpoint_every_n_steps_keeps_last_k(s, p0, w0, w1):
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_model_checkpoint_save_best_only_and_bad_arguments(s, p0, w0):
     def body(c, directory):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         ckpt = dds.Checkpoint(counter=counter)
 
         def step(iterator):
@@ -124,9 +127,7 @@ async def test_model_checkpoint_save_best_only_and_bad_arguments(s, p0, w0):
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_early_stopping_and_progress_bar(s, p0, w0):
     def body(c):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         # the loss is flat: best at epoch 0, then no improvement; patience 1 stops after 2
         stop = EarlyStopping(monitor="loss", patience=1)
         out = io.StringIO()
@@ -169,9 +170,7 @@ class _Crash(Callback):
 @gen_cluster(client=False, nthreads=[PS, WK, WK])
 async def test_backup_and_restore_in_process(s, p0, w0, w1):
     def body(c, directory):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         backup = BackupAndRestore(dds.Checkpoint(counter=counter), directory, save_freq=3)
         # backups at global steps 3 and 6 (epoch 1, step 2); the crash at step 7
         with pytest.raises(RuntimeError, match="crash for the test"):
@@ -277,9 +276,7 @@ def test_metrics_must_be_numbers():
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_model_checkpoint_never_reuses_a_name(s, p0, w0):
     def body(c, directory):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         ckpt = dds.Checkpoint(counter=counter)
         fit(strategy, _step(counter), _data, epochs=3, steps_per_epoch=2,
             callbacks=[ModelCheckpoint(ckpt, directory)], verbose=False)

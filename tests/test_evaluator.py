@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
-from test_callbacks import _step  # noqa: E402
+from test_callbacks import _step, _strategy_and_counter  # noqa: E402
 
 
 def _evaluator(directory, **kwargs):
@@ -53,9 +53,7 @@ async def test_sidecar_evaluator_sees_every_checkpoint(s, p0, w0):
             outcome.append(e)
 
     def body(c):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
 
         thread = threading.Thread(target=run_evaluator, name="test-sidecar-evaluator")
         thread.start()

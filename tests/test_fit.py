@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
+from test_callbacks import _strategy_and_counter  # noqa: E402
 
 
 def _counting_step(counter):
@@ -30,9 +31,7 @@ def _counting_step(counter):
 @gen_cluster(client=False, nthreads=[PS, WK, WK])
 async def test_fit_epochs_metrics_and_history(s, p0, w0, w1):
     def body(c):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         calls = []
         rec = LambdaCallback(
             on_train_begin=lambda logs: calls.append(("train_begin",)),
@@ -92,9 +91,7 @@ async def test_join_every_joins_before_the_sync_step(s, p0, w0, w1):
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_fit_errors(s, p0, w0):
     def body(c):
-        strategy = dds.ParameterServerStrategy(c)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
+        strategy, counter = _strategy_and_counter(c)
         data = DatasetCreator(lambda ctx: dds.Dataset.range(5))
         step = _counting_step(counter)
         with pytest.raises(ValueError, match="steps_per_epoch is required"):
