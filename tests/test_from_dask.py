@@ -544,3 +544,36 @@ async def test_closing_a_worker_stops_a_pipeline_waiting_on_a_partition(c, s, a,
         GATE.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(consumer, 20)
+
+
+# -- real worker processes ----------------------------------------------------------------------
+
+
+def _block_reader(block):
+    from dask_dataservice.data.dask_source import _current_worker
+
+    return int(block.flat[0]) // block.size, _current_worker().address
+
+
+def _transferred_keys(dask_worker):
+    return [key for e in dask_worker.transfer_incoming_log for key in e["keys"]]
+
+
+@pytest.mark.slow
+def test_worker_processes_read_a_persisted_array_where_it_lives():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      memory_limit=0) as cluster, Client(cluster) as client:
+        x = client.persist(da.arange(2000, chunks=100).reshape(200, 10).rechunk((10, 10)))
+        wait(x)
+        keys = [k for ks in x.__dask_keys__() for k in ks]
+        who = client.sync(client.scheduler.who_has, keys=keys)
+        before = {w: len(v) for w, v in client.run(_transferred_keys).items()}
+        ds = Dataset.from_dask(x, rows=False).map(_block_reader)
+        out = list(ds.apply(dds.distribute("DYNAMIC", client)))
+        assert sorted(p for p, _ in out) == list(range(20))  # each partition exactly once
+        moved = {tuple(k) if isinstance(k, list) else k
+                 for w, v in client.run(_transferred_keys).items() for k in v[before[w]:]}
+        elsewhere = {keys[p] for p, address in out if address not in who[keys[p]]}
+        assert moved == elsewhere
+        assert len(elsewhere) <= 10, (len(elsewhere), who)  # most are read where they live
+        del x, ds
