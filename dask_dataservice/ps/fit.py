@@ -37,6 +37,8 @@ Theory of operation
   coordinator averages them over the epoch's steps (the running mean in batch logs).
 - A step that raises stops training: ``fit`` joins (cancelling what is queued) and raises
   the step's error; a ``StopIteration`` from the input becomes :class:`InputExhaustedError`.
+  A callback that raises stops training at once, without a join (the cluster may be what
+  failed): steps already scheduled may still finish; ``coordinator.join()`` waits for them.
 """
 
 from __future__ import annotations
