@@ -575,5 +575,8 @@ def test_worker_processes_read_a_persisted_array_where_it_lives():
                  for w, v in client.run(_transferred_keys).items() for k in v[before[w]:]}
         elsewhere = {keys[p] for p, address in out if address not in who[keys[p]]}
         assert moved == elsewhere
-        assert len(elsewhere) <= 10, (len(elsewhere), who)  # most are read where they live
+        # only a worker done with its own partitions takes the other's: never more than one
+        # worker holds (in index order both would read the other's)
+        held = collections.Counter(holders[0] for holders in who.values())
+        assert len(elsewhere) <= max(held.values()), (len(elsewhere), held)
         del x, ds
