@@ -17,7 +17,7 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-from _helpers import poll, read, wait
+from _helpers import distribute, poll, read, wait
 
 import dask_dataservice as dds
 from dask_dataservice.data import Dataset, NotSplittableError, TensorSpec
@@ -104,7 +104,8 @@ def test_from_dataset_id_element_spec_is_returned_without_reading():
 # -- through the data service ----------------------------------------------------------------
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+@gen_cluster(client=True, nthreads=[("", 1)] * 2,
+             config={"dataservice.dispatcher.worker-addresses": ["0", "1"]})  # for FILE
 async def test_save_then_load_local_and_memory(c, s, a, b):
     import tempfile
 
@@ -131,6 +132,9 @@ async def test_save_then_load_local_and_memory(c, s, a, b):
                                           dds.distribute("distributed_epoch", c))
             back = await read(job)
             assert sorted(back) == list(range(1000))
+            # chunks are files: FILE sharding gives each worker its own chunks
+            job = await distribute(loaded.map(lambda e: int(e["x"])), dds.ShardingPolicy.FILE, c)
+            assert sorted(await read(job)) == list(range(1000))
             if path.startswith("memory://"):
                 fsspec.filesystem("memory").rm(path, recursive=True)
 
