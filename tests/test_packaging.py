@@ -227,11 +227,12 @@ def _mypy(venv: Path, tmp_path: Path, name: str, code: str) -> subprocess.Comple
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # two cold mypy runs over distributed and numpy: minutes under load
 def test_typed_user_snippet_checks_clean(venv, tmp_path):
     """mypy --strict on a user's snippet against the installed wheel (its py.typed)."""
     good = _mypy(venv, tmp_path, "snippet.py", TYPED_SNIPPET)
