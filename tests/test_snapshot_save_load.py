@@ -39,13 +39,16 @@ load = Dataset.load
 # -- chunks and the writer stage, without a cluster ------------------------------------------
 
 
-def test_chunk_roundtrip_and_every_kind_of_damage(tmp_path):
-    elements = [np.arange(3), {"a": np.float32(1.5), "b": b"x"}, (1, "s")]
-    data = encode_chunk(elements)
+@pytest.mark.parametrize("compress", [False, True])
+def test_chunk_roundtrip_and_every_kind_of_damage(tmp_path, compress):
+    elements = [np.arange(3), {"a": np.float32(1.5), "b": b"x"}, (1, "s"), np.zeros(1000)]
+    data = encode_chunk(elements, compress)
+    assert (len(data) < 4000) is compress  # 1,000 zeros shrink when compressed
     p = tmp_path / "c.chunk"
     p.write_bytes(data)
     out = read_chunk(str(p))
-    assert np.array_equal(out[0], elements[0]) and out[1:] == elements[1:]
+    assert np.array_equal(out[0], elements[0]) and out[1:3] == elements[1:3]
+    assert np.array_equal(out[3], elements[3])
     for damaged, what in ((b"XXXXXXXX" + data[8:], "bad magic"), (data[:-1], "header says"),
                           (data[:-1] + bytes([data[-1] ^ 1]), "checksum mismatch"),
                           (data[:10], "short header")):
@@ -82,6 +85,8 @@ def test_bad_input_is_refused_clearly(tmp_path):
         distributed_save(Dataset.from_generator(lambda: iter([1])), str(tmp_path), "tcp://127.0.0.1:1")
     with pytest.raises(ValueError, match="infinite"):
         distributed_save(Dataset.range(3).repeat(), str(tmp_path), "tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="compression must be 'AUTO', 'GZIP' or None"):
+        distributed_save(Dataset.range(3), str(tmp_path), "tcp://127.0.0.1:1", compression="lz4")
     with pytest.raises(ValueError, match="max_chunk_elements must be a positive int"):
         distributed_save(Dataset.range(3), str(tmp_path), "tcp://127.0.0.1:1", max_chunk_elements=0)
     with pytest.raises(FileNotFoundError, match="no snapshot at"):
@@ -114,10 +119,14 @@ async def test_save_then_load_local_and_memory(c, s, a, b):
     with tempfile.TemporaryDirectory() as d:
         for path in (f"{d}/snap", f"memory://snap{uuid.uuid4().hex}"):
             manifest = await asyncio.to_thread(
-                dds.distributed_save, ds, path, c, True, max_chunk_elements=64)
+                dds.distributed_save, ds, path, c, True, max_chunk_elements=64,
+                compression="GZIP" if path.startswith("memory://") else "AUTO")
             assert manifest["state"] == "done" and manifest["num_elements"] == 1000
             assert manifest["complete"] is True
             assert read_manifest(path)["chunks"] == manifest["chunks"]
+            with fsspec.open(f"{path}/{CHUNKS}/{manifest['chunks'][0]}", "rb") as f:
+                magic = f.read(8)
+            assert magic == (b"DDSCHNKZ" if path.startswith("memory://") else b"DDSCHNK1")
             # both workers wrote (two streams at least), and the chunks are the splits
             assert len({n.split("-")[0] for n in manifest["chunks"]}) >= 2
             loaded = load(path)

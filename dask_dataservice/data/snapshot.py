@@ -32,8 +32,9 @@ Rules
 4. Element order is not kept across chunks (workers write in parallel, as TensorFlow's
    ``distributed_save``); within a chunk, elements are in the order the worker produced them.
 
-Chunk file: ``b"DDSCHNK1"``, then little-endian ``u64`` payload length, ``u32`` CRC-32 of the
-payload, ``u32`` number of elements, then the payload (a pickle of the list of elements).
+Chunk file: ``b"DDSCHNK1"`` (``b"DDSCHNKZ"`` when compressed), then little-endian ``u64``
+payload length, ``u32`` CRC-32 of the payload as stored, ``u32`` number of elements, then the
+payload (a pickle of the list of elements; zlib-compressed under the second magic).
 Pickles run code when loaded: load only snapshots you trust, as with any pickle.
 """
 
@@ -68,6 +69,8 @@ __all__ = [
 ]
 
 MAGIC = b"DDSCHNK1"
+#: A chunk whose payload is zlib-compressed (``compression="GZIP"``); same header otherwise.
+MAGIC_ZLIB = b"DDSCHNKZ"
 _HEADER = struct.Struct("<QII")
 MANIFEST = "snapshot.json"
 CHUNKS = "chunks"
@@ -130,9 +133,12 @@ def committed_chunks(path: str) -> list[str]:
 # -- chunks ---------------------------------------------------------------------------------------
 
 
-def encode_chunk(elements: list[Any]) -> bytes:
+def encode_chunk(elements: list[Any], compress: bool = False) -> bytes:
     payload = pickle.dumps(elements, protocol=5)
-    return MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload), len(elements)) + payload
+    magic = MAGIC
+    if compress:
+        payload, magic = zlib.compress(payload, 1), MAGIC_ZLIB
+    return magic + _HEADER.pack(len(payload), zlib.crc32(payload), len(elements)) + payload
 
 
 def read_chunk(path: str) -> list[Any]:
@@ -140,7 +146,7 @@ def read_chunk(path: str) -> list[Any]:
     with open_file(path, "rb") as f:
         data = f.read()
     head = len(MAGIC) + _HEADER.size
-    if len(data) < head or data[: len(MAGIC)] != MAGIC:
+    if len(data) < head or data[: len(MAGIC)] not in (MAGIC, MAGIC_ZLIB):
         raise SnapshotCorruptedError(f"{path}: not a snapshot chunk (bad magic or short header)")
     length, crc, count = _HEADER.unpack_from(data, len(MAGIC))
     payload = memoryview(data)[head:]
@@ -148,7 +154,8 @@ def read_chunk(path: str) -> list[Any]:
         raise SnapshotCorruptedError(f"{path}: payload is {len(payload)} bytes, header says {length}")
     if zlib.crc32(payload) != crc:
         raise SnapshotCorruptedError(f"{path}: checksum mismatch (the chunk is damaged)")
-    elements = pickle.loads(payload)
+    elements = pickle.loads(zlib.decompress(payload) if data[: len(MAGIC)] == MAGIC_ZLIB
+                            else payload)
     if not isinstance(elements, list) or len(elements) != count:
         raise SnapshotCorruptedError(f"{path}: holds {len(elements)} elements, header says {count}")
     return elements
@@ -167,16 +174,17 @@ class WriteChunks(Op):
     name = "distributed_save"
 
     def __init__(self, input: Op, path: str, max_elements: int, max_bytes: int,
-                 max_seconds: float) -> None:
+                 max_seconds: float, compress: bool = False) -> None:
         self.input = input
         self.inputs = (input,)
         self.path = path
         self.max_elements = max_elements
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
+        self.compress = compress
 
     def params(self) -> tuple[Any, ...]:
-        return (self.path, self.max_elements, self.max_bytes, self.max_seconds)
+        return (self.path, self.max_elements, self.max_bytes, self.max_seconds, self.compress)
 
     def iterate(self, ctx: IterContext) -> Iterator[dict[str, Any]]:
         stream = uuid.uuid4().hex[:12]  # one writer: names never collide across workers
@@ -189,7 +197,7 @@ class WriteChunks(Op):
         def commit() -> dict[str, Any]:
             nonlocal buffer, size, seq
             name = f"{stream}-{seq:06d}.chunk"
-            data = encode_chunk(buffer)
+            data = encode_chunk(buffer, self.compress)
             if seq == 0:  # a worker on another machine may not have the directory yet
                 _makedirs(where)
             _write_atomic(_join(where, name), data)
@@ -278,7 +286,8 @@ def _check_positive(name: str, value: Any, kind: type = int) -> None:
 
 def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, *,
                      max_chunk_elements: int = 100_000, max_chunk_bytes: int = 64 << 20,
-                     max_chunk_seconds: float = 10.0) -> SnapshotSave | dict[str, Any]:
+                     max_chunk_seconds: float = 10.0,
+                     compression: str | None = "AUTO") -> SnapshotSave | dict[str, Any]:
     """Write ``dataset``'s elements to ``path`` (a directory or fsspec URL), in parallel, on
     the data workers of ``service`` (TensorFlow's ``tf.data.experimental.distributed_save``).
 
@@ -300,6 +309,10 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
         A worker commits its chunk when it holds that many elements or bytes, or that many
         seconds after its first element. The bytes bound is also the memory each worker task
         uses for the save.
+    compression
+        ``"GZIP"``: each chunk is zlib-compressed (level 1) by its worker; ``"AUTO"`` (as
+        TensorFlow's default) or None: not compressed (numeric data rarely shrinks enough to
+        pay for the CPU).
 
     Returns
     -------
@@ -316,6 +329,8 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
     _check_positive("max_chunk_elements", max_chunk_elements)
     _check_positive("max_chunk_bytes", max_chunk_bytes)
     _check_positive("max_chunk_seconds", max_chunk_seconds, float)
+    if compression not in ("AUTO", "GZIP", None):
+        raise ValueError(f"compression must be 'AUTO', 'GZIP' or None, got {compression!r:.40}")
     dataset.check_splittable()
     cardinality = dataset.cardinality()
     if cardinality == INFINITE:
@@ -328,11 +343,11 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
     _makedirs(_join(path, CHUNKS))
     manifest: dict[str, Any] = {
         "format": FORMAT, "version": 1, "state": "running", "fingerprint": dataset.fingerprint(),
-        "cardinality": cardinality, "started": time.time(),
+        "cardinality": cardinality, "started": time.time(), "compression": compression,
     }
     _write_manifest(path, manifest)
     writer = Dataset(WriteChunks(dataset._op, path, max_chunk_elements, max_chunk_bytes,
-                                 float(max_chunk_seconds)))
+                                 float(max_chunk_seconds), compression == "GZIP"))
     try:
         job = writer.apply(distribute("distributed_epoch", service))
     except BaseException as e:
