@@ -181,6 +181,10 @@ class DispatcherPlugin(SchedulerPlugin):
         self._journal_error = None
         self._closed = False
         self._recovered_at = _now_micros()
+        #: Whose task and dataset ids these are: random per start, kept in the work dir in
+        #: fault-tolerant mode (:func:`._recovery.lineage`); a worker that kept tasks of
+        #: another lineage drops them (their ids may be reused here).
+        self.lineage = new_token()
         #: ``{iteration_client_id: micros}``: the last heartbeat of each client heard since
         #: this start (liveness is not journaled; see ``client_heartbeat``).
         self._client_seen = {}
@@ -611,12 +615,10 @@ class DispatcherPlugin(SchedulerPlugin):
         self._liveness.seen(address)
         if address in self._recovered_workers:
             revive(self, address, resumed, active_tasks)
-        stranger = False
         try:
             known = self.state.worker(address).registered
-        except WorkerNotFoundError:  # its tasks (if it kept any) are another state's
-            known, stranger = False, bool(resumed)
-            active_tasks = finished_tasks = ()
+        except WorkerNotFoundError:
+            known = False
         if not known:
             self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
                                        resources=dict(ws.resources)))
@@ -637,7 +639,8 @@ class DispatcherPlugin(SchedulerPlugin):
         new_tasks = [self._task_def(t) for tid, t in assigned.items()
                      if tid not in reported and t.status == "active"]
         cancelled = self._liveness.dropped_tasks(reported)
-        return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled, reset=stranger)
+        return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled,
+                           lineage=self.lineage)
 
     @handler
     def state_summary(self, job_token: str | None = None, address: str | None = None,

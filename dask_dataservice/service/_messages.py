@@ -73,10 +73,11 @@ class TaskChanges(TypedDict, total=False):
     new_tasks: list[TaskDef]
     #: Ids of tasks to stop and forget (their iteration was collected, or is unknown).
     cancelled: list[int]
-    #: Heartbeat reply only: drop every task you hold and forget their ids first. Said to a
-    #: worker that kept the tasks of a dispatcher whose state this one does not have (a
-    #: restart without the journal): their ids mean nothing here, and may be reused.
-    reset: bool
+    #: Heartbeat reply only: whose ids these are (random per dispatcher start, kept across
+    #: restarts in fault-tolerant mode). A worker that holds tasks of another lineage (the
+    #: dispatcher restarted without its journal) drops them and forgets their task and
+    #: dataset ids, which may be reused.
+    lineage: str
 
 
 class TaskInfo(TypedDict):

@@ -45,7 +45,7 @@ from .state import DispatcherState, RemoveWorker
 
 logger = logging.getLogger("dask_dataservice.service._dispatcher_plugin")
 
-__all__ = ["recover", "revive", "undelivered"]
+__all__ = ["lineage", "recover", "revive", "undelivered"]
 
 
 async def recover(plugin: Any) -> None:
@@ -69,6 +69,7 @@ async def recover(plugin: Any) -> None:
         writer = JournalWriter.open(work_dir, compact=compact,
                                     snapshot_records=snapshot_records,
                                     snapshot_bytes=snapshot_bytes)
+        plugin.lineage = lineage(work_dir, plugin.lineage)
         return state, n, writer
 
     loop = asyncio.get_running_loop()
@@ -167,3 +168,29 @@ def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetit
                 "reply lost with the previous dispatcher): handing them out again",
                 task_id, len(tail), repetition)
     return indices, current > repetition
+
+
+#: The file of a work dir that names the lineage of its journal's ids.
+LINEAGE_FILE = "lineage"
+
+
+def lineage(work_dir: str, fresh: str) -> str:
+    """The lineage of the journal in ``work_dir``: read from its file, or ``fresh`` written
+    there (atomically: write, fsync, rename; mode 0600) on the first start. Blocking I/O."""
+    path = os.path.join(work_dir, LINEAGE_FILE)
+    try:
+        with open(path) as f:
+            found = f.read().strip()
+        if found:
+            return found
+    except FileNotFoundError:
+        pass
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, fresh.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return fresh

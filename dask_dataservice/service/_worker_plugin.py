@@ -291,6 +291,8 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Whether a dispatcher answered a heartbeat of this plugin: its next first heartbeat
         #: to a restarted dispatcher says it *resumed* with its tasks (see :meth:`reconnected`).
         self._answered = False
+        #: The lineage of the dispatcher whose tasks this worker holds (see TaskChanges).
+        self._lineage: str | None = None
         self._wake_heartbeat = asyncio.Event()
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0}
@@ -709,7 +711,10 @@ class DataWorkerPlugin(WorkerPlugin):
             self._key.forget()  # a new dispatcher: ask for a new key next time
             raise
         self._answered = True
-        if resp.get("reset"):  # a dispatcher without the state these tasks belong to
+        lineage = resp.get("lineage")
+        if lineage != self._lineage and self._lineage is not None:
+            # a dispatcher without the state these tasks belong to (restarted without its
+            # journal): their ids mean nothing to it
             logger.warning("dataservice: the dispatcher does not know this worker's tasks %s "
                            "(restarted without its journal?): dropping them",
                            sorted(self.tasks))
@@ -717,6 +722,7 @@ class DataWorkerPlugin(WorkerPlugin):
             # task and dataset ids may be reused by this dispatcher
             self.finished_tasks = Recent(_FINISHED_MEMORY)
             self._datasets.clear()
+        self._lineage = lineage
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
         return True
 
