@@ -64,8 +64,8 @@ def _stream(client) -> int:
 def _train(client):
     from dask_dataservice.demo import VOCAB_SIZE, make_click_dataset, train_click_model
 
-    return train_click_model(client, make_click_dataset(12_000, batch_size=128),
-                             examples=12_000, batch_size=128, vocab_size=VOCAB_SIZE)
+    return train_click_model(client, make_click_dataset(40_000, batch_size=128),
+                             examples=40_000, batch_size=128, vocab_size=VOCAB_SIZE)
 
 
 def _save(shot: Path) -> None:
@@ -119,20 +119,20 @@ async def test_pages_in_a_browser_while_a_job_streams_and_a_model_trains(c, s, p
     stream = asyncio.ensure_future(in_thread(s, _stream))
     training = asyncio.ensure_future(in_thread(s, _train))
     try:
-        await poll(lambda: plugin.status()["totals"].get("elements_per_second", 0) > 0,
-                   timeout=60, what="elements flowing")
+        await poll(lambda: plugin.status()["totals"].get("steps_per_second", 0) > 0,
+                   timeout=120, what="training steps")  # the model trains, the job streams
         async with Browser(tmp_path) as browser:
-            await browser.open(f"{base}/dataservice")
-            state = await browser.until(PAGE_STATE_JS, _data_page_ok, timeout=90)
-            assert state["title"] == "Dask: Data service"
-            assert {"dataservice", "parameter-servers", "status"} <= set(state["nav"])
-            _save(await browser.screenshot(tmp_path / "dashboard-dataservice.png"))
-
             await browser.open(f"{base}/parameter-servers")
             state = await browser.until(PAGE_STATE_JS, _ps_page_ok, timeout=150)
             assert state["title"] == "Dask: Parameter servers"
             assert ps.address in state["sources"]["dds-ps"]["ps"]
             _save(await browser.screenshot(tmp_path / "dashboard-parameter-servers.png"))
+
+            await browser.open(f"{base}/dataservice")
+            state = await browser.until(PAGE_STATE_JS, _data_page_ok, timeout=90)
+            assert state["title"] == "Dask: Data service"
+            assert {"dataservice", "parameter-servers", "status"} <= set(state["nav"])
+            _save(await browser.screenshot(tmp_path / "dashboard-dataservice.png"))
 
             # Dask's own pages link ours from their navigation bar
             await browser.open(f"{base}/status")
@@ -142,7 +142,7 @@ async def test_pages_in_a_browser_while_a_job_streams_and_a_model_trains(c, s, p
             png = (tmp_path / name).read_bytes()
             assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
         result = await training
-        assert result.examples == 12_000
+        assert result.examples == 40_000
     finally:
         STOP.set()
         n = await stream
