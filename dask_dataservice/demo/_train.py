@@ -138,7 +138,7 @@ def train_click_model(client: Client, dataset: Dataset, *, examples: int, batch_
 
         dataset_id = dds.register_dataset(client, dataset)
         assert client.scheduler is not None  # a connected client
-        address = client.scheduler.address
+        address = str(client.scheduler.address)
         job = job_name or f"ps-demo-{dataset_id}"
 
         def dataset_fn() -> Dataset:

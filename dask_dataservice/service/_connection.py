@@ -241,7 +241,7 @@ async def _install_async(client: Client) -> None:
     _INSTALLED[client] = True
 
 
-def install(service: Any) -> Awaitable[None] | None:
+def install(service: Client | str) -> Awaitable[None] | None:
     """Install the dispatcher and data-worker plugins on a cluster (idempotent).
 
     Called automatically on first use; call it yourself to pay the cost up front. Clusters

@@ -66,7 +66,7 @@ class CrossTrainerCache:
 # ---------------------------------------------------------------------------------------
 
 
-def register_dataset(service: Any, dataset: Dataset, compression: str | None = "AUTO",
+def register_dataset(service: Client | str, dataset: Dataset, compression: str | None = "AUTO",
                      dataset_id: str | None = None, split_size: int | None = None) -> Any:
     """Register ``dataset`` with the data service and return its dataset id.
 
@@ -205,10 +205,12 @@ class DistributedDataset(Dataset):
         return aread(source.spec, source.next_repetition(), source.reader_client())
 
 
-def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, element_spec: Any = None,
+def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client | str,
+                    dataset_id: int | str, element_spec: Any = None,
                     job_name: str | None = None, consumer_index: int | None = None,
                     num_consumers: int | None = None, max_outstanding_requests: int | None = None,
-                    data_transfer_protocol: str | None = None, cross_trainer_cache: Any = None,
+                    data_transfer_protocol: str | None = None,
+                    cross_trainer_cache: CrossTrainerCache | None = None,
                     target_workers: str = "AUTO") -> DistributedDataset:
     """A dataset that reads the registered dataset ``dataset_id`` from the service.
 
@@ -281,10 +283,12 @@ def from_dataset_id(processing_mode: Any, service: Any, dataset_id: int | str, e
     return ds
 
 
-def distribute(processing_mode: Any, service: Any, job_name: str | None = None,
+def distribute(processing_mode: ShardingPolicy | str | int, service: Client | str,
+               job_name: str | None = None,
                consumer_index: int | None = None, num_consumers: int | None = None,
                max_outstanding_requests: int | None = None, data_transfer_protocol: str | None = None,
-               compression: str | None = "AUTO", cross_trainer_cache: Any = None,
+               compression: str | None = "AUTO",
+               cross_trainer_cache: CrossTrainerCache | None = None,
                target_workers: str = "AUTO",
                split_size: int | None = None) -> Callable[[Dataset], DistributedDataset]:
     """A transformation that moves a pipeline onto the data service.
