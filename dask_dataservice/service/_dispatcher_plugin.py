@@ -52,6 +52,7 @@ from ._exceptions import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
+from ._gc import collect
 from ._job_checks import (
     check_job_token,
     check_mode,
@@ -775,44 +776,5 @@ class DispatcherPlugin(SchedulerPlugin):
                     address, TaskChanges(op=TASKS_OP, new_tasks=[], cancelled=task_ids))
 
     def _gc(self) -> None:
-        """Periodic: release silent clients, collect iterations nobody reads."""
-        try:
-            self._liveness.check()
-            now = _now_micros()
-            assert self.client_timeout is not None and self.job_gc_timeout is not None  # start()
-            timeout = int(self.client_timeout * 1_000_000)
-            for client in self.state.list_iteration_clients():
-                # after a restart, every timer starts again (heartbeats are not journaled)
-                seen = max(client.last_seen_micros, self._recovered_at,
-                           self._client_seen.get(client.iteration_client_id, 0))
-                if now - seen > timeout:
-                    logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
-                                client.iteration_client_id, (now - seen) / 1e6)
-                    self._release_client(client.iteration_client_id)
-            gc_timeout = int(self.job_gc_timeout * 1_000_000)
-            for iteration_id in list(self._idle_iterations):
-                it = self.state.iteration(iteration_id)
-                if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
-                    self._idle_iterations.discard(iteration_id)
-                    continue
-                # after a restart, every timer starts again (nothing is collected early)
-                released = max(it.last_client_released_micros, self._recovered_at)
-                if now - released >= gc_timeout and self._collectable(it):
-                    self._garbage_collect(it.iteration_id)
-        except Exception:  # noqa: BLE001 - a periodic callback must not die
-            logger.exception("dataservice: garbage collection failed")
-
-    def _collectable(self, iteration: Iteration) -> bool:
-        """Whether an idle named iteration may be collected once ``job-gc-timeout`` passed.
-
-        A DYNAMIC job promises that every split is read once (TensorFlow's visitation
-        guarantee): a consumer that comes back later under the job's name goes on where the
-        job stopped. So, as in TensorFlow, an unfinished DYNAMIC iteration is kept while it
-        can still be read, unless ``dataservice.dispatcher.gc-dynamic-sharding-jobs`` (TF's
-        ``gc_dynamic_sharding_jobs``) says otherwise; it is collected once it finished (and
-        stayed idle). Other modes are collected after the timeout as before; anonymous jobs
-        never get here (they go as soon as their consumer leaves).
-        """
-        if iteration.finished or self._gc_dynamic_jobs:
-            return True
-        return self.state.job(iteration.job_id).processing_mode != "DYNAMIC"
+        """Periodic: release silent clients, collect iterations nobody reads (:mod:`._gc`)."""
+        collect(self)
