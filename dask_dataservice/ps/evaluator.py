@@ -154,7 +154,10 @@ class SidecarEvaluator:
         path = self._path(number)
         try:
             self.checkpoint.restore(path)
-        except FileNotFoundError:
+        except Exception:
+            if os.path.exists(path):
+                raise
+            # deleted before or while it was read (ModelCheckpoint's max_to_keep)
             logger.warning("SidecarEvaluator: %s was deleted before it was evaluated", path)
             return
         sums: dict[str, float] = {}
