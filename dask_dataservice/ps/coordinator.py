@@ -51,7 +51,7 @@ import secrets
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import cloudpickle
 
@@ -85,8 +85,8 @@ class RemoteValueArgumentError(ValueError):
     """A RemoteValue was passed to ``schedule``: fetch it first (as TensorFlow requires)."""
 
 
-class RemoteValue:
-    """The future result of a scheduled function."""
+class RemoteValue[T]:
+    """The future result of a scheduled function (``T``: what the function returns)."""
 
     __slots__ = ("_coordinator", "_state", "_data", "_error", "_value", "_loaded")
 
@@ -95,13 +95,13 @@ class RemoteValue:
         self._state = _PENDING
         self._data: bytes | None = None
         self._error: BaseException | None = None
-        self._value = None
+        self._value: Any = None
         self._loaded = False
 
     def done(self) -> bool:
         return self._state != _PENDING
 
-    def fetch(self) -> Any:
+    def fetch(self) -> T:
         """Wait for the function and return its result (or raise its error)."""
         coord = self._coordinator
         with coord._cond:
@@ -112,7 +112,7 @@ class RemoteValue:
             if not self._loaded:
                 self._value = cloudpickle.loads(self._data)
                 self._data, self._loaded = None, True
-            return self._value
+            return cast(T, self._value)
         assert self._error is not None  # failed or cancelled
         raise self._error
 
@@ -144,7 +144,7 @@ class _Closure:
     __slots__ = ("fn_id", "fn", "args", "kwargs", "remote", "generation")
 
     def __init__(self, fn_id: int, fn: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], remote: RemoteValue, generation: int) -> None:
+                 kwargs: dict[str, Any], remote: RemoteValue[Any], generation: int) -> None:
         self.fn_id, self.fn, self.args, self.kwargs = fn_id, fn, args, kwargs
         self.remote, self.generation = remote, generation
 
@@ -205,8 +205,8 @@ class ClusterCoordinator:
         return self._uid << 32
 
     # -- the public API ------------------------------------------------------------------
-    def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-                 kwargs: dict[str, Any] | None = None) -> RemoteValue:
+    def schedule[T](self, fn: Callable[..., T], args: Sequence[Any] = (),
+                    kwargs: dict[str, Any] | None = None) -> RemoteValue[T]:
         """Run ``fn(*args, **kwargs)`` on some training worker; returns a RemoteValue now.
 
         Raises the error of a previously failed function, if any (and clears it), and
@@ -219,7 +219,7 @@ class ClusterCoordinator:
         with self._cond:
             self._check_alive()
             self._raise_error_locked()
-            remote = RemoteValue(self)
+            remote: RemoteValue[T] = RemoteValue(self)
             closure = _Closure(self._fn_base + next(self._counter), fn, args, kwargs, remote,
                                self._generation)
             self._unfinished += 1

@@ -209,7 +209,7 @@ def _next_sync(run: FitRun, joins: list[int]) -> int:
     return end
 
 
-def _collect(run: FitRun, chunk: list[RemoteValue], cbs: list[Callback]) -> None:
+def _collect(run: FitRun, chunk: list[RemoteValue[Any]], cbs: list[Callback]) -> None:
     coordinator = run.coordinator
     for i, rv in enumerate(chunk):
         try:
