@@ -207,6 +207,10 @@ import dask_dataservice as dds
 
 dds.register_dataset(None, 5)
 dds.ClusterCoordinator(5)
+
+
+def length(coordinator: dds.ClusterCoordinator) -> str:
+    return coordinator.schedule(len, args=("ab",)).fetch()
 """
 
 
@@ -241,6 +245,8 @@ def test_typed_user_snippet_checks_clean(venv, tmp_path):
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert 'Argument 2 to "register_dataset" has incompatible type "int"' in bad.stdout
     assert 'Argument 1 to "ClusterCoordinator" has incompatible type "int"' in bad.stdout
+    # RemoteValue carries the scheduled function's result type
+    assert 'Incompatible return value type (got "int", expected "str")' in bad.stdout
 
 
 def test_type_checking_imports_match_lazy_names():
