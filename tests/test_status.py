@@ -181,3 +181,12 @@ async def test_status_with_an_asynchronous_client(c, s, a):
     st = await dds.status(c)
     assert st["workers"][a.address]["elements_served"] == 0
     assert st["workers"][a.address]["data_worker"] is True
+
+
+def test_a_bad_dashboard_interval_is_a_clear_error():
+    with dask.config.set({"dataservice.dashboard.interval": "0s"}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                         dashboard_address=None) as cluster, Client(cluster) as client:
+        with pytest.raises(ValueError, match=r"dataservice.dashboard.interval must be > 0 and "
+                                             r".history >= 2, got 0.0 and 600"):
+            dds.install(client)
