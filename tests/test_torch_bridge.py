@@ -76,10 +76,11 @@ def test_dataloader_workers_share_the_data_exactly_once(splittable):
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_service_dataset_in_loader_workers_is_refused(c, s, a, b):
     ds = await distribute(Dataset.range(10), "distributed_epoch", c)
-    # spawn, not fork: after the refusal in FORKED loader processes, the next read of ``ds``
-    # in this process returned [] without an error when the whole file ran (the scheduler
-    # logged a second dataservice-worker plugin registration); not seen with the test alone,
-    # nor in a plain script whose Client has its own loop thread. Reported for its own issue.
+    # spawn, not fork: with forked loader processes, the next read of ``ds`` returned []
+    # silently, but only after the DataLoader tests above ran in the main thread (torch then
+    # has its SIGCHLD handler installed there, and gen_cluster's in-process cluster runs on the
+    # main thread's loop, which the handler interrupts; likely cause, not proven). Neither the
+    # test alone nor a script whose Client has its own loop thread shows it. Reported.
     loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2,
                                          multiprocessing_context="spawn")
     with pytest.raises(RuntimeError, match=r"use DataLoader\(\.\.\., num_workers=0\)"):
