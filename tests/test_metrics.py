@@ -10,7 +10,7 @@ import urllib.request
 import dask
 import numpy as np
 import pytest
-from _helpers import PS, WK, distribute, in_thread, poll, read
+from _helpers import PS, WK, distribute, in_thread, poll, read, wait
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
@@ -167,6 +167,10 @@ async def test_prometheus_parameter_servers_and_training_steps(c, s, ps, wk):
         for _ in range(7):
             coord.schedule(step)
         coord.join()
+        # the coordinator reports its queue to the dashboard (every membership interval)
+        wait(lambda: [(c["queued"], c["finished"]) for c in
+                      dds.status(client)["coordinators"].values()] == [(0, 7)],
+             what="the coordinator's report")
         return int(counter.numpy())
 
     assert await in_thread(s, train) == 7

@@ -66,6 +66,9 @@ class DashboardPlugin(SchedulerPlugin):
         self._closed = False
         self._group = TaskGroup("dataservice dashboard")
         scheduler.handlers["dataservice_status"] = self.status
+        scheduler.handlers["dataservice_coordinator_report"] = self.coordinator_report
+        #: ``{coordinator uid: its last report}`` (the coordinator's queue is in its process).
+        self.coordinators: dict[int, dict[str, Any]] = {}
         self._group.spawn(self._poll_loop)
 
     async def close(self) -> None:
@@ -73,6 +76,14 @@ class DashboardPlugin(SchedulerPlugin):
             return
         self._closed = True
         await self._group.stop()
+
+    def coordinator_report(self, uid: int, queued: int, finished: int, requeued: int,
+                           workers: int) -> dict[str, Any]:
+        """A ClusterCoordinator's report (every ``dataservice.ps.membership-interval``)."""
+        self.coordinators[int(uid)] = {"queued": int(queued), "finished": int(finished),
+                                       "requeued": int(requeued), "workers": int(workers),
+                                       "time": time.time()}
+        return {"status": "OK"}
 
     # polling ---------------------------------------------------------------------------
     async def _poll_loop(self) -> None:
@@ -216,6 +227,11 @@ class DashboardPlugin(SchedulerPlugin):
             a: {"stats": f["runner"]["stats"], "steps_per_second": self.rate("closures", a)}
             for a, f in sorted(self.workers.items())
             if f.get("runner") is not None and f.get("ps") is None}
+        stale = time.time() - max(10.0, 5 * self.interval)  # a coordinator that stopped
+        for uid in [u for u, c in self.coordinators.items() if c["time"] < stale]:
+            del self.coordinators[uid]
+        out["coordinators"] = {str(u): {k: v for k, v in c.items() if k != "time"}
+                               for u, c in sorted(self.coordinators.items())}
         last = self.timeline[-1] if self.timeline else {}
         out["totals"] = {k: v for k, v in last.items() if k != "time"}
         out["timeline"] = {k: [row.get(k, 0.0) for row in self.timeline]

@@ -253,8 +253,9 @@ class ParameterServersPage(_Page):
             f"<b>Parameter servers</b> on {st['scheduler']}: {len(pss)} parameter servers, "
             f"{len(rows)} variable shards, {len(tws)} training workers; "
             f"{t.get('steps_per_second', 0.0):,.1f} steps/s, "
-            f"{t.get('updates_per_second', 0.0):,.1f} updates/s. (The coordinator's queue "
-            f"lives in the trainer's process: see ClusterCoordinator.stats.)")
+            f"{t.get('updates_per_second', 0.0):,.1f} updates/s; coordinators: "
+            + (", ".join(f"{c['queued']} functions queued, {c['finished']} finished"
+                         for c in st["coordinators"].values()) or "none reporting"))
 
 
 def _doc(page_cls: type[_Page], title: str) -> Any:

@@ -101,8 +101,12 @@ class SchedulerCollector:
                           labels=["scheduler", "worker"])
         steps = counter("dataservice_training_steps", "Scheduled functions run by a training "
                         "worker", labels=["scheduler", "worker"])
+        queued = gauge("dataservice_coordinator_queued", "Functions queued by a "
+                       "ClusterCoordinator (reported by it)", labels=["scheduler", "coordinator"])
         for st in statuses:
             s = st["scheduler"]
+            for uid, c in st["coordinators"].items():
+                queued.add_metric([s, uid], c["queued"])
             svc = st["service"]
             datasets.add_metric([s], len(svc["datasets"]))
             by_mode: dict[str, int] = {}
@@ -133,7 +137,7 @@ class SchedulerCollector:
             for a, tw in st["training_workers"].items():
                 steps.add_metric([s, a], tw["stats"].get("closures", 0))
         yield from (datasets, jobs, consumers, job_el, job_bytes, splits, elements, nbytes,
-                    records, jbytes, fsyncs, fsync_s, updates, gathers, dropped, steps)
+                    records, jbytes, fsyncs, fsync_s, updates, gathers, dropped, steps, queued)
 
 
 class WorkerCollector:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-__all__ = ["RateSeries", "ReadStats", "count_served", "count_shard_op"]
+__all__ = ["RateSeries", "ReadStats", "count_served", "count_shard_op", "report_coordinator"]
 
 T = TypeVar("T")
 
@@ -181,3 +181,21 @@ def count_shard_op(server: Any, key: str, fn: Any) -> None:
     if counts is None:
         counts = by_shard[key] = {"gathers": 0, "updates": 0}
     counts[kind] += 1
+
+
+async def report_coordinator(coordinator: Any) -> None:
+    """Tell the scheduler's dashboard how a ``ClusterCoordinator`` is doing (its queue lives in
+    the trainer's process). Called from the coordinator's membership loop; a scheduler without
+    the dashboard answers nothing once, and the coordinator stops reporting."""
+    if getattr(coordinator, "_dds_no_dashboard", False):
+        return
+    scheduler = coordinator._client.scheduler
+    if scheduler is None:
+        return
+    stats = coordinator.stats
+    reply = await scheduler.dataservice_coordinator_report(
+        uid=int(coordinator._uid), queued=len(coordinator._queue),
+        finished=int(stats.get("finished", 0)), requeued=int(stats.get("requeued", 0)),
+        workers=len(coordinator._feeders))
+    if reply is None:
+        coordinator._dds_no_dashboard = True
