@@ -57,6 +57,7 @@ import cloudpickle
 
 from .. import config
 from .._async import LoopWaker, TaskGroup
+from ..service._metrics import report_coordinator
 from . import _routing
 from ._exceptions import ParameterServerError, ParameterServerUnavailableError
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator, TrainingWorkerPlugin
@@ -335,6 +336,7 @@ class ClusterCoordinator:
                 return
             try:
                 await self._refresh_workers()
+                await report_coordinator(self)  # issue 14: queue depth on the dashboard
             except Exception as e:  # noqa: BLE001 - keep polling; the scheduler may be back
                 logger.debug("membership poll failed: %s", e)
 
