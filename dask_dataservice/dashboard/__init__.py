@@ -68,7 +68,8 @@ def status(client: Any) -> dict[str, Any]:
     ``client`` is a ``distributed.Client`` (or the scheduler's address). Keys: ``service``
     (datasets, jobs with their progress and throughput, consumers, journal), ``workers``
     (per worker: elements and bytes served, rates, buffers, tasks, CPU of the service's
-    threads), ``parameter_servers``, ``training_workers``, ``totals`` and ``timeline``.
+    threads), ``parameter_servers`` (with their shards), ``training_workers``,
+    ``coordinators`` (each ClusterCoordinator's queue), ``totals`` and ``timeline``.
     Rates are over the last 2 s (at least two samples) of samples taken every
     ``dataservice.dashboard.interval``.
     With an asynchronous client, returns an awaitable.
