@@ -61,7 +61,8 @@ class DashboardWorkerPlugin(WorkerPlugin):
         register_worker(worker)
 
     def teardown(self, worker: Any) -> None:
-        worker.handlers.pop("dataservice_figures", None)
+        # a poll still in flight gets "nothing" rather than an unknown-op error in the log
+        worker.handlers["dataservice_figures"] = _no_figures
         from ._prometheus import unregister_worker
 
         unregister_worker(worker)
@@ -122,3 +123,7 @@ def worker_figures(worker: Any) -> dict[str, Any]:
     if runner is not None and hasattr(runner, "stats"):
         out["runner"] = {"stats": {k: int(v) for k, v in runner.stats.items()}}
     return out
+
+
+def _no_figures() -> None:
+    return None
