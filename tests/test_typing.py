@@ -5,9 +5,8 @@ only for third-party modules that ship neither stubs nor ``py.typed`` (never ``i
 on our own modules). A user's typed snippet against the installed wheel is checked in
 ``tests/test_packaging.py``.
 
-Without a cache (a fresh clone, as in CI) the run costs about 50 s of CPU: 3.7 min of wall
-time measured at load 8 on 2 cores; with ``.mypy_cache`` a few seconds. It is marked slow and
-has its own timeout.
+Without a cache (a fresh clone, as in CI) the run takes 45 s at load 1 on 2 cores and 3.7 min
+at load 8; with ``.mypy_cache`` a few seconds. It is marked slow and has its own timeout.
 """
 
 from __future__ import annotations
