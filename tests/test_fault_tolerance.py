@@ -302,6 +302,9 @@ def test_a_restart_without_the_journal_never_mixes_old_tasks_with_new_ones():
             old = dispatcher.server.plugins["dataservice-dispatcher"]
             [old_task] = [t.task_id for i in old.state.list_iterations()
                           for t in old.state.tasks_for_iteration(i.iteration_id)]
+            it.close()  # the worker remembers the task (finished) and caches its pipeline
+            _wait(lambda: old_task in worker.server.worker.extensions["dataservice"]
+                  .finished_tasks, what="the old task to end on the worker")
             dispatcher.stop()
             dispatcher = dds.DispatchServer(cfg)
             _wait(lambda: worker.reconnects >= 1, what="the worker to reconnect")
@@ -311,7 +314,6 @@ def test_a_restart_without_the_journal_never_mixes_old_tasks_with_new_ones():
             new_tasks = [t.task_id for i in plugin.state.list_iterations()
                          for t in plugin.state.tasks_for_iteration(i.iteration_id)]
             assert old_task in new_tasks, "the id was reused (what makes the test bite)"
-            it.close()
     finally:
         worker.stop()
         dispatcher.stop()

@@ -711,8 +711,8 @@ class DataWorkerPlugin(WorkerPlugin):
             self._key.forget()  # a new dispatcher: ask for a new key next time
             raise
         self._answered = True
-        lineage = resp.get("lineage")
-        if lineage != self._lineage and self._lineage is not None:
+        lineage = resp.get("lineage")  # absent while the scheduler does not know us yet
+        if lineage is not None and self._lineage is not None and lineage != self._lineage:
             # a dispatcher without the state these tasks belong to (restarted without its
             # journal): their ids mean nothing to it
             logger.warning("dataservice: the dispatcher does not know this worker's tasks %s "
@@ -722,7 +722,8 @@ class DataWorkerPlugin(WorkerPlugin):
             # task and dataset ids may be reused by this dispatcher
             self.finished_tasks = Recent(_FINISHED_MEMORY)
             self._datasets.clear()
-        self._lineage = lineage
+        if lineage is not None:
+            self._lineage = lineage
         self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
         return True
 
