@@ -190,3 +190,16 @@ def test_a_bad_dashboard_interval_is_a_clear_error():
         with pytest.raises(ValueError, match=r"dataservice.dashboard.interval must be > 0 and "
                                              r".history >= 2, got 0.0 and 600"):
             dds.install(client)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], config=FAST)
+async def test_stats_of_an_async_for_read(c, s, a, b):
+    ds = await dds.distribute("DYNAMIC", c)(dds.Dataset.range(3000))
+    got = [int(x) async for x in ds]
+    assert sorted(got) == list(range(3000))
+    stats = ds.stats()
+    assert stats["elements"] == 3000 and stats["passes"] == 1
+    served = {w.address: w.plugins["dataservice-worker"].stats["elements_served"]
+              for w in (a, b)}
+    assert {addr: w["elements"] for addr, w in stats["workers"].items()} == \
+        {addr: n for addr, n in served.items() if n}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["RateSeries", "ReadStats", "count_served", "count_shard_op", "report_coordinator"]
@@ -115,6 +115,29 @@ class ReadStats:
             close = getattr(it, "close", None)
             if close is not None:
                 close()
+
+    async def awrap(self, it: AsyncIterator[T]) -> AsyncIterator[T]:
+        """:meth:`wrap` for ``async for``."""
+        clock = time.perf_counter
+        with self._lock:
+            self.passes += 1
+        try:
+            while True:
+                t0 = clock()
+                try:
+                    x = await anext(it)
+                except StopAsyncIteration:
+                    self._account(t0, clock(), 0.0, 0)
+                    return
+                t1 = clock()
+                try:
+                    yield x
+                finally:
+                    self._account(t0, t1, clock() - t1, 1)
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def _account(self, t0: float, t1: float, computing: float, n: int) -> None:
         with self._lock:
