@@ -688,7 +688,8 @@ def read(spec: ReadSpec, repetition: int, client: Client,
             _close_now(client, reader)
 
 
-async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterator[Any]:
+async def aread(spec: ReadSpec, repetition: int, client: Client,
+                stats: ReadStats | None = None) -> AsyncIterator[Any]:
     """Async generator: one pass, on an asynchronous client's loop (``async for``)."""
     if not (client.asynchronous and _connection.on_loop_thread(client)):
         raise RuntimeError(
@@ -698,7 +699,7 @@ async def aread(spec: ReadSpec, repetition: int, client: Client) -> AsyncIterato
     installing = _connection.ensure_installed(client)
     if installing is not None:
         await installing
-    reader = await _start(client, spec, repetition)
+    reader = await _start(client, spec, repetition, stats)
     try:
         while True:
             item = await reader.channel.aget()
