@@ -189,7 +189,8 @@ class DistributedDataset(Dataset):
         ``wait_seconds`` (the consumer waited for the service), ``compute_seconds`` (the
         consumer's own work between elements, local transformations included),
         ``wait_fraction``, and ``workers``: elements and batches received from each data
-        worker. ``async for`` and coordinated reads count no per-worker figures.
+        worker (both for ``for`` and ``async for``; coordinated reads count no per-worker
+        figures).
         """
         snapshot: dict[str, Any] = self._service.stats.snapshot()
         return snapshot
@@ -202,7 +203,8 @@ class DistributedDataset(Dataset):
         ``async for``: apply them to the elements yourself.
         """
         source = self._service
-        return aread(source.spec, source.next_repetition(), source.reader_client())
+        return source.stats.awrap(  # issue 14: DistributedDataset.stats()
+            aread(source.spec, source.next_repetition(), source.reader_client(), source.stats))
 
 
 def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client | str,
