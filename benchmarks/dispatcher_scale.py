@@ -20,9 +20,10 @@ Measured, per number of workers ``N`` (10, 100, 1000 by default), with ``J`` DYN
 
 * ``worker_heartbeat``: a data worker's periodic reconciliation (steady state: it reports
   its ``J`` tasks, nothing changes). Cost must not grow with ``N``: O(tasks of the caller).
-* ``client_heartbeat``: a consumer's periodic poll. O(1) + O(tasks in its iteration's view):
-  the view lists every task of the iteration, so it is O(N) per call — the one figure here
-  that grows with the cluster (see the docs page).
+* ``client_heartbeat``: a consumer's periodic poll, ``sends: "view"`` when the consumer has no
+  current view (the answer lists every task of the iteration: O(N) to send, built once per
+  view epoch) and ``sends: "unchanged"`` in the steady state (the consumer sends the version it
+  has; the answer is "unchanged": O(1); see ``service/_views.py``).
 * ``get_split``: a data worker taking ``count`` splits (1 and 64). O(count).
 * ``create_job``: ``get_or_create_job`` + ``get_or_create_iteration`` (one task per worker,
   each pushed to its worker): O(N) once per job and epoch.
@@ -195,6 +196,21 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
         us = await _time_calls(client_heartbeat, calls, args.repeats)
         results.append({"bench": "client_heartbeat", "workers": n_workers, "jobs": n_jobs,
                         "consumers": len(consumers), "tasks_in_view": n_workers,
+                        "sends": "view", "us_per_call": round(us, 2)})
+        # What a consumer sends in the steady state: the version it has (service/_views.py).
+        version = plugin._views.version if hasattr(plugin, "_views") else None
+
+        def client_heartbeat_unchanged(i: int):
+            client_id, token = consumers[i % len(consumers)]
+            if version is None:
+                return plugin.client_heartbeat(iteration_client_id=client_id, job_token=token)
+            return plugin.client_heartbeat(iteration_client_id=client_id, job_token=token,
+                                           view_version=version)
+
+        us = await _time_calls(client_heartbeat_unchanged, calls, args.repeats)
+        results.append({"bench": "client_heartbeat", "workers": n_workers, "jobs": n_jobs,
+                        "consumers": len(consumers), "tasks_in_view": n_workers,
+                        "sends": "unchanged" if version else "view",
                         "us_per_call": round(us, 2)})
 
         # Split requests.
@@ -256,13 +272,16 @@ def model(results: list[dict], rpc: dict | None) -> dict:
 
     out: dict = {"bench": "model"}
     hb = pick("worker_heartbeat")
-    ch = pick("client_heartbeat")
+    ch = pick("client_heartbeat", sends="view")
+    chu = pick("client_heartbeat", sends="unchanged")
     s1, s64 = pick("get_split", count=1), pick("get_split", count=64)
     cj = pick("create_job")
     if hb:
         out["worker_heartbeat_us"] = hb["us_per_call"]
     if ch:
         out["client_heartbeat_us_per_task_in_view"] = round(ch["us_per_call"] / ch["tasks_in_view"], 3)
+    if chu:
+        out["client_heartbeat_unchanged_us"] = chu["us_per_call"]
     if s1 and s64:
         out["get_split_us_per_call"] = s1["us_per_call"]
         out["get_split_us_per_split_at_64"] = s64["us_per_unit"]

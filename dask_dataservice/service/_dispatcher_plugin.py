@@ -65,6 +65,7 @@ from ._liveness import WorkerLiveness
 from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo
 from ._recovery import recover, revive, undelivered
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
+from ._views import ViewCache
 from .state import (
     AckSplits,
     AcquireIterationClient,
@@ -158,6 +159,8 @@ class DispatcherPlugin(SchedulerPlugin):
         #: Seconds the last start spent reading and replaying the journal.
         self.recovery_seconds = 0.0
         self._client_seen: dict[int, int] = {}
+        #: Iteration views, built once per view epoch (:mod:`._views`).
+        self._views = ViewCache()
         self._closed = False
 
     # Lifecycle
@@ -189,6 +192,7 @@ class DispatcherPlugin(SchedulerPlugin):
         #: ``{iteration_client_id: micros}``: the last heartbeat of each client heard since
         #: this start (liveness is not journaled; see ``client_heartbeat``).
         self._client_seen = {}
+        self._views = ViewCache()
         #: Worker keys and registration limits (see :mod:`._access`).
         self._access = AccessGuard(scheduler)
         #: Iterations of named jobs that lost their last client (candidates for GC).
@@ -303,6 +307,7 @@ class DispatcherPlugin(SchedulerPlugin):
             tail.add_done_callback(self._journal_done)
             self._journal_tail = tail
         self.state.apply(update, checked=True)
+        self._views.updated(update)
 
     def _send_when_durable(self, address: str, msg: Mapping[str, Any]) -> None:
         """Tell a worker about a change only once the change is in the journal.
@@ -497,12 +502,18 @@ class DispatcherPlugin(SchedulerPlugin):
                 **self._iteration_view(iteration_id)}
 
     @handler
-    def client_heartbeat(self, iteration_client_id: int, job_token: str | None = None) -> dict[str, Any]:
+    def client_heartbeat(self, iteration_client_id: int, job_token: str | None = None,
+                         view_version: str | None = None) -> dict[str, Any]:
         """A consumer is alive: remember when (not journaled: liveness need not survive a
-        restart, every timer starts again after recovery); answer its iteration's view."""
+        restart, every timer starts again after recovery); answer its iteration's view, or
+        only ``unchanged`` if ``view_version`` is still current (O(1); see :mod:`._views`)."""
         client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
         self._client_seen[iteration_client_id] = _now_micros()
-        return {"status": "OK", **self._iteration_view(client.iteration_id)}
+        version = self._views.version
+        if view_version == version:
+            return {"status": "OK", "unchanged": True, "view_version": version}
+        return {"status": "OK", "view_version": version,
+                **self._iteration_view(client.iteration_id)}
 
     @_durable
     def release_iteration_client(self, iteration_client_id: int,
@@ -739,6 +750,9 @@ class DispatcherPlugin(SchedulerPlugin):
             return False
 
     def _iteration_view(self, iteration_id: int) -> IterationView:
+        return self._views.get(iteration_id, self._build_view)
+
+    def _build_view(self, iteration_id: int) -> IterationView:
         iteration = self.state.iteration(iteration_id)
         if iteration.garbage_collected:
             return IterationView(tasks=[], finished=True, garbage_collected=True)

@@ -293,6 +293,10 @@ class IterationReader:
         self.dispatcher_timeout = config.get_seconds("client.dispatcher-timeout")
         self.linger = config.get_seconds("client.linger")
         self.heartbeat_interval = config.get_seconds("client.heartbeat-interval")
+        #: The last view the dispatcher sent and its version: a heartbeat sends the version
+        #: and the dispatcher answers only "unchanged" while it is current.
+        self._view: dict[str, Any] | None = None
+        self._view_version: str | None = None
         self.request_timeout = _optional_seconds("client.request-timeout")
         self.stalls = _Tracker.from_config("client.stall-warning", "client.stall-timeout")
         self.no_workers = _Tracker.from_config("client.no-workers-warning",
@@ -395,9 +399,14 @@ class IterationReader:
                 )
             try:
                 resp = await scheduler.dataservice_client_heartbeat(
-                    iteration_client_id=self.client_id, job_token=self.job_token)
+                    iteration_client_id=self.client_id, job_token=self.job_token,
+                    view_version=self._view_version)
                 if resp is not None:
-                    return raise_for_status(resp, "client heartbeat")
+                    view = raise_for_status(resp, "client heartbeat")
+                    if view.get("unchanged") and self._view is not None:
+                        return self._view  # the dispatcher sent nothing new (service/_views.py)
+                    self._view, self._view_version = view, view.get("view_version")
+                    return view
                 error: BaseException = RuntimeError("the dispatcher plugin is not installed")
             except (TimeoutError, OSError) as e:
                 error = e

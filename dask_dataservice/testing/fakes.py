@@ -35,7 +35,9 @@ class FakeDispatcher:
         return {"status": "OK", "tasks": list(self.tasks), "finished": self.finished,
                 "garbage_collected": False, "processing_mode": "OFF", "num_consumers": None}
 
-    async def dataservice_client_heartbeat(self, iteration_client_id: int, job_token: str | None = None) -> dict[str, Any]:
+    async def dataservice_client_heartbeat(self, iteration_client_id: int,
+                                           job_token: str | None = None,
+                                           view_version: str | None = None) -> dict[str, Any]:
         self.heartbeats += 1
         return self.view()
 
