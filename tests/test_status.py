@@ -50,7 +50,7 @@ def _json(cluster) -> dict:
 
 
 def _served(cluster) -> dict[str, int]:
-    return {a: w.plugins["dataservice-worker"].stats["elements_served"]
+    return {a: w.plugins["dataservice-worker"].stats.get("elements_served", 0)
             for a, w in cluster.scheduler.workers.items()
             for w in [next(x for x in cluster.workers.values() if x.address == a)]}
 
@@ -69,10 +69,11 @@ def test_status_and_stats_count_exactly_what_each_worker_served(cluster):
     ds = dds.Dataset.range(n).apply(dds.distribute("DYNAMIC", client))
     assert sorted(ds) == list(range(n))
     served = _served(cluster)
-    assert sum(served.values()) == n and all(v > 0 for v in served.values())
+    assert sum(served.values()) == n
     stats = ds.stats()
     assert stats["elements"] == n and stats["passes"] == 1
-    assert {a: w["elements"] for a, w in stats["workers"].items()} == served
+    assert {a: w["elements"] for a, w in stats["workers"].items()} == \
+        {a: v for a, v in served.items() if v}  # a worker that served nothing is not listed
     st = _polled_after(cluster, lambda: dds.status(client))
     assert {a: w["elements_served"] for a, w in st["workers"].items()} == served
     assert {a: w["bytes_served"] for a, w in st["workers"].items()} == \
@@ -199,7 +200,7 @@ async def test_stats_of_an_async_for_read(c, s, a, b):
     assert sorted(got) == list(range(3000))
     stats = ds.stats()
     assert stats["elements"] == 3000 and stats["passes"] == 1
-    served = {w.address: w.plugins["dataservice-worker"].stats["elements_served"]
+    served = {w.address: w.plugins["dataservice-worker"].stats.get("elements_served", 0)
               for w in (a, b)}
     assert {addr: w["elements"] for addr, w in stats["workers"].items()} == \
         {addr: n for addr, n in served.items() if n}

@@ -57,8 +57,8 @@ import cloudpickle
 
 from .. import config
 from .._async import LoopWaker, TaskGroup
-from ..service._metrics import report_coordinator
 from . import _routing
+from ._dashboard_hooks import report_coordinator
 from ._exceptions import ParameterServerError, ParameterServerUnavailableError
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator, TrainingWorkerPlugin
 from ._types import Call

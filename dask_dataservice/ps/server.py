@@ -50,8 +50,8 @@ from zarr.storage import LocalStore, MemoryStore
 from .. import config
 from .._async import owned_executor, shutdown_executor
 from .._rpc import handler
-from ..service._metrics import count_shard_op
 from . import _kernels, _store
+from ._dashboard_hooks import count_shard_op
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
 from ._shard import Lane, Shard
 from ._types import SCATTER_KINDS, UPDATE_KINDS, CreateReply, UpdateReply, ValueReply, unwire

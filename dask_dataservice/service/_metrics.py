@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["RateSeries", "ReadStats", "count_served", "count_shard_op", "report_coordinator"]
+__all__ = ["RateSeries", "ReadStats", "count_served"]
 
 T = TypeVar("T")
 
@@ -185,40 +185,3 @@ def count_served(plugin: Any, task_id: int, items: list[Any]) -> None:
     if len(by_task) > 4 * (len(plugin.tasks) + 16):  # forget tasks that are gone
         for tid in [t for t in by_task if t not in plugin.tasks]:
             del by_task[tid]
-
-
-#: Shard methods a parameter server runs, and the counter each one adds to.
-_SHARD_OPS = {"gather": "gathers", "update": "updates", "scatter": "updates", "apply": "updates"}
-
-
-def count_shard_op(server: Any, key: str, fn: Any) -> None:
-    """A parameter server runs ``fn`` (a ``Shard`` method) on shard ``key``: count gathers and
-    update requests per shard (``server.shard_ops``; deleted shards are dropped by readers)."""
-    kind = _SHARD_OPS.get(getattr(fn, "__name__", ""))
-    if kind is None:
-        return
-    by_shard: dict[str, dict[str, int]] | None = getattr(server, "shard_ops", None)
-    if by_shard is None:
-        by_shard = server.shard_ops = {}
-    counts = by_shard.get(key)
-    if counts is None:
-        counts = by_shard[key] = {"gathers": 0, "updates": 0}
-    counts[kind] += 1
-
-
-async def report_coordinator(coordinator: Any) -> None:
-    """Tell the scheduler's dashboard how a ``ClusterCoordinator`` is doing (its queue lives in
-    the trainer's process). Called from the coordinator's membership loop; a scheduler without
-    the dashboard answers nothing once, and the coordinator stops reporting."""
-    if getattr(coordinator, "_dds_no_dashboard", False):
-        return
-    scheduler = coordinator._client.scheduler
-    if scheduler is None:
-        return
-    stats = coordinator.stats
-    reply = await scheduler.dataservice_coordinator_report(
-        uid=int(coordinator._uid), queued=len(coordinator._queue),
-        finished=int(stats.get("finished", 0)), requeued=int(stats.get("requeued", 0)),
-        workers=len(coordinator._feeders))
-    if reply is None:
-        coordinator._dds_no_dashboard = True
