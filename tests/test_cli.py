@@ -16,8 +16,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
@@ -374,24 +376,38 @@ def test_a_killed_supervisor_takes_its_worker_with_it(tmp_path):
 
 
 class _Servers:
-    """Processes started by a test, stopped (SIGTERM, then SIGKILL) at the end."""
+    """Processes started by a test, stopped (SIGTERM, then SIGKILL) at the end.
+
+    Their output goes to files, not pipes: nobody reads a pipe while the test runs, and a
+    process whose stderr pipe is full blocks on its next log line (a worker logging its
+    reconnection attempts froze that way, and never came back).
+    """
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
+        self._stderr: dict[int, IO[str]] = {}
 
     def start(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``argv`` in its own session (``env``: variables added to this process's)."""
+        err = tempfile.TemporaryFile("w+")
         proc = subprocess.Popen(
-            list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            list(argv), stdout=subprocess.DEVNULL, stderr=err, text=True,
             start_new_session=True, env=None if env is None else {**os.environ, **env},
         )
         self.procs.append(proc)
+        self._stderr[proc.pid] = err
         return proc
+
+    def read_stderr(self, proc: subprocess.Popen) -> str:
+        f = self._stderr[proc.pid]
+        f.seek(0)
+        return f.read()
 
     def stop(self, proc: subprocess.Popen, timeout: float = 20, clean: bool = True) -> str:
         """SIGTERM; wait for an exit with code 0 (and no traceback if ``clean``); return stderr."""
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
+        err = self.read_stderr(proc)
         assert proc.returncode == 0, err
         if clean:
             assert "Traceback" not in err, err
@@ -410,7 +426,9 @@ class _Servers:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                proc.communicate(timeout=10)
+                proc.wait(timeout=10)
+        for f in self._stderr.values():
+            f.close()
 
 
 @pytest.fixture
@@ -508,7 +526,11 @@ def test_supervised_workers_come_back_with_their_options_after_a_scheduler_resta
     servers.stop(scheduler)  # the workers lose their scheduler and wait for it
     scheduler = servers.start(*scheduler_argv)
     with Client(address, timeout="30s", set_as_default=False) as client:
-        assert workers(client) == expected  # the same workers, with every option
+        try:
+            back = workers(client)
+        except Exception as e:  # say what the supervised workers did meanwhile
+            raise AssertionError(servers.read_stderr(supervised)[-6000:]) from e
+        assert back == expected  # the same workers, with every option
     # clean=False: losing its scheduler, the first worker logged distributed's INFO lines on
     # the closed comms, with their tracebacks (expected here)
     err = servers.stop(supervised, clean=False)
