@@ -39,8 +39,8 @@ from typing import Any
 
 import msgpack
 
-from ._entities import Dataset, Iteration, IterationClient, Job, SplitCursor, Task, Worker
 from . import _split_order
+from ._entities import Dataset, Iteration, IterationClient, Job, SplitCursor, Task, Worker
 from ._exceptions import DataServiceError
 from ._journal_format import JournalCorruptedError, JournalRecord, Snapshot
 from ._updates import decode_update

@@ -137,6 +137,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from . import _split_order
 from ._entities import (
     DATASET_ID_BASE,
     ITERATION_CLIENT_ID_BASE,
@@ -157,7 +158,6 @@ from ._entities import (
 from ._exceptions import (
     IllegalUpdateError,
 )
-from . import _split_order
 from ._state_checks import StateChecks
 from ._state_queries import StateQueries
 from ._state_validation import validate_state as _validate_state
