@@ -309,11 +309,15 @@ def test_a_restart_without_the_journal_never_mixes_old_tasks_with_new_ones():
             dispatcher = dds.DispatchServer(cfg)
             _wait(lambda: worker.reconnects >= 1, what="the worker to reconnect")
             second = dds.Dataset.range(100, 200).apply(dds.distribute("parallel_epochs", c))
-            assert sorted(second) == list(range(100, 200))
+            it2 = iter(second)
+            head = [next(it2)]
+            # read while the iteration is live (its tasks are gone once it is collected)
             plugin = dispatcher.server.plugins["dataservice-dispatcher"]
             new_tasks = [t.task_id for i in plugin.state.list_iterations()
                          for t in plugin.state.tasks_for_iteration(i.iteration_id)]
-            assert old_task in new_tasks, "the id was reused (what makes the test bite)"
+            assert sorted(head + list(it2)) == list(range(100, 200))
+            assert old_task in new_tasks, (
+                f"the id was reused (what makes the test bite): {old_task} not in {new_tasks}")
     finally:
         worker.stop()
         dispatcher.stop()
