@@ -85,7 +85,11 @@ async def test_service_dataset_in_loader_workers_is_refused(c, s, a, b):
                                          multiprocessing_context="spawn")
     with pytest.raises(RuntimeError, match=r"use DataLoader\(\.\.\., num_workers=0\)"):
         await asyncio.to_thread(list, loader)
-    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=0)
+    # A fresh distributed dataset reads everything in the main process. (The refused pass
+    # above may already have taken splits of its job before the loader workers refused:
+    # reading the same `ds` again missed elements in one CI run; see the session note.)
+    fresh = await distribute(Dataset.range(10), "distributed_epoch", c)
+    loader = torch.utils.data.DataLoader(fresh.to_torch(), batch_size=None, num_workers=0)
     assert sorted(int(t) for t in await asyncio.to_thread(list, loader)) == list(range(10))
 
 
