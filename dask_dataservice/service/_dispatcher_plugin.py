@@ -419,7 +419,7 @@ class DispatcherPlugin(SchedulerPlugin):
                                   f"downloading the pipeline of dataset {dataset_id}")
         ds = self._dataset(dataset_id)
         return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
-                "num_splits": ds.num_splits}
+                "num_splits": ds.num_splits, "compression": ds.compression}
 
     @_durable
     def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,

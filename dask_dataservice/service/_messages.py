@@ -11,7 +11,8 @@ workers and the readers agree on field names instead of list positions.
 - :class:`TaskInfo` / :class:`IterationView`: what a reader sees of an iteration (dispatcher →
   client, in replies to ``get_or_create_iteration`` and client heartbeats).
 - :class:`ElementBatch`: a list of elements: one pickle (protocol 5) of the list, with every numpy
-  buffer out of band as its own zero-copy frame.
+  buffer out of band: small ones packed into one frame, big ones a zero-copy frame each, maybe
+  compressed (see :mod:`._frames`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
 from .._rpc import raise_for_status as _raise_for_status
 from ._exceptions import DispatcherUnavailableError
+from ._frames import pack_buffers, pack_threshold, unpack_buffers, writable_frames
 
 __all__ = [
     "TASKS_OP",
@@ -115,12 +117,16 @@ class ElementBatch:
 def _serialize_batch(batch: ElementBatch) -> tuple[dict[str, Any], list[Any]]:
     buffers: list[Any] = []
     data = pickle.dumps(batch.items, protocol=5, buffer_callback=buffers.append)
-    return {"buffers": len(buffers)}, [data, *(b.raw() for b in buffers)]
+    header, frames = pack_buffers([b.raw() for b in buffers], pack_threshold())
+    header["buffers"] = len(buffers)
+    frames.insert(0, data)
+    return header, frames
 
 
 @dask_deserialize.register(ElementBatch)  # type: ignore[untyped-decorator]
 def _deserialize_batch(header: dict[str, Any], frames: list[Any]) -> ElementBatch:
-    return ElementBatch(pickle.loads(frames[0], buffers=frames[1:]))
+    buffers = unpack_buffers(header, writable_frames(frames[1:]))
+    return ElementBatch(pickle.loads(frames[0], buffers=buffers))
 
 
 def raise_for_status(response: Any, what: str = "request") -> dict[str, Any]:

@@ -31,6 +31,8 @@ from .._async import LoopWaker, TaskGroup
 from ..data._base import UNKNOWN, IterContext, Op
 from . import _connection
 from ._exceptions import DataServiceError
+from ._frames import reader_codecs
+from ._malloc import tune_malloc_from_config
 from ._messages import TaskInfo, raise_for_status
 from ._metrics import ReadStats
 from ._sharding import ShardingPolicy
@@ -263,6 +265,7 @@ class IterationReader:
         self.iteration_id = iteration_id
         self.client_id = client_id
         self.channel = channel
+        tune_malloc_from_config()  # issue 16: dataservice.malloc-tuning
         self.group = TaskGroup(f"dataservice reader {iteration_id}")
         self.fetchers: dict[int, asyncio.Task[Any] | None] = {}
         self.lost: dict[int, bool] = {}
@@ -465,6 +468,7 @@ class IterationReader:
         loop = asyncio.get_running_loop()
         last_element = loop.time()
         stalls = self.stalls.copy()
+        codecs = reader_codecs(address, self.local_host)  # issue 16: compression where it pays
         try:
             while not self.stopped:
                 while len(pending) < self.depth:
@@ -473,7 +477,7 @@ class IterationReader:
                         task_id=task_id, max_elements=self._request_size(),
                         max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=seq,
-                        trainer_id=self.trainer_id, job_token=self.job_token,
+                        trainer_id=self.trainer_id, job_token=self.job_token, codecs=codecs,
                         # the head request answers at once; the ones queued behind it may
                         # gather a slow pipeline's elements for a moment
                         linger=self.linger if pending else 0.0,

@@ -45,7 +45,9 @@ from .._rpc import error_message, handler
 from ..data.splits import ListSplitProvider, SplitProvider
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
 from ._exceptions import DataServiceError
+from ._frames import choose_codec
 from ._job_checks import JobAccessDeniedError, check_job_token
+from ._malloc import tune_malloc_from_config
 from ._messages import ElementBatch, TaskDef, raise_for_status
 from ._metrics import count_served
 from ._sharding import ShardingPolicy
@@ -277,10 +279,13 @@ class DataWorkerPlugin(WorkerPlugin):
     async def setup(self, worker: Worker) -> None:
         self.worker = worker
         self.loop = asyncio.get_running_loop()
+        tune_malloc_from_config()  # issue 16: dataservice.malloc-tuning
         self.tasks = {}
         self.finished_tasks = Recent(_FINISHED_MEMORY)
         #: ``{dataset_id: (dataset, splits)}``, most recently used last.
         self._datasets: OrderedDict[int, tuple[Any, list[Any] | None]] = OrderedDict()
+        #: ``{dataset_id: its compression}`` ("AUTO", None or a codec; issue 16, see _frames).
+        self._compression: dict[int, str | None] = {}
         #: Datasets being loaded: concurrent starts of one dataset share one load.
         self._loading: dict[int, asyncio.Future[Any]] = {}
         #: Runners whose thread has not exited yet (also cancelled ones).
@@ -295,7 +300,8 @@ class DataWorkerPlugin(WorkerPlugin):
         self._lineage: str | None = None
         self._wake_heartbeat = asyncio.Event()
         #: Counters for tests and dashboards: tasks finished, elements they produced.
-        self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0}
+        self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
+                      "batches_compressed": 0}
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
@@ -387,16 +393,18 @@ class DataWorkerPlugin(WorkerPlugin):
                            max_bytes: int = 32 << 20, wait: float = 1.0,
                            consumer: int | None = None, seq: int | None = None,
                            trainer_id: str | None = None, linger: float = 0.0,
-                           job_token: str | None = None) -> dict[str, Any]:
+                           job_token: str | None = None,
+                           codecs: list[str] | None = None) -> dict[str, Any]:
         """Up to ``max_elements`` buffered elements of a task, or end of sequence.
 
         A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
         elements in the order it sent them, so a task's elements arrive in order. Only the
-        job's consumers may read: ``job_token`` must be the job's token.
+        job's consumers may read: ``job_token`` must be the job's token. ``codecs``: the
+        compression codecs the consumer accepts, best first (none: send raw).
         """
         if seq is None:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger, job_token)
+                                            linger, job_token, codecs)
         key = (task_id, consumer)
         order = self._order.get(key)
         if order is None:
@@ -404,7 +412,7 @@ class DataWorkerPlugin(WorkerPlugin):
         await order.wait_turn(seq, timeout=wait + 10)
         try:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger, job_token)
+                                            linger, job_token, codecs)
         finally:
             order.done(seq)
 
@@ -423,7 +431,8 @@ class DataWorkerPlugin(WorkerPlugin):
 
     async def _get_elements(self, task_id: int, max_elements: int, max_bytes: int, wait: float,
                             trainer_id: str | None = None, linger: float = 0.0,
-                            job_token: str | None = None) -> dict[str, Any]:
+                            job_token: str | None = None,
+                            codecs: list[str] | None = None) -> dict[str, Any]:
         runner = self.tasks.get(task_id)
         if runner is None:
             # The consumer learnt of the task from the dispatcher before the task reached
@@ -467,10 +476,14 @@ class DataWorkerPlugin(WorkerPlugin):
             count_served(self, runner.task_id, items)  # issue 14: dashboard (service/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
-            if sum(map(element_size, items)) > offload_bytes():
-                elements = await offload(serialized_batch, runner, items)
+            codec = choose_codec(self._compression.get(runner.dataset_id), codecs)  # issue 16
+            size = sum(map(element_size, items))
+            if size > offload_bytes() or (codec is not None and size > 1 << 20):
+                elements = await offload(serialized_batch, runner, items, codec)
             else:
-                elements = serialized_batch(runner, items)
+                elements = serialized_batch(runner, items, codec)
+            if elements.header.get("compression"):
+                self.stats["batches_compressed"] += 1
             return {"status": "OK", "elements": elements, "end_of_sequence": False}
         if buf.end_visible:
             if buf.error is not None:
@@ -575,6 +588,7 @@ class DataWorkerPlugin(WorkerPlugin):
         unused = [d for d in self._datasets if d not in used]
         for dataset_id in unused[:max(0, len(unused) - _UNUSED_DATASETS)]:
             del self._datasets[dataset_id]
+            self._compression.pop(dataset_id, None)
 
     def _signal_task_arrived(self) -> None:
         event, self._task_arrived = self._task_arrived, asyncio.Event()
@@ -606,6 +620,7 @@ class DataWorkerPlugin(WorkerPlugin):
             self._executor, _load_dataset, resp["pipeline"], resp["splits"]
         )
         self._datasets[dataset_id] = loaded
+        self._compression[dataset_id] = resp.get("compression", "AUTO")
         self._release_unused_datasets()
         return loaded
 

@@ -13,6 +13,7 @@ import dask.config
 from dask.utils import parse_bytes
 from distributed.protocol.serialize import Serialized, serialize
 
+from ._frames import compress_frames
 from ._messages import ElementBatch
 
 __all__ = ["Recent", "Turns", "offload_bytes", "serialized_batch"]
@@ -69,14 +70,19 @@ def offload_bytes() -> int:
     return int(parse_bytes(value) if isinstance(value, str) else value or 0)
 
 
-def serialized_batch(runner: Any, items: list[Any]) -> Serialized:
+def serialized_batch(runner: Any, items: list[Any], codec: str | None = None) -> Serialized:
     """``items`` serialized now, so that an element that cannot travel is an error naming
     its type, its task and its pipeline (serialized by the comm, it would only say "Could
-    not serialize object of type ElementBatch", and the consumer would see a closed comm)."""
+    not serialize object of type ElementBatch", and the consumer would see a closed comm).
+
+    ``codec``: compress the frames with it where it pays (see :mod:`._frames`); distributed's
+    ``loads`` decompresses them on the reader."""
     try:
         header, frames = serialize(ElementBatch(items), serializers=("dask",), on_error="raise")
     except Exception as e:
         raise _unpicklable_element(runner, items, e) from e
+    if codec is not None:
+        frames = compress_frames(header, frames, codec)
     return Serialized(header, frames)
 
 

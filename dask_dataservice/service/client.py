@@ -27,6 +27,7 @@ from ..data.dask_source import locality_metadata, pin_persisted
 from ..data.spec import check_element_spec
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
+from ._frames import check_compression
 from ._reader import ReadSpec, ServiceSource, aread
 from ._sharding import ShardingPolicy, parse_processing_mode
 
@@ -83,8 +84,12 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     dataset
         The pipeline to register.
     compression
-        ``"AUTO"`` or None. Elements travel uncompressed on the fast paths measured so far;
-        accepted for compatibility with tf.data service.
+        ``"AUTO"`` (the default), None, or a codec: ``"lz4"``, ``"zstd"``, ``"snappy"``,
+        ``"zlib"`` (installed here; ``pip install 'dask-dataservice[compression]'`` brings
+        lz4). Workers compress a batch's frames for readers on other hosts, frame by frame
+        where it pays (a sample of each must compress to 70%); ``"AUTO"`` uses lz4 (or zstd,
+        snappy) when both sides have it, None never compresses. Readers on the worker's own
+        host get raw frames (``dataservice.client.compression``; see docs/performance.md).
     dataset_id
         An id of your choice (a string, as TensorFlow's): returned instead of a number, and
         accepted by :func:`from_dataset_id`. Registering the same pipeline under it again
@@ -98,8 +103,7 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a dask_dataservice Dataset, got {type(dataset).__name__}")
-    if compression not in ("AUTO", None):
-        raise ValueError(f"compression must be 'AUTO' or None, got {compression!r}")
+    compression = check_compression(compression)
     try:
         pipeline = cloudpickle.dumps(dataset)
     except Exception as e:
