@@ -63,6 +63,7 @@ from ._job_checks import (
 )
 from ._liveness import WorkerLiveness
 from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo
+from ._positions import position_handlers
 from ._recovery import recover, revive, undelivered
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from ._views import ViewCache
@@ -225,6 +226,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_ack_splits": self.ack_splits,
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
+            **position_handlers(self),  # issue 13: input positions (service/_positions.py)
         }
         scheduler.handlers.update(handlers)
         self._handler_names = tuple(handlers)
@@ -424,7 +426,8 @@ class DispatcherPlugin(SchedulerPlugin):
     @_durable
     def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
                           job_name: str | None = None, num_consumers: int | None = None,
-                          target_workers: str = "AUTO", cross_trainer_cache: bool = False) -> dict[str, Any]:
+                          target_workers: str = "AUTO", cross_trainer_cache: bool = False,
+                          position: str = "") -> dict[str, Any]:
         mode = parse_processing_mode(processing_mode)
         dataset = self._dataset(dataset_id)
         dataset_id = dataset.dataset_id
@@ -465,7 +468,7 @@ class DispatcherPlugin(SchedulerPlugin):
             job_id=job_id, job_name=job_name, dataset_id=dataset_id,
             processing_mode=mode.name, num_consumers=num_consumers,
             target_workers=target_workers,
-            cross_trainer_cache=bool(cross_trainer_cache),
+            cross_trainer_cache=bool(cross_trainer_cache), position=position,  # issue 13
             worker_addresses=tuple(self.worker_addresses)  # type: ignore[arg-type]  # _check_mode
             if mode in STATIC_POLICIES else (),
             token=new_token(),
@@ -732,7 +735,8 @@ class DispatcherPlugin(SchedulerPlugin):
                        worker_index=task.shard_index,
                        num_workers=len(job.worker_addresses) if job.worker_addresses else None,
                        num_consumers=job.num_consumers,
-                       cross_trainer_cache=job.cross_trainer_cache, job_token=job.token)
+                       cross_trainer_cache=job.cross_trainer_cache, job_token=job.token,
+                       position=job.position)
 
     def _check_mode(self, mode: ShardingPolicy, dataset: DatasetEntity) -> ShardingPolicy:
         return check_mode(mode, dataset, self.worker_addresses)

@@ -101,6 +101,7 @@ class Job:
     when the last live iteration is collected, and the name is freed then.
     ``worker_addresses`` is the journaled worker list of a static-sharding job (else empty).
     ``token`` is the job's capability (``CreateJob.token``; ``""``: none, not checked).
+    ``position`` is ``CreateJob.position`` (``""``: the job does not track input positions).
     """
 
     job_id: int
@@ -115,6 +116,7 @@ class Job:
     num_live_iterations: int = 0
     garbage_collected: bool = False
     token: str = ""
+    position: str = ""
 
     @property
     def status(self) -> str:

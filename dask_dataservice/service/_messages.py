@@ -18,7 +18,7 @@ workers and the readers agree on field names instead of list positions.
 from __future__ import annotations
 
 import pickle
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
@@ -63,6 +63,8 @@ class TaskDef(TypedDict):
     #: The job's capability (``CreateJob.token``): consumers must show it to read the task's
     #: elements, and the worker shows it to take, acknowledge and finish the task's splits.
     job_token: str
+    #: A job tracking input positions: ``CreateJob.position`` (:mod:`._positions`), else "".
+    position: NotRequired[str]
 
 
 class TaskChanges(TypedDict, total=False):

@@ -53,6 +53,8 @@ class ReadSpec:
     max_outstanding_requests: int | None
     target_workers: str
     cross_trainer_cache: Any  # CrossTrainerCache | None
+    #: A job tracking input positions: ``CreateJob.position`` (issue 13, ``_positions``).
+    position: str | None = None
 
 
 class ServiceSource(Op):
@@ -650,6 +652,7 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
         job_name=spec.job_name, target_workers=spec.target_workers,
         num_consumers=spec.num_consumers,
         cross_trainer_cache=spec.cross_trainer_cache is not None,
+        **({"position": spec.position} if spec.position else {}),  # issue 13
     ), "job creation")
     view = raise_for_status(await scheduler.dataservice_get_or_create_iteration(
         job_id=job["job_id"], repetition=repetition, job_token=job.get("job_token"),

@@ -202,10 +202,14 @@ class CreateJob(_Record):
         hands to its consumers and, in each task definition, to its data workers. Reading
         the job's elements and taking its splits need it. ``""`` (records written before
         the field existed) means the job has no token and is not checked.
+    position : str
+        Field 10. A job that tracks input positions (issue 13, :mod:`._positions`): JSON
+        ``{"start": position or null, "nonce": str}``, the position its data workers resume
+        from. ``""`` (and records written before the field existed): a plain job.
 
     Notes
     -----
-    Next field: 10. Removed fields: none.
+    Next field: 11. Removed fields: none.
     """
 
     job_id: int  # 1
@@ -217,6 +221,7 @@ class CreateJob(_Record):
     cross_trainer_cache: bool = False  # 7
     worker_addresses: tuple[str, ...] = ()  # 8
     token: str = ""  # 9
+    position: str = ""  # 10
 
     def __post_init__(self) -> None:
         _check_fields(self)

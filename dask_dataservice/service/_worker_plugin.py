@@ -50,6 +50,7 @@ from ._job_checks import JobAccessDeniedError, check_job_token
 from ._malloc import tune_malloc_from_config
 from ._messages import ElementBatch, TaskDef, raise_for_status
 from ._metrics import count_served
+from ._positions import tagged_elements
 from ._sharding import ShardingPolicy
 from ._worker_key import WorkerKey
 from ._worker_util import Recent, Turns, offload_bytes, serialized_batch
@@ -135,7 +136,8 @@ class DispatcherSplitProvider(SplitProvider):
             self._ended = ended
             if not ended:
                 self._pending = self._request()
-        split: object = self._splits[self._local.popleft()]
+        self.last_index = index = self._local.popleft()  # issue 13: input positions
+        split: object = self._splits[index]
         return split
 
     def reset(self) -> None:
@@ -197,6 +199,10 @@ class TaskRunner:
         mode = ShardingPolicy(self.task["processing_mode"])
         ds = self.dataset
         assert ds is not None  # a runner without a dataset never starts its thread
+        if self.task.get("position"):  # issue 13: a job tracking input positions
+            provider = DispatcherSplitProvider(self, self.splits or [])
+            return tagged_elements(ds._op, mode, provider, self.task["position"],
+                                   str(self.plugin.worker.name))
         if mode == ShardingPolicy.DYNAMIC:
             assert self.splits is not None  # DYNAMIC datasets have splits
             return ds.iterate(DispatcherSplitProvider(self, self.splits))

@@ -28,6 +28,7 @@ from ..data.spec import check_element_spec
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._frames import check_compression
+from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
 from ._sharding import ShardingPolicy, parse_processing_mode
 
@@ -207,8 +208,26 @@ class DistributedDataset(Dataset):
         ``async for``: apply them to the elements yourself.
         """
         source = self._service
-        return source.stats.awrap(  # issue 14: DistributedDataset.stats()
+        it = source.stats.awrap(  # issue 14: DistributedDataset.stats()
             aread(source.spec, source.next_repetition(), source.reader_client(), source.stats))
+        return source.aiterate(it) if isinstance(source, PositionedSource) else it  # issue 13
+
+    def input_position(self) -> dict[str, Any]:
+        """Where this dataset's latest pass in this process is: a small JSON-able value.
+
+        Read with ``track_position=True``. Which source elements this consumer was given,
+        plus the position it started from (see docs/training.md, "Input position").
+        """
+        return dataset_position(self)
+
+    def start_from(self, position: dict[str, Any] | list[dict[str, Any]],
+                   nonce: str = "") -> DistributedDataset:
+        """This dataset, reading a new job that resumes at ``position`` (or at the union of a
+        list of positions of a shared job's consumers): what they were given is not read
+        again. Consumers resuming with the same position (and ``nonce``) share the job."""
+        ds = resume(self, position, nonce)
+        assert isinstance(ds, DistributedDataset)  # no local ops on self
+        return ds
 
 
 def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client | str,
@@ -217,7 +236,8 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
                     num_consumers: int | None = None, max_outstanding_requests: int | None = None,
                     data_transfer_protocol: str | None = None,
                     cross_trainer_cache: CrossTrainerCache | None = None,
-                    target_workers: str = "AUTO") -> DistributedDataset:
+                    target_workers: str = "AUTO", track_position: bool = False,
+                    start_from: dict[str, Any] | None = None) -> DistributedDataset:
     """A dataset that reads the registered dataset ``dataset_id`` from the service.
 
     Parameters
@@ -241,6 +261,15 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
         reading an element (which would start a job). Not checked against the elements.
     data_transfer_protocol
         Accepted for compatibility with tf.data service; not needed here.
+    track_position
+        DYNAMIC and OFF: the job tracks which source elements each consumer was given, so
+        that :meth:`DistributedDataset.input_position` can say where a pass is, exactly
+        (and a ``Checkpoint`` can save it). A named job gets a suffix: tracking readers
+        share a job only with tracking readers. See docs/training.md, "Input position".
+    start_from
+        A position (from ``input_position``, or a list of a shared job's consumers'
+        positions is merged by ``DistributedDataset.start_from``): read a new job that skips
+        what the position says was given. Implies ``track_position``.
     """
     mode = parse_processing_mode(processing_mode)
     if isinstance(dataset_id, bool) or not isinstance(dataset_id, (int, str)) or dataset_id == "":
@@ -283,7 +312,8 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
         _connection.client_for(service)  # remember it, so iteration in this process reuses it
     spec = ReadSpec(address, dataset_id, int(mode), job_name, consumer_index, num_consumers,
                      max_outstanding_requests, target, cross_trainer_cache)
-    ds = DistributedDataset(ServiceSource(spec, service if isinstance(service, Client) else None))
+    ds = DistributedDataset(source_for(  # issue 13: track_position / start_from
+        spec, service if isinstance(service, Client) else None, track_position, start_from))
     if element_spec is not None:  # returned as is: no element is read to find it (TF's use)
         ds._element_spec = check_element_spec(element_spec)
     return ds
@@ -296,7 +326,8 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
                compression: str | None = "AUTO",
                cross_trainer_cache: CrossTrainerCache | None = None,
                target_workers: str = "AUTO",
-               split_size: int | None = None) -> Callable[[Dataset], DistributedDataset]:
+               split_size: int | None = None, track_position: bool = False,
+               start_from: dict[str, Any] | None = None) -> Callable[[Dataset], DistributedDataset]:
     """A transformation that moves a pipeline onto the data service.
 
     Use with ``Dataset.apply``: ``ds.apply(distribute("distributed_epoch", client))``
@@ -316,6 +347,7 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
                 consumer_index=consumer_index, num_consumers=num_consumers,
                 max_outstanding_requests=max_outstanding_requests,
                 cross_trainer_cache=cross_trainer_cache, target_workers=target_workers,
+                track_position=track_position, start_from=start_from,
             )
 
         dataset_id = register_dataset(service, dataset, compression=compression,

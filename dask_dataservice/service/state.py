@@ -540,6 +540,7 @@ class DispatcherState(StateQueries, StateChecks):
             cross_trainer_cache=u.cross_trainer_cache,
             worker_addresses=u.worker_addresses,
             token=u.token,
+            position=u.position,
         )
         if u.job_name is not None:
             self._jobs_by_name[(u.dataset_id, u.job_name)] = u.job_id

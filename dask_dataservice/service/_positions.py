@@ -1,0 +1,501 @@
+"""Input positions of data-service jobs (issue 13, section 2): where a reader was, exactly.
+
+A distributed dataset read with ``track_position=True`` (:func:`.client.from_dataset_id`,
+:func:`.client.distribute`) runs its job in *tracking* mode:
+
+- **Provenance, on the data workers.** The task's pipeline is rebuilt over a tagged source
+  (:func:`tagged_elements`): each element leaves the worker as ``(tag, element)``, where the
+  tag is a flat tuple of *runs* ``(key, start, count, length)``: ``count`` source elements
+  from ``start`` on of split ``key`` (DYNAMIC: the split's index; OFF: the data worker's
+  name), ``length`` the split's size when this element ends it, else -1. ``map`` keeps its
+  input's tag, ``filter`` gives an element the tags of the inputs it dropped before it (the
+  *consumed* inputs, so a split whose last elements are filtered out still completes),
+  ``batch`` the runs of all its inputs (a batch may span splits), ``shuffle`` and
+  ``prefetch`` move tags with their elements. Any other op cannot say which source elements
+  an element came from: the job refuses to start, naming the op (:class:`InputPositionError`).
+- **The position, on the reader.** :class:`PositionTracker` records each element's tag just
+  before the consumer gets the element, so at any quiet point (after a join) the position
+  says exactly which source elements the consumer was given: per key, ranges of indices, and
+  the splits (DYNAMIC) or workers (OFF) delivered completely. It is a small JSON value
+  (:func:`check_position` says what a valid one is).
+- **Restoring.** A job started from a position (``DistributedDataset.start_from``) tells its
+  data workers the position; a worker skips a split that is done, and the indices already
+  delivered of any other (DYNAMIC), or the indices of its own name (OFF). Positions of
+  several consumers of one shared job are merged (their union) by :func:`merge_positions`.
+
+Exactness needs a deterministic pipeline per split (the same split gives the same elements:
+seeded shuffles, deterministic maps), as every replay does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..data._base import IterContext, Op
+from ..data.ops import Batch, Filter, Map, Prefetch, Shuffle
+from ..data.splits import ListSplitProvider, SplitProvider
+from ..ps.input_position import InputPositionError
+from ._sharding import ShardingPolicy
+
+__all__ = [
+    "InputPositionError",
+    "PositionTracker",
+    "check_position",
+    "job_field",
+    "merge_positions",
+    "position_handlers",
+    "tagged_elements",
+]
+
+#: Version of the position format (``position["format"]``).
+FORMAT = 1
+#: The policies positions exist for.
+POLICIES = ("DYNAMIC", "OFF")
+
+Ranges = list[list[int]]
+
+
+# ---------------------------------------------------------------------------------------
+# ranges of indices: sorted, disjoint, half-open [start, stop)
+# ---------------------------------------------------------------------------------------
+
+
+def add_range(ranges: Ranges, start: int, stop: int) -> None:
+    """Add ``[start, stop)`` to ``ranges`` in place, merging neighbours."""
+    if stop <= start:
+        return
+    if not ranges or ranges[-1][1] < start:  # the common case: appending
+        ranges.append([start, stop])
+        return
+    if ranges[-1][1] == start:
+        ranges[-1][1] = stop
+        return
+    i = bisect.bisect_left(ranges, [start, start])
+    if i > 0 and ranges[i - 1][1] >= start:
+        i -= 1
+    j = i
+    while j < len(ranges) and ranges[j][0] <= stop:
+        start, stop = min(start, ranges[j][0]), max(stop, ranges[j][1])
+        j += 1
+    ranges[i:j] = [[start, stop]]
+
+
+def _union(a: Ranges, b: Ranges) -> Ranges:
+    out = [list(r) for r in a]
+    for s, e in b:
+        add_range(out, s, e)
+    return out
+
+
+def _as_ranges(values: Iterable[int]) -> Ranges:
+    out: Ranges = []
+    for v in sorted(values):
+        add_range(out, v, v + 1)
+    return out
+
+
+def _covered(ranges: Ranges, index: int) -> bool:
+    i = bisect.bisect_right(ranges, [index, float("inf")]) - 1
+    return i >= 0 and ranges[i][0] <= index < ranges[i][1]
+
+
+# ---------------------------------------------------------------------------------------
+# the position value
+# ---------------------------------------------------------------------------------------
+
+
+def check_position(position: Any, fingerprint: str | None = None,
+                   policy: str | None = None) -> dict[str, Any]:
+    """``position`` checked and normalised; :class:`InputPositionError` says what is wrong.
+
+    A position is ``{"format": 1, "policy": "DYNAMIC" or "OFF", "dataset": fingerprint,
+    "done": ..., "partial": {key: [[start, stop], ...]}}``; ``done`` is ranges of split
+    indices (DYNAMIC) or a list of data-worker names (OFF). With ``fingerprint`` or
+    ``policy``, the position must be one of that dataset, read in that policy.
+    """
+    if not isinstance(position, dict):
+        raise InputPositionError(
+            f"an input position is a dict (from DistributedDataset.input_position()), got "
+            f"{type(position).__name__} {position!r:.60}")
+    missing = {"format", "policy", "dataset", "done", "partial"} - set(position)
+    if missing:
+        raise InputPositionError(f"not an input position: it has no {sorted(missing)} "
+                                 f"(got keys {sorted(map(str, position))})")
+    if position["format"] != FORMAT:
+        raise InputPositionError(f"input position format {position['format']!r} is not "
+                                 f"supported (this version reads format {FORMAT})")
+    if position["policy"] not in POLICIES:
+        raise InputPositionError(f"input position policy must be one of {POLICIES}, got "
+                                 f"{position['policy']!r}")
+    if fingerprint is not None and position["dataset"] != fingerprint:
+        raise InputPositionError(
+            "the input position is one of another dataset: it was saved for the pipeline "
+            f"with fingerprint {position['dataset']!r}, this dataset's is {fingerprint!r} "
+            "(a changed pipeline, split size or source)")
+    if policy is not None and position["policy"] != policy:
+        raise InputPositionError(f"the input position was saved reading in processing mode "
+                                 f"{position['policy']}, this job reads in {policy}")
+    dynamic = position["policy"] == "DYNAMIC"
+    done = position["done"]
+    if dynamic:
+        done = _check_ranges(done, "done")
+    elif not (isinstance(done, list | tuple) and all(isinstance(n, str) for n in done)):
+        raise InputPositionError(f"an OFF input position's 'done' is a list of data-worker "
+                                 f"names, got {done!r:.60}")
+    partial = position["partial"]
+    if not isinstance(partial, dict):
+        raise InputPositionError(f"an input position's 'partial' is a dict, got {partial!r:.60}")
+    if dynamic and not all(str(k).isdigit() for k in partial):
+        raise InputPositionError(f"a DYNAMIC input position's 'partial' keys are split "
+                                 f"indices, got {sorted(map(str, partial))[:5]}")
+    return {"format": FORMAT, "policy": position["policy"], "dataset": position["dataset"],
+            "done": done if dynamic else sorted(set(done)),
+            "partial": {str(k): _check_ranges(v, f"partial[{k!r}]") for k, v in partial.items()}}
+
+
+def _check_ranges(value: Any, where: str) -> Ranges:
+    ok = isinstance(value, list | tuple) and all(  # tuples: after a msgpack round trip
+        isinstance(r, list | tuple) and len(r) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+        and 0 <= r[0] < r[1] for r in value)
+    if not ok:
+        raise InputPositionError(f"an input position's {where} must be a list of [start, "
+                                 f"stop) index pairs with 0 <= start < stop, got {value!r:.60}")
+    return _union([], [list(r) for r in value])
+
+
+def merge_positions(positions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The union of the positions of the consumers of one job (all of one dataset)."""
+    checked = [check_position(p) for p in positions]
+    if not checked:
+        raise InputPositionError("no input position to merge")
+    first = checked[0]
+    for p in checked[1:]:
+        check_position(p, first["dataset"], first["policy"])
+    merged: dict[str, Any] = dict(first, partial={})
+    for p in checked[1:]:
+        if first["policy"] == "DYNAMIC":
+            merged["done"] = _union(merged["done"], p["done"])
+        else:
+            merged["done"] = sorted(set(merged["done"]) | set(p["done"]))
+    partial: dict[str, Ranges] = {}
+    for p in checked:
+        for k, r in p["partial"].items():
+            partial[k] = _union(partial.get(k, []), r)
+    merged["partial"] = partial
+    return _compact(merged, {})
+
+
+def _compact(position: dict[str, Any], lengths: dict[str, int]) -> dict[str, Any]:
+    """Move keys whose ranges cover their whole length into ``done``; drop done partials."""
+    dynamic = position["policy"] == "DYNAMIC"
+    done = position["done"]
+    partial = {}
+    for k, r in position["partial"].items():
+        n = lengths.get(k)
+        complete = n is not None and r == [[0, n]]
+        if dynamic:
+            if complete:
+                add_range(done, int(k), int(k) + 1)
+            elif not _covered(done, int(k)):
+                partial[k] = r
+        elif complete:
+            done = sorted(set(done) | {k})
+        elif k not in done:
+            partial[k] = r
+    return dict(position, done=done, partial=partial)
+
+
+def job_field(start: dict[str, Any] | None, nonce: str = "") -> str:
+    """The ``CreateJob.position`` text of a tracking job (canonical JSON)."""
+    return json.dumps({"start": start, "nonce": nonce}, sort_keys=True, separators=(",", ":"))
+
+
+def job_suffix(field: str) -> str:
+    """What a tracking job's name ends with: tracking and plain readers never share a job,
+    and a job started from a position is another job than one started from another."""
+    return "#position-" + hashlib.sha256(field.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------
+# the reader's side
+# ---------------------------------------------------------------------------------------
+
+
+class PositionTracker:
+    """What one consumer was given of a tracking job (plus the position it started from).
+
+    :meth:`record` runs in the consumer's thread before each element is handed out;
+    :meth:`position` may run in any thread.
+    """
+
+    def __init__(self, policy: str, fingerprint: str, start: dict[str, Any] | None) -> None:
+        self.policy = policy
+        self.fingerprint = fingerprint
+        base = start or {"format": FORMAT, "policy": policy, "dataset": fingerprint,
+                         "done": [], "partial": {}}
+        base = check_position(base, fingerprint, policy)
+        self._done = base["done"]
+        self._ranges: dict[Any, Ranges] = {}
+        for k, r in base["partial"].items():
+            self._ranges[int(k) if policy == "DYNAMIC" else k] = r
+        self._lengths: dict[str, int] = {}
+        self._lock = threading.Lock()
+        #: Elements recorded.
+        self.elements = 0
+
+    def record(self, tag: tuple[Any, ...]) -> None:
+        ranges = self._ranges
+        with self._lock:
+            self.elements += 1
+            for i in range(0, len(tag), 4):
+                key, start, count, length = tag[i:i + 4]
+                r = ranges.get(key)
+                if r is None:
+                    ranges[key] = [[start, start + count]]
+                else:
+                    add_range(r, start, start + count)
+                if length >= 0:
+                    self._lengths[str(key)] = length
+
+    def position(self) -> dict[str, Any]:
+        with self._lock:
+            partial = {str(k): [list(x) for x in r] for k, r in self._ranges.items()}
+            done = [list(x) for x in self._done] if self.policy == "DYNAMIC" else list(self._done)
+            lengths = dict(self._lengths)
+        return _compact({"format": FORMAT, "policy": self.policy, "dataset": self.fingerprint,
+                         "done": done, "partial": partial}, lengths)
+
+
+# ---------------------------------------------------------------------------------------
+# the dispatcher's side
+# ---------------------------------------------------------------------------------------
+
+
+def position_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
+    """The dispatcher's handlers for input positions (registered by the dispatcher plugin)."""
+    from .._rpc import handler
+
+    @handler
+    def check(dataset_id: int | str, processing_mode: str,
+              start: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A tracking reader's first call: the dataset's fingerprint, and ``start`` checked
+        against it."""
+        dataset = plugin._dataset(dataset_id)
+        mode = ShardingPolicy[processing_mode].name
+        if mode not in POLICIES:
+            raise InputPositionError(
+                f"input positions are tracked for DYNAMIC and OFF jobs, not {mode}")
+        if start is not None:
+            start = check_position(start, dataset.fingerprint, mode)
+            if mode == "DYNAMIC":
+                n = dataset.num_splits
+                too_far = [k for k in start["partial"] if int(k) >= n]
+                if (start["done"] and start["done"][-1][1] > n) or too_far:
+                    raise InputPositionError(
+                        f"the input position names split indices beyond the dataset's "
+                        f"{n} splits")
+        return {"status": "OK", "fingerprint": dataset.fingerprint, "start": start}
+
+    return {"dataservice_check_position": check}
+
+
+# ---------------------------------------------------------------------------------------
+# the data worker's side: the pipeline over a tagged source
+# ---------------------------------------------------------------------------------------
+
+
+class _Tagged:
+    __slots__ = ("tag", "x")
+
+    def __init__(self, tag: tuple[Any, ...], x: Any) -> None:
+        self.tag = tag
+        self.x = x
+
+
+class _TaggedSource(Op):
+    """The pipeline's source, read split by split (DYNAMIC) or whole (OFF), each element
+    tagged with its run; what the start position says was delivered is skipped."""
+
+    name = "input_position_source"
+
+    def __init__(self, source: Op, provider: SplitProvider | None, key: str,
+                 start: dict[str, Any] | None) -> None:
+        self.source = source
+        self.provider = provider
+        self.key = key
+        self.done: Any = (start or {}).get("done", [])
+        self.partial: dict[str, Ranges] = (start or {}).get("partial", {})
+
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        provider = self.provider
+        if provider is None:  # OFF: the whole source, under this worker's name
+            if self.key in self.done:
+                return
+            yield from _tag_split(self.source.iterate(IterContext()), self.key,
+                                  self.partial.get(self.key, []))
+            return
+        while True:
+            split = provider.get_next()
+            if split is None:
+                return
+            index = getattr(provider, "last_index", None)
+            if index is None:
+                raise InputPositionError("the split provider does not say split indices")
+            if _covered(self.done, index):
+                continue
+            sub = IterContext(split_provider=ListSplitProvider([split]))
+            yield from _tag_split(self.source.iterate(sub), index,
+                                  self.partial.get(str(index), []))
+
+
+def _tag_split(it: Iterator[Any], key: Any, skip: Ranges) -> Iterator[_Tagged]:
+    """Tag the elements of one split; the last one carries the split's length."""
+    held: _Tagged | None = None
+    n = 0
+    j = 0
+    for i, x in enumerate(it):
+        n = i + 1
+        while j < len(skip) and skip[j][1] <= i:
+            j += 1
+        if j < len(skip) and skip[j][0] <= i:
+            continue
+        if held is not None:
+            yield held
+        held = _Tagged((key, i, 1, -1), x)
+    if held is not None:
+        _, i, _, _ = held.tag
+        yield _Tagged((key, i, 1, n), held.x)
+
+
+class _TagMap:
+    """A map function over tagged elements (the tag passes through)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
+        self.__module__ = getattr(fn, "__module__", None) or __name__
+
+    def __call__(self, t: _Tagged) -> _Tagged:
+        x = t.x
+        return _Tagged(t.tag, self.fn(*x) if type(x) is tuple else self.fn(x))
+
+
+class _TaggedFilter(Op):
+    name = "filter"
+
+    def __init__(self, input: Op, op: Filter) -> None:
+        self.input = input
+        self.inputs = (input,)
+        self.op = op
+
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        pred = self.op.predicate
+        pending: tuple[Any, ...] = ()  # tags of the inputs dropped since the last output
+        for t in self.input.iterate(ctx):
+            x = t.x
+            try:
+                keep = pred(*x) if type(x) is tuple else pred(x)
+            except Exception as e:
+                if ctx.ignored(e):
+                    continue
+                raise
+            if keep:
+                yield _Tagged(pending + t.tag, x) if pending else t
+                pending = ()
+            else:
+                pending += t.tag
+
+
+class _TaggedBatch(Op):
+    name = "batch"
+
+    def __init__(self, input: Op, op: Batch) -> None:
+        self.input = input
+        self.inputs = (input,)
+        self.op = op
+
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        n = self.op.batch_size
+        it = self.input.iterate(ctx)
+        while True:
+            items = [t for _, t in zip(range(n), it, strict=False)]
+            if not items or (len(items) < n and self.op.drop_remainder):
+                return
+            tag: tuple[Any, ...] = ()
+            for t in items:
+                tag += t.tag
+            yield _Tagged(_merge_runs(tag), self.op._stack([t.x for t in items]))
+            if len(items) < n:
+                return
+
+
+def _merge_runs(tag: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Adjacent runs of one key merged (a batch of 256 consecutive elements is one run)."""
+    out: list[Any] = []
+    for i in range(0, len(tag), 4):
+        key, start, count, length = tag[i:i + 4]
+        if out and out[-4] == key and out[-3] + out[-2] == start:
+            out[-2] += count
+            out[-1] = max(out[-1], length)
+        else:
+            out.extend((key, start, count, length))
+    return tuple(out)
+
+
+def _rewired(op: Op, input: Op) -> Op:
+    new = copy.copy(op)
+    new.input = input  # type: ignore[attr-defined]  # Unary ops
+    new.inputs = (input,)
+    return new
+
+
+def _tagged_op(op: Op, input: Op) -> Op:
+    kind = type(op)
+    if kind is Map:
+        new = _rewired(op, input)
+        new.fn = _TagMap(op.fn)  # type: ignore[attr-defined]
+        return new
+    if kind is Filter:
+        return _TaggedFilter(input, op)  # type: ignore[arg-type]
+    if kind is Batch or kind.__name__ == "PaddedBatch":
+        return _TaggedBatch(input, op)  # type: ignore[arg-type]
+    if kind in (Prefetch, Shuffle):
+        return _rewired(op, input)
+    raise InputPositionError(
+        f"the input position of this pipeline cannot be tracked: Dataset.{op.name}() on the "
+        "data workers does not say which source elements each of its elements came from "
+        "(tracked: map, filter, batch, padded_batch, shuffle, prefetch); apply it on the "
+        "consumer, after from_dataset_id, or read without track_position")
+
+
+def pipeline_chain(root: Op) -> list[Op]:
+    """The ops from ``root`` down to its one source; InputPositionError if not a chain."""
+    chain = [root]
+    while not chain[-1].is_source:
+        inputs = chain[-1].inputs
+        if len(inputs) != 1:
+            raise InputPositionError(
+                f"the input position of this pipeline cannot be tracked: Dataset."
+                f"{chain[-1].name}() combines {len(inputs)} inputs")
+        chain.append(inputs[0])
+    return chain
+
+
+def tagged_elements(root: Op, policy: ShardingPolicy, provider: SplitProvider | None,
+                    field: str, worker_name: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """A tracking task's elements: ``(tag, element)`` pairs (see the module docstring)."""
+    start = json.loads(field).get("start")
+    chain = pipeline_chain(root)
+    op: Op = _TaggedSource(chain[-1], provider if policy == ShardingPolicy.DYNAMIC else None,
+                           worker_name, start)
+    for above in reversed(chain[:-1]):
+        op = _tagged_op(above, op)
+    for t in op.iterate(IterContext()):
+        yield (t.tag, t.x)
