@@ -9,9 +9,15 @@ scheduler went away). The fresh ``dask worker`` waits until the scheduler is rea
 registers. ``dask-dataservice worker --supervise`` runs the child with ``--worker-class
 dask_dataservice.service.worker.ReconnectingWorker`` (:mod:`._reconnect`): that worker rides
 out a scheduler restart with its data tasks and does not exit, so a restart of the child is
-the fallback (a worker that had to close, e.g. one holding Dask tasks). A child that fails (non-zero exit code, e.g. a bad option) ends the supervisor with
-the same code; a child that ends cleanly soon after its start is restarted with a growing
-delay (so ``dask worker --version`` cannot turn into a busy loop).
+the fallback (a worker that had to close, e.g. one holding Dask tasks).
+
+A child that fails (non-zero exit code) is started again too when it had been up a while, or
+until it has failed three times in a row soon after its start: a scheduler
+that goes away while a nanny is still registering makes ``dask worker`` fail ("Nanny failed to
+start"), and that worker must come back as well. A usage error (exit code 2, e.g. a bad option)
+and a child that keeps failing at once end the supervisor with the child's code. A child that
+ends soon after its start is restarted with a growing delay (so ``dask worker --version``
+cannot turn into a busy loop).
 
 SIGTERM or SIGINT to the supervisor is passed to the child (which runs in its own process
 group, so that Ctrl-C on a terminal reaches it once); the supervisor returns the child's exit
@@ -38,6 +44,11 @@ __all__ = ["supervise"]
 _STABLE_SECONDS = 10.0
 #: Delay before restarting a child that ended sooner: doubles each time, up to the max.
 _DELAY_MIN, _DELAY_MAX = 0.1, 10.0
+#: A child that failed (non-zero exit) this many times in a row, each soon after its start,
+#: ends the supervisor: it is broken, not interrupted.
+_QUICK_FAILURES_MAX = 3
+#: Exit code of a command-line usage error (click's, argparse's): never retried.
+_USAGE_ERROR = 2
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -54,7 +65,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
               announce: Callable[[str], None] | None = None) -> int:
-    """Run ``cmd`` and run it again each time it exits with code 0, until SIGTERM/SIGINT.
+    """Run ``cmd`` and run it again each time it ends (module docstring), until SIGTERM/SIGINT.
 
     ``announce(message)`` (default: print on stderr) hears about each (re)start.
     Must run in the main thread (it installs the signal handlers, and restores them).
@@ -73,7 +84,7 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        delay, starts = _DELAY_MIN, 0
+        delay, starts, quick_failures = _DELAY_MIN, 0, 0
         while not stop.is_set():
             started = time.monotonic()
             # its own process group: Ctrl-C on a terminal reaches the supervisor only, which
@@ -87,9 +98,17 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
                      f"the worker ended; started a new one (pid {child[0].pid}, restart "
                      f"{starts - 1})")
             rc = child[0].wait()
-            if stop.is_set() or rc != 0:
+            if stop.is_set() or rc == _USAGE_ERROR:
                 return rc
-            if time.monotonic() - started >= _STABLE_SECONDS:
+            stable = time.monotonic() - started >= _STABLE_SECONDS
+            quick_failures = 0 if rc == 0 or stable else quick_failures + 1
+            if quick_failures >= _QUICK_FAILURES_MAX:
+                announce(f"the worker failed {quick_failures} times in a row at its start "
+                         f"(exit code {rc}); giving up")
+                return rc
+            if rc != 0:
+                announce(f"the worker failed (exit code {rc}); starting it again")
+            if stable:
                 delay = _DELAY_MIN
             else:  # ended at once: wait (an event wait: a signal ends it early)
                 stop.wait(delay)
