@@ -172,6 +172,10 @@ class Channel:
             return not self._inbox and not self._pending
 
 
+#: The op of a message that carries several requests to one PS (see :class:`Pipeline`).
+BATCH_OP = "ps_batch"
+
+
 class Pipeline:
     """The runner thread's view of its channels for one batch of scheduled functions.
 
@@ -179,12 +183,19 @@ class Pipeline:
     wait for a reply; ``check(reply, call)`` turns a reply into a value or an exception;
     ``probe(address, limit)``, when given, says whether a PS answers within ``limit`` and is
     asked after each ``liveness`` seconds without a reply.
+
+    Requests to one PS made together travel as one message (``ps_batch``: one reply, the
+    PS runs them in order). With ``hold`` > 0, updates are not sent at once: they wait for
+    the next request to their PS and travel in its message (the update of a training step
+    and the gather of the next one: one round trip), or for :meth:`drain`, or until more
+    than ``hold`` bytes (or ``max_messages`` updates) wait. A read still follows every
+    update sent before it to its PS, so read-your-writes holds per shard.
     """
 
     def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict[str, Any]],
                  max_bytes: int, max_messages: int, timeout: float,
                  probe: Callable[[str, float], bool] | None = None,
-                 liveness: float | None = None) -> None:
+                 liveness: float | None = None, hold: int = 0) -> None:
         self._channel = channel
         self._check = check
         self._probe = probe
@@ -192,9 +203,16 @@ class Pipeline:
         self._max_bytes = max_bytes
         self._max_messages = max_messages
         self._timeout = timeout
-        #: ``(future, call, function index, nbytes)`` of unacknowledged updates.
+        self._hold = hold
+        #: Requests to one PS travel as one message (``hold`` 0: each alone, as before).
+        self.coalescing = hold > 0
+        #: ``(future, [(call, function index)], nbytes)`` of unacknowledged update messages.
         self._outstanding: deque[Any] = deque()
         self._bytes = 0
+        #: ``{address: [(call, function index)]}``: updates held for the next message.
+        self._held: dict[str, list[tuple[Call, int]]] = {}
+        self._held_bytes = 0
+        self._held_count = 0
         #: The function (index in the batch) now running, and errors charged to functions.
         self.current = 0
         self.errors: dict[int, BaseException] = {}
@@ -223,24 +241,119 @@ class Pipeline:
             raise err from None
         return self._check(reply, call)
 
+    # -- messages ----------------------------------------------------------------------------
+    def _submit(self, address: str, calls: list[Call]) -> concurrent.futures.Future[Any]:
+        """One message to ``address`` with ``calls`` (a plain request when there is one)."""
+        if len(calls) == 1:
+            return self._channel(address).submit(calls[0].op, calls[0].kwargs)
+        return self._channel(address).submit(
+            BATCH_OP, {"ops": [{"op": c.op, **c.kwargs} for c in calls]})
+
+    def _settle(self, fut: concurrent.futures.Future[Any],
+                calls: list[Call]) -> list[dict[str, Any] | Exception]:
+        """The checked reply (or the error) of each of ``calls`` sent as one message.
+
+        A lost message (timeout, broken connection, silent PS) raises for all of them."""
+        if len(calls) == 1:
+            try:
+                return [self._result(fut, calls[0])]
+            except ParameterServerUnavailableError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the request's own error
+                return [e]
+        ops = "+".join(dict.fromkeys(c.op for c in calls))
+        replies = self._result(fut, Call(calls[0].address, ops, {}))["replies"]
+        out: list[dict[str, Any] | Exception] = []
+        for reply, call in zip(replies, calls, strict=True):
+            try:
+                out.append(self._check(reply, call))
+            except Exception as e:  # noqa: BLE001 - charged to its own request
+                out.append(e)
+        return out
+
+    def _take_held(self, address: str) -> list[tuple[Call, int]]:
+        held = self._held.pop(address, [])
+        self._held_count -= len(held)
+        if not self._held:
+            self._held_bytes = 0
+        return held
+
+    def _charge(self, held: list[tuple[Call, int]],
+                results: list[dict[str, Any] | Exception]) -> None:
+        for (_, index), result in zip(held, results, strict=True):
+            if isinstance(result, Exception):
+                self.errors.setdefault(index, result)
+
+    # -- the runner thread's API -------------------------------------------------------------
     def call_many(self, calls: list[Call]) -> list[dict[str, Any]]:
-        futs = [self._channel(c.address).submit(c.op, c.kwargs) for c in calls]
-        return [self._result(fut, call) for fut, call in zip(futs, calls, strict=True)]
+        """Send ``calls`` (one message per PS, after the updates held for it) and wait."""
+        by_address: dict[str, list[int]] = {}
+        for i, call in enumerate(calls):
+            # each call alone when not coalescing (keys: addresses, or call indices)
+            by_address.setdefault(call.address if self.coalescing else str(i), []).append(i)
+        sent = []
+        for indices in by_address.values():
+            address = calls[indices[0]].address
+            held = self._take_held(address)
+            group = [c for c, _ in held] + [calls[i] for i in indices]
+            sent.append((self._submit(address, group), group, held, indices))
+        out: list[dict[str, Any]] = [{}] * len(calls)
+        error: Exception | None = None
+        for fut, group, held, indices in sent:
+            try:
+                results = self._settle(fut, group)
+            except Exception as e:  # noqa: BLE001 - the message is lost: its updates too
+                self._charge(held, [e] * len(held))
+                error = error or e
+                continue
+            self._charge(held, results[:len(held)])
+            for i, result in zip(indices, results[len(held):], strict=True):
+                if isinstance(result, Exception):
+                    error = error or result
+                else:
+                    out[i] = result
+        if error is not None:
+            raise error
+        return out
 
     def send(self, calls: list[Call], nbytes: int = 0) -> None:
-        for call in calls:
-            fut = self._channel(call.address).submit(call.op, call.kwargs)
-            self._outstanding.append((fut, call, self.current, nbytes))
-            self._bytes += nbytes
+        """Send updates without waiting for their replies (or hold them: see the class)."""
+        if self._hold > 0:
+            for call in calls:
+                self._held.setdefault(call.address, []).append((call, self.current))
+            self._held_bytes += nbytes
+            self._held_count += len(calls)
+            if self._held_bytes > self._hold or self._held_count > self._max_messages:
+                self._flush()
+            return
+        for i, call in enumerate(calls):
+            self._post([(call, self.current)], nbytes if i == 0 else 0)
+
+    def _post(self, members: list[tuple[Call, int]], nbytes: int) -> None:
+        fut = self._submit(members[0][0].address, [c for c, _ in members])
+        self._outstanding.append((fut, members, nbytes))
+        self._bytes += nbytes
         if len(self._outstanding) > self._max_messages or self._bytes > self._max_bytes:
             self.drain(keep=len(self._outstanding) // 2)
 
+    def _flush(self) -> None:
+        """Send every held update (one message per PS)."""
+        nbytes = self._held_bytes
+        for address in list(self._held):
+            held = self._take_held(address)
+            self._post(held, nbytes)
+            nbytes = 0
+
     def drain(self, keep: int = 0) -> None:
-        """Wait for unacknowledged updates (all but the newest ``keep``)."""
+        """Wait for unacknowledged updates (all but the newest ``keep`` messages); with
+        ``keep=0`` the held ones are sent first."""
+        if keep == 0 and self._held:
+            self._flush()
         while len(self._outstanding) > keep:
-            fut, call, index, nbytes = self._outstanding.popleft()
+            fut, members, nbytes = self._outstanding.popleft()
             self._bytes -= nbytes
             try:
-                self._result(fut, call)
-            except Exception as e:  # noqa: BLE001 - charged to the function that sent it
-                self.errors.setdefault(index, e)
+                results = self._settle(fut, [c for c, _ in members])
+            except Exception as e:  # noqa: BLE001 - charged to the functions that sent them
+                results = [e] * len(members)
+            self._charge(members, results)

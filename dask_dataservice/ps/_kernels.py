@@ -147,15 +147,20 @@ def _row_view(arr: np.ndarray) -> np.ndarray | None:
         np.dtype((np.void, arr.itemsize * (arr.size // arr.shape[0])))).reshape(-1)
 
 
-def take_rows(value: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """``value[ids]`` (a new C-contiguous array), for valid ids.
+def take_rows(value: np.ndarray, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``value[ids]`` (a new C-contiguous array, or written into ``out``), for valid ids.
 
     Rows move as opaque ``void`` items: for 256-byte rows that is ~1.7x as fast as fancy
     indexing (and ``np.take`` on the numeric array is in between).
     """
     rows = _row_view(value)
-    if rows is None:
-        return np.take(value, ids, axis=0)
+    items = None if out is None or rows is None else _row_view(out)
+    if rows is None or (out is not None and items is None):
+        return np.take(value, ids, axis=0, out=out)
+    if items is not None:
+        np.take(rows, ids, out=items)
+        assert out is not None  # items is set only with out
+        return out
     return np.take(rows, ids).view(value.dtype).reshape((ids.size, *value.shape[1:]))
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from distributed import Client
     from tornado.ioloop import IOLoop
 
-__all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "register_owner",
+__all__ = ["FunctionContext", "call", "call_many", "check", "client_of", "coalescing", "register_owner",
            "run_sync", "send_updates", "tag"]
 
 #: Per-thread state: ``worker`` (the runner thread's worker), ``pipeline``, ``fn``.
@@ -205,6 +205,13 @@ def send_updates(calls: list[Call], client: Client | None = None, nbytes: int = 
         pipeline.send([c if isinstance(c, Call) else Call(*c) for c in calls], nbytes)
     else:
         call_many(calls, client, uid)
+
+
+def coalescing() -> bool:
+    """Whether requests to one server travel together (always, but in a scheduled function
+    whose runner sends each alone: ``dataservice.ps.coalesce-bytes: 0``)."""
+    pipeline = getattr(_thread, "pipeline", None)
+    return pipeline is None or bool(pipeline.coalescing)
 
 
 def call(address: str, op: str, client: Client | None = None, kwargs: dict[str, Any] | None = None,

@@ -149,7 +149,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
         if self._pipeline:
             pipeline = Pipeline(self._channel, _routing.check, self._max_bytes,
                                 self._max_messages, _routing.timeout(), self._answers,
-                                _routing.liveness())
+                                _routing.liveness(), config.get_bytes("ps.coalesce-bytes"))
         _routing._thread.pipeline = pipeline
         try:
             for index, (fn_id, fn, args, kwargs) in enumerate(closures):
@@ -187,8 +187,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
                 self._iterators.pop(old, None)
             ds = handle.dataset_fn()
             # counted, from the handle's start position (see ps/input_position.py)
-            start = getattr(handle, "start", {}).get(str(self.worker.name), 0)
-            it = self._iterators[handle.uid] = CountingIterator(ds, start)
+            start = getattr(handle, "start", {})
+            it = self._iterators[handle.uid] = CountingIterator.at(ds, start, str(self.worker.name))
             self._newest[handle.dataset_uid] = handle.uid
         return it
 
@@ -232,7 +232,7 @@ class PerWorkerIterator:
         self.dataset_fn = dataset_fn
         self.uid = secrets.token_hex(6)
         #: ``{worker name: elements to skip}`` (a restored checkpoint's input position).
-        self.start: dict[str, int] = {}
+        self.start: dict[str, Any] = {}
 
     def __iter__(self) -> PerWorkerIterator:
         return self

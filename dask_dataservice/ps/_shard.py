@@ -148,6 +148,10 @@ class Shard:
     def gather(self, ids: np.ndarray) -> np.ndarray:
         return _kernels.take_rows(self.value, ids)  # a copy
 
+    def gather_into(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``ids`` into ``out`` (a reply buffer holding several shards' rows)."""
+        _kernels.take_rows(self.value, ids, out)
+
     def read_slots(self, optimizer: str) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.slots.get(optimizer, {}).items()}
 

@@ -49,7 +49,7 @@ from zarr.storage import LocalStore, MemoryStore
 
 from .. import config
 from .._async import owned_executor, shutdown_executor
-from .._rpc import handler
+from .._rpc import error_message, handler
 from . import _kernels, _store
 from ._dashboard_hooks import count_shard_op
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
@@ -78,7 +78,14 @@ HANDLERS = {
     "ps_save": "save",
     "ps_restore": "restore",
     "ps_read_slots": "read_slots",
+    "ps_batch": "batch",
+    "ps_gather_parts": "gather_parts",
+    "ps_apply_parts": "apply_parts",
 }
+
+#: Requests a ``ps_batch`` message may carry: op name -> method name.
+BATCHABLE = {op: HANDLERS[op] for op in ("ps_read", "ps_gather", "ps_update", "ps_scatter",
+                                          "ps_apply", "ps_gather_parts", "ps_apply_parts")}
 
 
 #: Arrays of the gradient's size an optimizer step reads and writes (value + slots).
@@ -147,8 +154,10 @@ class ParameterServerPlugin(WorkerPlugin):
         self._compute = owned_executor("dds-ps-compute", int(config.get("ps.compute-threads")))
         self._offload_bytes = config.get_bytes("ps.offload-bytes")
         self._chunk_bytes = config.get_bytes("ps.chunk-bytes")
-        #: Counters for tests and dashboards (``offloaded``: lane jobs run on a thread).
-        self.stats = {"updates": 0, "skipped": 0, "gathers": 0, "flushes": 0, "offloaded": 0}
+        #: Counters for tests and dashboards (``offloaded``: lane jobs run on a thread;
+        #: ``batches``: ``ps_batch`` messages, several requests each).
+        self.stats = {"updates": 0, "skipped": 0, "gathers": 0, "flushes": 0, "offloaded": 0,
+                      "batches": 0}
         #: ``{coordinator's id base: bound}``: every function id in ``[base, bound)`` finished.
         self.finished: dict[int, int] = {}
         work_dir = self.work_dir or config.get("ps.work-dir")
@@ -274,6 +283,39 @@ class ParameterServerPlugin(WorkerPlugin):
         self.stats["gathers"] += 1
         return {"status": "OK", "value": to_serialize(out)}
 
+    def _parts(self, keys: Sequence[str], counts: Sequence[int], ids: Any) -> list[Any]:
+        """``[(shard, start, stop, shard-local ids)]`` of a request on several shards of this
+        server: ``ids`` holds ``counts[i]`` ids of ``keys[i]``, one shard after the other."""
+        if len(keys) != len(counts):
+            raise ValueError(f"{len(keys)} keys but {len(counts)} counts")
+        ids = np.asarray(unwire(ids)).reshape(-1)
+        if sum(int(c) for c in counts) != ids.size or any(int(c) < 0 for c in counts):
+            raise ValueError(f"counts {list(counts)} do not add up to the {ids.size} ids")
+        parts, start = [], 0
+        for key, count in zip(keys, counts, strict=True):
+            shard = self._shard(key)
+            stop = start + int(count)
+            parts.append((shard, start, stop, _check_ids(shard, ids[start:stop])))
+            start = stop
+        return parts
+
+    @handler
+    async def gather_parts(self, keys: Sequence[str], counts: Sequence[int], ids: Any) -> ValueReply:
+        """Rows of several shards of this server in one reply: ``ids`` holds ``counts[i]``
+        shard-local ids of shard ``keys[i]``; the rows come back in the same order."""
+        parts = self._parts(keys, counts, ids)
+        first = parts[0][0].value if parts else None
+        if first is None or first.ndim == 0:
+            raise ValueError("ps_gather_parts needs at least one shard with rows")
+        out = np.empty((parts[-1][2], *first.shape[1:]), dtype=first.dtype)
+        for shard, a, b, local in parts:
+            if shard.value.shape[1:] != first.shape[1:] or shard.value.dtype != first.dtype:
+                raise ShapeMismatchError(f"shards {parts[0][0].key!r} and {shard.key!r} differ "
+                                         "in row shape or dtype")
+            await self._on_lane(shard, out[a:b].nbytes, shard.gather_into, local, out[a:b])
+            self.stats["gathers"] += 1
+        return {"status": "OK", "value": to_serialize(out)}
+
     @handler
     async def read_slots(self, key: str, optimizer: str) -> dict[str, Any]:
         shard = self._shard(key)
@@ -334,6 +376,31 @@ class ParameterServerPlugin(WorkerPlugin):
                                                fn_id, seq))
 
     @handler
+    async def apply_parts(self, keys: Sequence[str], counts: Sequence[int], optimizer: dict[str, Any],
+                          grad: Any, ids: Any, fn_id: int | None = None,
+                          seq: int | None = None) -> dict[str, Any]:
+        """One optimizer step on rows of several shards of this server: ``ids`` and
+        ``grad`` hold ``counts[i]`` shard-local ids (and their gradient rows) of shard
+        ``keys[i]``, one shard after the other. ``applied`` says, per shard, whether it was
+        applied (False: a repeat of ``(fn_id, seq)`` on that shard)."""
+        parts = self._parts(keys, counts, ids)
+        rows = np.asarray(unwire(grad))
+        if not parts or rows.ndim == 0 or rows.shape[0] != parts[-1][2]:
+            raise ShapeMismatchError(f"ps_apply_parts: a gradient of shape {rows.shape} for "
+                                     f"{sum(int(c) for c in counts)} ids")
+        grads = [_as_value(shard, rows[a:b], (b - a, *shard.value.shape[1:]))
+                 for shard, a, b, _ in parts]
+        if self._late(fn_id):
+            return {"status": "OK", "applied": [self._count(False)["applied"] for _ in parts]}
+        applied = []
+        for (shard, _, _, local), g in zip(parts, grads, strict=True):
+            nbytes = g.nbytes if optimizer.get("kind") == "sgd" and not optimizer.get("momentum") \
+                else g.nbytes * _ARRAYS_TOUCHED.get(str(optimizer.get("kind")), 3)
+            applied.append(self._count(await self._on_lane(
+                shard, nbytes, shard.apply, optimizer, g, local, fn_id, seq))["applied"])
+        return {"status": "OK", "applied": applied}
+
+    @handler
     async def forget(self, below: int, above: int = 0) -> dict[str, Any]:
         """Drop exactly-once records of functions with ids in ``[above, below)`` (finished);
         later updates of those functions are dropped (see the module doc)."""
@@ -343,6 +410,33 @@ class ParameterServerPlugin(WorkerPlugin):
         for shard in list(self.shards.values()):
             n += await self._on_lane(shard, 0, shard.forget, below, above)
         return {"status": "OK", "forgotten": n}
+
+    @handler
+    async def batch(self, comm: Any, ops: Sequence[Any]) -> dict[str, Any]:
+        """Several requests in one message (``[{"op": ..., **kwargs}]``, ops of
+        :data:`BATCHABLE`), run in order: ``{"replies": [reply of each]}``. Each reply is
+        what its request alone would have got, an error included; the others still run.
+
+        Batches come on a training worker's channel (dicts and arrays, cheap to serialise
+        at any size): the comm skips distributed's per-message ``sizeof()`` walk that
+        decides whether to offload (de)serialisation, as the worker's end does."""
+        if getattr(comm, "allow_offload", False):
+            comm.allow_offload = False
+        self.stats["batches"] += 1
+        if not isinstance(ops, (list, tuple)):  # msgpack gives tuples
+            raise TypeError(f"ps_batch takes a list of requests, got {type(ops).__name__}")
+        replies = []
+        for sub in ops:
+            op = sub.get("op") if isinstance(sub, dict) else None
+            method = BATCHABLE.get(op) if isinstance(op, str) else None
+            if method is None:
+                replies.append(error_message(ValueError(
+                    f"ps_batch cannot carry {op!r}; expected one of {sorted(BATCHABLE)}")))
+                continue
+            # a handler answers error_message(e) for any error, wrong arguments included
+            replies.append(await getattr(self, method)(
+                **{k: v for k, v in sub.items() if k != "op"}))
+        return {"status": "OK", "replies": replies}
 
     # -- persistence ---------------------------------------------------------------------
     @handler

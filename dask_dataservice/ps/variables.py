@@ -501,6 +501,29 @@ def _flat_ids(ids: Any, rows: int, name: str) -> tuple[np.ndarray, tuple[Any, ..
     return flat, ids.shape
 
 
+def _stable_sort(flat: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, flat[order])`` with ``order`` a stable argsort of ``flat`` (ids in
+    ``[0, bound)``).
+
+    The ids and their positions are packed into one int64 key (``id << bits | position``)
+    and sorted: the keys are distinct, so any sort is stable, and numpy's default sort of
+    int64 is ~6x as fast as a stable argsort (4,096 ids: 55 us instead of 330 us). Ids too
+    large to pack take the stable argsort.
+    """
+    n = flat.size
+    bits = max(1, (n - 1).bit_length())
+    if bound > 0 and (bound - 1).bit_length() + bits <= 62:
+        key = flat.astype(np.int64, copy=True)
+        key <<= bits
+        key |= np.arange(n, dtype=np.int64)
+        key.sort()
+        order = (key & ((1 << bits) - 1)).astype(np.intp, copy=False)
+        key >>= bits
+        return order, key
+    order = np.argsort(flat, kind="stable")
+    return order, flat[order]
+
+
 class _Plan:
     """Where the rows of ``flat`` ids live: each distinct id once, grouped by shard.
 
@@ -525,8 +548,7 @@ class _Plan:
         if n < 2 or bool(np.all(flat[1:] > flat[:-1])):
             self.uniq = flat
         else:
-            order = np.argsort(flat, kind="stable")
-            srt = flat[order]
+            order, srt = _stable_sort(flat, offsets[-1])
             first = np.empty(n, dtype=bool)
             first[0] = True
             np.not_equal(srt[1:], srt[:-1], out=first[1:])
@@ -616,19 +638,46 @@ def _gather(variables: list[Variable], offsets: list[int], shape: tuple[int, ...
         for s, a, b, local in plan.parts:
             rows[a:b] = variables[s].read_value()[local]
     else:
-        calls = [Call(_ps_address(variables[s]._address), "ps_gather",
-                      {"key": variables[s]._key, "ids": wire(local)})
-                 for s, _, _, local in plan.parts]
+        groups = _by_server(variables, plan.parts)
+        calls = [_gather_call(variables, address, group) for address, group in groups]
         replies = _routing.call_many(calls, client, uid)
         want = (plan.uniq.size, *row_shape)
         if len(replies) == 1 and replies[0]["value"].shape == want \
                 and replies[0]["value"].dtype == dtype:
-            rows = replies[0]["value"]  # a fresh array, ours (no copy)
+            rows = replies[0]["value"]  # a fresh array, ours (no copy), in plan order
         else:
             rows = np.empty(want, dtype=dtype)
-            for (_, a, b, _), reply in zip(plan.parts, replies, strict=True):
-                rows[a:b] = reply["value"]
+            for (_, group), reply in zip(groups, replies, strict=True):
+                value, k = reply["value"], 0
+                for _, a, b, _ in group:
+                    rows[a:b] = value[k:k + b - a]
+                    k += b - a
     return plan.expand(rows).reshape(ids_shape + row_shape)
+
+
+#: ``(shard index, start, stop, shard-local ids)``: one shard's part of a plan.
+_Part = tuple[int, int, int, np.ndarray]
+
+
+def _by_server(variables: list[Variable], parts: list[_Part]) -> list[tuple[str, list[_Part]]]:
+    """``parts`` grouped by parameter server (in order): one request per server, not per
+    shard (unless the runner sends each shard's request alone: ``ps.coalesce-bytes: 0``)."""
+    if not _routing.coalescing():
+        return [(_ps_address(variables[p[0]]._address), [p]) for p in parts]
+    groups: dict[str, list[_Part]] = {}
+    for part in parts:
+        groups.setdefault(_ps_address(variables[part[0]]._address), []).append(part)
+    return list(groups.items())
+
+
+def _gather_call(variables: list[Variable], address: str, group: list[_Part]) -> Call:
+    if len(group) == 1:
+        s, _, _, local = group[0]
+        return Call(address, "ps_gather", {"key": variables[s]._key, "ids": wire(local)})
+    return Call(address, "ps_gather_parts", {
+        "keys": [variables[s]._key for s, _, _, _ in group],
+        "counts": [b - a for _, a, b, _ in group],
+        "ids": wire(np.concatenate([local for _, _, _, local in group]))})
 
 
 def _scatter(variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
@@ -685,11 +734,18 @@ def apply_gradients(config: dict[str, Any], grads_and_vars: list[Any]) -> None:
                                    (flat.size, *var.shape[1:]))
             plan = _plan(flat, offsets)
             summed = plan.combine(rows, np.add)  # duplicate ids: gradients add up
-            for s, a, b, local in plan.parts:
-                v = shards[s]
-                calls.append(Call(_ps_address(v._address), "ps_apply",
-                                  {"key": v._key, "optimizer": config,
-                                   "grad": wire(summed[a:b]), "ids": wire(local), **tag}))
+            for address, group in _by_server(shards, plan.parts):
+                if len(group) == 1:
+                    s, a, b, local = group[0]
+                    calls.append(Call(address, "ps_apply", {
+                        "key": shards[s]._key, "optimizer": config,
+                        "grad": wire(summed[a:b]), "ids": wire(local), **tag}))
+                    continue
+                calls.append(Call(address, "ps_apply_parts", {
+                    "keys": [shards[s]._key for s, _, _, _ in group],
+                    "counts": [b - a for _, a, b, _ in group], "optimizer": config,
+                    "grad": wire(np.concatenate([summed[a:b] for _, a, b, _ in group])),
+                    "ids": wire(np.concatenate([local for _, _, _, local in group])), **tag}))
             nbytes += summed.nbytes
         else:
             g = _kernels.cast_value(grad, var.dtype, f"the gradient of variable {var.name!r}")
