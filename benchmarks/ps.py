@@ -1,6 +1,6 @@
 """Parameter-server training benchmarks (issue 6): P1, P2, P3 as JSON lines.
 
-    python benchmarks/ps.py [--ps 2] [--workers 2] [--only P1,P2,P3] [--quick]
+    python benchmarks/ps.py [--ps 2] [--workers 2] [--only P1,P2,P3,P2-scaling] [--quick]
 
 A local cluster of worker *processes* (``--ps`` parameter servers with the ``ps`` resource,
 ``--workers`` training workers); this process is the coordinator. Each line is one
@@ -11,6 +11,13 @@ measurement; ``tf`` is TensorFlow 2.21's figure on the same machine, ``target`` 
   coordinator-side variable, no cluster).
 - P2: a 1,000,000 x 64 float32 embedding table in 2 shards; each step gathers 4,096 random
   ids and applies a sparse SGD update to them (ids/s); local baseline: numpy on one array.
+- P2-scaling (issue 16): P2 over 1, 2, 4 shards x 1, 2 training workers (``--p2-shards``,
+  ``--p2-workers``; a cluster per worker count), the old path (``dataservice.ps.coalesce-bytes:
+  0``: every update and every shard's request its own message) against the new one (updates
+  held for the next request to their PS, one request per PS), alternated A B A B in the same
+  cluster. Each line gives ids/s (best and median) and the CPU each process spent per step
+  (``cpu_us_per_step``: parameter servers, training workers, this coordinator, from
+  ``getrusage``), which holds up better than ids/s on a shared machine.
 - P3: a 16 MiB float32 variable in 2 shards; each step reads it whole and adds a tensor of
   the same size (MiB/s moved, both directions); local baseline: numpy copy + add.
 """
@@ -166,7 +173,7 @@ def bench_p2(client, steps: int) -> None:
     best, median = timed(run)
     emit(benchmark="P2", what="gather 4096 random ids + sparse update, 1Mx64 f32 in 2 shards",
          steps=steps, ids_per_s=round(steps * 4096 / best),
-         median_ids_per_s=round(steps * 4096 / median), target=1_000_000, tf=649_000)
+         median_ids_per_s=round(steps * 4096 / median), target=2_000_000, tf=649_000)
     from dask_dataservice.ps.optimizers import dedupe_rows
 
     table = np.full((1_000_000, 64), 0.0, "f4")  # pages touched, as on a PS
@@ -182,6 +189,74 @@ def bench_p2(client, steps: int) -> None:
     emit(benchmark="P2-local", what="the same step in numpy on one local array", steps=n,
          ids_per_s=round(n * 4096 / dt))
     coord.shutdown()
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _set_coalesce(value: str) -> None:
+    import dask
+
+    dask.config.set({"dataservice.ps.coalesce-bytes": value})
+
+
+#: The P2-scaling paths: ``dataservice.ps.coalesce-bytes`` on the training workers.
+P2_PATHS = {"old": "0", "new": "8 MiB"}
+
+
+def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps: int) -> None:
+    """P2 over ``shards`` with the old and the new path, A B A B (see the module doc)."""
+    import dask_dataservice as dds
+    from dask_dataservice.ps import optimizers
+
+    names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+    for n_shards in shards:
+        strategy = dds.ParameterServerStrategy(
+            client, variable_partitioner=dds.partitioners.FixedShardsPartitioner(n_shards))
+        coord = dds.ClusterCoordinator(strategy)
+        with strategy.scope():
+            emb = dds.Variable(zeros, shape=(1_000_000, 64), dtype="f4",
+                               name=f"p2s_{n_shards}_{n_workers}")
+        sgd = optimizers.SGD(0.1, name=f"p2s_sgd_{n_shards}_{n_workers}")
+        runs: dict[str, list[tuple[float, dict[str, float]]]] = {k: [] for k in P2_PATHS}
+        for rep in range(REPEAT + 1):  # the first round warms both paths up
+            for path, value in P2_PATHS.items():
+                client.run(_set_coalesce, value)
+                for i in range(20 if rep == 0 else 0):
+                    coord.schedule(p2_step, args=(emb, sgd, 10**6 + i))
+                coord.join()
+                if rep == 0:
+                    continue
+                before, me = client.run(_cpu_seconds), _cpu_seconds()
+                t0 = time.perf_counter()
+                for i in range(steps):
+                    coord.schedule(p2_step, args=(emb, sgd, i))
+                coord.join()
+                dt = time.perf_counter() - t0
+                after = client.run(_cpu_seconds)
+                cpu = {names[a]: (after[a] - before[a]) / steps for a in after}
+                cpu["coordinator"] = (_cpu_seconds() - me) / steps
+                runs[path].append((dt, cpu))
+        best = {}
+        for path, got in runs.items():
+            got.sort(key=lambda r: r[0])
+            dt, cpu = got[0]
+            median = got[len(got) // 2][0]
+            best[path] = steps * 4096 / dt
+            cpu_us = {k: round(v * 1e6) for k, v in sorted(cpu.items())}
+            emit(benchmark="P2-scaling", path=path, ps=n_ps, workers=n_workers, shards=n_shards,
+                 steps=steps, ids_per_s=round(best[path]),
+                 median_ids_per_s=round(steps * 4096 / median),
+                 cpu_us_per_step=cpu_us, cpu_us_per_step_total=sum(cpu_us.values()),
+                 target=2_000_000, load=open("/proc/loadavg").read().split()[0])
+        emit(benchmark="P2-scaling-ratio", ps=n_ps, workers=n_workers, shards=n_shards,
+             new_over_old=round(best["new"] / best["old"], 2))
+        client.run(_set_coalesce, P2_PATHS["new"])
+        coord.shutdown()
 
 
 def bench_p3(client, steps: int) -> None:
@@ -218,15 +293,26 @@ def bench_p3(client, steps: int) -> None:
     coord.shutdown()
 
 
+def _bench_fixed(client, only: set[str], quick: bool) -> None:
+    if "P1" in only:
+        bench_p1(client, 1000 if quick else 5000)
+    if "P2" in only:
+        bench_p2(client, 50 if quick else 300)
+    if "P3" in only:
+        bench_p3(client, 20 if quick else 100)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ps", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", default="P1,P2,P3")
+    parser.add_argument("--only", default="P1,P2,P3,P2-scaling")
     parser.add_argument("--quick", action="store_true", help="fewer steps (smoke run)")
     parser.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
                         help="glibc malloc settings of the worker processes (see MALLOC_TUNED)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measured loop")
+    parser.add_argument("--p2-shards", default="1,2,4", help="P2-scaling: shard counts")
+    parser.add_argument("--p2-workers", default="1,2", help="P2-scaling: training worker counts")
     args = parser.parse_args(argv)
     global REPEAT
     REPEAT = max(1, args.repeat)
@@ -236,14 +322,16 @@ def main(argv=None) -> int:
     emit(benchmark="env", python=platform.python_version(), machine=platform.machine(),
          ps=args.ps, workers=args.workers, malloc=args.malloc,
          load=open("/proc/loadavg").read().split()[0])
-    with cluster(args.ps, args.workers, args.malloc) as c, Client(c) as client:
-        client.wait_for_workers(args.ps + args.workers)
-        if "P1" in only:
-            bench_p1(client, 1000 if args.quick else 5000)
-        if "P2" in only:
-            bench_p2(client, 50 if args.quick else 300)
-        if "P3" in only:
-            bench_p3(client, 20 if args.quick else 100)
+    if only & {"P1", "P2", "P3"}:
+        with cluster(args.ps, args.workers, args.malloc) as c, Client(c) as client:
+            client.wait_for_workers(args.ps + args.workers)
+            _bench_fixed(client, only, args.quick)
+    if "P2-SCALING" in only:
+        shards = [int(x) for x in args.p2_shards.split(",")]
+        for n_workers in (int(x) for x in args.p2_workers.split(",")):
+            with cluster(args.ps, n_workers, args.malloc) as c, Client(c) as client:
+                client.wait_for_workers(args.ps + n_workers)
+                bench_p2_scaling(client, args.ps, n_workers, shards, 50 if args.quick else 300)
     return 0
 
 
