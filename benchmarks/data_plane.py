@@ -13,6 +13,8 @@ run, alternating old / new (``--rounds`` times), best read of each:
   every 10 ms; the consumer's is its VmHWM).
 - ``malloc``: the same read of 1 MiB elements (1 and 2 workers) from two clusters: one
   untuned, one started with ``DASK_DATASERVICE__MALLOC_TUNING=True`` (workers and consumer).
+- ``requests``: ``dataservice.client.request-bytes`` 32 MiB (the old default) vs 8 MiB, on the
+  untuned cluster: GiB/s and the consumer's peak RSS.
 - ``compression``: (a) simulation: a batch of 32 MiB (64 KiB elements, random doubles vs
   compressible int32 tokens) serialized and deserialized as a worker and a reader do, raw and
   with lz4; from the measured CPU seconds and bytes on the wire, the throughput over a link of
@@ -49,7 +51,7 @@ from service import Cluster  # noqa: E402
 
 import dask_dataservice as dds  # noqa: E402
 
-BENCHES = ("elements", "malloc", "compression", "first")
+BENCHES = ("elements", "malloc", "requests", "compression", "first")
 MiB = 1 << 20
 GiB = 1 << 30
 TARGETS = {("elements", 65536): 1.5, ("elements", MiB): 2.5}
@@ -205,23 +207,45 @@ def report(bench: str, size: int, workers: int, n: int, results: dict[str, list[
             rec["target_met"] = rec["GiB_per_s"] >= target
         emit(rec)
     names = list(results)
-    if len(names) == 2:
-        a, b = names
+    for other in names[1:]:
         emit({"bench": bench, "element_bytes": size, "workers": workers,
-              "speedup": round(best[a] / best[b], 3), "of": f"{b} over {a}"})
+              "speedup": round(best[names[0]] / best[other], 3), "of": f"{other} over {names[0]}"})
 
 
 def malloc_bench(args: argparse.Namespace, clusters: dict[str, Cluster], workers: int) -> None:
-    size = MiB
-    n = max(64, args.bytes // size)
-    ds = dds.Dataset.range(n).map(partial(full, size // 4))
-    ids = {k: dds.register_dataset(c.client, ds) for k, c in clusters.items()}
-    env = {"untuned": {}, "tuned": {"DASK_DATASERVICE__MALLOC_TUNING": "True"}}
-    results: dict[str, list[dict]] = {k: [] for k in clusters}
-    for _ in range(args.rounds):
-        for name, c in clusters.items():
-            results[name].append(read_in_subprocess(c, ids[name], n, args.runs, env[name]))
-    report("malloc", size, workers, n, results)
+    """1 MiB and 64 KiB elements from the untuned and the tuned cluster; the consumer tuned
+    alike (and, ``tuned_8MiB_requests``, with requests of 8 MiB: a reply under glibc's 32 MiB
+    mmap ceiling is received into reused heap memory)."""
+    tuned = {"DASK_DATASERVICE__MALLOC_TUNING": "True"}
+    variants = {"untuned": ("untuned", {}), "tuned": ("tuned", tuned),
+                "tuned_8MiB_requests": ("tuned", {**tuned,
+                                                  "DASK_DATASERVICE__CLIENT__REQUEST_BYTES": "8MiB"})}
+    for size in (MiB, 64 << 10):
+        n = max(64, args.bytes // size)
+        ds = dds.Dataset.range(n).map(partial(full, size // 4))
+        ids = {k: dds.register_dataset(c.client, ds) for k, c in clusters.items()}
+        results: dict[str, list[dict]] = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            for name, (cluster, env) in variants.items():
+                results[name].append(read_in_subprocess(clusters[cluster], ids[cluster], n,
+                                                        args.runs, env))
+        report("malloc", size, workers, n, results)
+
+
+def requests_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> None:
+    """``dataservice.client.request-bytes`` 32 MiB (the old default) vs 8 MiB: throughput and
+    the consumer's peak RSS (replies in flight and batches queued are that big)."""
+    variants = {"32MiB": {"DASK_DATASERVICE__CLIENT__REQUEST_BYTES": "32MiB"},
+                "8MiB": {"DASK_DATASERVICE__CLIENT__REQUEST_BYTES": "8MiB"}}
+    for size in args.sizes:
+        n = max(64, args.bytes // size)
+        dataset_id = dds.register_dataset(cluster.client,
+                                          dds.Dataset.range(n).map(partial(full, size // 4)))
+        results: dict[str, list[dict]] = {k: [] for k in variants}
+        for _ in range(args.rounds):
+            for name, env in variants.items():
+                results[name].append(read_in_subprocess(cluster, dataset_id, n, args.runs, env))
+        report("request-bytes", size, workers, n, results)
 
 
 def compression_sim(args: argparse.Namespace) -> None:
@@ -362,7 +386,7 @@ def main() -> None:
         compression_sim(args)
     if "first" in only:
         first_bench(args)
-    if only & {"elements", "malloc", "compression"}:
+    if only & {"elements", "malloc", "requests", "compression"}:
         clusters = {"untuned": Cluster()}
         if "malloc" in only:
             clusters["tuned"] = Cluster()
@@ -378,6 +402,8 @@ def main() -> None:
                     elements_bench(args, clusters["untuned"], workers)
                 if "malloc" in only:
                     malloc_bench(args, clusters, workers)
+                if "requests" in only:
+                    requests_bench(args, clusters["untuned"], workers)
                 if "compression" in only:
                     compression_loopback(args, clusters["untuned"], workers)
         finally:

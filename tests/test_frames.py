@@ -20,6 +20,7 @@ from distributed.protocol.core import dumps, loads
 import dask_dataservice as dds
 from dask_dataservice.service._frames import (
     ALIGN,
+    PACK_FRAME_BYTES,
     check_compression,
     choose_codec,
     reader_codecs,
@@ -65,6 +66,16 @@ def test_small_buffers_travel_in_one_frame():
     assert all(off % ALIGN == 0 for off in sub["offsets"])
     # the reader's arrays are views of the received frame: writable, as before packing
     assert all(x[1].flags.writeable for x in back)
+
+
+def test_many_small_buffers_fill_several_packed_frames():
+    items = _elements(2500, 1000)  # 4,000-byte arrays: about 10 MB, more than one packed frame
+    header, frames, back = _wire(items)
+    _same(items, back)
+    sub = header["sub-header"]
+    assert sub["pack_frames"] == len(frames) - 1 >= 2
+    assert all(memoryview(f).nbytes <= PACK_FRAME_BYTES for f in frames[1:])
+    assert all(x[1].ctypes.data % ALIGN == back[0][1].ctypes.data % ALIGN for x in back[:900])
 
 
 def test_big_buffers_keep_their_own_frames_in_order():

@@ -62,7 +62,7 @@ from ._job_checks import (
     worker_list,
 )
 from ._liveness import WorkerLiveness
-from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo
+from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo, send_tasks
 from ._positions import position_handlers
 from ._recovery import recover, revive, undelivered
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
@@ -321,12 +321,12 @@ class DispatcherPlugin(SchedulerPlugin):
         tail = self._journal_tail
         if tail is None or tail.done():
             if tail is None or (not tail.cancelled() and tail.exception() is None):
-                self.scheduler.worker_send(address, message)
+                send_tasks(self.scheduler, address, message)  # new tasks leave at once
             return
 
         def send(fut: asyncio.Future[Any]) -> None:
             if not fut.cancelled() and fut.exception() is None and address in self.scheduler.workers:
-                self.scheduler.worker_send(address, message)
+                send_tasks(self.scheduler, address, message)
 
         tail.add_done_callback(send)
 

@@ -4,8 +4,8 @@ An :class:`~._messages.ElementBatch` is one pickle (protocol 5) of its list of e
 every numpy buffer out of band. A batch of many small arrays used to travel as one frame per
 array: each frame costs the worker a ``send`` and both sides some bookkeeping, which dominated
 at 4-64 KiB elements. Now buffers smaller than ``dataservice.worker.pack-bytes`` are copied into
-one frame per batch (each at a 64-byte aligned offset, listed in the header), and the reader
-hands the pickle zero-copy views of that frame; bigger buffers keep a frame of their own (a copy
+frames of up to 4 MiB (each at a 64-byte aligned offset, listed in the header), and the reader
+hands the pickle zero-copy views of those frames; bigger buffers keep a frame of their own (a copy
 of a big buffer costs more than its frame).
 
 Compression (``register_dataset(..., compression=...)``): the worker compresses each frame with
@@ -25,7 +25,7 @@ from distributed.protocol.compression import compressions, maybe_compress
 
 from .. import config
 
-__all__ = ["ALIGN", "CODECS", "available_codecs", "check_compression", "choose_codec",
+__all__ = ["ALIGN", "CODECS", "PACK_FRAME_BYTES", "available_codecs", "check_compression", "choose_codec",
            "compress_frames",
            "pack_buffers", "pack_threshold", "reader_codecs", "unpack_buffers", "writable_frames"]
 
@@ -44,44 +44,63 @@ def pack_threshold() -> int:
     return config.get_bytes("worker.pack-bytes")
 
 
-def pack_buffers(raws: list[memoryview], limit: int) -> tuple[dict[str, Any], list[Any]]:
-    """The header entries and frames of ``raws``: those under ``limit`` bytes in one frame.
+#: A packed frame holds at most this many bytes (then the next one starts): glibc serves
+#: blocks this small from its heap and reuses them, where a 32 MiB frame would be a fresh
+#: ``mmap`` (a page fault per 4 KiB) for every batch.
+PACK_FRAME_BYTES = 4 << 20
 
-    The header lists, for each packed buffer, its index among ``raws``, its offset in the
-    packed frame and its size; the packed frame comes first, then the others in order.
+
+def pack_buffers(raws: list[memoryview], limit: int) -> tuple[dict[str, Any], list[Any]]:
+    """The header entries and frames of ``raws``: those under ``limit`` bytes packed.
+
+    Packed buffers fill frames of about :data:`PACK_FRAME_BYTES`, each buffer at an
+    :data:`ALIGN`-aligned offset. The header lists, for each packed buffer, its index among
+    ``raws``, its packed frame, its offset there and its size; the packed frames come first,
+    then the other buffers in order.
     """
     small = [i for i, r in enumerate(raws) if r.nbytes < limit] if limit > 0 else []
     if len(small) < 2:
         return {}, list(raws)
     offsets: list[int] = []
     sizes: list[int] = []
+    packs: list[int] = []
+    ends: list[int] = []  # the size of each packed frame
     pos = 0
     for i in small:
-        pos = (pos + ALIGN - 1) & ~(ALIGN - 1)
-        offsets.append(pos)
         n = raws[i].nbytes
+        pos = (pos + ALIGN - 1) & ~(ALIGN - 1)
+        if pos and pos + n > PACK_FRAME_BYTES:
+            ends.append(pos)
+            pos = 0
+        offsets.append(pos)
         sizes.append(n)
+        packs.append(len(ends))
         pos += n
-    packed = np.empty(pos, np.uint8)  # not zeroed: every byte but the padding is written
-    dst = memoryview(packed)
-    for i, off, n in zip(small, offsets, sizes, strict=True):
-        dst[off:off + n] = raws[i]
+    ends.append(pos)
+    # not zeroed: every byte but the padding is written
+    dsts = [memoryview(np.empty(end, np.uint8)) for end in ends]
+    for i, pack, off, n in zip(small, packs, offsets, sizes, strict=True):
+        dsts[pack][off:off + n] = raws[i]
     packed_set = set(small)
-    frames: list[Any] = [dst, *(r for i, r in enumerate(raws) if i not in packed_set)]
-    return {"packed": small, "offsets": offsets, "sizes": sizes}, frames
+    frames: list[Any] = [*dsts, *(r for i, r in enumerate(raws) if i not in packed_set)]
+    header = {"packed": small, "packs": packs, "offsets": offsets, "sizes": sizes,
+              "pack_frames": len(dsts)}
+    return header, frames
 
 
 def unpack_buffers(header: dict[str, Any], frames: list[Any]) -> list[Any]:
-    """The out-of-band buffers of a batch, in pickle order (views of the packed frame)."""
+    """The out-of-band buffers of a batch, in pickle order (views of the packed frames)."""
     n = int(header["buffers"])
     packed = header.get("packed")
     if not packed:
         return frames
-    whole = memoryview(frames[0])
+    npacks = int(header["pack_frames"])
+    wholes = [memoryview(f) for f in frames[:npacks]]
     out: list[Any] = [None] * n
-    for i, off, size in zip(packed, header["offsets"], header["sizes"], strict=True):
-        out[i] = whole[off:off + size]
-    rest = iter(frames[1:])
+    for i, pack, off, size in zip(packed, header["packs"], header["offsets"], header["sizes"],
+                                  strict=True):
+        out[i] = wholes[pack][off:off + size]
+    rest = iter(frames[npacks:])
     for i in range(n):
         if out[i] is None:
             out[i] = next(rest)

@@ -35,6 +35,7 @@ __all__ = [
     "TaskDef",
     "TaskInfo",
     "raise_for_status",
+    "send_tasks",
 ]
 
 #: The stream op the dispatcher pushes task changes to a data worker with.
@@ -129,6 +130,24 @@ def _serialize_batch(batch: ElementBatch) -> tuple[dict[str, Any], list[Any]]:
 def _deserialize_batch(header: dict[str, Any], frames: list[Any]) -> ElementBatch:
     buffers = unpack_buffers(header, writable_frames(frames[1:]))
     return ElementBatch(pickle.loads(frames[0], buffers=buffers))
+
+
+def send_tasks(scheduler: Any, address: str, message: dict[str, Any]) -> None:
+    """Push task changes to a data worker on its stream; new tasks leave at once.
+
+    The scheduler's stream to a worker batches messages sent within 5 ms of the previous
+    batch: a task created right after the previous read's cancellations would wait those
+    5 ms, the largest part of the time to the first element (issue 16, target 7). New tasks
+    are rare (one per worker per iteration), so their batch goes now.
+    """
+    scheduler.worker_send(address, message)
+    if not message.get("new_tasks"):
+        return
+    stream = scheduler.stream_comms.get(address)
+    waker = getattr(stream, "waker", None)
+    if waker is not None and hasattr(stream, "next_deadline"):  # distributed's BatchedSend
+        stream.next_deadline = None
+        waker.set()
 
 
 def raise_for_status(response: Any, what: str = "request") -> dict[str, Any]:
