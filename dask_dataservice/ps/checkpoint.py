@@ -223,7 +223,8 @@ class Checkpoint:
                                        "slots": s.get("slots") or {}}))
         _routing.call_many(calls, *client)
         for name, it in inputs.items():
-            reposition(it, {str(k): int(v) for k, v in saved_inputs[name].items()})
+            reposition(it, {str(k): v if isinstance(v, dict) else int(v)  # dict: data service
+                            for k, v in saved_inputs[name].items()})
         self.save_counter = int(attrs.get("save_counter", 0))
         return self
 

@@ -479,7 +479,8 @@ class IterationReader:
                         task_id=task_id, max_elements=self._request_size(),
                         max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=seq,
-                        trainer_id=self.trainer_id, job_token=self.job_token, codecs=codecs,
+                        trainer_id=self.trainer_id, job_token=self.job_token,
+                        **({"codecs": codecs} if codecs else {}),  # only when offered
                         # the head request answers at once; the ones queued behind it may
                         # gather a slow pipeline's elements for a moment
                         linger=self.linger if pending else 0.0,
