@@ -162,7 +162,7 @@ async def test_a_data_service_dataset_is_not_repositioned(c, s, a):
     # in a thread: iterating a data-service dataset blocks
     values = await asyncio.to_thread(lambda: [int(x) for x in CountingIterator(ds, skip=0)])
     assert sorted(values) == list(range(10))  # no position to restore: read as usual
-    with pytest.raises(InputPositionError, match="data-service dataset .* cannot be restored"):
+    with pytest.raises(InputPositionError, match="data-service dataset .* is not a count"):
         await asyncio.to_thread(next, CountingIterator(ds, skip=3))
 
 
@@ -204,24 +204,36 @@ class _KillEveryServer(_Crash):
             raise RuntimeError("crash for the test: every server was killed")
 
 
+def _address_in(scheduler_file: str) -> str | None:
+    """The address in a scheduler file, or None while it is not (completely) written."""
+    try:
+        with open(scheduler_file) as f:
+            return json.load(f)["address"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 @contextlib.contextmanager
-def _process_cluster(directory: str, trainers: int):
-    """A scheduler, a PS and training workers as processes, named the same each time."""
+def _process_cluster(directory: str, trainers: int, data_workers: int = 0):
+    """A scheduler, a PS and training workers as processes, named the same each time (and
+    ``data_workers`` workers that only serve data: the trainers then have the resource
+    ``worker``)."""
     scheduler_file = os.path.join(directory, f"scheduler-{time.monotonic_ns()}.json")
     common = ["--host", "127.0.0.1", "--no-dashboard"]
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
                                "0", "--scheduler-file", scheduler_file, *common],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        wait(lambda: os.path.exists(scheduler_file), 30, "the scheduler file")
+        wait(lambda: _address_in(scheduler_file), 30, "the scheduler file")
+        trainer = ["--resources", "worker=1"] if data_workers else []
         for name, extra in [("ps-0", ["--resources", "ps=1"])] + [
-                (f"trainer-{i}", []) for i in range(trainers)]:
+                (f"trainer-{i}", trainer) for i in range(trainers)] + [
+                (f"data-{i}", []) for i in range(data_workers)]:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
                  scheduler_file, "--nthreads", "1", "--no-nanny", "--name", name, *extra,
                  *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        with open(scheduler_file) as f:
-            address = json.load(f)["address"]
+        address = _address_in(scheduler_file)
         yield address, [p.pid for p in procs]
     finally:
         for p in procs:

@@ -24,6 +24,10 @@ from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(90)
 
+#: Named jobs stopped early are collected soon (the cleanup checks see idle data workers).
+GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval":
+      "50ms", "dataservice.dispatcher.gc-dynamic-sharding-jobs": True}
+
 from _helpers import distribute  # noqa: E402
 
 
@@ -177,7 +181,7 @@ def _take(ds, n):
     return out, it
 
 
-@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)], config=GC)
 async def test_dynamic_read_part_resume_rest_exactly_once(c, s, a, b):
     source = dds.Dataset.range(100).map(lambda x: x * 1).batch(3)
     ds = await distribute(source, "distributed_epoch", c, job_name="train",
@@ -255,3 +259,30 @@ async def test_untracked_and_read_ahead_datasets_have_no_position(c, s, a):
     with pytest.raises(InputPositionError, match="coordinated reads"):
         dds.from_dataset_id("distributed_epoch", c, tracked.dataset_id, job_name="j",
                             consumer_index=0, num_consumers=2, track_position=True)
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)], config=GC)
+async def test_two_consumers_of_a_shared_job_resume_from_their_union(c, s, a, b):
+    """Each consumer reads ahead (its channel holds elements it was not given yet): their
+    union is not a prefix of any split, and resuming from it gives exactly the rest."""
+    # big enough that neither consumer's read-ahead takes the whole job (a consumer of a
+    # shared job takes elements first come, first served)
+    n = 20_000
+    ds = await distribute(dds.Dataset.range(n), "distributed_epoch", c, job_name="shared",
+                          track_position=True, split_size=512)
+    import dask_dataservice.service.client as client_module
+
+    def consumer(n):
+        reader = client_module.from_dataset_id("distributed_epoch", c, ds.dataset_id,
+                                               job_name="shared", track_position=True)
+        got, it = _take(reader, n)
+        return got, reader.input_position(), it
+
+    (got_a, pos_a, it_a), (got_b, pos_b, it_b) = await asyncio.gather(
+        asyncio.to_thread(consumer, 300), asyncio.to_thread(consumer, 450))
+    await asyncio.to_thread(it_a.close)
+    await asyncio.to_thread(it_b.close)
+    given = list(itertools.chain.from_iterable(got_a + got_b))
+    assert len(given) == len(set(given)) == 750
+    rest = await asyncio.to_thread(lambda: [int(x) for x in ds.start_from([pos_a, pos_b])])
+    assert sorted(given + rest) == list(range(n))

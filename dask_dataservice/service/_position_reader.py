@@ -94,6 +94,20 @@ class PositionedSource(ServiceSource):
         tracker = self.tracker = self._check(self.reader_client())
         return _untag(super().iterate(ctx), tracker)
 
+    def position_of(self, dataset: Dataset) -> dict[str, Any]:
+        """The input position of ``dataset`` (read from this source): ps/ calls this."""
+        return dataset_position(dataset)
+
+    def resumed(self, dataset: Dataset, saved: dict[str, dict[str, Any]], worker: str,
+                nonce: str) -> Dataset:
+        """A checkpoint's restore on training worker ``worker`` (``CountingIterator``): a
+        named (shared) job resumes from the union of every worker's saved position, a
+        private one from this worker's own."""
+        if self.spec.job_name is not None:
+            return resume(dataset, list(saved.values()), nonce) if saved else dataset
+        mine = saved.get(worker)
+        return dataset if mine is None else resume(dataset, mine, nonce)
+
     async def aiterate(self, inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """``async for``: the pass's tagged elements, untagged (see ``__aiter__``)."""
         client = self.reader_client()
@@ -189,3 +203,4 @@ def source_for(spec: ReadSpec, client: Client | None, track_position: bool,
         return ServiceSource(spec, client)
     start = None if start_from is None else check_position(start_from)
     return PositionedSource(positioned_spec(spec, start), client, start)
+
