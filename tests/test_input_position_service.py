@@ -286,3 +286,52 @@ async def test_two_consumers_of_a_shared_job_resume_from_their_union(c, s, a, b)
     assert len(given) == len(set(given)) == 750
     rest = await asyncio.to_thread(lambda: [int(x) for x in ds.start_from([pos_a, pos_b])])
     assert sorted(given + rest) == list(range(n))
+
+
+# ---------------------------------------------------------------------------------------
+# the job's start position in the journal
+# ---------------------------------------------------------------------------------------
+
+
+def test_create_job_position_round_trips_and_old_records_have_none():
+    import msgpack
+
+    from dask_dataservice.service._updates import CreateJob, decode_update, encode_update
+
+    job = CreateJob(job_id=3, job_name="j", dataset_id=1, processing_mode="DYNAMIC",
+                    position='{"nonce":"","start":null}')
+    assert decode_update(encode_update(job)) == job
+    old = msgpack.packb(["CreateJob", {"job_id": 3, "job_name": "j", "dataset_id": 1,
+                                       "processing_mode": "DYNAMIC"}])
+    assert decode_update(old).position == ""  # written before the field existed: plain job
+    with pytest.raises(TypeError, match="position must be str"):
+        CreateJob(job_id=3, job_name="j", dataset_id=1, processing_mode="DYNAMIC", position=1)
+
+
+def test_the_journal_replays_a_job_started_from_a_position(tmp_path):
+    import json
+
+    from distributed import Client
+
+    from dask_dataservice.service._state_codec import restore
+    from dask_dataservice.service.journal import load_journal
+
+    cfg = dds.DispatcherConfig(fault_tolerant_mode=True, work_dir=str(tmp_path))
+    with dds.DispatchServer(cfg) as dispatcher, \
+            dds.WorkerServer(dds.WorkerConfig(dispatcher._address)):
+        with Client(dispatcher.target) as c:
+            ds = dds.Dataset.range(64).apply(dds.distribute(
+                "distributed_epoch", c, job_name="train", track_position=True, split_size=8))
+            it = iter(ds)
+            first = [int(next(it)) for _ in range(20)]
+            position = ds.input_position()
+            it.close()
+            rest = [int(x) for x in ds.start_from(position, nonce="r1")]
+            assert sorted(first + rest) == list(range(64))
+            plugin = dispatcher.server.plugins["dataservice-dispatcher"]
+            live = {j.job_id: j.position for j in plugin.state._jobs.values()}
+    restored, _ = restore(*load_journal(tmp_path))
+    assert {j.job_id: j.position for j in restored._jobs.values()} == live
+    started = [json.loads(p) for p in live.values() if p and json.loads(p)["start"]]
+    assert len(started) == 1 and started[0]["nonce"] == "r1"
+    assert check_position(started[0]["start"]) == check_position(position)
