@@ -244,3 +244,34 @@ def test_element_batches_still_pickle_by_protocol_5():
     header, frames, back = _wire(items)
     assert back == items and len(frames) == 1
     assert pickle.loads(frames[0]) == items
+
+
+def _worker_stats(dask_worker):
+    return dict(dask_worker.extensions["dataservice"].stats)
+
+
+def test_compressed_read_from_worker_processes():
+    """Worker processes (nannies) compress, this process decompresses: exact elements, every
+    batch compressed; a second dataset, of random data, travels raw."""
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"dataservice.client.compression": "always"}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                         dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, \
+            Client(cluster) as client:
+        dds.install(client)
+        ds = dds.Dataset.range(400).map(_compressible).apply(
+            dds.distribute("parallel_epochs", client, compression="lz4"))
+        out = [int(x[0]) for x in ds]
+        # OFF: each worker produces the whole range, in order
+        assert sorted(out) == sorted(list(range(400)) * 2)
+        stats = client.run(_worker_stats)
+        assert all(s["batches_served"] > 0 for s in stats.values())
+        assert all(s["batches_compressed"] == s["batches_served"] for s in stats.values())
+        before = sum(s["batches_compressed"] for s in stats.values())
+        rnd = dds.Dataset.range(100).map(_random).apply(
+            dds.distribute("distributed_epoch", client))
+        got = sorted(round(float(x[0]), 12) for x in rnd)
+        assert got == sorted(round(float(_random(i)[0]), 12) for i in range(100))
+        after = sum(s["batches_compressed"] for s in client.run(_worker_stats).values())
+        assert after == before
