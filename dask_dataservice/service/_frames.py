@@ -25,9 +25,20 @@ from distributed.protocol.compression import compressions, maybe_compress
 
 from .. import config
 
-__all__ = ["ALIGN", "CODECS", "PACK_FRAME_BYTES", "available_codecs", "check_compression", "choose_codec",
-           "compress_frames",
-           "pack_buffers", "pack_threshold", "reader_codecs", "unpack_buffers", "writable_frames"]
+__all__ = [
+    "ALIGN",
+    "CODECS",
+    "PACK_FRAME_BYTES",
+    "available_codecs",
+    "check_compression",
+    "choose_codec",
+    "compress_frames",
+    "pack_buffers",
+    "pack_threshold",
+    "reader_codecs",
+    "unpack_buffers",
+    "writable_frames",
+]
 
 #: Offsets of packed buffers are multiples of this (numpy views of them stay aligned).
 ALIGN = 64
