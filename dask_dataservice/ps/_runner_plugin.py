@@ -22,20 +22,21 @@ tasks (a :class:`~dask_dataservice._async.TaskGroup`); ``teardown`` stops and jo
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
-from distributed.comm.core import Comm, connect
+from distributed.comm.core import connect
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import run_in_executor_with_context
 
 from .. import config
 from .._async import TaskGroup, owned_executor, shutdown_executor
 from .._rpc import handler
-from . import _routing
+from . import _fastpath, _routing
 from ._channel import Channel, Pipeline
 from ._exceptions import ParameterServerError
 from ._types import ClosuresReply
@@ -73,6 +74,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
         self._max_bytes = config.get_bytes("ps.unacked-bytes")
         self._max_messages = int(config.get("ps.unacked-messages"))
         self._connect_timeout = config.get_seconds("ps.connect-timeout")
+        self._fast_path = bool(config.get("ps.fast-path"))
         self.stats = {"closures": 0, "batches": 0}
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.extensions[RUNNER_NAME] = self
@@ -101,14 +103,21 @@ class TrainingWorkerPlugin(WorkerPlugin):
         return {"status": "OK", "results": results}
 
     # -- methods for the runner thread -------------------------------------------------------
-    async def _connect(self, address: str) -> Comm:
+    async def _connect(self, address: str) -> Any:
+        if self._fast_path and address.startswith("tcp://"):
+            # the PS's data path (ps/_fastpath.py), when it has one
+            where = await asyncio.wait_for(self.worker.rpc(address).ps_fast_port(),
+                                           self._connect_timeout)
+            if isinstance(where, dict) and where.get("port"):
+                return await _fastpath.connect(where["host"], int(where["port"]),
+                                               self._connect_timeout)
         comm = await connect(address, timeout=self._connect_timeout, deserialize=True,
                              **self.worker.connection_args)
         comm.name = "dataservice-ps-channel"
         # Messages here are small dicts and to_serialize'd arrays, cheap to (de)serialise at
         # any size: skip the per-message sizeof() walk that decides whether to offload.
         comm.allow_offload = False
-        return comm  # type: ignore[no-any-return]
+        return comm
 
     def _answers(self, address: str, limit: float) -> bool:
         """Whether the PS at ``address`` answers a probe (from the runner thread)."""

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import numpy as np
+from distributed.comm.addressing import get_address_host, parse_address
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.serialize import to_serialize
 from distributed.utils import run_in_executor_with_context
@@ -51,8 +52,10 @@ from .. import config
 from .._async import owned_executor, shutdown_executor
 from .._rpc import error_message, handler
 from . import _kernels, _store
+from ._channel import BATCH_OP
 from ._dashboard_hooks import count_shard_op
 from ._exceptions import ShapeMismatchError, VariableNotFoundError
+from ._fastpath import FastServer
 from ._shard import Lane, Shard
 from ._types import SCATTER_KINDS, UPDATE_KINDS, CreateReply, UpdateReply, ValueReply, unwire
 
@@ -81,6 +84,7 @@ HANDLERS = {
     "ps_batch": "batch",
     "ps_gather_parts": "gather_parts",
     "ps_apply_parts": "apply_parts",
+    "ps_fast_port": "fast_port",
 }
 
 #: Requests a ``ps_batch`` message may carry: op name -> method name.
@@ -170,6 +174,11 @@ class ParameterServerPlugin(WorkerPlugin):
         for op, method in HANDLERS.items():
             worker.handlers[op] = getattr(self, method)
         worker.extensions[PLUGIN_NAME] = self
+        self._fast: FastServer | None = None
+        if self.is_ps and config.get("ps.fast-path") \
+                and parse_address(worker.address)[0] == "tcp":
+            self._fast = FastServer(self._fast_handler)
+            await self._fast.start(get_address_host(worker.address))
         if self.store_path is not None and os.path.isdir(self.store_path):
             shards = await run_in_executor_with_context(self._io, _store.reload, self._store,
                                                         self._lane)
@@ -186,6 +195,8 @@ class ParameterServerPlugin(WorkerPlugin):
         for op in HANDLERS:
             worker.handlers.pop(op, None)
         worker.extensions.pop(PLUGIN_NAME, None)
+        if self._fast is not None:
+            await self._fast.stop()
         for shard in self.shards.values():
             _lane_of(shard).close()
         shutdown_executor(self._compute)
@@ -428,15 +439,32 @@ class ParameterServerPlugin(WorkerPlugin):
         replies = []
         for sub in ops:
             op = sub.get("op") if isinstance(sub, dict) else None
-            method = BATCHABLE.get(op) if isinstance(op, str) else None
+            method = self.worker.handlers.get(op) if isinstance(op, str) and op in BATCHABLE \
+                else None
             if method is None:
                 replies.append(error_message(ValueError(
                     f"ps_batch cannot carry {op!r}; expected one of {sorted(BATCHABLE)}")))
                 continue
             # a handler answers error_message(e) for any error, wrong arguments included
-            replies.append(await getattr(self, method)(
-                **{k: v for k, v in sub.items() if k != "op"}))
+            replies.append(await method(**{k: v for k, v in sub.items() if k != "op"}))
         return {"status": "OK", "replies": replies}
+
+    def _fast_handler(self, op: str) -> Callable[..., Any] | None:
+        """The handler of ``op`` on the data path: the worker's, as on Dask comms (a test or
+        an extension may wrap it), for the ops a training worker's channel sends."""
+        if op == BATCH_OP:
+            return self._batch_on_fast_path
+        return self.worker.handlers.get(op) if op in BATCHABLE else None
+
+    async def _batch_on_fast_path(self, ops: Sequence[Any]) -> dict[str, Any]:
+        return await self.batch(None, ops)
+
+    def fast_port(self) -> dict[str, Any]:
+        """Where this PS's data path listens (see :mod:`._fastpath`): ``port`` None if it
+        has none (not a PS, ``dataservice.ps.fast-path`` off, or not ``tcp://``)."""
+        port = None if self._fast is None else self._fast.port
+        return {"status": "OK", "port": port,
+                "host": get_address_host(self.worker.address) if port else None}
 
     # -- persistence ---------------------------------------------------------------------
     @handler

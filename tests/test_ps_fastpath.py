@@ -1,0 +1,189 @@
+"""The PS data path (ps/_fastpath.py): codec, stream parsing, server, and a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import dask
+import numpy as np
+import pytest
+from distributed.protocol.serialize import to_serialize
+from distributed.utils_test import gen_test
+
+import dask_dataservice as dds
+from dask_dataservice._rpc import handler, raise_for_status
+from dask_dataservice.ps import _fastpath
+from dask_dataservice.ps import optimizers as opt
+from dask_dataservice.ps._runner_plugin import RUNNER_NAME
+from dask_dataservice.ps.server import PLUGIN_NAME
+from dask_dataservice.testing import gen_cluster
+from dask_dataservice.testing._ps import warm_up_zarr
+
+pytestmark = pytest.mark.timeout(60)
+warm_up_zarr()
+
+from _helpers import PS, WK, in_thread  # noqa: E402
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return {
+        "f4": rng.random((300, 64)).astype("f4"),           # > 64 KiB: received in place
+        "i8": np.arange(7, dtype="i8"),
+        "scalar": np.array(2.5),
+        "empty": np.zeros((0, 3), "f8"),
+        "strided": np.arange(20, dtype="i4").reshape(4, 5)[:, ::2],
+        "bool": np.array([True, False]),
+    }
+
+
+def _roundtrip(msg):
+    buffers = _fastpath.encode(msg)
+    got = []
+    protocol = _fastpath._Protocol(got.append, lambda exc: None)
+    data = b"".join(bytes(b) for b in buffers)
+    protocol_feed(protocol, data, [len(data)])
+    assert len(got) == 1
+    return got[0]
+
+
+def protocol_feed(protocol, data: bytes, chunks: list[int]) -> None:
+    """Feed ``data`` to ``protocol`` as a transport would, ``chunks`` bytes at a time (at
+    most what each get_buffer offers)."""
+    pos = 0
+    for n in chunks:
+        while n and pos < len(data):
+            buf = protocol.get_buffer(-1)
+            k = min(n, len(buf), len(data) - pos)
+            buf[:k] = data[pos:pos + k]
+            protocol.buffer_updated(k)
+            pos += k
+            n -= k
+    assert pos == len(data)
+
+
+def test_codec_round_trips_arrays_writable_and_owned():
+    arrays = _arrays()
+    msg = {"op": "x", "values": [to_serialize(arrays["f4"]), arrays["i8"]],
+           "nested": {"a": arrays["scalar"], "b": arrays["empty"], "c": arrays["strided"],
+                      "d": arrays["bool"]},
+           "blob": to_serialize(b"\x00pickled"), "n": np.int64(3), "t": (1, 2), "s": "ok"}
+    got = _roundtrip(msg)
+    want = [arrays["f4"], arrays["i8"]]
+    for g, w in zip(got["values"], want, strict=True):
+        np.testing.assert_array_equal(g, w)
+        assert g.dtype == w.dtype and g.flags.writeable
+    for k in "abcd":
+        w = msg["nested"][k]
+        np.testing.assert_array_equal(got["nested"][k], w)
+        assert got["nested"][k].shape == w.shape and got["nested"][k].dtype == w.dtype
+    assert got["blob"] == b"\x00pickled" and got["n"] == 3 and got["t"] == [1, 2]
+    assert got["s"] == "ok"
+
+
+def test_codec_refuses_what_it_cannot_carry():
+    with pytest.raises(TypeError, match="arrays of Python objects do not travel"):
+        _fastpath.encode({"v": np.array([object()])})
+    with pytest.raises(TypeError, match="set does not travel on the PS data path"):
+        _fastpath.encode({"v": {1, 2}})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_messages_split_anywhere_are_parsed_in_order(seed):
+    rnd = random.Random(seed)
+    rng = np.random.default_rng(seed)
+    msgs = [{"i": i, "v": rng.random((rnd.choice([0, 1, 100, 300, 2000]), 16)).astype("f4"),
+             "ids": np.arange(rnd.randint(0, 50)), "pad": "x" * rnd.randint(0, 300_000)}
+            for i in range(12)]
+    data = b"".join(bytes(b) for m in msgs for b in _fastpath.encode(m))
+    chunks = []
+    while sum(chunks) < len(data):
+        chunks.append(rnd.choice([1, 7, 100, 4096, 70_000, 1 << 20]))
+    got = []
+    protocol = _fastpath._Protocol(got.append, lambda exc: None)
+    protocol_feed(protocol, data, chunks)
+    assert [g["i"] for g in got] == list(range(12))
+    for g, m in zip(got, msgs, strict=True):
+        np.testing.assert_array_equal(g["v"], m["v"])
+        np.testing.assert_array_equal(g["ids"], m["ids"])
+        assert g["pad"] == m["pad"]
+
+
+@gen_test()
+async def test_server_answers_in_order_errors_and_unknown_ops_and_stops():
+    log = []
+
+    @handler
+    async def op(n, value=None):
+        if n < 0:
+            raise ValueError(f"bad n {n}")
+        if n == 1:
+            await asyncio.sleep(0.01)  # a slow request is still answered before the next
+        log.append(n)
+        return {"status": "OK", "n": n, "value": None if value is None else to_serialize(value * 2)}
+
+    server = _fastpath.FastServer(lambda name: op if name == "ps_op" else None)
+    await server.start("127.0.0.1")
+    comm = await _fastpath.connect("127.0.0.1", server.port, 5)
+    for n in (1, 2, 3):
+        await comm.write({"op": "ps_op", "reply": True, "n": n, "value": np.ones(3)})
+    replies = [await comm.read() for _ in range(3)]
+    assert [r["n"] for r in replies] == [1, 2, 3] and log == [1, 2, 3]
+    np.testing.assert_array_equal(replies[0]["value"], np.full(3, 2.0))
+    await comm.write({"op": "ps_op", "reply": True, "n": -1})
+    with pytest.raises(ValueError, match="bad n -1"):
+        raise_for_status(await comm.read())
+    await comm.write({"op": "ps_nope", "reply": True})
+    assert await comm.read() is None  # as a Dask server answers an unknown op
+    await server.stop()
+    with pytest.raises(ConnectionError, match="closed"):
+        await asyncio.wait_for(comm.read(), 5)
+    assert comm.closed()
+    comm.abort()
+
+
+# -- a real cluster ----------------------------------------------------------------------
+
+
+def _step(emb, sgd, seed):
+    ids = np.random.default_rng(seed).integers(0, 500, 200)
+    rows = emb.gather(ids)
+    sgd.apply_gradients([(opt.IndexedSlices(rows * 0.5 + 1.0, ids), emb)])
+    return rows.sum()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60)
+async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0, fast):
+    def body(c):
+        strategy = dds.ParameterServerStrategy(
+            c, variable_partitioner=dds.partitioners.FixedShardsPartitioner(3))
+        coord = dds.ClusterCoordinator(strategy)
+        with strategy.scope():
+            emb = dds.Variable(np.arange(500 * 4, dtype="f4").reshape(500, 4), name="emb")
+        sgd = opt.SGD(0.1)
+        rvs = [coord.schedule(_step, args=(emb, sgd, i)) for i in range(10)]
+        coord.join()
+        coord.shutdown()
+        return emb.numpy(), [rv.fetch() for rv in rvs]
+
+    with dask.config.set({"dataservice.ps.fast-path": fast}):  # read as the strategy
+        table, sums = await in_thread(s, body)                   # installs the plugins
+    kinds = {type(ch._comm).__name__ for ch in w0.extensions[RUNNER_NAME].channels.values()}
+    assert kinds == ({"FastComm"} if fast else {"TCP"}), kinds
+    assert [bool(p.extensions[PLUGIN_NAME]._fast) for p in (p0, p1)] == [fast, fast]
+
+    # numpy, step after step, is the reference
+    ref = np.arange(500 * 4, dtype="f4").reshape(500, 4)
+    from dask_dataservice.ps import _kernels
+
+    want = []
+    for i in range(10):
+        ids = np.random.default_rng(i).integers(0, 500, 200)
+        rows = ref[ids]
+        want.append(rows.sum())
+        _kernels.apply_sparse({"kind": "sgd", "learning_rate": 0.1}, ref, {}, ids,
+                              rows * 0.5 + 1.0)
+    assert sums == want
+    np.testing.assert_array_equal(table, ref)
