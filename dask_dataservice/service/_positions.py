@@ -30,15 +30,18 @@ seeded shuffles, deterministic maps), as every replay does.
 from __future__ import annotations
 
 import bisect
+import collections
 import copy
 import hashlib
+import itertools
 import json
+import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..data._base import IterContext, Op
-from ..data.ops import Batch, Filter, Map, Prefetch, Shuffle
+from ..data.ops import Batch, Filter, Map, PaddedBatch, Prefetch, Shuffle
 from ..data.splits import ListSplitProvider, SplitProvider
 from ..ps.input_position import InputPositionError
 from ._sharding import ShardingPolicy
@@ -254,11 +257,20 @@ class PositionTracker:
         ranges = self._ranges
         with self._lock:
             self.elements += 1
+            if len(tag) == 4:  # one run: extend the key's last range in place
+                key, start, count, length = tag
+                r = ranges.get(key)
+                if r is not None and r[-1][1] == start:
+                    r[-1][1] = start + count
+                    if length >= 0:
+                        self._lengths[str(key)] = length
+                    return
             for i in range(0, len(tag), 4):
                 key, start, count, length = tag[i:i + 4]
                 r = ranges.get(key)
                 if r is None:
-                    ranges[key] = [[start, start + count]]
+                    if count:
+                        ranges[key] = [[start, start + count]]
                 else:
                     add_range(r, start, start + count)
                 if length >= 0:
@@ -319,27 +331,84 @@ class _Tagged:
         self.x = x
 
 
+class _Segment:
+    """Consecutive source elements of one split, as the source produced them."""
+
+    __slots__ = ("key", "start", "count", "taken", "closed", "length", "told")
+
+    def __init__(self, key: Any, start: int) -> None:
+        self.key = key
+        self.start = start
+        self.count = 0  # produced; final once closed (an open segment may have produced more)
+        self.taken = 0  # attributed to outputs
+        self.closed = False  # the source went on to another segment (or ended)
+        self.length = -1  # the split's length, once the source reached its end
+        self.told = False  # the length went out with a run
+
+
+class _Fifo:
+    """The source's segments in production order; outputs take their inputs' runs from it.
+
+    Between the source and the first op that may drop or reorder elements only 1:1,
+    order-keeping ops run (deterministic maps, prefetch), so the j-th element reaching
+    the taker is the source's j-th: no tag travels with elements there. The source may run
+    in another thread (a prefetch): it closes a segment (its count final) before it
+    produces anything after it, and the taker only attributes elements it received.
+    """
+
+    def __init__(self) -> None:
+        self.segments: collections.deque[_Segment] = collections.deque()
+
+    def open(self, key: Any, start: int) -> _Segment:
+        if self.segments:
+            self.segments[-1].closed = True
+        seg = _Segment(key, start)
+        self.segments.append(seg)
+        return seg
+
+    def take(self, n: int) -> tuple[Any, ...]:
+        """The runs of the next ``n`` source elements."""
+        out: list[Any] = []
+        segments = self.segments
+        while n:
+            seg = segments[0]
+            t = min(seg.count - seg.taken, n) if seg.closed else n
+            if t > 0:
+                end = seg.closed and seg.taken + t == seg.count and seg.length >= 0
+                out.extend((seg.key, seg.start + seg.taken, t, seg.length if end else -1))
+                seg.told = seg.told or end
+                seg.taken += t
+                n -= t
+            if seg.closed and seg.taken == seg.count:
+                segments.popleft()
+                if not seg.told and seg.length > 0:  # its end came after its last element left
+                    out.extend((seg.key, seg.start + seg.count, 0, seg.length))
+        return tuple(out)
+
+
 class _TaggedSource(Op):
-    """The pipeline's source, read split by split (DYNAMIC) or whole (OFF), each element
-    tagged with its run; what the start position says was delivered is skipped."""
+    """The pipeline's source, read split by split (DYNAMIC) or whole (OFF); what the start
+    position says was delivered is skipped. Elements leave it untagged: their runs go to
+    the :class:`_Fifo`."""
 
     name = "input_position_source"
 
     def __init__(self, source: Op, provider: SplitProvider | None, key: str,
-                 start: dict[str, Any] | None) -> None:
+                 start: dict[str, Any] | None, fifo: _Fifo) -> None:
         self.source = source
         self.provider = provider
         self.key = key
         self.done: Any = (start or {}).get("done", [])
         self.partial: dict[str, Ranges] = (start or {}).get("partial", {})
+        self.fifo = fifo
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         provider = self.provider
         if provider is None:  # OFF: the whole source, under this worker's name
             if self.key in self.done:
                 return
-            yield from _tag_split(self.source.iterate(IterContext()), self.key,
-                                  self.partial.get(self.key, []))
+            yield from _split_elements(self.source.iterate(IterContext()), self.key,
+                                       self.partial.get(self.key, []), self.fifo)
             return
         while True:
             split = provider.get_next()
@@ -351,27 +420,93 @@ class _TaggedSource(Op):
             if _covered(self.done, index):
                 continue
             sub = IterContext(split_provider=ListSplitProvider([split]))
-            yield from _tag_split(self.source.iterate(sub), index,
-                                  self.partial.get(str(index), []))
+            yield from _split_elements(self.source.iterate(sub), index,
+                                       self.partial.get(str(index), []), self.fifo)
 
 
-def _tag_split(it: Iterator[Any], key: Any, skip: Ranges) -> Iterator[_Tagged]:
-    """Tag the elements of one split; the last one carries the split's length."""
-    held: _Tagged | None = None
-    n = 0
-    j = 0
+def _split_elements(it: Iterator[Any], key: Any, skip: Ranges, fifo: _Fifo) -> Iterator[Any]:
+    """One split's elements, but those in ``skip``; their runs are counted in ``fifo``."""
+    if not skip:  # the common case: counted in C, not element by element in Python
+        seg = fifo.open(key, 0)
+        counter = itertools.count()
+        counted = map(_first, zip(it, counter, strict=False))
+        # one element of look-ahead (pairwise): the split's end is known, and the segment
+        # closed, before its last element leaves
+        ahead = itertools.pairwise(itertools.chain(counted, _close(seg, counter)))
+        yield from map(_first, ahead)
+        return
+    current: _Segment | None = None
+    n = j = 0
     for i, x in enumerate(it):
         n = i + 1
         while j < len(skip) and skip[j][1] <= i:
             j += 1
         if j < len(skip) and skip[j][0] <= i:
             continue
-        if held is not None:
-            yield held
-        held = _Tagged((key, i, 1, -1), x)
-    if held is not None:
-        _, i, _, _ = held.tag
-        yield _Tagged((key, i, 1, n), held.x)
+        if current is None or current.start + current.count != i:
+            current = fifo.open(key, i)
+        current.count += 1
+        yield x
+    if current is not None:
+        current.length = n
+        current.closed = True
+
+
+_first = operator.itemgetter(0)
+
+
+def _close(seg: _Segment, counter: Iterator[int]) -> Iterator[Any]:
+    """Runs when the split's iterator ended: the segment's count (the split's length)."""
+    seg.count = seg.length = next(counter)
+    seg.closed = True
+    yield None  # the look-ahead's partner of the last element (never handed out)
+
+
+class _FifoTag(Op):
+    """Tags each element with its source run (from the :class:`_Fifo`)."""
+
+    name = "input_position_tag"
+
+    def __init__(self, input: Op, fifo: _Fifo) -> None:
+        self.input = input
+        self.inputs = (input,)
+        self.fifo = fifo
+
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        take = self.fifo.take
+        segments = self.fifo.segments
+        for x in self.input.iterate(ctx):
+            seg = segments[0]
+            if not seg.closed:  # the common case, inline: the next of an open segment
+                tag: tuple[Any, ...] = (seg.key, seg.start + seg.taken, 1, -1)
+                seg.taken += 1
+            else:
+                tag = take(1)
+            yield _Tagged(tag, x)
+
+
+class _FifoBatch(Op):
+    """``batch`` over untagged, in-order inputs: a batch's runs come from the fifo."""
+
+    name = "batch"
+
+    def __init__(self, input: Op, op: Batch, fifo: _Fifo) -> None:
+        self.input = input
+        self.inputs = (input,)
+        self.op = op
+        self.fifo = fifo
+
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        n = self.op.batch_size
+        it = self.input.iterate(ctx)
+        islice = itertools.islice
+        while True:
+            items = list(islice(it, n))
+            if not items or (len(items) < n and self.op.drop_remainder):
+                return
+            yield _Tagged(self.fifo.take(len(items)), self.op._stack(items))
+            if len(items) < n:
+                return
 
 
 class _TagMap:
@@ -428,24 +563,25 @@ class _TaggedBatch(Op):
             items = [t for _, t in zip(range(n), it, strict=False)]
             if not items or (len(items) < n and self.op.drop_remainder):
                 return
-            tag: tuple[Any, ...] = ()
-            for t in items:
-                tag += t.tag
-            yield _Tagged(_merge_runs(tag), self.op._stack([t.x for t in items]))
+            yield _Tagged(_batch_runs(items), self.op._stack([t.x for t in items]))
             if len(items) < n:
                 return
 
 
-def _merge_runs(tag: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Adjacent runs of one key merged (a batch of 256 consecutive elements is one run)."""
+def _batch_runs(items: list[_Tagged]) -> tuple[Any, ...]:
+    """The runs of a batch's inputs, merged where one continues the previous (in linear
+    time: a batch of 256 consecutive elements of a split is one run)."""
     out: list[Any] = []
-    for i in range(0, len(tag), 4):
-        key, start, count, length = tag[i:i + 4]
-        if out and out[-4] == key and out[-3] + out[-2] == start:
-            out[-2] += count
-            out[-1] = max(out[-1], length)
-        else:
-            out.extend((key, start, count, length))
+    for t in items:
+        tag = t.tag
+        for i in range(0, len(tag), 4):
+            key, start, count, length = tag[i:i + 4]
+            if out and out[-4] == key and out[-3] + out[-2] == start:
+                out[-2] += count
+                if length >= 0:
+                    out[-1] = length
+            else:
+                out.extend((key, start, count, length))
     return tuple(out)
 
 
@@ -464,7 +600,7 @@ def _tagged_op(op: Op, input: Op) -> Op:
         return new
     if kind is Filter:
         return _TaggedFilter(input, op)  # type: ignore[arg-type]
-    if kind is Batch or kind.__name__ == "PaddedBatch":
+    if kind in (Batch, PaddedBatch):
         return _TaggedBatch(input, op)  # type: ignore[arg-type]
     if kind in (Prefetch, Shuffle):
         return _rewired(op, input)
@@ -493,9 +629,25 @@ def tagged_elements(root: Op, policy: ShardingPolicy, provider: SplitProvider | 
     """A tracking task's elements: ``(tag, element)`` pairs (see the module docstring)."""
     start = json.loads(field).get("start")
     chain = pipeline_chain(root)
+    fifo = _Fifo()
     op: Op = _TaggedSource(chain[-1], provider if policy == ShardingPolicy.DYNAMIC else None,
-                           worker_name, start)
-    for above in reversed(chain[:-1]):
-        op = _tagged_op(above, op)
+                           worker_name, start, fifo)
+    above = list(reversed(chain[:-1]))  # the ops, from the source up
+    i = 0
+    while i < len(above) and _keeps_order(above[i]):  # untouched: no tags below the taker
+        op = _rewired(above[i], op)
+        i += 1
+    if i < len(above) and type(above[i]) in (Batch, PaddedBatch):
+        op = _FifoBatch(op, above[i], fifo)  # type: ignore[arg-type]
+        i += 1
+    else:
+        op = _FifoTag(op, fifo)
+    for rest in above[i:]:
+        op = _tagged_op(rest, op)
     for t in op.iterate(IterContext()):
         yield (t.tag, t.x)
+
+
+def _keeps_order(op: Op) -> bool:
+    """A 1:1 op that hands its elements on in input order."""
+    return type(op) is Prefetch or (type(op) is Map and op.deterministic is not False)

@@ -1,0 +1,96 @@
+"""What tracking input positions costs a data-service epoch (issue 13, section 2).
+
+One epoch of a DYNAMIC job read with and without ``track_position=True``, A/B interleaved
+in the same run on the same cluster (a scheduler and two data workers as processes), and
+checked (each element exactly once). Prints JSON lines: a ``run`` line (machine, load,
+versions), one line per workload with ``plain`` and ``tracked`` (best of ``--runs``
+reads, elements/s), every run's figure, ``ratio = tracked / plain``, and the load average
+before and after.
+
+Workloads:
+
+- ``scalars``: ``Dataset.range(N)``: one tag per element, the worst case.
+- ``batches``: ``Dataset.range(N).batch(256)``: one tag (a run or two) per batch.
+
+Usage: ``python benchmarks/input_position.py [--n 200000] [--runs 3] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def _read(ds: Any, expect_sum: int, expect_n: int) -> float:
+    t0 = time.perf_counter()
+    total = count = 0
+    for x in ds:
+        a = np.asarray(x)
+        total += int(a.sum())
+        count += a.size
+    seconds = time.perf_counter() - t0
+    if (count, total) != (expect_n, expect_sum):
+        raise AssertionError(f"read {count} elements summing to {total}, expected "
+                             f"{expect_n} and {expect_sum}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a smoke run (small sizes)")
+    args = parser.parse_args()
+    n = 20_000 if args.quick else args.n
+
+    import dask
+    import distributed
+    from distributed import Client, LocalCluster
+
+    import dask_dataservice as dds
+
+    _emit(bench="input_position", kind="run", python=platform.python_version(),
+          dask=dask.__version__, distributed=distributed.__version__,
+          cpus=os.cpu_count(), load_avg_1m=os.getloadavg()[0], n=n, runs=args.runs,
+          quick=args.quick)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        workloads = {
+            "scalars": (dds.Dataset.range(n), n),
+            "batches": (dds.Dataset.range(n).batch(256), n),
+        }
+        for name, (pipeline, elements) in workloads.items():
+            readers = {
+                "plain": pipeline.apply(dds.distribute("distributed_epoch", client)),
+                "tracked": pipeline.apply(dds.distribute("distributed_epoch", client,
+                                                         track_position=True)),
+            }
+            expect = n * (n - 1) // 2
+            for ds in readers.values():  # warm-up: pipelines downloaded, tasks started once
+                _read(ds, expect, n)
+            times: dict[str, list[float]] = {"plain": [], "tracked": []}
+            load_before = os.getloadavg()[0]
+            for _ in range(args.runs):  # A/B interleaved: the same machine state for both
+                for label, ds in readers.items():
+                    times[label].append(_read(ds, expect, n))
+            rate = {k: elements / min(v) for k, v in times.items()}
+            _emit(bench="input_position", workload=name, metric="elements_per_s",
+                  plain=round(rate["plain"]), tracked=round(rate["tracked"]),
+                  ratio=round(rate["tracked"] / rate["plain"], 3),
+                  runs_seconds={k: [round(t, 4) for t in v] for k, v in times.items()},
+                  load_avg_1m_before=load_before, load_avg_1m_after=os.getloadavg()[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
