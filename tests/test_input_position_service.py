@@ -115,6 +115,29 @@ def test_done_splits_are_skipped_and_partial_splits_resume():
     assert [x for _, x in out] == [11, 12, 13, 14, 15]
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: d.map(lambda x: x + 1000, num_parallel_calls=3).prefetch(4).batch(7),
+    lambda d: d.map(lambda x: x + 1000, num_parallel_calls=3, deterministic=False).batch(7),
+    lambda d: d.map(lambda x: x + 1000).filter(lambda x: x % 5 != 0).batch(7),
+    lambda d: d.map(lambda x: x + 1000).batch(7).prefetch(2),
+], ids=["parallel-map-prefetch-batch", "unordered-map", "filter", "batch-then-prefetch"])
+def test_any_prefix_resumes_to_exactly_the_rest(make):
+    """Every prefix of the output, as a position, resumes to exactly the other elements
+    (split size 8 and batches of 7: batches span splits)."""
+    ds = make(dds.Dataset.range(50))
+    out = _tagged(ds, split_size=8)
+    every = sorted(itertools.chain.from_iterable(_ids(x) for _, x in out))
+    for k in range(len(out) + 1):
+        t = PositionTracker("DYNAMIC", "f", None)
+        for tag, _ in out[:k]:
+            t.record(tag)
+        given = list(itertools.chain.from_iterable(_ids(x) for _, x in out[:k]))
+        rest = _tagged(ds, start=t.position(), split_size=8)
+        got = given + list(itertools.chain.from_iterable(_ids(x) for _, x in rest))
+        assert sorted(got) == every, k
+    assert t.position()["done"] == [[0, 7]] and not t.position()["partial"]  # all of it
+
+
 @pytest.mark.parametrize("make, op", [
     (lambda d: d.repeat(2), "repeat"),
     (lambda d: d.take(3), "take"),
