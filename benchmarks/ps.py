@@ -12,10 +12,10 @@ measurement; ``tf`` is TensorFlow 2.21's figure on the same machine, ``target`` 
 - P2: a 1,000,000 x 64 float32 embedding table in 2 shards; each step gathers 4,096 random
   ids and applies a sparse SGD update to them (ids/s); local baseline: numpy on one array.
 - P2-scaling (issue 16): P2 over 1, 2, 4 shards x 1, 2 training workers (``--p2-shards``,
-  ``--p2-workers``; a cluster per worker count), the old path (``dataservice.ps.coalesce-bytes:
-  0``: every update and every shard's request its own message) against the new one (updates
-  held for the next request to their PS, one request per PS), alternated A B A B in the same
-  cluster. Each line gives ids/s (best and median) and the CPU each process spent per step
+  ``--p2-workers``; a cluster per worker count), three paths alternated in the same cluster
+  (see ``P2_PATHS``): ``old`` (every update and every shard's request its own message, on
+  distributed's comms), ``coalesce`` (updates held for the next request to their PS, one
+  request per PS) and ``new`` (that on the PS data path, ``dataservice.ps.fast-path``). Each line gives ids/s (best and median) and the CPU each process spent per step
   (``cpu_us_per_step``: parameter servers, training workers, this coordinator, from
   ``getrusage``), which holds up better than ids/s on a shared machine.
 - P3: a 16 MiB float32 variable in 2 shards; each step reads it whole and adds a tensor of
@@ -198,14 +198,26 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _set_coalesce(value: str) -> None:
+def _set_path(settings: dict, dask_worker=None) -> None:
+    """Switch a training worker to a path: set the keys, then drop its PS connections (the
+    next request connects again, over the path the keys now say)."""
     import dask
 
-    dask.config.set({"dataservice.ps.coalesce-bytes": value})
+    from dask_dataservice.ps._runner_plugin import RUNNER_NAME
+
+    dask.config.set({f"dataservice.ps.{k}": v for k, v in settings.items()})
+    runner = dask_worker.extensions.get(RUNNER_NAME) if dask_worker is not None else None
+    for channel in getattr(runner, "channels", {}).values():
+        channel.reset(ConnectionError("the benchmark switches paths"))
 
 
-#: The P2-scaling paths: ``dataservice.ps.coalesce-bytes`` on the training workers.
-P2_PATHS = {"old": "0", "new": "8 MiB"}
+#: The P2-scaling paths (``dataservice.ps.*`` on the training workers): ``old`` is every
+#: update and every shard's request a message of its own on distributed's comms,
+#: ``coalesce`` one message per PS per step on distributed's comms, ``new`` that on the
+#: PS data path (``ps/_fastpath.py``).
+P2_PATHS = {"old": {"coalesce-bytes": "0", "fast-path": False},
+            "coalesce": {"coalesce-bytes": "8 MiB", "fast-path": False},
+            "new": {"coalesce-bytes": "8 MiB", "fast-path": True}}
 
 
 def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps: int) -> None:
@@ -225,7 +237,7 @@ def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps
         runs: dict[str, list[tuple[float, dict[str, float]]]] = {k: [] for k in P2_PATHS}
         for rep in range(REPEAT + 1):  # the first round warms both paths up
             for path, value in P2_PATHS.items():
-                client.run(_set_coalesce, value)
+                client.run(_set_path, value)
                 for i in range(20 if rep == 0 else 0):
                     coord.schedule(p2_step, args=(emb, sgd, 10**6 + i))
                 coord.join()
@@ -254,8 +266,9 @@ def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps
                  cpu_us_per_step=cpu_us, cpu_us_per_step_total=sum(cpu_us.values()),
                  target=2_000_000, load=open("/proc/loadavg").read().split()[0])
         emit(benchmark="P2-scaling-ratio", ps=n_ps, workers=n_workers, shards=n_shards,
-             new_over_old=round(best["new"] / best["old"], 2))
-        client.run(_set_coalesce, P2_PATHS["new"])
+             new_over_old=round(best["new"] / best["old"], 2),
+             coalesce_over_old=round(best["coalesce"] / best["old"], 2))
+        client.run(_set_path, P2_PATHS["new"])
         coord.shutdown()
 
 

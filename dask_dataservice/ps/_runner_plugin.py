@@ -74,7 +74,6 @@ class TrainingWorkerPlugin(WorkerPlugin):
         self._max_bytes = config.get_bytes("ps.unacked-bytes")
         self._max_messages = int(config.get("ps.unacked-messages"))
         self._connect_timeout = config.get_seconds("ps.connect-timeout")
-        self._fast_path = bool(config.get("ps.fast-path"))
         self.stats = {"closures": 0, "batches": 0}
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.extensions[RUNNER_NAME] = self
@@ -104,7 +103,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
 
     # -- methods for the runner thread -------------------------------------------------------
     async def _connect(self, address: str) -> Any:
-        if self._fast_path and address.startswith("tcp://"):
+        if address.startswith("tcp://") and config.get("ps.fast-path"):
             # the PS's data path (ps/_fastpath.py), when it has one
             where = await asyncio.wait_for(self.worker.rpc(address).ps_fast_port(),
                                            self._connect_timeout)
