@@ -76,20 +76,25 @@ def test_dataloader_workers_share_the_data_exactly_once(splittable):
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_service_dataset_in_loader_workers_is_refused(c, s, a, b):
     ds = await distribute(Dataset.range(10), "distributed_epoch", c)
-    # spawn, not fork: with forked loader processes, the next read of ``ds`` returned []
-    # silently, but only after the DataLoader tests above ran in the main thread (torch then
-    # has its SIGCHLD handler installed there, and gen_cluster's in-process cluster runs on the
-    # main thread's loop, which the handler interrupts; likely cause, not proven). Neither the
-    # test alone nor a script whose Client has its own loop thread shows it. Reported.
+    # spawn, not fork: a forked child would copy this process's in-process cluster (its event
+    # loop and sockets)
     loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2,
                                          multiprocessing_context="spawn")
+
+    def refused_pass() -> None:
+        it = iter(loader)
+        try:
+            next(it)
+        finally:  # torch's own teardown of its workers, now rather than at garbage collection
+            it._shutdown_workers()
+
     with pytest.raises(RuntimeError, match=r"use DataLoader\(\.\.\., num_workers=0\)"):
-        await asyncio.to_thread(list, loader)
-    # A fresh distributed dataset reads everything in the main process. (The refused pass
-    # above may already have taken splits of its job before the loader workers refused:
-    # reading the same `ds` again missed elements in one CI run; see the session note.)
-    fresh = await distribute(Dataset.range(10), "distributed_epoch", c)
-    loader = torch.utils.data.DataLoader(fresh.to_torch(), batch_size=None, num_workers=0)
+        await asyncio.to_thread(refused_pass)
+    # The same distributed dataset reads everything in the main process. (Here torch's SIGCHLD
+    # handler raises "DataLoader worker exited unexpectedly" into whatever the main thread
+    # runs, which is this in-process cluster's event loop: it broke a request of the next
+    # read, whose elements were lost silently until failed requests were sent again.)
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=0)
     assert sorted(int(t) for t in await asyncio.to_thread(list, loader)) == list(range(10))
 
 

@@ -464,14 +464,22 @@ class IterationReader:
                     self._fetch, task_id, task["worker_address"])
 
     async def _fetch(self, task_id: int, address: str) -> None:
-        """Read one task: keep ``requests-per-task`` requests in flight, take them in order."""
+        """Read one task: keep ``requests-per-task`` requests in flight, take them in order.
+
+        Each request carries its number (``seq``) and the last one answered (``ack``); the
+        worker keeps each reply until acknowledged. A request that fails (a broken or refused
+        connection) is sent again with its number, so a reply lost on the way is answered
+        again rather than its elements lost, until the dispatcher says the task is lost (its
+        worker left: at-most-once), or for ``client.dispatcher-timeout``.
+        """
         rpc = self.client.rpc(address)
-        pending: collections.deque[Any] = collections.deque()
+        pending: collections.deque[tuple[int, Any]] = collections.deque()
         seq = 0
         loop = asyncio.get_running_loop()
         last_element = loop.time()
         stalls = self.stalls.copy()
         codecs = reader_codecs(address, self.local_host)  # issue 16: compression where it pays
+        retry = _Retry(self.dispatcher_timeout)
         try:
             while not self.stopped:
                 while len(pending) < self.depth:
@@ -479,7 +487,7 @@ class IterationReader:
                         rpc.dataservice_get_elements,
                         task_id=task_id, max_elements=self._request_size(),
                         max_bytes=self.max_bytes,
-                        wait=self.long_poll, consumer=self.client_id, seq=seq,
+                        wait=self.long_poll, consumer=self.client_id, seq=seq, ack=retry.acked,
                         trainer_id=self.trainer_id, job_token=self.job_token,
                         **({"codecs": codecs} if codecs else {}),  # only when offered
                         # the head request answers at once; the ones queued behind it may
@@ -487,9 +495,9 @@ class IterationReader:
                         linger=self.linger if pending else 0.0,
                     )
                     request._dds_awaited = True  # type: ignore[attr-defined]  # see TaskGroup
-                    pending.append(request)
+                    pending.append((seq, request))
                     seq += 1
-                head = pending[0]
+                head_seq, head = pending[0]
                 done, _ = await asyncio.wait((head,), timeout=self.request_timeout)
                 if not done:
                     await self._unresponsive(task_id, address)
@@ -498,8 +506,14 @@ class IterationReader:
                 try:
                     resp = head.result()
                 except (TimeoutError, OSError) as e:
-                    logger.info("dataservice: lost task %s on %s: %r", task_id, address, e)
-                    return
+                    if not await self._may_retry(retry, task_id, address, e):
+                        return
+                    for _, f in pending:  # the worker answers these again, in order
+                        f.cancel()
+                    pending.clear()
+                    seq = head_seq
+                    continue
+                retry.answered(head_seq)
                 if resp is None or resp.get("closing"):  # the worker is shutting down
                     logger.info("dataservice: task %s on %s: worker closing", task_id, address)
                     return
@@ -523,9 +537,40 @@ class IterationReader:
         except BaseException as e:  # noqa: BLE001 - the first error ends the iteration
             self._fail(e)
         finally:
-            for f in pending:
+            for _, f in pending:
                 f.cancel()
             self.task_done.set()
+
+    async def _may_retry(self, retry: _Retry, task_id: int, address: str,
+                         error: BaseException) -> bool:
+        """A request to ``address`` failed: wait a little and say whether to send it again
+        (not once the task is lost, the read stopped, or ``client.dispatcher-timeout`` passed
+        since the first failure in a row)."""
+        loop = asyncio.get_running_loop()
+        if self.stopped or self.lost.get(task_id):
+            return False
+        if retry.since is None:
+            retry.since = loop.time()
+            logger.info("dataservice: a request for task %s to %s failed (%r); sending it "
+                        "again", task_id, address, error)
+            # a dead worker is dropped by the dispatcher (the next heartbeat says "lost")
+            self.group.spawn(self._report_worker, address)
+        elif loop.time() - retry.since > retry.timeout:
+            logger.warning(
+                "dataservice: gave up on task %s on worker %s after %gs of failed requests "
+                "(dataservice.client.dispatcher-timeout): %r; what it had not delivered is "
+                "lost (at most once)", task_id, address, retry.timeout, error)
+            return False
+        await asyncio.sleep(retry.next_delay())
+        return not (self.stopped or self.lost.get(task_id))
+
+    async def _report_worker(self, address: str) -> None:
+        try:
+            await asyncio.wait_for(
+                self.client.scheduler.dataservice_suspect_worker(  # type: ignore[union-attr]
+                    address=address), 10)
+        except Exception as e:  # noqa: BLE001 - the dispatcher's own deadline still applies
+            logger.info("dataservice: could not report worker %s: %r", address, e)
 
     async def _unresponsive(self, task_id: int, address: str) -> None:
         """A request to ``address`` went unanswered for ``client.request-timeout``: say so and
@@ -608,6 +653,29 @@ class IterationReader:
 def _optional_seconds(key: str) -> float | None:
     """A duration key in seconds, or None when it is null (no limit)."""
     return None if config.get(key) is None else config.get_seconds(key)
+
+
+class _Retry:
+    """The retry state of one task's requests (see ``IterationReader._fetch``)."""
+
+    __slots__ = ("acked", "since", "timeout", "_delay")
+
+    def __init__(self, timeout: float) -> None:
+        #: The last request answered, in order (``-1``: none yet).
+        self.acked = -1
+        #: When the current run of failures began (None: the last request succeeded).
+        self.since: float | None = None
+        self.timeout = timeout
+        self._delay = 0.02
+
+    def answered(self, seq: int) -> None:
+        self.acked = seq
+        self.since = None
+        self._delay = 0.02
+
+    def next_delay(self) -> float:
+        delay, self._delay = self._delay, min(2 * self._delay, 0.5)
+        return delay
 
 
 class _Tracker:

@@ -307,11 +307,12 @@ class DataWorkerPlugin(WorkerPlugin):
         self._wake_heartbeat = asyncio.Event()
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
-                      "batches_compressed": 0}
+                      "batches_compressed": 0, "requests_replayed": 0}
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
-        #: ``{(task_id, consumer): Turns}``: the order in which a consumer's requests run.
+        #: ``{(task_id, consumer): Turns}``: the order in which a consumer's requests run,
+        #: and its replies until acknowledged.
         self._order: dict[tuple[int, int | None], Turns] = {}
         worker.handlers["dataservice_get_elements"] = self.get_elements
         worker.handlers["dataservice_get_rounds"] = self.get_rounds
@@ -400,13 +401,19 @@ class DataWorkerPlugin(WorkerPlugin):
                            consumer: int | None = None, seq: int | None = None,
                            trainer_id: str | None = None, linger: float = 0.0,
                            job_token: str | None = None,
-                           codecs: list[str] | None = None) -> dict[str, Any]:
+                           codecs: list[str] | None = None,
+                           ack: int | None = None) -> dict[str, Any]:
         """Up to ``max_elements`` buffered elements of a task, or end of sequence.
 
         A consumer may keep several requests in flight; ``(consumer, seq)`` makes them take
         elements in the order it sent them, so a task's elements arrive in order. Only the
         job's consumers may read: ``job_token`` must be the job's token. ``codecs``: the
         compression codecs the consumer accepts, best first (none: send raw).
+
+        ``ack``: the consumer received every reply up to that ``seq``. A consumer that sends
+        acks gets its replies kept until acknowledged: a request sent again because its
+        connection broke (the reply may have been lost on the way) is answered with the same
+        elements instead of losing them.
         """
         if seq is None:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
@@ -415,12 +422,33 @@ class DataWorkerPlugin(WorkerPlugin):
         order = self._order.get(key)
         if order is None:
             order = self._order[key] = Turns()
+        kept: asyncio.Future[Any] | None = None
+        if ack is not None:
+            order.acknowledge(ack)
+            replayed = order.replay(seq)
+            if replayed is not None:  # sent again: the first answer (or the one under way)
+                self.stats["requests_replayed"] += 1
+                return await asyncio.shield(replayed)
+            kept = order.keep(seq)
         await order.wait_turn(seq, timeout=wait + 10)
         try:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger, job_token, codecs)
+            reply = await self._get_elements(task_id, max_elements, max_bytes, wait,
+                                             trainer_id, linger, job_token, codecs)
+        except asyncio.CancelledError:
+            if kept is not None:  # a request sent again computes its reply afresh
+                order.forget(seq)
+                kept.cancel()
+            raise
+        except Exception as e:
+            if kept is not None:
+                kept.set_exception(e)
+                kept.exception()  # retrieved: no "never retrieved" warning if not replayed
+            raise
         finally:
             order.done(seq)
+        if kept is not None:
+            kept.set_result(reply)
+        return reply
 
     async def _runner(self, task_id: int, timeout: float) -> TaskRunner | None:
         """The task's runner; waits up to ``timeout`` for a task that has not arrived yet."""

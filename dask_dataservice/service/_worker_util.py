@@ -43,11 +43,15 @@ class Recent:
 
 
 class Turns:
-    """Runs requests numbered 0, 1, 2, ... one after the other, in number order."""
+    """Runs requests numbered 0, 1, 2, ... one after the other, in number order, and keeps
+    each reply until the consumer acknowledges it, so that a request sent again (its reply
+    was lost on the way: a broken connection) gets the same reply, not the next elements."""
 
     def __init__(self) -> None:
         self.next = 0
         self._waiters: dict[int, asyncio.Future[None]] = {}
+        #: ``{seq: reply}`` of the requests not acknowledged yet (consumers that send acks).
+        self._replies: dict[int, asyncio.Future[Any]] = {}
 
     async def wait_turn(self, seq: int, timeout: float) -> None:
         if seq <= self.next:
@@ -63,6 +67,28 @@ class Turns:
         fut = self._waiters.pop(self.next, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
+
+    def acknowledge(self, ack: int) -> None:
+        """The consumer received every reply up to ``ack``: forget them."""
+        for seq in [s for s in self._replies if s <= ack]:
+            del self._replies[seq]
+
+    def replay(self, seq: int) -> asyncio.Future[Any] | None:
+        """The reply to request ``seq`` if it was (or is being) answered already."""
+        return self._replies.get(seq)
+
+    def keep(self, seq: int) -> asyncio.Future[Any]:
+        """The future that will hold the reply to request ``seq``, kept until acknowledged."""
+        fut = self._replies[seq] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def forget(self, seq: int) -> None:
+        self._replies.pop(seq, None)
+
+    @property
+    def kept(self) -> int:
+        """Replies kept, waiting for their acknowledgement."""
+        return len(self._replies)
 
 
 def offload_bytes() -> int:
