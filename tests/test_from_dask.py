@@ -25,7 +25,7 @@ from distributed import Client, LocalCluster, wait
 
 import dask_dataservice as dds
 from dask_dataservice import Dataset
-from dask_dataservice.data import DaskPartition, DaskPartitionLostError
+from dask_dataservice.data import SHARD_HINT, DaskPartition, DaskPartitionLostError
 from dask_dataservice.data.dask_source import LOCALITY_KEY, locality_metadata
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service._exceptions import IllegalUpdateError
@@ -177,7 +177,7 @@ async def test_collections_built_on_persisted_ones(c, s, a, b):
 
 @gen_cluster(client=True, nthreads=TWO,
              config={"dataservice.dispatcher.worker-addresses": ["0", "1"]})
-async def test_file_and_data_sharding_split_the_partitions(c, s, a, b):
+async def test_static_sharding_policies_split_the_partitions(c, s, a, b):
     x = da.arange(60, chunks=10)
     out = await read(await distribute(
         Dataset.from_dask(x).map(lambda v: (current_task()["worker_index"], int(v))), "FILE", c))
@@ -191,6 +191,24 @@ async def test_file_and_data_sharding_split_the_partitions(c, s, a, b):
         Dataset.from_dask(x).map(lambda v: (current_task()["worker_index"], int(v))), "DATA", c))
     assert sorted(v for i, v in out if i == 1) == list(range(1, 60, 2))
     assert sorted(v for _, v in out) == list(range(60))
+    # FILE_OR_DATA: a Dask collection's partitions are its files, so it shards as FILE does
+    out = await read(await distribute(
+        Dataset.from_dask(x).map(lambda v: (current_task()["worker_index"], int(v))),
+        "FILE_OR_DATA", c))
+    assert _by_worker(out) == {
+        i: sorted(v for p in range(i, 6, 2) for v in range(10 * p, 10 * p + 10)) for i in (0, 1)}
+    # HINT: shard(SHARD_HINT, SHARD_HINT) after the source becomes shard(2, worker index)
+    out = await read(await distribute(
+        Dataset.from_dask(x).shard(SHARD_HINT, SHARD_HINT)
+        .map(lambda v: (current_task()["worker_index"], int(v))), "HINT", c))
+    assert _by_worker(out) == {0: list(range(0, 60, 2)), 1: list(range(1, 60, 2))}
+
+
+def _by_worker(out: list[tuple[int, int]]) -> dict[int, list[int]]:
+    groups = collections.defaultdict(list)
+    for index, v in out:
+        groups[index].append(v)
+    return {i: sorted(v) for i, v in groups.items()}
 
 
 def _double_in_place(block):
