@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 
 import dask
@@ -15,6 +16,7 @@ import dask_dataservice as dds
 from dask_dataservice._rpc import handler, raise_for_status
 from dask_dataservice.ps import _fastpath
 from dask_dataservice.ps import optimizers as opt
+from dask_dataservice.ps._exceptions import ParameterServerUnavailableError
 from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 from dask_dataservice.ps.server import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
@@ -143,6 +145,72 @@ async def test_server_answers_in_order_errors_and_unknown_ops_and_stops():
     comm.abort()
 
 
+# -- the runner thread's socket ----------------------------------------------------------
+
+
+@gen_test()
+async def test_socket_channel_orders_replies_times_out_and_reconnects():
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    @handler
+    async def op(n, value=None):
+        if n == 99:
+            await release.wait()  # a hung request
+        return {"status": "OK", "n": n, "value": None if value is None else to_serialize(value)}
+
+    server = _fastpath.FastServer(lambda name: op if name == "ps_op" else None)
+    await server.start("127.0.0.1")
+    located = []
+
+    def locate(address):
+        located.append(address)
+        return "127.0.0.1", server.port
+
+    def runner():
+        ch = _fastpath.SocketChannel("tcp://ps:1", locate, 5, 5)
+        big = np.arange(300_000, dtype="f4")  # > socket buffers: sends read replies meanwhile
+        replies = [ch.submit("ps_op", {"n": i, "value": big if i % 2 else None})
+                   for i in range(8)]
+        assert replies[7].result(5)["n"] == 7  # the earlier ones were read on the way
+        assert all(r.done() for r in replies) and ch.idle
+        np.testing.assert_array_equal(replies[5].result()["value"], big)
+        assert [r.result()["n"] for r in replies] == list(range(8))
+
+        hung = ch.submit("ps_op", {"n": 99})
+        after = ch.submit("ps_op", {"n": 100})
+        with pytest.raises(concurrent.futures.TimeoutError):
+            hung.result(0.2)
+        ch.reset(TimeoutError("no reply"))  # what the pipeline does after its timeout
+        for r in (hung, after):
+            with pytest.raises(ParameterServerUnavailableError, match="unreachable: TimeoutError"):
+                r.result(1)
+        loop.call_soon_threadsafe(release.set)
+        assert ch.submit("ps_op", {"n": 5}).result(5)["n"] == 5  # a new connection
+        assert len(located) == 2
+        ch.close()
+        with pytest.raises(ParameterServerUnavailableError, match="the channel is closed"):
+            ch.submit("ps_op", {"n": 6}).result(1)
+
+    await asyncio.to_thread(runner)
+
+    def lost():
+        ch = _fastpath.SocketChannel("tcp://ps:1", locate, 5, 5)
+        assert ch.submit("ps_op", {"n": 1}).result(5)["n"] == 1
+        connected.set_result(None)
+        stopped.result(10)
+        with pytest.raises(ParameterServerUnavailableError, match="unreachable"):
+            ch.submit("ps_op", {"n": 2}).result(5)
+        ch.close()
+
+    connected, stopped = concurrent.futures.Future(), concurrent.futures.Future()
+    thread = asyncio.ensure_future(asyncio.to_thread(lost))
+    await asyncio.wait_for(asyncio.wrap_future(connected), 10)
+    await server.stop()  # the PS goes away under an open connection
+    stopped.set_result(None)
+    await thread
+
+
 # -- a real cluster ----------------------------------------------------------------------
 
 
@@ -170,8 +238,8 @@ async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0
 
     with dask.config.set({"dataservice.ps.fast-path": fast}):  # read as the strategy
         table, sums = await in_thread(s, body)                   # installs the plugins
-    kinds = {type(ch._comm).__name__ for ch in w0.extensions[RUNNER_NAME].channels.values()}
-    assert kinds == ({"FastComm"} if fast else {"TCP"}), kinds
+    kinds = {type(ch).__name__ for ch in w0.extensions[RUNNER_NAME].channels.values()}
+    assert kinds == ({"SocketChannel"} if fast else {"Channel"}), kinds
     assert [bool(p.extensions[PLUGIN_NAME]._fast) for p in (p0, p1)] == [fast, fast]
 
     # numpy, step after step, is the reference

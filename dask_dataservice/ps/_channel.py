@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .._async import LoopWaker, TaskGroup
 from ._exceptions import ParameterServerUnavailableError, silent_server
@@ -172,6 +172,16 @@ class Channel:
             return not self._inbox and not self._pending
 
 
+class OrderedChannel(Protocol):
+    """What :class:`Pipeline` needs of a channel: :class:`Channel`, or the runner thread's
+    own socket (``_fastpath.SocketChannel``). ``submit`` returns something with
+    ``result(timeout)`` and ``done()``, as a ``concurrent.futures.Future``."""
+
+    def submit(self, op: str, kwargs: dict[str, Any]) -> Any: ...
+
+    def reset(self, error: BaseException) -> None: ...
+
+
 #: The op of a message that carries several requests to one PS (see :class:`Pipeline`).
 BATCH_OP = "ps_batch"
 
@@ -192,7 +202,8 @@ class Pipeline:
     update sent before it to its PS, so read-your-writes holds per shard.
     """
 
-    def __init__(self, channel: Callable[[str], Channel], check: Callable[[Any, Call], dict[str, Any]],
+    def __init__(self, channel: Callable[[str], OrderedChannel],
+                 check: Callable[[Any, Call], dict[str, Any]],
                  max_bytes: int, max_messages: int, timeout: float,
                  probe: Callable[[str, float], bool] | None = None,
                  liveness: float | None = None, hold: int = 0) -> None:
@@ -217,7 +228,7 @@ class Pipeline:
         self.current = 0
         self.errors: dict[int, BaseException] = {}
 
-    def _result(self, fut: concurrent.futures.Future[Any], call: Call) -> dict[str, Any]:
+    def _result(self, fut: Any, call: Call) -> dict[str, Any]:
         deadline = time.monotonic() + self._timeout
         while True:
             left = deadline - time.monotonic()
@@ -242,15 +253,14 @@ class Pipeline:
         return self._check(reply, call)
 
     # -- messages ----------------------------------------------------------------------------
-    def _submit(self, address: str, calls: list[Call]) -> concurrent.futures.Future[Any]:
+    def _submit(self, address: str, calls: list[Call]) -> Any:
         """One message to ``address`` with ``calls`` (a plain request when there is one)."""
         if len(calls) == 1:
             return self._channel(address).submit(calls[0].op, calls[0].kwargs)
         return self._channel(address).submit(
             BATCH_OP, {"ops": [{"op": c.op, **c.kwargs} for c in calls]})
 
-    def _settle(self, fut: concurrent.futures.Future[Any],
-                calls: list[Call]) -> list[dict[str, Any] | Exception]:
+    def _settle(self, fut: Any, calls: list[Call]) -> list[dict[str, Any] | Exception]:
         """The checked reply (or the error) of each of ``calls`` sent as one message.
 
         A lost message (timeout, broken connection, silent PS) raises for all of them."""

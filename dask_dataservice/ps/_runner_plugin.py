@@ -69,7 +69,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
         #: ``{coordinator uid: failed generation}``, bounded (see the module doc).
         self.poisoned: OrderedDict[int, int] = OrderedDict()
         #: ``{PS address: Channel}``: ordered connections used by the runner thread.
-        self.channels: dict[str, Channel] = {}
+        self.channels: dict[str, Channel | _fastpath.SocketChannel] = {}
         self._pipeline = bool(config.get("ps.pipeline-updates"))
         self._max_bytes = config.get_bytes("ps.unacked-bytes")
         self._max_messages = int(config.get("ps.unacked-messages"))
@@ -123,13 +123,36 @@ class TrainingWorkerPlugin(WorkerPlugin):
         return _routing.run_sync(self.worker.loop, _routing.answers, self.worker.rpc, address,
                                  limit)
 
-    def _channel(self, address: str) -> Channel:
+    def _channel(self, address: str) -> Channel | _fastpath.SocketChannel:
         ch = self.channels.get(address)
         if ch is None:
-            loop = self.worker.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
-            ch = self.channels[address] = Channel(loop, address,
-                                                  self._connect, self._group)
+            where = self._where(address) if self._fast_sockets(address) else None
+            if where is not None:  # the runner thread talks to the PS's data path itself
+                ch = _fastpath.SocketChannel(address, self._where, self._connect_timeout,
+                                             _routing.timeout(), where)
+            else:
+                loop = self.worker.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
+                ch = Channel(loop, address, self._connect, self._group)
+            self.channels[address] = ch
         return ch
+
+    @staticmethod
+    def _fast_sockets(address: str) -> bool:
+        return address.startswith("tcp://") and bool(config.get("ps.fast-path"))
+
+    def _where(self, address: str) -> tuple[str, int] | None:
+        """``(host, port)`` of the PS's data path, or None (from the runner thread)."""
+        async def ask() -> Any:
+            return await asyncio.wait_for(self.worker.rpc(address).ps_fast_port(),
+                                          self._connect_timeout)
+
+        try:
+            where = _routing.run_sync(self.worker.loop, ask)
+        except (OSError, TimeoutError):
+            return None  # unreachable: the channel's first request says so
+        if isinstance(where, dict) and where.get("port"):
+            return str(where["host"]), int(where["port"])
+        return None
 
     def _poisoned(self, coordinator: int, generation: int) -> bool:
         failed = self.poisoned.get(coordinator)
