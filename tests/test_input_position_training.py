@@ -25,13 +25,14 @@ from test_input_position import (  # noqa: E402
 )
 
 
-def _service_dataset_fn(mode: str, size: int, batch: int, track: bool = True):
+def _service_dataset_fn(mode: str, size: int, batch: int, track: bool = True,
+                        job_name: str | None = "train"):
     def dataset_fn():
         from distributed import get_worker
 
         address = get_worker().scheduler.address
         ds = dds.Dataset.range(size).map(lambda x: x).batch(batch)
-        return ds.apply(dds.distribute(mode, address, job_name="train", split_size=8,
+        return ds.apply(dds.distribute(mode, address, job_name=job_name, split_size=8,
                                        track_position=track))
 
     return dataset_fn
@@ -44,7 +45,7 @@ def _saved_inputs(directory):
     return dict(zarr.open_group(os.path.join(directory, "backup-1"), mode="r").attrs)["inputs"]
 
 
-def _sigkill_two_lives(mode, forget_position=False):
+def _sigkill_two_lives(mode, forget_position=False, job_name="train"):
     """Two data workers (the training worker and one more; a PS serves no data). Returns
     the examples' counts after the second life, the restored state and the saved inputs."""
     size, batch = 40, 4
@@ -52,7 +53,7 @@ def _sigkill_two_lives(mode, forget_position=False):
     steps, trainers, data_workers = copies * size // batch, 1, 1
     directory = tempfile.mkdtemp()
     backup = os.path.join(directory, "backup")
-    dataset_fn = _service_dataset_fn(mode, size, batch)
+    dataset_fn = _service_dataset_fn(mode, size, batch, job_name=job_name)
     try:
         with _process_cluster(directory, trainers, data_workers) as (address, pids):
             _KillEveryServer.pids = pids
@@ -75,11 +76,14 @@ def _sigkill_two_lives(mode, forget_position=False):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["distributed_epoch", "parallel_epochs"])
-def test_one_epoch_exactly_after_sigkilling_every_process(mode):
+@pytest.mark.parametrize("mode, job_name", [("distributed_epoch", "train"),
+                                            ("parallel_epochs", "train"),
+                                            ("distributed_epoch", None)])
+def test_one_epoch_exactly_after_sigkilling_every_process(mode, job_name):
     """DYNAMIC reads the epoch once between the two data workers, OFF once per data
-    worker: after the restart, each example exactly that often."""
-    seen, restored, saved, copies = _sigkill_two_lives(mode)
+    worker: after the restart, each example exactly that often. A private job (no
+    job_name) resumes from the training worker's own position."""
+    seen, restored, saved, copies = _sigkill_two_lives(mode, job_name=job_name)
     assert {p["policy"] for p in saved["input"].values()} == {mode_policy[mode]}
     assert restored["global_step"] == 4
     np.testing.assert_array_equal(seen, np.full(40, copies, "i8"))

@@ -123,6 +123,9 @@ class CountingIterator:
 
     def position(self) -> int | dict[str, Any]:
         """Elements handed out, or a data-service dataset's input position."""
+        if self._it is None and self._positions is not None:  # not read since the restore
+            saved = self._positions.get(self._worker, 0)
+            return saved if isinstance(saved, dict | int) else 0
         if self._it is not None and _is_service_dataset(self._dataset):
             source = _position_source(self._dataset)
             if source is None:
