@@ -11,8 +11,10 @@ run, alternating old / new (``--rounds`` times), best read of each:
   (``dataservice.worker.pack-bytes: 0``), ``new`` packs buffers under 256 KiB into one frame
   per batch. Figures: GiB/s, µs per element, and the peak RSS of every process (psutil samples
   every 10 ms; the consumer's is its VmHWM).
-- ``malloc``: the same read of 1 MiB elements (1 and 2 workers) from two clusters: one
-  untuned, one started with ``DASK_DATASERVICE__MALLOC_TUNING=True`` (workers and consumer).
+- ``malloc``: the same read of 1 MiB and 64 KiB elements from three clusters: workers as
+  ``--no-nanny`` starts them, with the environment a nanny gives them
+  (``MALLOC_TRIM_THRESHOLD_=65536``), and that plus ``DASK_DATASERVICE__MALLOC_TUNING=True``
+  (workers and consumer).
 - ``requests``: ``dataservice.client.request-bytes`` 32 MiB (the old default) vs 8 MiB, on the
   untuned cluster: GiB/s and the consumer's peak RSS.
 - ``compression``: (a) simulation: a batch of 32 MiB (64 KiB elements, random doubles vs
@@ -213,11 +215,15 @@ def report(bench: str, size: int, workers: int, n: int, results: dict[str, list[
 
 
 def malloc_bench(args: argparse.Namespace, clusters: dict[str, Cluster], workers: int) -> None:
-    """1 MiB and 64 KiB elements from the untuned and the tuned cluster; the consumer tuned
-    alike (and, ``tuned_8MiB_requests``, with requests of 8 MiB: a reply under glibc's 32 MiB
-    mmap ceiling is received into reused heap memory)."""
+    """1 MiB and 64 KiB elements from three clusters: workers as ``dask worker --no-nanny``
+    starts them (glibc's adaptive mmap threshold), as a nanny starts them
+    (``MALLOC_TRIM_THRESHOLD_=65536``, which fixes the thresholds: every block of 128 KiB or
+    more is a fresh mmap), and nanny-like with ``dataservice.malloc-tuning``; the consumer is
+    tuned with the tuned cluster (and, ``tuned_8MiB_requests``, reads with requests of 8 MiB:
+    a reply under glibc's 32 MiB mmap ceiling is received into reused heap memory)."""
     tuned = {"DASK_DATASERVICE__MALLOC_TUNING": "True"}
-    variants = {"untuned": ("untuned", {}), "tuned": ("tuned", tuned),
+    variants = {"no_nanny": ("untuned", {}), "nanny_env": ("nanny_env", {}),
+                "tuned": ("tuned", tuned),
                 "tuned_8MiB_requests": ("tuned", {**tuned,
                                                   "DASK_DATASERVICE__CLIENT__REQUEST_BYTES": "8MiB"})}
     for size in (MiB, 64 << 10):
@@ -389,8 +395,11 @@ def main() -> None:
     if only & {"elements", "malloc", "requests", "compression"}:
         clusters = {"untuned": Cluster()}
         if "malloc" in only:
+            nanny = {"MALLOC_TRIM_THRESHOLD_": "65536"}  # what distributed's nanny sets
+            clusters["nanny_env"] = Cluster()
             clusters["tuned"] = Cluster()
-            clusters["tuned"].env["DASK_DATASERVICE__MALLOC_TUNING"] = "True"
+            clusters["nanny_env"].env.update(nanny)
+            clusters["tuned"].env.update(nanny, DASK_DATASERVICE__MALLOC_TUNING="True")
         try:
             for c in clusters.values():
                 c.start()
