@@ -358,3 +358,17 @@ def test_the_journal_replays_a_job_started_from_a_position(tmp_path):
     started = [json.loads(p) for p in live.values() if p and json.loads(p)["start"]]
     assert len(started) == 1 and started[0]["nonce"] == "r1"
     assert check_position(started[0]["start"]) == check_position(position)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=GC)
+async def test_async_for_records_the_position_too(c, s, a):
+    ds = await distribute(dds.Dataset.range(40).batch(4), "distributed_epoch", c,
+                          job_name="aio", track_position=True, split_size=8)
+    got = []
+    async for x in ds:
+        got.append(_ids(x))
+        if len(got) == 3:
+            break
+    position = ds.input_position()
+    rest = await asyncio.to_thread(lambda: [_ids(x) for x in ds.start_from(position)])
+    assert sorted(itertools.chain.from_iterable(got + rest)) == list(range(40))
