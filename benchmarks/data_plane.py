@@ -264,6 +264,7 @@ def compression_sim(args: argparse.Namespace) -> None:
     kinds = {
         "random_f64": [rng.random(size // 8) for _ in range(count)],
         "tokens_i32": [rng.integers(0, 30_000, size // 4, dtype=np.int32) for _ in range(count)],
+        "labels_i64": [rng.integers(0, 100, size // 8) for _ in range(count)],
         "constant_f32": [np.full(size // 4, i, np.float32) for i in range(count)],
     }
     raw_bytes = size * count
