@@ -127,22 +127,29 @@ async def test_server_answers_in_order_errors_and_unknown_ops_and_stops():
 
     server = _fastpath.FastServer(lambda name: op if name == "ps_op" else None)
     await server.start("127.0.0.1")
-    comm = await _fastpath.connect("127.0.0.1", server.port, 5)
-    for n in (1, 2, 3):
-        await comm.write({"op": "ps_op", "reply": True, "n": n, "value": np.ones(3)})
-    replies = [await comm.read() for _ in range(3)]
-    assert [r["n"] for r in replies] == [1, 2, 3] and log == [1, 2, 3]
-    np.testing.assert_array_equal(replies[0]["value"], np.full(3, 2.0))
-    await comm.write({"op": "ps_op", "reply": True, "n": -1})
+    ch = _fastpath.SocketChannel("tcp://ps:1", lambda a: ("127.0.0.1", server.port), 5, 5)
+
+    def runner():
+        replies = [ch.submit("ps_op", {"n": n, "value": np.ones(3)}) for n in (1, 2, 3)]
+        got = [r.result(5) for r in replies]
+        bad = ch.submit("ps_op", {"n": -1}).result(5)
+        unknown = ch.submit("ps_nope", {}).result(5)
+        return got, bad, unknown
+
+    got, bad, unknown = await asyncio.to_thread(runner)
+    assert [r["n"] for r in got] == [1, 2, 3] and log == [1, 2, 3]
+    np.testing.assert_array_equal(got[0]["value"], np.full(3, 2.0))
     with pytest.raises(ValueError, match="bad n -1"):
-        raise_for_status(await comm.read())
-    await comm.write({"op": "ps_nope", "reply": True})
-    assert await comm.read() is None  # as a Dask server answers an unknown op
+        raise_for_status(bad)
+    assert unknown is None  # as a Dask server answers an unknown op
     await server.stop()
-    with pytest.raises(ConnectionError, match="closed"):
-        await asyncio.wait_for(comm.read(), 5)
-    assert comm.closed()
-    comm.abort()
+
+    def after_stop():
+        with pytest.raises(ParameterServerUnavailableError, match="unreachable"):
+            ch.submit("ps_op", {"n": 4}).result(5)
+        ch.close()
+
+    await asyncio.to_thread(after_stop)
 
 
 # -- the runner thread's socket ----------------------------------------------------------
@@ -212,6 +219,35 @@ async def test_socket_channel_orders_replies_times_out_and_reconnects():
 
 
 # -- a real cluster ----------------------------------------------------------------------
+
+
+@gen_cluster(client=False, nthreads=[PS, WK], timeout=60)
+async def test_an_unreachable_data_port_falls_back_to_distributed_comms(s, p0, w0):
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+
+    def body(c):
+        strategy = dds.ParameterServerStrategy(c)
+        p0.handlers["ps_fast_port"] = lambda: {"status": "OK", "port": closed_port,
+                                               "host": "127.0.0.1"}
+        coord = dds.ClusterCoordinator(strategy)
+        with strategy.scope():
+            v = dds.Variable(np.zeros((4, 2), "f4"), name="v")
+        rvs = [coord.schedule(lambda i: v.scatter_add([i % 4], np.ones((1, 2), "f4"))
+                              .gather([i % 4]).sum(), args=(i,)) for i in range(8)]
+        coord.join()
+        coord.shutdown()
+        return v.numpy(), [float(rv.fetch()) for rv in rvs]
+
+    value, sums = await in_thread(s, body)
+    np.testing.assert_array_equal(value, np.full((4, 2), 2.0, "f4"))
+    assert sums == [2.0] * 4 + [4.0] * 4  # each step reads its own write
+    kinds = {type(ch).__name__ for ch in w0.extensions[RUNNER_NAME].channels.values()}
+    assert kinds == {"Channel"}, kinds
+
 
 
 def _step(emb, sgd, seed):

@@ -25,12 +25,10 @@ connection of their own:
   (no hop to the event loop and back); while a send waits for room it reads replies, so
   neither end blocks the other. A lost connection fails every waiting request; the next one
   reconnects (asking ``ps_fast_port`` again).
-- **Event loop** (:func:`connect`, :class:`FastComm`): a comm with the ``write``/``read``/
-  ``closed``/``abort`` of a distributed comm, for :class:`~._channel.Channel` when the data
-  path was not reachable as the channel was made.
 
 Used for ``tcp://`` parameter servers when ``dataservice.ps.fast-path`` is true; TLS clusters
-keep distributed's comms (this path has no encryption, like ``tcp://`` itself).
+keep distributed's comms (this path has no encryption, like ``tcp://`` itself), and so does a
+training worker that cannot reach a PS's data port (only Dask's own ports may be open).
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ from .._async import TaskGroup
 from .._rpc import error_message
 from ._exceptions import ParameterServerUnavailableError
 
-__all__ = ["FastServer", "Reply", "SocketChannel", "connect", "decode", "encode"]
+__all__ = ["FastServer", "Reply", "SocketChannel", "decode", "encode"]
 
 _PREFIX = struct.Struct("<II")
 #: Frames at least this big are received in place; smaller pieces through the staging buffer.
@@ -236,65 +234,6 @@ class _Protocol(asyncio.BufferedProtocol):
             self._have = rest
 
 
-# -- the client's comm ---------------------------------------------------------------------
-
-
-class FastComm:
-    """A training worker's connection to one PS's data path (a comm for ``Channel``)."""
-
-    def __init__(self) -> None:
-        self._replies: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
-        self._closed = False
-        self.protocol = _Protocol(self._got, self._lost)
-
-    def _got(self, msg: Any) -> None:
-        self._replies.append(msg)
-        self._wake()
-
-    def _lost(self, exc: BaseException) -> None:
-        self._closed = True
-        self._error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def write(self, msg: Any) -> None:
-        transport = self.protocol.transport
-        if self._closed or transport is None or transport.is_closing():
-            raise ConnectionError("the connection is closed")
-        transport.writelines(encode(msg))
-        await self.protocol.drain()
-
-    async def read(self) -> Any:
-        while not self._replies:
-            if self._closed:
-                raise ConnectionError(f"the connection was closed: {self._error}")
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self._replies.popleft()
-
-    def closed(self) -> bool:
-        return self._closed
-
-    def abort(self) -> None:
-        self._closed = True
-        if self.protocol.transport is not None:
-            self.protocol.transport.abort()
-        self._wake()
-
-
-async def connect(host: str, port: int, timeout: float) -> FastComm:
-    """Open a :class:`FastComm` to a PS's data path at ``host:port``."""
-    comm = FastComm()
-    loop = asyncio.get_running_loop()
-    await asyncio.wait_for(loop.create_connection(lambda: comm.protocol, host, port), timeout)
-    return comm
-
-
 # -- the server ----------------------------------------------------------------------------
 
 
@@ -423,6 +362,11 @@ class SocketChannel:
         pass  # the socket's errors are raised where they happen
 
     # -- connection ---------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect now (else the first request does); OSError if the PS cannot be reached."""
+        if self._sock is None:
+            self._open()
+
     def _open(self) -> Any:
         if self._closed:
             raise ParameterServerUnavailableError("the channel is closed")

@@ -23,6 +23,7 @@ tasks (a :class:`~dask_dataservice._async.TaskGroup`); ``teardown`` stops and jo
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from distributed import Worker
 
 __all__ = ["RUNNER_NAME", "PerWorkerDataset", "PerWorkerIterator", "TrainingWorkerPlugin"]
+
+logger = logging.getLogger(__name__)
 
 RUNNER_NAME = "dataservice-ps-runner"
 
@@ -103,13 +106,6 @@ class TrainingWorkerPlugin(WorkerPlugin):
 
     # -- methods for the runner thread -------------------------------------------------------
     async def _connect(self, address: str) -> Any:
-        if address.startswith("tcp://") and config.get("ps.fast-path"):
-            # the PS's data path (ps/_fastpath.py), when it has one
-            where = await asyncio.wait_for(self.worker.rpc(address).ps_fast_port(),
-                                           self._connect_timeout)
-            if isinstance(where, dict) and where.get("port"):
-                return await _fastpath.connect(where["host"], int(where["port"]),
-                                               self._connect_timeout)
         comm = await connect(address, timeout=self._connect_timeout, deserialize=True,
                              **self.worker.connection_args)
         comm.name = "dataservice-ps-channel"
@@ -126,19 +122,32 @@ class TrainingWorkerPlugin(WorkerPlugin):
     def _channel(self, address: str) -> Channel | _fastpath.SocketChannel:
         ch = self.channels.get(address)
         if ch is None:
-            where = self._where(address) if self._fast_sockets(address) else None
-            if where is not None:  # the runner thread talks to the PS's data path itself
-                ch = _fastpath.SocketChannel(address, self._where, self._connect_timeout,
-                                             _routing.timeout(), where)
-            else:
+            ch = self._socket_channel(address)
+            if ch is None:  # distributed's comms, driven by the event loop
                 loop = self.worker.loop.asyncio_loop  # type: ignore[attr-defined]  # tornado's AsyncIOLoop
                 ch = Channel(loop, address, self._connect, self._group)
             self.channels[address] = ch
         return ch
 
-    @staticmethod
-    def _fast_sockets(address: str) -> bool:
-        return address.startswith("tcp://") and bool(config.get("ps.fast-path"))
+    def _socket_channel(self, address: str) -> _fastpath.SocketChannel | None:
+        """A channel on the PS's data path, on which the runner thread talks to the PS
+        itself; None when there is none or it cannot be reached (only Dask's own ports may
+        be open between the hosts: then distributed's comms carry the requests)."""
+        if not (address.startswith("tcp://") and config.get("ps.fast-path")):
+            return None
+        where = self._where(address)
+        if where is None:
+            return None
+        ch = _fastpath.SocketChannel(address, self._where, self._connect_timeout,
+                                     _routing.timeout(), where)
+        try:
+            ch.open()
+        except OSError as e:
+            logger.warning("the data path of parameter server %s at %s:%d is not reachable "
+                           "(%s); using distributed's comms (dataservice.ps.fast-path)",
+                           address, where[0], where[1], e)
+            return None
+        return ch
 
     def _where(self, address: str) -> tuple[str, int] | None:
         """``(host, port)`` of the PS's data path, or None (from the runner thread)."""
