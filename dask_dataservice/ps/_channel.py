@@ -14,9 +14,10 @@ sent after an update on the same comm is answered after the update was applied.
   plugin's :class:`~dask_dataservice._async.TaskGroup`. A broken connection fails every
   waiting future; the next message reconnects. A connection attempt gives up after
   ``dataservice.ps.connect-timeout``.
-- :class:`Pipeline`: the runner thread's view of its channels for one batch of scheduled
-  functions: unacknowledged updates, charged to the function that sent them, and a wait for
-  each reply bounded by ``dataservice.ps.request-timeout`` (a hung parameter server fails
+- :class:`Pipeline`: the runner thread's view of its channels (a :class:`Channel`, or the
+  runner thread's own socket to a PS's data path, ``_fastpath.SocketChannel``: any
+  :class:`OrderedChannel`) for one batch of scheduled functions: unacknowledged updates,
+  charged to the function that sent them, and a wait for each reply bounded by ``dataservice.ps.request-timeout`` (a hung parameter server fails
   the function instead of hanging the runner forever; the channel is reset so later replies
   cannot be matched to the wrong request). A reply that has not come for
   ``dataservice.ps.liveness-timeout`` makes the runner probe the PS: one that does not
