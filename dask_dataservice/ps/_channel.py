@@ -17,9 +17,10 @@ sent after an update on the same comm is answered after the update was applied.
 - :class:`Pipeline`: the runner thread's view of its channels (a :class:`Channel`, or the
   runner thread's own socket to a PS's data path, ``_fastpath.SocketChannel``: any
   :class:`OrderedChannel`) for one batch of scheduled functions: unacknowledged updates,
-  charged to the function that sent them, and a wait for each reply bounded by ``dataservice.ps.request-timeout`` (a hung parameter server fails
-  the function instead of hanging the runner forever; the channel is reset so later replies
-  cannot be matched to the wrong request). A reply that has not come for
+  charged to the function that sent them, and a wait for each reply bounded by
+  ``dataservice.ps.request-timeout`` (a hung parameter server fails the function instead of
+  hanging the runner forever; the channel is reset so later replies cannot be matched to
+  the wrong request). A reply that has not come for
   ``dataservice.ps.liveness-timeout`` makes the runner probe the PS: one that does not
   answer the probe either fails the wait at once (a frozen PS holds a runner for about two
   liveness timeouts, not the whole request timeout).
