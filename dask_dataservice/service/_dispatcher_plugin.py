@@ -66,7 +66,6 @@ from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo, 
 from ._positions import position_handlers
 from ._recovery import recover, revive, undelivered
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from ._start_read import start_read_handlers
 from ._views import ViewCache
 from .state import (
     AckSplits,
@@ -228,7 +227,6 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
             **position_handlers(self),  # issue 13: input positions (service/_positions.py)
-            **start_read_handlers(self),  # issue 16: job and iteration in one round trip
         }
         scheduler.handlers.update(handlers)
         self._handler_names = tuple(handlers)

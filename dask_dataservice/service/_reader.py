@@ -36,7 +36,6 @@ from ._malloc import tune_malloc_from_config
 from ._messages import TaskInfo, raise_for_status
 from ._metrics import ReadStats
 from ._sharding import ShardingPolicy
-from ._start_read import start_read
 
 logger = logging.getLogger(__name__)
 
@@ -717,13 +716,16 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
     """Acquire an iteration of the job and start reading it (on the client's loop)."""
     capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
     scheduler: Any = client.scheduler  # a connected client's
-    job, view = await start_read(scheduler, dict(  # issue 16: one round trip
+    job = raise_for_status(await scheduler.dataservice_get_or_create_job(
         dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
         job_name=spec.job_name, target_workers=spec.target_workers,
         num_consumers=spec.num_consumers,
         cross_trainer_cache=spec.cross_trainer_cache is not None,
         **({"position": spec.position} if spec.position else {}),  # issue 13
-    ), repetition)
+    ), "job creation")
+    view = raise_for_status(await scheduler.dataservice_get_or_create_iteration(
+        job_id=job["job_id"], repetition=repetition, job_token=job.get("job_token"),
+    ), "iteration creation")
     channel = Channel(asyncio.get_running_loop(), capacity)
     cls: type[IterationReader]
     if spec.num_consumers is not None:
