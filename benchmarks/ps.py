@@ -199,16 +199,26 @@ def _cpu_seconds() -> float:
 
 
 def _set_path(settings: dict, dask_worker=None) -> None:
-    """Switch a training worker to a path: set the keys, then drop its PS connections (the
-    next request connects again, over the path the keys now say)."""
+    """Switch a training worker to a path: set the keys, then close its PS channels (the
+    next request makes new ones, of the kind the keys now say). Runs on the worker's loop."""
     import dask
 
     from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 
     dask.config.set({f"dataservice.ps.{k}": v for k, v in settings.items()})
     runner = dask_worker.extensions.get(RUNNER_NAME) if dask_worker is not None else None
-    for channel in getattr(runner, "channels", {}).values():
-        channel.reset(ConnectionError("the benchmark switches paths"))
+    channels = getattr(runner, "channels", {})
+    for channel in channels.values():
+        channel.close()
+    channels.clear()
+
+
+def _channel_kinds(dask_worker=None) -> list[str]:
+    """The kinds of PS channels a training worker used (the path really taken)."""
+    from dask_dataservice.ps._runner_plugin import RUNNER_NAME
+
+    runner = dask_worker.extensions.get(RUNNER_NAME) if dask_worker is not None else None
+    return sorted({type(c).__name__ for c in getattr(runner, "channels", {}).values()})
 
 
 #: The P2-scaling paths (``dataservice.ps.*`` on the training workers): ``old`` is every
@@ -234,7 +244,8 @@ def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps
             emb = dds.Variable(zeros, shape=(1_000_000, 64), dtype="f4",
                                name=f"p2s_{n_shards}_{n_workers}")
         sgd = optimizers.SGD(0.1, name=f"p2s_sgd_{n_shards}_{n_workers}")
-        runs: dict[str, list[tuple[float, dict[str, float]]]] = {k: [] for k in P2_PATHS}
+        runs: dict[str, list[tuple[float, dict[str, float], list[str]]]] = {
+            k: [] for k in P2_PATHS}
         for rep in range(REPEAT + 1):  # the first round warms both paths up
             for path, value in P2_PATHS.items():
                 client.run(_set_path, value)
@@ -252,11 +263,12 @@ def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps
                 after = client.run(_cpu_seconds)
                 cpu = {names[a]: (after[a] - before[a]) / steps for a in after}
                 cpu["coordinator"] = (_cpu_seconds() - me) / steps
-                runs[path].append((dt, cpu))
+                kinds = sorted({k for ks in client.run(_channel_kinds).values() for k in ks})
+                runs[path].append((dt, cpu, kinds))
         best = {}
         for path, got in runs.items():
             got.sort(key=lambda r: r[0])
-            dt, cpu = got[0]
+            dt, cpu, kinds = got[0]
             median = got[len(got) // 2][0]
             best[path] = steps * 4096 / dt
             cpu_us = {k: round(v * 1e6) for k, v in sorted(cpu.items())}
@@ -264,6 +276,7 @@ def bench_p2_scaling(client, n_ps: int, n_workers: int, shards: list[int], steps
                  steps=steps, ids_per_s=round(best[path]),
                  median_ids_per_s=round(steps * 4096 / median),
                  cpu_us_per_step=cpu_us, cpu_us_per_step_total=sum(cpu_us.values()),
+                 channels=kinds,
                  target=2_000_000, load=open("/proc/loadavg").read().split()[0])
         emit(benchmark="P2-scaling-ratio", ps=n_ps, workers=n_workers, shards=n_shards,
              new_over_old=round(best["new"] / best["old"], 2),
