@@ -11,6 +11,8 @@ Workloads:
 
 - ``scalars``: ``Dataset.range(N)``: one tag per element, the worst case.
 - ``batches``: ``Dataset.range(N).batch(256)``: one tag (a run or two) per batch.
+- ``arrays``: ``Dataset.range(N // 4).map(i -> 256 float32s).batch(64)``: some work per
+  element, as a real pipeline has.
 
 Usage: ``python benchmarks/input_position.py [--n 200000] [--runs 3] [--quick]``.
 """
@@ -46,6 +48,10 @@ def _read(ds: Any, expect_sum: int, expect_n: int) -> float:
     return seconds
 
 
+def _row(i: Any) -> Any:
+    return np.full(256, i, np.float32)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200_000)
@@ -66,24 +72,26 @@ def main() -> None:
           quick=args.quick)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
+        m = n // 4
         workloads = {
-            "scalars": (dds.Dataset.range(n), n),
-            "batches": (dds.Dataset.range(n).batch(256), n),
+            "scalars": (dds.Dataset.range(n), n, n * (n - 1) // 2, n),
+            "batches": (dds.Dataset.range(n).batch(256), n, n * (n - 1) // 2, n),
+            "arrays": (dds.Dataset.range(m).map(_row).batch(64), m,
+                       256 * m * (m - 1) // 2, 256 * m),
         }
-        for name, (pipeline, elements) in workloads.items():
+        for name, (pipeline, elements, expect, values) in workloads.items():
             readers = {
                 "plain": pipeline.apply(dds.distribute("distributed_epoch", client)),
                 "tracked": pipeline.apply(dds.distribute("distributed_epoch", client,
                                                          track_position=True)),
             }
-            expect = n * (n - 1) // 2
             for ds in readers.values():  # warm-up: pipelines downloaded, tasks started once
-                _read(ds, expect, n)
+                _read(ds, expect, values)
             times: dict[str, list[float]] = {"plain": [], "tracked": []}
             load_before = os.getloadavg()[0]
             for _ in range(args.runs):  # A/B interleaved: the same machine state for both
                 for label, ds in readers.items():
-                    times[label].append(_read(ds, expect, n))
+                    times[label].append(_read(ds, expect, values))
             rate = {k: elements / min(v) for k, v in times.items()}
             _emit(bench="input_position", workload=name, metric="elements_per_s",
                   plain=round(rate["plain"]), tracked=round(rate["tracked"]),
