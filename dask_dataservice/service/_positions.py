@@ -13,6 +13,9 @@ A distributed dataset read with ``track_position=True`` (:func:`.client.from_dat
   ``batch`` the runs of all its inputs (a batch may span splits), ``shuffle`` and
   ``prefetch`` move tags with their elements. Any other op cannot say which source elements
   an element came from: the job refuses to start, naming the op (:class:`InputPositionError`).
+  Between the source and the first op that may drop or reorder elements, no tag travels:
+  the source counts its splits' elements in C into a :class:`_Fifo` of segments, and the
+  first other op (a batch, or a tagger) takes its inputs' runs from it in order.
 - **The position, on the reader.** :class:`PositionTracker` records each element's tag just
   before the consumer gets the element, so at any quiet point (after a join) the position
   says exactly which source elements the consumer was given: per key, ranges of indices, and
