@@ -7,7 +7,7 @@ import collections
 
 import numpy as np
 import pytest
-from _helpers import distribute, read  # noqa: E402
+from _helpers import distribute, poll, read  # noqa: E402
 from distributed import Worker
 
 import dask_dataservice as dds
@@ -115,11 +115,15 @@ async def test_file_sharding_errors(c, s, a, b):
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
              config={"dataservice.dispatcher.worker-addresses": ["0", "w1"]})
 async def test_listed_worker_joining_later_gets_its_shard(c, s, a):
-    """The job waits for every listed worker; a worker outside the list gets no task."""
+    """The job waits for every listed worker; a worker outside the list gets no task. The
+    reader (local to every worker here) waits for w1 even after worker 0's task finished."""
     await _install_async(c)
     ds = await distribute(dds.Dataset.range(10).map(tag), "DATA", c)
     fut = asyncio.ensure_future(read(ds))
     plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: a.extensions["dataservice"].stats["tasks_finished"] == 1,
+               what="worker 0's shard to end")
+    assert not fut.done()
     async with Worker(s.address, nthreads=1, name="stranger"):
         async with Worker(s.address, nthreads=1, name="w1"):
             out = await asyncio.wait_for(fut, 20)

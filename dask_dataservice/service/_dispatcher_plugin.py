@@ -764,9 +764,10 @@ class DispatcherPlugin(SchedulerPlugin):
         tasks = [TaskInfo(task_id=t.task_id, worker_address=t.worker_address, status=t.status)
                  for t in task_list]
         job = self.state.job(iteration.job_id)
+        shards = {t.shard_index for t in task_list if t.shard_index is not None}
         return IterationView(tasks=tasks, finished=iteration.finished, garbage_collected=False,
-                             processing_mode=job.processing_mode,
-                             num_consumers=job.num_consumers)
+                             processing_mode=job.processing_mode, num_consumers=job.num_consumers,
+                             pending_shards=max(0, iteration.num_shards - len(shards)))
 
     def _release_client(self, iteration_client_id: int) -> None:
         client = self.state.iteration_client(iteration_client_id)

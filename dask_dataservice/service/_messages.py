@@ -102,6 +102,8 @@ class IterationView(TypedDict, total=False):
     garbage_collected: bool
     processing_mode: str
     num_consumers: int | None
+    #: Static sharding: listed workers that have no task yet (they have not joined).
+    pending_shards: int
 
 
 class ElementBatch:

@@ -342,7 +342,10 @@ class IterationReader:
             else:
                 await self._no_workers(loop.time() - no_workers_since)
             ended = bool(self.fetchers) and all(f is None or f.done() for f in self.fetchers.values())
-            if ended and (view["finished"] or self.local_only):
+            # a local reader (static sharding) is done with its host's tasks once every
+            # listed worker has joined: one that joins later on this host is read too
+            if ended and (view["finished"] or (self.local_only
+                                               and not view.get("pending_shards"))):
                 break
             self.task_done.clear()
             if not ended:  # when every known task ended, the dispatcher already knows: ask now
@@ -354,8 +357,10 @@ class IterationReader:
             self._update_tasks(view)
             if ended and not view["finished"]:
                 # tasks ended but the dispatcher has not seen all of them yet (lost
-                # workers, or new tasks being created): wait a little before asking again
-                await asyncio.sleep(min(0.01, self.heartbeat_interval))
+                # workers, or new tasks being created): wait a little before asking again;
+                # for listed workers still to join, a heartbeat interval
+                await asyncio.sleep(self.heartbeat_interval if view.get("pending_shards")
+                                    else min(0.01, self.heartbeat_interval))
 
     async def _no_workers(self, waited: float) -> None:
         """The iteration has had no task for ``waited`` seconds: warn, then fail, saying why."""
