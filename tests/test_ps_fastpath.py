@@ -84,11 +84,11 @@ def test_codec_round_trips_arrays_writable_and_owned():
     assert got["s"] == "ok"
 
 
-def test_codec_refuses_what_it_cannot_carry():
-    with pytest.raises(TypeError, match="arrays of Python objects do not travel"):
-        _fastpath.encode({"v": np.array([object()])})
-    with pytest.raises(TypeError, match="set does not travel on the PS data path"):
-        _fastpath.encode({"v": {1, 2}})
+def test_codec_pickles_what_msgpack_cannot_carry():
+    objects = np.array([{"a": 1}, "text", None], dtype=object)
+    got = _roundtrip({"v": objects, "s": {1, 2}, "frac": __import__("fractions").Fraction(1, 3)})
+    assert got["v"].dtype == object and got["v"].tolist() == objects.tolist()
+    assert got["s"] == {1, 2} and str(got["frac"]) == "1/3"
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -216,6 +216,30 @@ async def test_socket_channel_orders_replies_times_out_and_reconnects():
     await server.stop()  # the PS goes away under an open connection
     stopped.set_result(None)
     await thread
+
+
+def test_a_send_to_a_frozen_server_fails_after_a_silent_probe():
+    import socket
+    import time
+
+    with socket.socket() as frozen:  # accepts connections (the backlog) and never reads
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen()
+        probes = []
+
+        def probe(address, limit):
+            probes.append((address, limit))
+            return len(probes) < 2  # it answers once, then falls silent
+
+        ch = _fastpath.SocketChannel("tcp://ps:1", lambda a: frozen.getsockname(), 5, 60,
+                                     probe=probe, liveness=0.2)
+        started = time.monotonic()
+        reply = ch.submit("ps_op", {"value": np.zeros(16 << 20, "f4")})  # 64 MiB: no room
+        with pytest.raises(ParameterServerUnavailableError,
+                           match=r"did not answer a liveness probe within 0.2 s during ps_op"):
+            reply.result(1)
+        assert time.monotonic() - started < 10 and probes == [("tcp://ps:1", 0.2)] * 2
+        ch.close()
 
 
 # -- a real cluster ----------------------------------------------------------------------

@@ -11,8 +11,8 @@ connection of their own:
 - **Wire format.** ``<u4 header bytes><u4 frames><u8 frame bytes> x frames``, the msgpack
   header, then the frames. Arrays (bare or wrapped by ``to_serialize``) are frames, described
   in the header by ``{"__f": index, "dtype", "shape"}``; ``to_serialize``'d bytes (the pickled
-  exceptions of ``error_message``) travel inline. Anything else that msgpack cannot encode is
-  a ``TypeError``: only the PS's own requests and replies use this path.
+  exceptions of ``error_message``) travel inline; anything else msgpack cannot encode (arrays
+  of Python objects, ...) travels pickled in a frame (``{"__p": index}``), as on Dask comms.
 - **Receiving** (:class:`_Protocol`, an ``asyncio.BufferedProtocol``): frames of 64 KiB or
   more are received straight into the ndarray the handler (or the step) gets, writable and
   owned; smaller pieces go through one staging buffer.
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pickle
 import select
 import socket
 import struct
@@ -49,7 +50,7 @@ from distributed.protocol.serialize import Serialize
 
 from .._async import TaskGroup
 from .._rpc import error_message
-from ._exceptions import ParameterServerUnavailableError
+from ._exceptions import ParameterServerUnavailableError, silent_server
 
 __all__ = ["FastServer", "Reply", "SocketChannel", "decode", "encode"]
 
@@ -72,9 +73,7 @@ def encode(msg: Any) -> list[Any]:
             obj = obj.data
             if isinstance(obj, (bytes, bytearray)):
                 return bytes(obj)
-        if isinstance(obj, np.ndarray):
-            if obj.dtype.hasobject:
-                raise TypeError("arrays of Python objects do not travel on the PS data path")
+        if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
             arr = obj if obj.flags.c_contiguous else obj.copy(order="C")  # keeps 0-d arrays 0-d
             frames.append(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size
                           else memoryview(b""))
@@ -83,7 +82,9 @@ def encode(msg: Any) -> list[Any]:
             return obj.item()
         if isinstance(obj, tuple):
             return list(obj)
-        raise TypeError(f"{type(obj).__name__} does not travel on the PS data path")
+        # anything else (arrays of Python objects, ...) travels pickled, as on Dask comms
+        frames.append(memoryview(pickle.dumps(obj, protocol=5)))
+        return {"__p": len(frames) - 1}
 
     header = msgpack.packb(msg, default=default, use_bin_type=True)
     sizes = struct.pack(f"<{len(frames)}Q", *(f.nbytes for f in frames))
@@ -94,11 +95,11 @@ def decode(header: bytes | memoryview, frames: list[np.ndarray]) -> Any:
     """The message of ``header`` whose arrays are views of ``frames`` (uint8 buffers)."""
 
     def hook(obj: dict[str, Any]) -> Any:
-        index = obj.get("__f")
-        if index is None or len(obj) != 3:
-            return obj
-        dtype = np.dtype(obj["dtype"])
-        return frames[index].view(dtype).reshape(obj["shape"])
+        if len(obj) == 3 and "__f" in obj:
+            return frames[obj["__f"]].view(np.dtype(obj["dtype"])).reshape(obj["shape"])
+        if len(obj) == 1 and "__p" in obj:
+            return pickle.loads(frames[obj["__p"]])
+        return obj
 
     return msgpack.unpackb(header, object_hook=hook, raw=False, use_list=True)
 
@@ -342,9 +343,15 @@ class SocketChannel:
 
     def __init__(self, address: str, locate: Callable[[str], tuple[str, int] | None],
                  connect_timeout: float, send_timeout: float,
-                 where: tuple[str, int] | None = None) -> None:
+                 where: tuple[str, int] | None = None,
+                 probe: Callable[[str, float], bool] | None = None,
+                 liveness: float | None = None) -> None:
         self.address = address
         self._locate = locate
+        #: ``probe(address, limit)``: whether the PS answers; asked when a send makes no
+        #: progress for ``liveness`` seconds (a frozen PS fails the send, not after minutes).
+        self._probe = probe
+        self._liveness = liveness
         #: Where the data path listens, once known (asked again after a lost connection).
         self._where = where
         self._connect_timeout = connect_timeout
@@ -415,17 +422,22 @@ class SocketChannel:
         reply = Reply(self)
         try:
             buffers = encode({"op": op, "reply": True, **kwargs})
+        except Exception as e:  # noqa: BLE001 - this request's own error (it cannot be sent)
+            reply._set(error=e)
+            return reply
+        try:
             sock = self._sock if self._sock is not None else self._open()
             self._pending.append(reply)
-            self._send(sock, buffers)
+            self._send(sock, buffers, op)
         except Exception as e:  # noqa: BLE001 - a lost connection fails what waits on it
             if reply not in self._pending:
                 self._pending.append(reply)
             self.reset(e)
         return reply
 
-    def _send(self, sock: Any, buffers: list[Any]) -> None:
+    def _send(self, sock: Any, buffers: list[Any], op: str) -> None:
         views = [memoryview(b).cast("B") for b in buffers]
+        deadline = time.monotonic() + self._send_timeout
         while views:
             try:
                 sent = sock.sendmsg(views)
@@ -440,12 +452,25 @@ class SocketChannel:
                     views[0] = views[0][sent:]
                     sent = 0
             if views:  # no room: read replies meanwhile, so the server never blocks on us
-                readable, writable, _ = select.select([sock], [sock], [], self._send_timeout)
-                if not readable and not writable:
-                    raise TimeoutError(f"could not send to {self.address} within "
-                                       f"{self._send_timeout:g} s")
-                if readable:
-                    self._pump(sock)
+                self._room(sock, op, deadline)
+
+    def _room(self, sock: Any, op: str, deadline: float) -> None:
+        """Wait until ``sock`` can take more bytes (reading replies meanwhile), probing the
+        PS after each liveness timeout without room; give up at ``deadline``."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"could not send {op} to {self.address} within "
+                                   f"{self._send_timeout:g} s (dataservice.ps.request-timeout)")
+            step = left if self._liveness is None else min(left, self._liveness)
+            readable, writable, _ = select.select([sock], [sock], [], step)
+            if readable:
+                self._pump(sock)
+            if writable:
+                return
+            if not readable and self._probe is not None and self._liveness is not None \
+                    and not self._probe(self.address, self._liveness):
+                raise silent_server(self.address, op, self._liveness)
 
     def _pump(self, sock: Any) -> None:
         """Parse whatever the socket holds (never blocks)."""

@@ -139,7 +139,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
         if where is None:
             return None
         ch = _fastpath.SocketChannel(address, self._where, self._connect_timeout,
-                                     _routing.timeout(), where)
+                                     _routing.timeout(), where, self._answers,
+                                     _routing.liveness())
         try:
             ch.open()
         except OSError as e:
