@@ -197,6 +197,18 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
         results.append({"bench": "client_heartbeat", "workers": n_workers, "jobs": n_jobs,
                         "consumers": len(consumers), "tasks_in_view": n_workers,
                         "sends": "view", "us_per_call": round(us, 2)})
+        # Before versioned views: the view was built afresh for every heartbeat (A/B in this
+        # run: the cache is emptied before each call, so each call builds the view again).
+        def client_heartbeat_rebuilt(i: int):
+            client_id, token = consumers[i % len(consumers)]
+            plugin._views._views.clear()
+            return plugin.client_heartbeat(iteration_client_id=client_id, job_token=token)
+
+        us = await _time_calls(client_heartbeat_rebuilt, calls, args.repeats)
+        results.append({"bench": "client_heartbeat", "workers": n_workers, "jobs": n_jobs,
+                        "consumers": len(consumers), "tasks_in_view": n_workers,
+                        "sends": "view, rebuilt each call (before versioned views)",
+                        "us_per_call": round(us, 2)})
         # What a consumer sends in the steady state: the version it has (service/_views.py).
         version = plugin._views.version if hasattr(plugin, "_views") else None
 
