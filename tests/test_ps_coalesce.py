@@ -271,6 +271,9 @@ async def test_sharded_training_on_one_request_per_server(s, p0, p1, w0, coalesc
     steps = [_ids(step) for step in range(STEPS)]
     for ps, st in enumerate(stats):
         assert st["gathers"] == sum(touched(ids, ps) for ids in steps)
+        # the dashboard's per-shard counts see the gathers of ps_gather_parts too
+        ops = (p0, p1)[ps].plugins[PLUGIN_NAME].shard_ops
+        assert sum(c["gathers"] for c in ops.values()) == st["gathers"], ops
         assert st["updates"] == sum(touched(ids, ps) + touched(ids[:7], ps) for ids in steps)
     # the apply and the scatter of step k travel with the gather of step k + 1
     if coalesce:

@@ -15,7 +15,8 @@ __all__ = ["count_shard_op", "report_coordinator"]
 
 
 #: Shard methods a parameter server runs, and the counter each one adds to.
-_SHARD_OPS = {"gather": "gathers", "update": "updates", "scatter": "updates", "apply": "updates"}
+_SHARD_OPS = {"gather": "gathers", "gather_into": "gathers", "update": "updates",
+              "scatter": "updates", "apply": "updates"}
 
 
 def count_shard_op(server: Any, key: str, fn: Any) -> None:
