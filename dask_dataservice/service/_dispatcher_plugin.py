@@ -62,11 +62,12 @@ from ._job_checks import (
     worker_list,
 )
 from ._liveness import WorkerLiveness
-from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, TaskInfo, send_tasks
+from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
 from ._positions import position_handlers
 from ._recovery import recover, revive, undelivered
 from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from ._views import ViewCache
+from ._start_read import start_read_handlers
+from ._views import ViewCache, build_view
 from .state import (
     AckSplits,
     AcquireIterationClient,
@@ -227,6 +228,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
             **position_handlers(self),  # issue 13: input positions (service/_positions.py)
+            **start_read_handlers(self),  # issue 16: job and iteration in one round trip
         }
         scheduler.handlers.update(handlers)
         self._handler_names = tuple(handlers)
@@ -754,20 +756,7 @@ class DispatcherPlugin(SchedulerPlugin):
             return False
 
     def _iteration_view(self, iteration_id: int) -> IterationView:
-        return self._views.get(iteration_id, self._build_view)
-
-    def _build_view(self, iteration_id: int) -> IterationView:
-        iteration = self.state.iteration(iteration_id)
-        if iteration.garbage_collected:
-            return IterationView(tasks=[], finished=True, garbage_collected=True)
-        task_list = self.state.tasks_for_iteration(iteration_id)
-        tasks = [TaskInfo(task_id=t.task_id, worker_address=t.worker_address, status=t.status)
-                 for t in task_list]
-        job = self.state.job(iteration.job_id)
-        shards = {t.shard_index for t in task_list if t.shard_index is not None}
-        return IterationView(tasks=tasks, finished=iteration.finished, garbage_collected=False,
-                             processing_mode=job.processing_mode, num_consumers=job.num_consumers,
-                             pending_shards=max(0, iteration.num_shards - len(shards)))
+        return self._views.get(iteration_id, functools.partial(build_view, self.state))
 
     def _release_client(self, iteration_client_id: int) -> None:
         client = self.state.iteration_client(iteration_client_id)

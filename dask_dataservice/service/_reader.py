@@ -27,7 +27,7 @@ from distributed._async_taskgroup import AsyncTaskGroupClosedError
 from distributed.comm.addressing import get_address_host
 
 from .. import config
-from .._async import LoopWaker, TaskGroup
+from .._async import TaskGroup
 from ..data._base import UNKNOWN, IterContext, Op
 from . import _connection
 from ._exceptions import DataServiceError
@@ -35,7 +35,9 @@ from ._frames import reader_codecs
 from ._malloc import tune_malloc_from_config
 from ._messages import TaskInfo, raise_for_status
 from ._metrics import ReadStats
+from ._read_channel import END, Channel, Failure
 from ._sharding import ShardingPolicy
+from ._start_read import start_read
 
 logger = logging.getLogger(__name__)
 
@@ -124,107 +126,6 @@ class ServiceSource(Op):
                 "Cross-trainer caching requires infinite datasets and disallows multiple "
                 "repetitions of the same dataset: iterate this distributed dataset once (it "
                 "is infinite), or call from_dataset_id again for another pass")
-
-
-# ---------------------------------------------------------------------------------------
-# the channel between the loop and the consumer
-# ---------------------------------------------------------------------------------------
-
-END = object()
-
-
-class Failure:
-    """The error that ended a read, in the channel."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class Channel:
-    """Batches from the event loop to the consumer, bounded in batches.
-
-    The loop side awaits space (:meth:`put`); a consumer thread takes with :meth:`get` and
-    wakes the loop (through a :class:`~dask_dataservice._async.LoopWaker`) only when the loop
-    waits for space. A consumer on the loop itself (``async for``) uses :meth:`aget`.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
-        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._size = 0
-        self._capacity = capacity
-        self._space = asyncio.Event()
-        self._space_waker = LoopWaker(loop, self._space.set)
-        self._items = asyncio.Event()  # for aget: set on every put
-        self._lock = threading.Lock()
-        self._want_space = False
-        #: Batches the consumer took so far.
-        self.taken = 0
-
-    async def put(self, item: Any) -> None:
-        while True:
-            with self._lock:
-                if self._size < self._capacity:
-                    self._size += 1
-                    self._q.put(item)
-                    self._items.set()
-                    return
-                self._want_space = True
-                self._space.clear()
-            await self._space.wait()
-
-    def put_nowait(self, item: Any) -> None:
-        """Put past the bound (the last item of a read: the end or an error)."""
-        with self._lock:
-            self._size += 1
-            self._q.put(item)
-            self._items.set()
-
-    def _took(self) -> None:
-        with self._lock:
-            self._size -= 1
-            self.taken += 1
-            wake = self._want_space
-            self._want_space = False
-        if wake:
-            self._space_waker.wake()
-
-    @property
-    def queued(self) -> int:
-        """Batches waiting for the consumer."""
-        return self._size
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    def get(self, timeout: float | None = None) -> Any:
-        """Take a batch (consumer thread); raises ``queue.Empty`` after ``timeout``."""
-        item = self._q.get(timeout=timeout)
-        self._took()
-        return item
-
-    def get_nowait(self) -> Any:
-        item = self._q.get_nowait()
-        self._took()
-        return item
-
-    async def aget(self) -> Any:
-        """Take a batch on the loop (``async for``)."""
-        while True:
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                self._items.clear()
-                await self._items.wait()
-                continue
-            with self._lock:
-                self._size -= 1
-                self.taken += 1
-                self._want_space = False
-            self._space.set()
-            return item
 
 
 # ---------------------------------------------------------------------------------------
@@ -721,16 +622,13 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
     """Acquire an iteration of the job and start reading it (on the client's loop)."""
     capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
     scheduler: Any = client.scheduler  # a connected client's
-    job = raise_for_status(await scheduler.dataservice_get_or_create_job(
+    job, view = await start_read(scheduler, dict(  # issue 16: one round trip
         dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
         job_name=spec.job_name, target_workers=spec.target_workers,
         num_consumers=spec.num_consumers,
         cross_trainer_cache=spec.cross_trainer_cache is not None,
         **({"position": spec.position} if spec.position else {}),  # issue 13
-    ), "job creation")
-    view = raise_for_status(await scheduler.dataservice_get_or_create_iteration(
-        job_id=job["job_id"], repetition=repetition, job_token=job.get("job_token"),
-    ), "iteration creation")
+    ), repetition)
     channel = Channel(asyncio.get_running_loop(), capacity)
     cls: type[IterationReader]
     if spec.num_consumers is not None:

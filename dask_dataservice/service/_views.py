@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ._messages import IterationView
+from ._messages import IterationView, TaskInfo
 from ._updates import (
     AckSplits,
     AcquireIterationClient,
@@ -39,6 +40,9 @@ from ._updates import (
     ReleaseIterationClient,
     Update,
 )
+
+if TYPE_CHECKING:
+    from .state import DispatcherState
 
 __all__ = ["VIEW_STABLE_UPDATES", "ViewCache"]
 
@@ -77,3 +81,19 @@ class ViewCache:
         if view is None:
             view = self._views[iteration_id] = build(iteration_id)
         return view
+
+
+def build_view(state: DispatcherState, iteration_id: int) -> IterationView:
+    """What a consumer of the iteration is told: its tasks, whether it finished, and (static
+    sharding) how many listed workers have no task yet."""
+    iteration = state.iteration(iteration_id)
+    if iteration.garbage_collected:
+        return IterationView(tasks=[], finished=True, garbage_collected=True)
+    task_list = state.tasks_for_iteration(iteration_id)
+    tasks = [TaskInfo(task_id=t.task_id, worker_address=t.worker_address, status=t.status)
+             for t in task_list]
+    job = state.job(iteration.job_id)
+    shards = {t.shard_index for t in task_list if t.shard_index is not None}
+    return IterationView(tasks=tasks, finished=iteration.finished, garbage_collected=False,
+                         processing_mode=job.processing_mode, num_consumers=job.num_consumers,
+                         pending_shards=max(0, iteration.num_shards - len(shards)))
