@@ -7,6 +7,7 @@ the end-to-end ones read through real clusters (in-process servers over tcp).
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import subprocess
 import sys
@@ -275,3 +276,17 @@ def test_compressed_read_from_worker_processes():
         assert got == sorted(round(float(_random(i)[0]), 12) for i in range(100))
         after = sum(s["batches_compressed"] for s in client.run(_worker_stats).values())
         assert after == before
+
+
+@gen_cluster(client=True, config={"dataservice.client.compression": "always"})
+async def test_the_same_pipeline_with_another_compression_is_another_dataset(c, s, a, b):
+    # before: registering it again returned the first registration, and its compression
+    ds = dds.Dataset.range(300).map(_compressible)
+    raw = await asyncio.to_thread(dds.register_dataset, c, ds, compression=None)
+    lz4 = await asyncio.to_thread(dds.register_dataset, c, ds, compression="lz4")
+    assert raw != lz4
+    assert await asyncio.to_thread(dds.register_dataset, c, ds, compression=None) == raw
+    out = await read(await distribute(ds, "distributed_epoch", c, compression="lz4"))
+    assert sorted(int(x[0]) for x in out) == list(range(300))
+    served, compressed = _served(a, b)
+    assert served > 0 and compressed == served

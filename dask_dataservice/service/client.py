@@ -125,6 +125,8 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     fingerprint = dataset.fingerprint()
     if split_size is not None:
         fingerprint = f"{fingerprint}/split_size={split_size}"
+    if compression != "AUTO":  # the same pipeline sent otherwise is another dataset
+        fingerprint = f"{fingerprint}/compression={compression}"
     client = _connection.client_for(service)
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
