@@ -315,3 +315,36 @@ async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0
                               rows * 0.5 + 1.0)
     assert sums == want
     np.testing.assert_array_equal(table, ref)
+
+
+@pytest.mark.parametrize("prefix, why", [
+    (_fastpath._PREFIX.pack(2**31, 1), "2147483648-byte header"),
+    (_fastpath._PREFIX.pack(10, 2**20), "1048576 frames"),
+    (_fastpath._PREFIX.pack(10, 2) + np.array([2**40, 1], "<u8").tobytes(),
+     "1099511627777 bytes of frames"),
+])
+@gen_test()
+async def test_a_stranger_announcing_a_huge_message_is_disconnected(prefix, why, caplog):
+    # the PS's data port is reachable by anyone who can reach the PS: a bogus prefix must not
+    # make it allocate what it announces; the connection is closed, the server goes on
+    @handler
+    async def op(n):
+        return {"status": "OK", "n": n}
+
+    server = _fastpath.FastServer(lambda name: op if name == "ps_op" else None)
+    await server.start("127.0.0.1")
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(prefix + b"x" * 64)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
+        writer.close()
+        assert why in caplog.text and "closing the connection" in caplog.text
+        ch = _fastpath.SocketChannel("tcp://ps:1", lambda a: ("127.0.0.1", server.port), 5, 5)
+        try:  # a well-formed client is still served
+            reply = await asyncio.to_thread(lambda: ch.submit("ps_op", {"n": 7}).result(5))
+            assert reply["n"] == 7
+        finally:
+            await asyncio.to_thread(ch.close)
+    finally:
+        await server.stop()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import pickle
 import select
 import socket
@@ -52,6 +53,8 @@ from .._async import TaskGroup
 from .._rpc import error_message
 from ._exceptions import ParameterServerUnavailableError, silent_server
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["FastServer", "Reply", "SocketChannel", "decode", "encode"]
 
 _PREFIX = struct.Struct("<II")
@@ -59,6 +62,12 @@ _PREFIX = struct.Struct("<II")
 _DIRECT = 64 << 10
 #: Bytes written but not yet sent above which a writer waits.
 _HIGH_WATER = 4 << 20
+#: Bounds on a message, checked from its prefix before anything is allocated: a peer that
+#: sends more (a stranger on the network, a corrupt stream) has its connection closed, so
+#: it cannot make the PS allocate gigabytes (a PS request or reply is far smaller).
+_MAX_HEADER = 64 << 20
+_MAX_FRAMES = 1 << 16
+_MAX_MESSAGE = 4 << 30
 
 
 # -- codec ---------------------------------------------------------------------------------
@@ -127,6 +136,8 @@ class _Protocol(asyncio.BufferedProtocol):
         self._filled = 0
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
+        #: Set once a malformed message closed the connection: nothing more is parsed.
+        self.refused: str | None = None
 
     # -- writing: flow control ---------------------------------------------------------------
     def pause_writing(self) -> None:
@@ -167,6 +178,8 @@ class _Protocol(asyncio.BufferedProtocol):
         return self._view[self._have:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.refused is not None:
+            return
         if self._direct():
             self._filled += nbytes
             self._advance()
@@ -204,6 +217,10 @@ class _Protocol(asyncio.BufferedProtocol):
                 if self._have - pos < _PREFIX.size:
                     break
                 nheader, nframes = _PREFIX.unpack_from(self._stage, pos)
+                if nheader > _MAX_HEADER or nframes > _MAX_FRAMES:
+                    self._refuse(f"a message announced a {nheader}-byte header and "
+                                 f"{nframes} frames")
+                    return
                 need = _PREFIX.size + 8 * nframes + nheader
                 if self._have - pos < need:
                     if need > len(self._stage):
@@ -213,6 +230,9 @@ class _Protocol(asyncio.BufferedProtocol):
                     break
                 start = pos + _PREFIX.size
                 sizes = list(struct.unpack_from(f"<{nframes}Q", self._stage, start))
+                if sum(sizes) > _MAX_MESSAGE:
+                    self._refuse(f"a message announced {sum(sizes)} bytes of frames")
+                    return
                 start += 8 * nframes
                 pos = start + nheader
                 self._start(sizes, bytes(self._view[start:pos]))
@@ -227,6 +247,17 @@ class _Protocol(asyncio.BufferedProtocol):
             pos += take
             self._advance()
         self._compact(pos)
+
+    def _refuse(self, why: str) -> None:
+        """A malformed stream: close the connection (the peer sees it closed)."""
+        self.refused = why
+        self._have = 0
+        peer = None if self.transport is None else self.transport.get_extra_info("peername")
+        logger.warning("dataservice: PS data path: closing the connection from %s: %s "
+                       "(limits: %d-byte header, %d frames, %d bytes)", peer, why,
+                       _MAX_HEADER, _MAX_FRAMES, _MAX_MESSAGE)
+        if self.transport is not None:
+            self.transport.abort()
 
     def _compact(self, pos: int) -> None:
         if pos:
