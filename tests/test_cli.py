@@ -556,7 +556,9 @@ def test_supervised_workers_come_back_with_their_options_after_a_scheduler_resta
     # they registered again (the same processes); or, when the scheduler stopped while a nanny
     # was still registering (`dask worker` fails then), the supervisor started them again
     assert "restart 1)" not in err or "the worker failed (exit code 1)" in err, err
-    servers.stop(scheduler)
+    # clean=False: the workers stopped first, and the scheduler's batched stream to one of them
+    # may log its closed comm with a traceback (distributed's INFO line; seen once in CI)
+    servers.stop(scheduler, clean=False)
 
 
 def test_worker_command_alone_installs_the_worker_plugin(servers, tmp_path):

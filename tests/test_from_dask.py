@@ -395,6 +395,8 @@ async def test_only_partitions_read_elsewhere_move_between_workers(c, s, a, b):
     assert all(len(holders) == 1 for holders in who.values())
     elsewhere = {}
     for locality in (True, False):  # blind second: its fetches leave replicas behind
+        # where each partition is now (the first pass's fetches left replicas behind too)
+        who = await c.scheduler.who_has(keys=keys)
         before = {w.address: len(w.transfer_incoming_log) for w in (a, b)}
         ds = Dataset.from_dask(x, rows=False, locality=locality).map(_reader_address)
         out = await read(await distribute(ds, "DYNAMIC", c))

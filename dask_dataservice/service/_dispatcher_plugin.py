@@ -552,10 +552,15 @@ class DispatcherPlugin(SchedulerPlugin):
                 f"task {task_id} asked for repetition {repetition} of iteration "
                 f"{iteration_id}, which is only at repetition {current}"
             )
-        count = min(max(1, int(count)), 1024, num_splits - index)
+        left, it = num_splits - index, self.state.iteration(iteration_id)
+        count = min(max(1, int(count)), 1024, left)
         # locality hint (persisted Dask collection): the worker's own splits first
         indices = _locality.pick(self, iteration_id, task_id, count)
-        count = len(indices) if indices else count
+        active = max(1, it.num_tasks - it.num_finished_tasks - it.num_lost_tasks)
+        # else at most half of a fair share of what is left (one task: all of it): big
+        # batches for fine splits, and the last splits still spread over the workers
+        count = len(indices) if indices else min(
+            count, left if active == 1 else max(1, left // (2 * active)))
         end = count == num_splits - index  # nothing after these: say so now
         if index == num_splits:
             count, end = 0, True
