@@ -30,3 +30,39 @@ def test_split_requests_grow_up_to_the_configured_batch(tmp_path, batch_max):
     assert sum(counts) == 400
     assert max(counts) == batch_max  # a fast pipeline waits for splits: batches reach the cap
     assert counts[0] == 1  # and start at one split (a slow pipeline keeps asking for one)
+
+
+async def _fair_share(tmp_path) -> list[int]:
+    from test_snapshots import ft_dispatcher
+
+    from dask_dataservice.service.state import CreateTask, RegisterWorker
+
+    async with ft_dispatcher(tmp_path) as plugin:
+        dataset_id = (await plugin.register_dataset(
+            fingerprint="fp", pipeline=b"p", splits=b"s", num_splits=256))["dataset_id"]
+        job_id = (await plugin.get_or_create_job(
+            dataset_id=dataset_id, processing_mode="DYNAMIC"))["job_id"]
+        token = plugin.state.job(job_id).token
+        it = (await plugin.get_or_create_iteration(job_id=job_id, job_token=token))["iteration_id"]
+        tasks = []
+        for address in ("tcp://10.0.0.1:1", "tcp://10.0.0.2:1"):
+            plugin._apply(RegisterWorker(address, address.split("//")[1].split(":")[0], 1))
+            task_id = plugin.state.next_task_id()
+            plugin._apply(CreateTask(task_id, it, address))
+            tasks.append(task_id)
+        sizes = []
+        while True:
+            reply = await plugin.get_split(iteration_id=it, task_id=tasks[0], repetition=0,
+                                     count=1024, job_token=token)
+            sizes.append(len(reply["split_indices"]))
+            if reply["end_of_splits"]:
+                return sizes
+
+
+def test_a_task_gets_at_most_half_a_fair_share_of_the_splits_left(tmp_path):
+    # two active tasks, 256 splits, one greedy task asking for 1,024 each time: 64 (256 / 4),
+    # then a quarter of what is left each time, down to single splits at the end
+    import asyncio
+
+    sizes = asyncio.run(_fair_share(tmp_path))
+    assert sizes[:3] == [64, 48, 36] and sizes[-1] == 1 and sum(sizes) == 256
