@@ -469,11 +469,13 @@ class IterationReader:
         await asyncio.sleep(retry.next_delay())
         return not (self.stopped or self.lost.get(task_id))
 
-    async def _report_worker(self, address: str) -> None:
+    async def _report_worker(self, address: str, timeout: float = 10.0) -> None:
+        """Ask the dispatcher to check ``address`` (it drops a silent worker: the next
+        heartbeat then says its tasks are lost)."""
         try:
             await asyncio.wait_for(
                 self.client.scheduler.dataservice_suspect_worker(  # type: ignore[union-attr]
-                    address=address), 10)
+                    address=address), timeout)
         except Exception as e:  # noqa: BLE001 - the dispatcher's own deadline still applies
             logger.info("dataservice: could not report worker %s: %r", address, e)
 
@@ -485,13 +487,7 @@ class IterationReader:
             "dataservice: task %s on worker %s has not answered a request for %gs "
             "(dataservice.client.request-timeout); asking the dispatcher to check the worker",
             task_id, address, self.request_timeout)
-        try:
-            await asyncio.wait_for(
-                self.client.scheduler.dataservice_suspect_worker(  # type: ignore[union-attr]
-                    address=address),
-                self.request_timeout)
-        except Exception as e:  # noqa: BLE001 - the dispatcher's own deadline still applies
-            logger.info("dataservice: could not report worker %s: %r", address, e)
+        await self._report_worker(address, self.request_timeout or 10.0)
 
     def _stalled(self, stalls: _Tracker, task_id: int, address: str, waited: float) -> None:
         """Task ``task_id`` has given no element for ``waited`` seconds (a hung pipeline?)."""
