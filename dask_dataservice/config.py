@@ -47,6 +47,20 @@ def get(key: str, default: Any = None) -> Any:
     return default if value is _MISSING else value
 
 
+def get_int(key: str, minimum: int | None = None) -> int:
+    """An integer key, at least ``minimum``; anything else is a ``ValueError`` naming it."""
+    value = get(key)
+    try:
+        number = int(value)
+        ok = number == value or isinstance(value, str) and value.strip() == str(number)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or (minimum is not None and number < minimum):
+        at_least = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"config dataservice.{key} must be an integer{at_least}, got {value!r}")
+    return number
+
+
 def get_seconds(key: str) -> float:
     """A duration key in seconds."""
     return float(parse_timedelta(get(key), default="s"))

@@ -66,3 +66,25 @@ def test_a_task_gets_at_most_half_a_fair_share_of_the_splits_left(tmp_path):
 
     sizes = asyncio.run(_fair_share(tmp_path))
     assert sizes[:3] == [64, 48, 36] and sizes[-1] == 1 and sum(sizes) == 256
+
+
+@pytest.mark.parametrize("bad", ["many", 0, 2.5])
+def test_a_bad_split_batch_max_is_an_error_naming_the_key(bad):
+    from dask_dataservice import config
+
+    with dask.config.set({"dataservice.worker.split-batch-max": bad}):
+        with pytest.raises(ValueError, match=r"config dataservice\.worker\.split-batch-max "
+                                             r"must be an integer >= 1, got"):
+            config.get_int("worker.split-batch-max", minimum=1)
+    with dask.config.set({"dataservice.worker.split-batch-max": "16"}):
+        assert config.get_int("worker.split-batch-max", minimum=1) == 16
+
+
+def test_a_bad_split_batch_max_reaches_the_reader(tmp_path):
+    # the data worker's task fails with the error, and the consumer sees it (not a hang)
+    with dask.config.set({"dataservice.worker.split-batch-max": "many"}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                         dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        ds = dds.Dataset.range(10).apply(dds.distribute("DYNAMIC", client))
+        with pytest.raises(ValueError, match="split-batch-max must be an integer"):
+            list(ds)

@@ -42,7 +42,7 @@ class DispatcherSplitProvider(SplitProvider):
         self._local: deque[Any] = deque()
         self._ended = False
         self._batch = 1
-        self._max_batch = max(1, int(config.get("worker.split-batch-max")))
+        self._max_batch = config.get_int("worker.split-batch-max", minimum=1)
 
     @property
     def num_splits(self) -> int:
