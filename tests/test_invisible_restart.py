@@ -30,6 +30,14 @@ pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 N = 40_000
 
 
+def _state_after_restart(client: Client) -> dict:
+    """The dispatcher's state, once the client's own stream is back too: its RPCs reconnect
+    at once, its report stream with a backoff, and closing it while that is still
+    reconnecting raised "ConnectionPool is closed" (and leaked its thread) in one CI run."""
+    wait(lambda: client.status == "running", 60, "the client to reconnect")
+    return _state(client)
+
+
 class _Reader(threading.Thread):
     """Iterates a dataset in a thread, recording when each element arrived."""
 
@@ -100,7 +108,7 @@ def test_sigkill_scheduler_readers_lose_nothing(tmp_path, mode):
             reader.start()
             _kill_mid_read(cluster, [reader], 2_000)
             out = reader.result()
-            state = _state(c)
+            state = _state_after_restart(c)
     finally:
         cluster.close()
     copies = 1 if mode == "distributed_epoch" else 2  # OFF: each of the 2 workers, a full copy
@@ -124,7 +132,7 @@ def test_sigkill_scheduler_named_job_two_consumers_lose_nothing(tmp_path):
                 r.start()
             _kill_mid_read(cluster, readers, 4_000)
             out = readers[0].result() + readers[1].result()
-            state = _state(c)
+            state = _state_after_restart(c)
     finally:
         cluster.close()
     expected = collections.Counter(range(N))
@@ -175,7 +183,7 @@ def test_a_worker_that_does_not_come_back_loses_only_its_splits(tmp_path):
             _kill_tree(gone)
             cluster.scheduler = cluster._start_scheduler()
             out = reader.result()
-            state = _state(c)
+            state = _state_after_restart(c)
     finally:
         cluster.close()
     counts = collections.Counter(out)
