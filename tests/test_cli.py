@@ -427,8 +427,10 @@ class _Servers:
         proc.wait(timeout=timeout)
         err = self.read_stderr(proc)
         assert proc.returncode == 0, err
-        if clean:
-            assert "Traceback" not in err, err
+        if clean:  # distributed logs a stopped worker's closed batched stream with its
+            # traceback (an INFO line of the scheduler's): those are not failures
+            noise = err.count("distributed.batched - INFO - Batched Comm Closed")
+            assert err.count("Traceback") <= noise, err
         return err
 
     def __enter__(self) -> _Servers:

@@ -51,7 +51,7 @@ from ._exceptions import ParameterServerError
 from ._fit_run import FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
 from .callbacks import BackupAndRestore, Callback, History, ProgressBar, interactive
-from .coordinator import ClusterCoordinator, RemoteValue
+from .coordinator import ClosureCancelledError, ClusterCoordinator, RemoteValue
 from .strategy import InputContext, ParameterServerStrategy
 
 logger = logging.getLogger(__name__)
@@ -217,13 +217,17 @@ def _collect(run: FitRun, chunk: list[RemoteValue[Any]], cbs: list[Callback]) ->
                 coordinator.join()  # a sync point: every update of the chunk landed
             value = rv.fetch()
         except BaseException as e:
-            _settle(coordinator)
+            failed = _settle(coordinator)
+            if isinstance(e, ClosureCancelledError) and failed is not None:
+                # this step was cancelled because another one failed (whichever ran first):
+                # the user sees that one's error, as join() would raise it
+                e = failed
             if isinstance(e, StopIteration):
                 raise InputExhaustedError(
                     f"the input ran out of data in epoch {run.epoch} ({run.step} of its "
                     f"{run.steps_per_epoch} steps had finished): make the dataset repeat, "
                     "or lower steps_per_epoch") from e
-            raise
+            raise e
         run._add(value)
         run.step += 1
         run.global_step += 1
@@ -232,10 +236,13 @@ def _collect(run: FitRun, chunk: list[RemoteValue[Any]], cbs: list[Callback]) ->
             cb.on_train_batch_end(run.step - 1, batch_logs)
 
 
-def _settle(coordinator: ClusterCoordinator) -> None:
-    """After a failed step: wait for the rest (cancelled) and clear the recorded error."""
+def _settle(coordinator: ClusterCoordinator) -> BaseException | None:
+    """After a failed step: wait for the rest (cancelled) and clear the recorded error,
+    which is returned (the first step that failed)."""
     try:
         coordinator.join()
     except Exception as e:  # noqa: BLE001 - the error that stopped training is raised
         logger.debug("join after a failed step: %r", e)
+        return e
+    return None
 
