@@ -14,6 +14,7 @@ the test asserts the package is imported from the fresh venv.
 from __future__ import annotations
 
 import email
+import os
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,12 @@ OPTIONAL_MODULES = [
 
 
 def _run(*cmd, cwd=None, timeout=180) -> str:
+    # A fresh venv sees only what is installed in it: a PYTHONPATH of the caller's (a
+    # checkout put first on the path) would shadow the installed package.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=env,
     )
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
