@@ -19,8 +19,9 @@ from .data import (
     Dataset,
     FileSplit,
     IndexRange,
-    NotSplittableError,
 )
+from .errors import *  # noqa: F403 - every public error type (listed in __all__ below)
+from .errors import __all__ as _ERRORS
 
 try:
     __version__ = version("dask-dataservice")
@@ -49,7 +50,6 @@ _LAZY: dict[str, str] = {
     "Variable": "dask_dataservice.ps.variables",
     "ShardedVariable": "dask_dataservice.ps.variables",
     "Checkpoint": "dask_dataservice.ps.checkpoint",
-    "InputPositionError": "dask_dataservice.ps.input_position",
     "partitioners": "dask_dataservice.ps.partitioners",
     "fit": "dask_dataservice.ps.fit",
     "DatasetCreator": "dask_dataservice.ps.fit",
@@ -71,7 +71,6 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .ps.checkpoint import Checkpoint as Checkpoint
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
     from .ps.evaluator import SidecarEvaluator as SidecarEvaluator
-    from .ps.input_position import InputPositionError as InputPositionError
     from .ps.fit import DatasetCreator as DatasetCreator
     from .ps.fit import fit as fit
     from .ps.strategy import ParameterServerStrategy as ParameterServerStrategy
@@ -114,8 +113,9 @@ __all__ = [
     "Dataset",
     "FileSplit",
     "IndexRange",
-    "NotSplittableError",
     "__version__",
+    *_ERRORS,
+    *sorted(_LAZY),
 ]
 
 

@@ -1,4 +1,4 @@
-"""What the package's two error vocabularies share (``service/_exceptions.py``, ``ps/_exceptions.py``)."""
+"""What the package's error types share (see :mod:`dask_dataservice.errors`)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ from distributed.comm.addressing import get_address_host_port, parse_address
 from distributed.comm.addressing import normalize_address as _normalize
 from distributed.core import clean_exception, error_message
 
+from .errors import ServerClosingError
+
 __all__ = [
     "OKMessage",
     "ServerClosingError",
@@ -42,10 +44,6 @@ class OKMessage(TypedDict):
     """The base of every successful reply."""
 
     status: str  # "OK"
-
-
-class ServerClosingError(ConnectionError):
-    """The server is shutting down (or restarting); retry against the next one."""
 
 
 def handler[H: Callable[..., Any]](fn: H) -> H:

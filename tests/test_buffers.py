@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from distributed.utils_test import gen_test
 
+from dask_dataservice.errors import DataServiceError
 from dask_dataservice.service._buffers import (
     CrossTrainerWindow,
     ElementBuffer,
@@ -20,7 +21,6 @@ from dask_dataservice.service._buffers import (
     TaskCancelled,
     element_size,
 )
-from dask_dataservice.service._exceptions import DataServiceError
 from dask_dataservice.service._worker_plugin import _FINISHED_MEMORY
 from dask_dataservice.service._worker_util import Recent as _Recent
 

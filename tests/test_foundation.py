@@ -19,8 +19,11 @@ from dask_dataservice._rpc import (
     raise_for_status,
     strip_protocol,
 )
-from dask_dataservice.ps._exceptions import VariableNotFoundError
-from dask_dataservice.service._exceptions import DispatcherUnavailableError, JobNotFoundError
+from dask_dataservice.errors import (
+    DispatcherUnavailableError,
+    JobNotFoundError,
+    VariableNotFoundError,
+)
 from dask_dataservice.service._messages import raise_for_status as service_raise_for_status
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dask_dataservice.service._exceptions import DataServiceError
+from dask_dataservice.errors import DataServiceError
 from dask_dataservice.service.journal import (
     FORMAT_VERSION,
     MAGIC,

@@ -10,9 +10,9 @@ import pytest
 from distributed.utils_test import gen_test
 
 from dask_dataservice._async import TaskGroup
+from dask_dataservice.errors import ParameterServerUnavailableError
 from dask_dataservice.ps import _routing
 from dask_dataservice.ps._channel import Channel, Pipeline
-from dask_dataservice.ps._exceptions import ParameterServerUnavailableError
 from dask_dataservice.ps._types import Call
 
 

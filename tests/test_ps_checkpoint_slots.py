@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import dask_dataservice as dds
+from dask_dataservice.errors import CheckpointMismatchError
 from dask_dataservice.ps import optimizers as opt
-from dask_dataservice.ps._exceptions import CheckpointMismatchError
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 

@@ -17,10 +17,10 @@ from distributed.utils_test import gen_test
 
 import dask_dataservice as dds
 from dask_dataservice._async import TaskGroup
+from dask_dataservice.errors import ParameterServerUnavailableError, ShapeMismatchError
 from dask_dataservice.ps import _kernels, _routing
 from dask_dataservice.ps import optimizers as opt
 from dask_dataservice.ps._channel import BATCH_OP, Channel, Pipeline
-from dask_dataservice.ps._exceptions import ParameterServerUnavailableError, ShapeMismatchError
 from dask_dataservice.ps._types import Call
 from dask_dataservice.ps._types import wire as _wire
 from dask_dataservice.ps.server import PLUGIN_NAME

@@ -14,9 +14,9 @@ from distributed.utils_test import gen_test
 
 import dask_dataservice as dds
 from dask_dataservice._rpc import handler, raise_for_status
+from dask_dataservice.errors import ParameterServerUnavailableError
 from dask_dataservice.ps import _fastpath
 from dask_dataservice.ps import optimizers as opt
-from dask_dataservice.ps._exceptions import ParameterServerUnavailableError
 from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 from dask_dataservice.ps.server import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster

@@ -11,8 +11,8 @@ import pytest
 from distributed import Client, Nanny, get_worker
 
 import dask_dataservice as dds
+from dask_dataservice.errors import ParameterServerError, ParameterServerUnavailableError
 from dask_dataservice.ps import _routing
-from dask_dataservice.ps._exceptions import ParameterServerError, ParameterServerUnavailableError
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(90)

@@ -18,7 +18,7 @@ from distributed import Client, Nanny
 from test_ps_faults import _count_step, _gated_step
 
 import dask_dataservice as dds
-from dask_dataservice.ps._exceptions import ParameterServerUnavailableError
+from dask_dataservice.errors import ParameterServerUnavailableError
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(120)

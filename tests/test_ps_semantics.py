@@ -13,8 +13,8 @@ import pytest
 from distributed import Client
 
 import dask_dataservice as dds
+from dask_dataservice.errors import ParameterServerError, ParameterServerUnavailableError
 from dask_dataservice.ps import _routing, coordinator_context
-from dask_dataservice.ps._exceptions import ParameterServerError, ParameterServerUnavailableError
 from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 from dask_dataservice.ps.coordinator import ClosureCancelledError
 from dask_dataservice.ps.server import PLUGIN_NAME, ParameterServerPlugin

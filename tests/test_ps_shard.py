@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from dask_dataservice.errors import ShapeMismatchError
 from dask_dataservice.ps import _kernels
-from dask_dataservice.ps._exceptions import ShapeMismatchError
 from dask_dataservice.ps._shard import Lane, Shard
 from dask_dataservice.ps._types import ShardInfo
 

@@ -12,8 +12,8 @@ import zarr
 from distributed import Scheduler, Worker
 
 import dask_dataservice as dds
+from dask_dataservice.errors import CheckpointMismatchError, VariableNotFoundError
 from dask_dataservice.ps import optimizers as opt
-from dask_dataservice.ps._exceptions import CheckpointMismatchError, VariableNotFoundError
 from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 from dask_dataservice.ps.coordinator import ClosureCancelledError
 from dask_dataservice.testing import gen_cluster

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dask_dataservice as dds
-from dask_dataservice.ps import _routing
-from dask_dataservice.ps import optimizers as opt
-from dask_dataservice.ps._exceptions import (
+from dask_dataservice.errors import (
     ParameterServerError,
     ShapeMismatchError,
     VariableNotFoundError,
 )
+from dask_dataservice.ps import _routing
+from dask_dataservice.ps import optimizers as opt
 from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 from dask_dataservice.ps._store import zarr_name as _zarr_name
 from dask_dataservice.ps._types import Call

@@ -7,8 +7,8 @@ from _helpers import poll as _poll  # noqa: E402
 from distributed import Client
 
 import dask_dataservice as dds
+from dask_dataservice.errors import DataServiceError
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
-from dask_dataservice.service._exceptions import DataServiceError
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 from dask_dataservice.testing import gen_cluster
 

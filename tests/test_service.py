@@ -22,8 +22,8 @@ from _helpers import (  # noqa: E402
 from distributed import Nanny, Worker
 
 import dask_dataservice as dds
+from dask_dataservice.errors import DatasetNotFoundError
 from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
-from dask_dataservice.service._exceptions import DatasetNotFoundError
 from dask_dataservice.service._sharding import ShardingPolicy
 from dask_dataservice.service.client import _install_async
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
@@ -400,7 +400,7 @@ async def test_unpicklable_function_is_refused_at_registration(c, s, a, b):
 def test_dead_scheduler_gives_clear_error():
     import dask
 
-    with dask.config.set({"dataservice.client.connect-timeout": "1s"}), pytest.raises(dds.service._exceptions.DataServiceError, match="cannot reach the data service"):
+    with dask.config.set({"dataservice.client.connect-timeout": "1s"}), pytest.raises(dds.errors.DataServiceError, match="cannot reach the data service"):
         dds.register_dataset("tcp://127.0.0.1:1", dds.Dataset.range(3))
 
 

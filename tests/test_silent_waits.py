@@ -12,7 +12,7 @@ from _helpers import PS, distribute, read
 from distributed import Client
 
 import dask_dataservice as dds
-from dask_dataservice.service._exceptions import DataServiceError
+from dask_dataservice.errors import DataServiceError
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from dask_dataservice.service._exceptions import (
+from dask_dataservice.errors import (
     DataServiceError,
     DatasetNotFoundError,
     IllegalUpdateError,

@@ -162,6 +162,6 @@ async def test_auto_reads_locally_under_static_sharding(c, s, a, b):
 @gen_cluster(client=True, nthreads=[("127.0.0.2", 1)])
 async def test_local_without_local_worker_is_an_error(c, s, b):
     ds = await distribute(dds.Dataset.range(5), "parallel_epochs", c, target_workers="LOCAL")
-    with pytest.raises(dds.service._exceptions.DataServiceError,
+    with pytest.raises(dds.errors.DataServiceError,
                        match=r"target_workers='LOCAL', but no data worker .* on this host"):
         await read(ds)

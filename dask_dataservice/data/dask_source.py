@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DaskPartitionLostError
 from ._base import UNKNOWN
 from .sources import Source
 
@@ -65,10 +66,6 @@ SUPPORTED = ("dask.array.Array", "dask.dataframe.DataFrame", "dask.bag.Bag")
 
 #: Dataset metadata key of the locality hint (split index -> keys) sent to the dispatcher.
 LOCALITY_KEY = "dask_locality"
-
-
-class DaskPartitionLostError(LookupError):
-    """A persisted partition's key is no longer on the cluster (its futures were released)."""
 
 
 @dataclass(frozen=True, slots=True)

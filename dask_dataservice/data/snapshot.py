@@ -53,6 +53,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import SnapshotCorruptedError
 from ._base import INFINITE, UNKNOWN, IterContext, Op
 from ._fs import is_url, open_file
 from .sources import Source
@@ -75,10 +76,6 @@ _HEADER = struct.Struct("<QII")
 MANIFEST = "snapshot.json"
 CHUNKS = "chunks"
 FORMAT = "dask-dataservice-snapshot"
-
-
-class SnapshotCorruptedError(ValueError):
-    """A snapshot file is damaged (the message names the file and what is wrong)."""
 
 
 # -- paths and atomic writes ---------------------------------------------------------------------

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from ..errors import NotSplittableError
+
 __all__ = [
     "SHARD_HINT",
     "ComponentSplit",
@@ -53,10 +55,6 @@ class _ShardHint:
 #: Use as ``ds.shard(SHARD_HINT, SHARD_HINT)``: under the data service's HINT sharding policy
 #: each worker replaces it with ``(num_workers, worker_index)``.
 SHARD_HINT = _ShardHint()
-
-
-class NotSplittableError(ValueError):
-    """The pipeline cannot be cut into splits (the message says why)."""
 
 
 @dataclass(frozen=True, slots=True)

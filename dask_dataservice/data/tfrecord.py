@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TFRecordCorruptError
 from ._fs import open_file
 
 __all__ = [
@@ -38,13 +39,6 @@ __all__ = [
 ]
 
 _MASK_DELTA = 0xA282EAD8
-
-
-class TFRecordCorruptError(ValueError):
-    """A TFRecord file is damaged: a CRC does not match, or a record is cut short.
-
-    The message names the file and the byte offset of the record (TensorFlow's DataLossError).
-    """
 
 
 def _crc32c(data: bytes) -> int:

@@ -6,7 +6,7 @@ The public names are exported from :mod:`dask_dataservice`: ``ParameterServerStr
 
 Layout (each module imports only those above it; ``tests/test_ps_layering.py`` checks it):
 
-- ``_types`` (wire types, ``wire``/``unwire``), ``_exceptions``, ``partitioners``;
+- ``_types`` (wire types, ``wire``/``unwire``), ``partitioners`` (errors: ``dask_dataservice.errors``);
 - ``_kernels`` (numpy updates, optimizers' math, initializer conventions);
 - ``_shard`` (a shard and its serial lane), ``_store`` (zarr I/O);
 - ``_channel`` (the ordered channel to a PS), ``_routing`` (how a handle reaches its PS);

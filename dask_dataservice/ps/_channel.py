@@ -37,8 +37,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from .._async import LoopWaker, TaskGroup
-from ._exceptions import ParameterServerUnavailableError, silent_server
-from ._types import Call
+from ..errors import ParameterServerUnavailableError
+from ._types import Call, silent_server
 
 __all__ = ["Channel", "Pipeline"]
 

@@ -1,7 +1,7 @@
 """Hooks by which the parameter servers and the coordinator feed the dashboard (issue 14).
 
 Kept inside ``ps`` (the package's layering lets ``ps`` import only ``config``, ``_rpc``,
-``_async`` and ``_exceptions`` from elsewhere): ``count_shard_op`` counts gathers and update
+``_async`` and ``errors`` from elsewhere): ``count_shard_op`` counts gathers and update
 requests per shard on a parameter server (read by ``dashboard/_worker.py``), and
 ``report_coordinator`` sends a ``ClusterCoordinator``'s queue depth to the scheduler's
 dashboard plugin (``dataservice_coordinator_report``).

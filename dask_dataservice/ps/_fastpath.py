@@ -51,7 +51,8 @@ from distributed.protocol.serialize import Serialize
 
 from .._async import TaskGroup
 from .._rpc import error_message
-from ._exceptions import ParameterServerUnavailableError, silent_server
+from ..errors import ParameterServerUnavailableError
+from ._types import silent_server
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ._exceptions import ShapeMismatchError
+from ..errors import ShapeMismatchError
 from ._types import SCATTER_KINDS, UPDATE_KINDS, ShardInfo
 
 __all__ = ["apply_dense", "apply_sparse", "cast_value", "dedupe_rows", "initial_value",

@@ -33,8 +33,8 @@ from distributed.utils import sync
 
 from .. import config
 from .._rpc import raise_for_status
-from ._exceptions import ParameterServerError, ParameterServerUnavailableError, silent_server
-from ._types import Call, Tag
+from ..errors import ParameterServerError, ParameterServerUnavailableError
+from ._types import Call, Tag, silent_server
 
 if TYPE_CHECKING:
     from distributed import Client

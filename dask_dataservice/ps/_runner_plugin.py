@@ -37,9 +37,9 @@ from distributed.utils import run_in_executor_with_context
 from .. import config
 from .._async import TaskGroup, owned_executor, shutdown_executor
 from .._rpc import handler
+from ..errors import ParameterServerError
 from . import _fastpath, _routing
 from ._channel import Channel, Pipeline
-from ._exceptions import ParameterServerError
 from ._types import ClosuresReply
 from .input_position import CountingIterator
 

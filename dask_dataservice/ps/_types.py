@@ -11,7 +11,7 @@ Rules
 - Updates sent from a scheduled function carry a :class:`Tag` (function id and sequence),
   so a parameter server applies each at most once.
 
-This module is a leaf: it imports nothing else of the package.
+This module is a leaf: it imports nothing else of the package but its errors.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
 from distributed.protocol.serialize import to_serialize
+
+from ..errors import ParameterServerUnavailableError
 
 __all__ = [
     "Call",
@@ -119,3 +121,10 @@ def unwire(x: Any) -> Any:
     if type(x) is dict and "__a" in x:
         return np.asarray(x["__a"], dtype=x["dtype"])
     return x
+
+
+def silent_server(address: str, op: str, limit: float) -> ParameterServerUnavailableError:
+    """A PS that answered neither ``op`` nor a liveness probe within ``limit`` seconds."""
+    return ParameterServerUnavailableError(
+        f"parameter server {address} did not answer a liveness probe within {limit:g} s "
+        f"during {op} (dataservice.ps.liveness-timeout): frozen, hung or unreachable")

@@ -40,8 +40,8 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore
 
+from ..errors import CheckpointMismatchError
 from . import _routing, _store
-from ._exceptions import CheckpointMismatchError
 from ._runner_plugin import PerWorkerIterator
 from ._types import Call
 from .input_position import InputPositionError, positions, reposition

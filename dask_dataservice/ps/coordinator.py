@@ -57,9 +57,14 @@ import cloudpickle
 
 from .. import config
 from .._async import LoopWaker, TaskGroup
+from ..errors import (
+    ClosureCancelledError,
+    ParameterServerError,
+    ParameterServerUnavailableError,
+    RemoteValueArgumentError,
+)
 from . import _routing
 from ._dashboard_hooks import report_coordinator
-from ._exceptions import ParameterServerError, ParameterServerUnavailableError
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator, TrainingWorkerPlugin
 from ._types import Call
 from .strategy import ParameterServerStrategy, _roles
@@ -71,19 +76,11 @@ __all__ = ["ClusterCoordinator", "RemoteValue", "PerWorkerDataset", "PerWorkerIt
            "TrainingWorkerPlugin", "ClosureCancelledError"]
 
 
-class ClosureCancelledError(ParameterServerError):
-    """A scheduled function was cancelled because an earlier one failed."""
-
-
 # ---------------------------------------------------------------------------------------
 # coordinator side
 # ---------------------------------------------------------------------------------------
 
 _PENDING, _DONE, _FAILED, _CANCELLED = range(4)
-
-
-class RemoteValueArgumentError(ValueError):
-    """A RemoteValue was passed to ``schedule``: fetch it first (as TensorFlow requires)."""
 
 
 class RemoteValue[T]:

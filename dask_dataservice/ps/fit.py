@@ -47,7 +47,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
-from ._exceptions import ParameterServerError
+from ..errors import InputExhaustedError
 from ._fit_run import FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
 from .callbacks import BackupAndRestore, Callback, History, ProgressBar, interactive
@@ -57,11 +57,6 @@ from .strategy import InputContext, ParameterServerStrategy
 logger = logging.getLogger(__name__)
 
 __all__ = ["fit", "FitRun", "DatasetCreator", "InputExhaustedError"]
-
-
-class InputExhaustedError(ParameterServerError):
-    """A training step found its worker's input at its end (``steps_per_epoch`` too big for
-    the data: make the dataset repeat)."""
 
 
 class DatasetCreator:

@@ -33,17 +33,13 @@ from typing import Any, Protocol
 
 from distributed import Client
 
-from ._exceptions import ParameterServerError
+from ..errors import InputPositionError
 
 __all__ = ["CountingIterator", "InputPositionError", "positions", "reposition"]
 
 #: The key of a restore's nonce in a repositioned iterator's start positions: training
 #: workers that resume a shared data-service job from one restore share the new job.
 RESTORE_KEY = "__restore__"
-
-
-class InputPositionError(ParameterServerError, ValueError):
-    """An input position cannot be saved or restored for this input."""
 
 
 #: The training-worker plugin's extension name (``_runner_plugin.RUNNER_NAME``, which

@@ -51,10 +51,10 @@ from zarr.storage import LocalStore, MemoryStore
 from .. import config
 from .._async import owned_executor, shutdown_executor
 from .._rpc import error_message, handler
+from ..errors import ShapeMismatchError, VariableNotFoundError
 from . import _kernels, _store
 from ._channel import BATCH_OP
 from ._dashboard_hooks import count_shard_op
-from ._exceptions import ShapeMismatchError, VariableNotFoundError
 from ._fastpath import FastServer
 from ._shard import Lane, Shard
 from ._types import SCATTER_KINDS, UPDATE_KINDS, CreateReply, UpdateReply, ValueReply, unwire

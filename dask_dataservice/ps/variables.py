@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..errors import ShapeMismatchError
 from . import _kernels, _routing
-from ._exceptions import ShapeMismatchError
 from ._types import Call, IndexedSlices, wire
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from typing import Any
 from dask.utils import format_bytes
 
 from .. import config
-from ._exceptions import DataServiceError
+from ..errors import DataServiceError
 from ._job_checks import JobAccessDeniedError
 from ._messages import WORKER_KEY_OP
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._async import LoopWaker
 from ..data.structure import nbytes
-from ._exceptions import DataServiceError
+from ..errors import DataServiceError
 
 __all__ = [
     "CrossTrainerWindow",

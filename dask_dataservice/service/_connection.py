@@ -27,7 +27,7 @@ from distributed.utils import LoopRunner, sync
 
 from .. import config
 from .._rpc import normalize_address
-from ._exceptions import DataServiceError
+from ..errors import DataServiceError
 from ._messages import raise_for_status
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]

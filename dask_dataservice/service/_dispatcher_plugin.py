@@ -42,9 +42,7 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import config
 from .._rpc import handler
-from . import _locality
-from ._access import AccessGuard, new_token, redact_summary
-from ._exceptions import (
+from ..errors import (
     DataServiceError,
     DatasetNotFoundError,
     IterationNotFoundError,
@@ -52,6 +50,8 @@ from ._exceptions import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
+from . import _locality
+from ._access import AccessGuard, new_token, redact_summary
 from ._gc import collect
 from ._job_checks import (
     check_job_token,

@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from .. import config
-from ._exceptions import DataServiceError
+from ..errors import DataServiceError
 from ._messages import raise_for_status
 from ._reader import CROSS_TRAINER_TURN, IterationReader
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .._rpc import strip_protocol
 from ..data._base import INFINITE, UNKNOWN
-from ._exceptions import DataServiceError
+from ..errors import JobAccessDeniedError
 from ._sharding import STATIC_POLICIES, ShardingPolicy
 
 if TYPE_CHECKING:
@@ -112,15 +112,6 @@ def shard_index(entries: tuple[str, ...], address: str, name: object = None) -> 
         if entry in keys:
             return i
     return None
-
-
-class JobAccessDeniedError(DataServiceError):
-    """A request came without the capability it needs: a job's token (reading elements,
-    taking splits) or a data worker's key (downloading a pipeline, a worker heartbeat).
-
-    Not a :class:`PermissionError`: that is an :class:`OSError`, whose instances do not
-    travel through distributed's exception pickling together with :class:`RuntimeError`.
-    """
 
 
 def check_job_token(expected: str, given: str | None, job_id: int, what: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from dask_dataservice.service._exceptions import DataServiceError
+from ..errors import JournalClosedError, JournalCorruptedError, JournalError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -68,37 +68,6 @@ _READ_BUFFER = 1 << 20
 
 # --------------------------------------------------------------------------------------------
 # Errors
-
-
-class JournalError(DataServiceError):
-    """Base class of the journal's errors (a :class:`RuntimeError`)."""
-
-
-class JournalCorruptedError(JournalError):
-    """The journal is damaged somewhere a crash cannot explain.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The segment file (or, for a missing segment, the file that follows the gap).
-    offset : int
-        Byte offset in ``path`` of the damaged record or header.
-    reason : str
-        What is wrong, e.g. ``"payload checksum mismatch (...)"``.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
-        self.path = Path(path)
-        self.offset = offset
-        self.reason = reason
-        super().__init__(f"journal {self.path} is corrupted at byte offset {offset}: {reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.path, self.offset, self.reason)
-
-
-class JournalClosedError(JournalError):
-    """The writer is closed, or failed after an I/O error, and accepts no more records."""
 
 
 class JournalTornTailWarning(UserWarning):

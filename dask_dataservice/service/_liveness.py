@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import config
 from .._rpc import handler
-from ._exceptions import TaskNotFoundError, WorkerNotFoundError
+from ..errors import TaskNotFoundError, WorkerNotFoundError
 from .state import RemoveWorker
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from distributed.comm.addressing import get_address_host
 from .. import config
 from .._async import TaskGroup
 from ..data._base import UNKNOWN, IterContext, Op
+from ..errors import DataServiceError
 from . import _connection
-from ._exceptions import DataServiceError
 from ._frames import reader_codecs
 from ._malloc import tune_malloc_from_config
 from ._messages import TaskInfo, raise_for_status

@@ -3,7 +3,7 @@ back with their tasks (issue 11 s1).
 
 Replay (:func:`recover`) is the newest snapshot plus the records after it; a record that
 decodes but is illegal for the state replayed so far is
-:class:`~._exceptions.JournalCorruptedError` naming its file and byte offset.
+:class:`~dask_dataservice.errors.JournalCorruptedError` naming its file and byte offset.
 
 What the journal cannot know is whether the data workers of the previous run are still
 there. Supervised data workers are (:mod:`._reconnect`): they keep their tasks, buffers and

@@ -7,6 +7,17 @@ from __future__ import annotations
 import typing
 from collections import deque
 
+from ..errors import (
+    DatasetNotFoundError,
+    IllegalUpdateError,
+    IterationClientNotFoundError,
+    IterationNotFoundError,
+    JobNameInUseError,
+    JobNotFoundError,
+    StaleEpochError,
+    TaskNotFoundError,
+    WorkerNotFoundError,
+)
 from ._entities import (
     PROCESSING_MODES,
     STATIC_MODES,
@@ -18,17 +29,6 @@ from ._entities import (
     SplitCursor,
     Task,
     Worker,
-)
-from ._exceptions import (
-    DatasetNotFoundError,
-    IllegalUpdateError,
-    IterationClientNotFoundError,
-    IterationNotFoundError,
-    JobNameInUseError,
-    JobNotFoundError,
-    StaleEpochError,
-    TaskNotFoundError,
-    WorkerNotFoundError,
 )
 from ._updates import (
     ITERATION_ACCEPTS,

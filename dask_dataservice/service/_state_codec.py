@@ -39,9 +39,9 @@ from typing import Any
 
 import msgpack
 
+from ..errors import DataServiceError
 from . import _split_order
 from ._entities import Dataset, Iteration, IterationClient, Job, SplitCursor, Task, Worker
-from ._exceptions import DataServiceError
 from ._journal_format import JournalCorruptedError, JournalRecord, Snapshot
 from ._updates import decode_update
 from .state import DispatcherState

@@ -10,6 +10,12 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from ..errors import (
+    DataServiceError,
+    DatasetNotFoundError,
+    IterationNotFoundError,
+    JobNotFoundError,
+)
 from ._entities import (
     Dataset,
     Iteration,
@@ -19,12 +25,6 @@ from ._entities import (
     Task,
     Worker,
     expand_runs,
-)
-from ._exceptions import (
-    DataServiceError,
-    DatasetNotFoundError,
-    IterationNotFoundError,
-    JobNotFoundError,
 )
 
 __all__ = ["StateQueries"]

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import msgpack
 
-from ._exceptions import IllegalUpdateError
+from ..errors import IllegalUpdateError
 
 __all__ = [
     "ITERATION_ACCEPTS",

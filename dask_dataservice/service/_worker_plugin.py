@@ -43,8 +43,8 @@ from .. import config
 from .._async import TaskGroup, owned_executor, shutdown_executor
 from .._rpc import error_message, handler
 from ..data.splits import ListSplitProvider
+from ..errors import DataServiceError
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
-from ._exceptions import DataServiceError
 from ._frames import choose_codec
 from ._job_checks import JobAccessDeniedError, check_job_token
 from ._malloc import tune_malloc_from_config

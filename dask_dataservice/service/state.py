@@ -137,6 +137,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from ..errors import (
+    IllegalUpdateError,
+)
 from . import _split_order
 from ._entities import (
     DATASET_ID_BASE,
@@ -154,9 +157,6 @@ from ._entities import (
     Task,
     Worker,
     derived_finished,
-)
-from ._exceptions import (
-    IllegalUpdateError,
 )
 from ._state_checks import StateChecks
 from ._state_queries import StateQueries

@@ -1,0 +1,226 @@
+"""Every public error type of the package, in one module (re-exported at the package root).
+
+The data service
+----------------
+Every error the service raises on purpose is a :class:`DataServiceError`. The "not found"
+errors are also :class:`KeyError` and :class:`JobNameInUseError` is also a :class:`ValueError`,
+so callers that only know the builtins can still catch them::
+
+    try:
+        job = state.job_by_name("shared_job")
+    except KeyError:
+        ...
+
+Each error carries a single, human-readable message, and ``str(error)`` is that message.
+(:class:`KeyError` normally quotes its argument, which would print ``"'Job 5000 not found'"``;
+:class:`DataServiceError` restores the plain message.) The errors pickle, so a dispatcher
+handler can send one back to a client.
+
+Parameter-server training
+-------------------------
+Every error raised on purpose is a :class:`ParameterServerError`; each also derives from the
+builtin a caller would naturally catch (``KeyError``, ``ValueError``, ``ConnectionError``).
+The errors pickle, so a parameter server can send one back as a value.
+
+The pipeline library
+--------------------
+Its errors derive from the builtin a caller would catch (``ValueError``, ``LookupError``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import PlainMessage
+
+__all__ = [
+    "CheckpointMismatchError",
+    "ClosureCancelledError",
+    "DaskPartitionLostError",
+    "DataServiceError",
+    "DatasetNotFoundError",
+    "DispatcherUnavailableError",
+    "IllegalUpdateError",
+    "InputExhaustedError",
+    "InputPositionError",
+    "IterationClientNotFoundError",
+    "IterationNotFoundError",
+    "JobAccessDeniedError",
+    "JobNameInUseError",
+    "JobNotFoundError",
+    "JournalClosedError",
+    "JournalCorruptedError",
+    "JournalError",
+    "NotSplittableError",
+    "ParameterServerError",
+    "ParameterServerUnavailableError",
+    "RemoteValueArgumentError",
+    "ServerClosingError",
+    "ShapeMismatchError",
+    "SnapshotCorruptedError",
+    "StaleEpochError",
+    "TFRecordCorruptError",
+    "TaskNotFoundError",
+    "VariableNotFoundError",
+    "WorkerNotFoundError",
+]
+
+
+class ServerClosingError(ConnectionError):
+    """The server is shutting down (or restarting); retry against the next one."""
+
+
+class DataServiceError(PlainMessage, RuntimeError):
+    """Base class of every error the data service raises on purpose."""
+
+
+class DatasetNotFoundError(DataServiceError, KeyError):
+    """No dataset is registered under this id or fingerprint."""
+
+
+class JobNotFoundError(DataServiceError, KeyError):
+    """No job has this id, or no live job has this name."""
+
+
+class IterationNotFoundError(DataServiceError, KeyError):
+    """No iteration has this id, or no iteration has this ``(job_id, repetition)`` key."""
+
+
+class IterationClientNotFoundError(DataServiceError, KeyError):
+    """No iteration client with this id is currently acquired."""
+
+
+class TaskNotFoundError(DataServiceError, KeyError):
+    """No task has this id (it never existed, or its iteration was garbage collected)."""
+
+
+class WorkerNotFoundError(DataServiceError, KeyError):
+    """No worker was ever registered at this address."""
+
+
+class IllegalUpdateError(DataServiceError):
+    """An update breaks a precondition of the dispatcher state.
+
+    Either the caller has a bug or the update is invalid (for example a journal record that
+    cannot be decoded). The state is left exactly as it was before the update.
+    """
+
+
+class StaleEpochError(DataServiceError):
+    """A request names an epoch (a split repetition, an iteration, a run) that has moved on.
+
+    This is expected in normal operation, e.g. a task asking for a split of a repetition that
+    another task already finished; the dispatcher answers "end of splits" rather than failing.
+    """
+
+
+class JobNameInUseError(DataServiceError, ValueError):
+    """A live job already has this name."""
+
+
+class DispatcherUnavailableError(ServerClosingError):
+    """The dispatcher is shutting down (or restarting); retry against the next one."""
+
+
+class JobAccessDeniedError(DataServiceError):
+    """A request came without the capability it needs: a job's token (reading elements,
+    taking splits) or a data worker's key (downloading a pipeline, a worker heartbeat).
+
+    Not a :class:`PermissionError`: that is an :class:`OSError`, whose instances do not
+    travel through distributed's exception pickling together with :class:`RuntimeError`.
+    """
+
+
+class JournalError(DataServiceError):
+    """Base class of the journal's errors (a :class:`RuntimeError`)."""
+
+
+class JournalCorruptedError(JournalError):
+    """The journal is damaged somewhere a crash cannot explain.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The segment file (or, for a missing segment, the file that follows the gap).
+    offset : int
+        Byte offset in ``path`` of the damaged record or header.
+    reason : str
+        What is wrong, e.g. ``"payload checksum mismatch (...)"``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"journal {self.path} is corrupted at byte offset {offset}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.path, self.offset, self.reason)
+
+
+class JournalClosedError(JournalError):
+    """The writer is closed, or failed after an I/O error, and accepts no more records."""
+
+
+# -- parameter-server training ------------------------------------------------------------
+
+
+class ParameterServerError(PlainMessage, RuntimeError):
+    """Base class of every error parameter-server training raises on purpose."""
+
+
+class VariableNotFoundError(ParameterServerError, KeyError):
+    """A parameter server holds no shard under this key."""
+
+
+class ParameterServerUnavailableError(ParameterServerError, ConnectionError):
+    """A parameter server could not be reached (it died or is shutting down)."""
+
+
+class ShapeMismatchError(ParameterServerError, ValueError):
+    """An update does not fit the shape or the rows of the variable it targets."""
+
+
+class CheckpointMismatchError(ParameterServerError, ValueError):
+    """A checkpoint does not fit the objects it is restored into."""
+
+
+class InputExhaustedError(ParameterServerError):
+    """A training step found its worker's input at its end (``steps_per_epoch`` too big for
+    the data: make the dataset repeat)."""
+
+
+class InputPositionError(ParameterServerError, ValueError):
+    """An input position cannot be saved or restored for this input."""
+
+
+class ClosureCancelledError(ParameterServerError):
+    """A scheduled function was cancelled because an earlier one failed."""
+
+
+class RemoteValueArgumentError(ValueError):
+    """A RemoteValue was passed to ``schedule``: fetch it first (as TensorFlow requires)."""
+
+
+# -- the pipeline library -----------------------------------------------------------------
+
+
+class NotSplittableError(ValueError):
+    """The pipeline cannot be cut into splits (the message says why)."""
+
+
+class TFRecordCorruptError(ValueError):
+    """A TFRecord file is damaged: a CRC does not match, or a record is cut short.
+
+    The message names the file and the byte offset of the record (TensorFlow's DataLossError).
+    """
+
+
+class SnapshotCorruptedError(ValueError):
+    """A snapshot file is damaged (the message names the file and what is wrong)."""
+
+
+class DaskPartitionLostError(LookupError):
+    """A persisted partition's key is no longer on the cluster (its futures were released)."""
