@@ -24,7 +24,7 @@ from dask_dataservice.errors import (
     JobNotFoundError,
     VariableNotFoundError,
 )
-from dask_dataservice.service._messages import raise_for_status as service_raise_for_status
+from dask_dataservice.service.protocol._messages import raise_for_status as service_raise_for_status
 
 
 class Boom(KeyError):

@@ -19,14 +19,14 @@ from _helpers import distribute, read
 from distributed.protocol.core import dumps, loads
 
 import dask_dataservice as dds
-from dask_dataservice.service._frames import (
+from dask_dataservice.service._worker_util import serialized_batch
+from dask_dataservice.service.protocol._frames import (
     ALIGN,
     PACK_FRAME_BYTES,
     check_compression,
     choose_codec,
     reader_codecs,
 )
-from dask_dataservice.service._worker_util import serialized_batch
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -228,7 +228,7 @@ def test_malloc_tuning_config_applies_mallopt():
     """In a fresh process (mallopt cannot be undone): the key tunes, its absence does not."""
     code = (
         "import dask, dask_dataservice\n"
-        "from dask_dataservice.service._malloc import tune_malloc_from_config as t\n"
+        "from dask_dataservice.service.protocol._malloc import tune_malloc_from_config as t\n"
         "print(t())\n"
         "dask.config.set({'dataservice.malloc-tuning': True})\n"
         "print(t(), t())\n"

@@ -11,7 +11,7 @@ import pytest
 
 import dask_dataservice as dds
 from dask_dataservice.ps.input_position import InputPositionError
-from dask_dataservice.service._positions import (
+from dask_dataservice.service.protocol._positions import (
     PositionTracker,
     add_range,
     check_position,
@@ -19,7 +19,7 @@ from dask_dataservice.service._positions import (
     pipeline_chain,
     tagged_elements,
 )
-from dask_dataservice.service._sharding import ShardingPolicy
+from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(90)

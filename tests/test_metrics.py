@@ -14,9 +14,9 @@ from _helpers import PS, WK, distribute, in_thread, poll, read, wait
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
-from dask_dataservice.service import _metrics
-from dask_dataservice.service._metrics import RateSeries, ReadStats
 from dask_dataservice.service.client import _install_async
+from dask_dataservice.service.protocol import _metrics
+from dask_dataservice.service.protocol._metrics import RateSeries, ReadStats
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 

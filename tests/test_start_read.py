@@ -7,7 +7,7 @@ import pytest
 from _helpers import distribute, read
 
 import dask_dataservice as dds
-from dask_dataservice.service._start_read import START_READ
+from dask_dataservice.service.protocol._start_read import START_READ
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)

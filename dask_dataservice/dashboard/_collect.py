@@ -4,7 +4,7 @@
 adds next to the dispatcher. Every ``dataservice.dashboard.interval`` it asks each worker for
 its figures (``dataservice_figures``, one small request per worker, each with a deadline so a
 frozen worker delays nothing), turns the cumulative counters into rates
-(:class:`~dask_dataservice.service._metrics.RateSeries`) and keeps a timeline of the totals.
+(:class:`~dask_dataservice.service.protocol._metrics.RateSeries`) and keeps a timeline of the totals.
 :meth:`DashboardPlugin.status` joins them with the dispatcher's state into plain data: the JSON
 route, ``dds.status(client)``, the bokeh pages and the Prometheus collector all read it.
 """
@@ -21,7 +21,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
 from .._async import TaskGroup
-from ..service._metrics import RateSeries
+from ..service.protocol._metrics import RateSeries
 
 __all__ = ["DashboardPlugin", "PLUGIN_NAME"]
 

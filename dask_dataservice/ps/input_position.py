@@ -20,7 +20,7 @@ so the pipeline must be deterministic (a seeded shuffle, a fixed file order).
 
 A data-service dataset (``from_dataset_id``, ``distribute``) read with
 ``track_position=True`` saves, per training worker, the position its reads reached (which
-source elements it was given: see ``dask_dataservice.service._positions``); restoring
+source elements it was given: see ``dask_dataservice.service.protocol._positions``); restoring
 starts a new job from the union of the saved positions of a shared (named) job, or from
 the worker's own for a private one. Read without ``track_position``, it has no position:
 saving raises :class:`InputPositionError`.

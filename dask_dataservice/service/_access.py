@@ -25,8 +25,8 @@ from dask.utils import format_bytes
 
 from .. import config
 from ..errors import DataServiceError
-from ._job_checks import JobAccessDeniedError
-from ._messages import WORKER_KEY_OP
+from .protocol._job_checks import JobAccessDeniedError
+from .protocol._messages import WORKER_KEY_OP
 
 __all__ = ["AccessGuard", "new_token", "redact_summary"]
 

@@ -28,7 +28,7 @@ from distributed.utils import LoopRunner, sync
 from .. import config
 from .._rpc import normalize_address
 from ..errors import DataServiceError
-from ._messages import raise_for_status
+from .protocol._messages import raise_for_status
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
 

@@ -53,7 +53,10 @@ from ..errors import (
 from . import _locality
 from ._access import AccessGuard, new_token, redact_summary
 from ._gc import collect
-from ._job_checks import (
+from ._liveness import WorkerLiveness
+from ._recovery import recover, revive, undelivered
+from ._views import ViewCache, build_view
+from .protocol._job_checks import (
     check_job_token,
     check_mode,
     check_target_workers,
@@ -61,13 +64,10 @@ from ._job_checks import (
     shard_index,
     worker_list,
 )
-from ._liveness import WorkerLiveness
-from ._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
-from ._positions import position_handlers
-from ._recovery import recover, revive, undelivered
-from ._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from ._start_read import start_read_handlers
-from ._views import ViewCache, build_view
+from .protocol._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
+from .protocol._positions import position_handlers
+from .protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
+from .protocol._start_read import start_read_handlers
 from .state import (
     AckSplits,
     AcquireIterationClient,

@@ -17,8 +17,8 @@ from typing import Any
 
 from .. import config
 from ..errors import DataServiceError
-from ._messages import raise_for_status
 from ._reader import CROSS_TRAINER_TURN, IterationReader
+from .protocol._messages import raise_for_status
 
 logger = logging.getLogger("dask_dataservice.service._reader")
 

@@ -21,7 +21,8 @@ from ..data import Dataset
 from ..data._base import IterContext, Op
 from ..data.ops import Batch, Filter, Map
 from . import _connection
-from ._positions import (
+from ._reader import ReadSpec, ServiceSource
+from .protocol._positions import (
     POLICIES,
     InputPositionError,
     PositionTracker,
@@ -30,8 +31,7 @@ from ._positions import (
     job_suffix,
     merge_positions,
 )
-from ._reader import ReadSpec, ServiceSource
-from ._sharding import ShardingPolicy
+from .protocol._sharding import ShardingPolicy
 
 __all__ = ["PositionedSource", "dataset_position", "positioned_spec", "resume"]
 

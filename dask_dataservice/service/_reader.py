@@ -31,13 +31,13 @@ from .._async import TaskGroup
 from ..data._base import UNKNOWN, IterContext, Op
 from ..errors import DataServiceError
 from . import _connection
-from ._frames import reader_codecs
-from ._malloc import tune_malloc_from_config
-from ._messages import TaskInfo, raise_for_status
-from ._metrics import ReadStats
 from ._read_channel import END, Channel, Failure
-from ._sharding import ShardingPolicy
-from ._start_read import start_read
+from .protocol._frames import reader_codecs
+from .protocol._malloc import tune_malloc_from_config
+from .protocol._messages import TaskInfo, raise_for_status
+from .protocol._metrics import ReadStats
+from .protocol._sharding import ShardingPolicy
+from .protocol._start_read import start_read
 
 logger = logging.getLogger(__name__)
 

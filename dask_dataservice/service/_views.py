@@ -27,7 +27,6 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._messages import IterationView, TaskInfo
 from ._updates import (
     AckSplits,
     AcquireIterationClient,
@@ -40,6 +39,7 @@ from ._updates import (
     ReleaseIterationClient,
     Update,
 )
+from .protocol._messages import IterationView, TaskInfo
 
 if TYPE_CHECKING:
     from .state import DispatcherState

@@ -27,10 +27,10 @@ from ..data.dask_source import locality_metadata, pin_persisted
 from ..data.spec import check_element_spec
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
-from ._frames import check_compression
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
-from ._sharding import ShardingPolicy, parse_processing_mode
+from .protocol._frames import check_compression
+from .protocol._sharding import ShardingPolicy, parse_processing_mode
 
 __all__ = [
     "ShardingPolicy",

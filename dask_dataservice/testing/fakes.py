@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..service._messages import ElementBatch, TaskInfo
+from ..service.protocol._messages import ElementBatch, TaskInfo
 
 __all__ = ["FakeClient", "FakeDispatcher", "FakeWorker"]
 

@@ -23,7 +23,7 @@ import numpy as np
 from distributed.comm.addressing import get_address_host
 from distributed.protocol.compression import compressions, maybe_compress
 
-from .. import config
+from ... import config
 
 __all__ = [
     "ALIGN",

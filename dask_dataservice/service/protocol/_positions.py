@@ -43,10 +43,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..data._base import IterContext, Op
-from ..data.ops import Batch, Filter, Map, PaddedBatch, Prefetch, Shuffle
-from ..data.splits import ListSplitProvider, SplitProvider
-from ..ps.input_position import InputPositionError
+from ...data._base import IterContext, Op
+from ...data.ops import Batch, Filter, Map, PaddedBatch, Prefetch, Shuffle
+from ...data.splits import ListSplitProvider, SplitProvider
+from ...ps.input_position import InputPositionError
 from ._sharding import ShardingPolicy
 
 __all__ = [
@@ -295,7 +295,7 @@ class PositionTracker:
 
 def position_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
     """The dispatcher's handlers for input positions (registered by the dispatcher plugin)."""
-    from .._rpc import handler
+    from ..._rpc import handler
 
     @handler
     def check(dataset_id: int | str, processing_mode: str,

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .._rpc import handler
+from ..._rpc import handler
 
 __all__ = ["START_READ", "start_read", "start_read_handlers"]
 

@@ -22,8 +22,8 @@ from typing import Any, NotRequired, TypedDict
 
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from .._rpc import raise_for_status as _raise_for_status
-from ..errors import DispatcherUnavailableError
+from ..._rpc import raise_for_status as _raise_for_status
+from ...errors import DispatcherUnavailableError
 from ._frames import pack_buffers, pack_threshold, unpack_buffers, writable_frames
 
 __all__ = [

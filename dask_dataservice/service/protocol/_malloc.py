@@ -24,7 +24,7 @@ import ctypes
 import logging
 import sys
 
-from .. import config
+from ... import config
 
 __all__ = ["MALLOC_SETTINGS", "tune_malloc_from_config"]
 

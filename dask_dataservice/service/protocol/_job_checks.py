@@ -8,13 +8,13 @@ import hmac
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .._rpc import strip_protocol
-from ..data._base import INFINITE, UNKNOWN
-from ..errors import JobAccessDeniedError
+from ..._rpc import strip_protocol
+from ...data._base import INFINITE, UNKNOWN
+from ...errors import JobAccessDeniedError
 from ._sharding import STATIC_POLICIES, ShardingPolicy
 
 if TYPE_CHECKING:
-    from ._entities import Dataset
+    from .._entities import Dataset
 
 __all__ = [
     "JobAccessDeniedError",
