@@ -2,7 +2,7 @@
 
 Measures ``dataservice_get_split(iteration_id, task_id, repetition, count=1)`` — the request a
 data worker makes for every split of a DYNAMIC job — against a real ``distributed.Scheduler``
-running the :class:`~dask_dataservice.service._dispatcher_plugin.DispatcherPlugin` in a **separate
+running the :class:`~dask_dataservice.service.dispatcher.plugin.DispatcherPlugin` in a **separate
 process**, from ``C`` concurrent requesters (coroutines in this process, each with its own
 connection, each looping ``await pool(address).dataservice_get_split(...)``).
 
@@ -137,8 +137,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     from distributed import Scheduler
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
-    from dask_dataservice.service.state import (
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.state import (
         CreateIteration,
         CreateJob,
         CreateTask,

@@ -5,7 +5,7 @@ dispatcher's CPU cost per request with many *simulated* workers and consumers, s
 ``docs/scaling.md`` can predict how many of them one scheduler serves at a given rate.
 
 The dispatcher is real: a ``distributed.Scheduler`` with the
-:class:`~dask_dataservice.service._dispatcher_plugin.DispatcherPlugin`, in this process, and
+:class:`~dask_dataservice.service.dispatcher.plugin.DispatcherPlugin`, in this process, and
 every request goes through the real handlers (validation, state updates, the journal when
 ``--journal``). The workers and consumers are fake: a fake worker is a ``WorkerState`` in
 ``scheduler.workers`` with a key in the access guard and an inbox in place of its stream
@@ -104,7 +104,7 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
     from distributed import Scheduler
     from distributed.scheduler import WorkerState
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     # Fake workers heartbeat only when measured: keep the liveness check from dropping them.
     # No work stealing: its balance loop would walk the fake workers' (empty) occupancy.

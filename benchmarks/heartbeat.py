@@ -38,7 +38,7 @@ from _common import fs_type
 from distributed import Scheduler, Worker
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
 

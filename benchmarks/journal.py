@@ -51,7 +51,7 @@ from pathlib import Path
 
 from _common import fs_type
 
-from dask_dataservice.service.journal import JournalWriter, encode_record, read_journal
+from dask_dataservice.service.dispatcher.journal import JournalWriter, encode_record, read_journal
 
 
 def _summary(bench: str, latencies: list[float], seconds: float, **extra) -> dict:
@@ -153,7 +153,7 @@ async def _register(work_dir: Path) -> float:
     from distributed import Client, Scheduler
 
     import dask_dataservice as dds
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
     async with Scheduler(dashboard_address=":0", port=0) as s:
@@ -179,8 +179,8 @@ async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
     """
     from distributed import Scheduler
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
-    from dask_dataservice.service.state import CreateTask, RegisterWorker
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.state import CreateTask, RegisterWorker
 
     plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
     async with Scheduler(dashboard_address=":0", port=0) as s:
@@ -230,7 +230,7 @@ async def _restart(work_dir: Path, iteration_id: int, task_id: int) -> tuple[flo
     records replayed; seconds of those spent reading and replaying the journal."""
     from distributed import Scheduler
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     start = time.perf_counter()
     plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))

@@ -19,12 +19,12 @@ from _helpers import distribute, poll, read
 from distributed import Client
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
-from dask_dataservice.service._state_codec import decode_state, encode_state
 from dask_dataservice.service.client import _install_async
+from dask_dataservice.service.dispatcher._state_codec import decode_state, encode_state
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.state import CreateJob, DispatcherState, RegisterDataset
 from dask_dataservice.service.protocol._job_checks import JobAccessDeniedError
 from dask_dataservice.service.protocol._messages import raise_for_status
-from dask_dataservice.service.state import CreateJob, DispatcherState, RegisterDataset
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,7 +21,7 @@ from distributed.utils_test import gen_test
 from test_dispatcher_plugin import ok, register
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
 pytestmark = pytest.mark.timeout(60)
@@ -143,7 +143,7 @@ async def test_a_retried_split_request_gets_the_splits_of_a_lost_reply(tmp_path)
     repetition too."""
     from test_snapshots import W, ft_dispatcher
 
-    from dask_dataservice.service.state import CreateTask, RegisterWorker
+    from dask_dataservice.service.dispatcher.state import CreateTask, RegisterWorker
 
     async with ft_dispatcher(tmp_path) as plugin:
         dataset_id = ok(await plugin.register_dataset(

@@ -18,9 +18,9 @@ from distributed import Scheduler, Worker
 from distributed.utils_test import captured_logger, gen_test
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
-from dask_dataservice.service.journal import read_journal
-from dask_dataservice.service.state import CreateJob, CreateTask, decode_update
+from dask_dataservice.service.dispatcher.journal import read_journal
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPlugin
+from dask_dataservice.service.dispatcher.state import CreateJob, CreateTask, decode_update
 from dask_dataservice.testing import assert_dispatcher_cleanup, gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,7 +96,7 @@ async def test_restart_with_another_worker_list_keeps_the_journaled_shards():
 
     # 2. Restart with the list swapped: the job keeps its journaled list, says so, and
     #    worker "1" gets shard 1 (the new config would have made it shard 0).
-    with captured_logger("dask_dataservice.service._dispatcher_plugin",
+    with captured_logger("dask_dataservice.service.dispatcher.plugin",
                          level=logging.WARNING) as log:
         async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir,
                               worker_addresses=["1", "0"]) as (plugin, s):
@@ -240,7 +240,7 @@ async def test_explicit_dataset_ids():
 async def test_named_dynamic_jobs_are_kept_while_readable():
     """2.4: an idle named DYNAMIC iteration is not collected while unfinished (TF keeps it);
     other named iterations are collected after job-gc-timeout, and so is a finished one."""
-    from dask_dataservice.service.state import FinishTask, RegisterWorker
+    from dask_dataservice.service.dispatcher.state import FinishTask, RegisterWorker
 
     async with dispatcher(job_gc_timeout=0.0, gc_interval=3600) as (plugin, s):
         ds = dds.Dataset.range(10)

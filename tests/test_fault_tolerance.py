@@ -15,8 +15,8 @@ from _helpers import wait as _wait  # noqa: E402
 from distributed import Client
 
 import dask_dataservice as dds
-from dask_dataservice.service._state_codec import restore
-from dask_dataservice.service.journal import list_snapshots, load_journal
+from dask_dataservice.service.dispatcher._state_codec import restore
+from dask_dataservice.service.dispatcher.journal import list_snapshots, load_journal
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,7 +126,7 @@ def test_fault_tolerant_mode_needs_work_dir():
 
     from distributed import Scheduler
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     async def go():
         s = Scheduler(dashboard_address=":0")

@@ -28,10 +28,10 @@ from dask_dataservice import Dataset
 from dask_dataservice.data import SHARD_HINT, DaskPartition, DaskPartitionLostError
 from dask_dataservice.data.dask_source import LOCALITY_KEY, locality_metadata
 from dask_dataservice.errors import IllegalUpdateError
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
-from dask_dataservice.service._state_codec import decode_state, encode_state
-from dask_dataservice.service.journal import read_journal
-from dask_dataservice.service.state import (
+from dask_dataservice.service.dispatcher._state_codec import decode_state, encode_state
+from dask_dataservice.service.dispatcher.journal import read_journal
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPlugin
+from dask_dataservice.service.dispatcher.state import (
     CreateIteration,
     CreateJob,
     CreateTask,

@@ -22,7 +22,7 @@ from _helpers import poll, read
 from distributed import Nanny
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]

@@ -319,7 +319,7 @@ async def test_two_consumers_of_a_shared_job_resume_from_their_union(c, s, a, b)
 def test_create_job_position_round_trips_and_old_records_have_none():
     import msgpack
 
-    from dask_dataservice.service._updates import CreateJob, decode_update, encode_update
+    from dask_dataservice.service.dispatcher._updates import CreateJob, decode_update, encode_update
 
     job = CreateJob(job_id=3, job_name="j", dataset_id=1, processing_mode="DYNAMIC",
                     position='{"nonce":"","start":null}')
@@ -336,8 +336,8 @@ def test_the_journal_replays_a_job_started_from_a_position(tmp_path):
 
     from distributed import Client
 
-    from dask_dataservice.service._state_codec import restore
-    from dask_dataservice.service.journal import load_journal
+    from dask_dataservice.service.dispatcher._state_codec import restore
+    from dask_dataservice.service.dispatcher.journal import load_journal
 
     cfg = dds.DispatcherConfig(fault_tolerant_mode=True, work_dir=str(tmp_path))
     with dds.DispatchServer(cfg) as dispatcher, \

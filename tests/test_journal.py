@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dask_dataservice.errors import DataServiceError
-from dask_dataservice.service.journal import (
+from dask_dataservice.service.dispatcher.journal import (
     FORMAT_VERSION,
     MAGIC,
     JournalClosedError,

@@ -8,7 +8,7 @@ from distributed import Client
 
 import dask_dataservice as dds
 from dask_dataservice.errors import DataServiceError
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 from dask_dataservice.testing import gen_cluster
 

@@ -23,8 +23,8 @@ from distributed import Nanny, Worker
 
 import dask_dataservice as dds
 from dask_dataservice.errors import DatasetNotFoundError
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.client import _install_async
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 from dask_dataservice.testing import assert_data_worker_cleanup, gen_cluster

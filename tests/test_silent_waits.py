@@ -173,7 +173,7 @@ def test_restarted_dispatcher_whose_plain_workers_did_not_come_back(tmp_path):
     from _helpers import poll
     from distributed import Scheduler, Worker
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     def dispatcher():
         return DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(tmp_path))

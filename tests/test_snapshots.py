@@ -21,8 +21,13 @@ import dask
 import pytest
 from distributed.utils_test import gen_test
 
-from dask_dataservice.service._state_codec import compact, decode_state, encode_state, restore
-from dask_dataservice.service.journal import (
+from dask_dataservice.service.dispatcher._state_codec import (
+    compact,
+    decode_state,
+    encode_state,
+    restore,
+)
+from dask_dataservice.service.dispatcher.journal import (
     JournalCorruptedError,
     JournalWriter,
     list_segments,
@@ -34,7 +39,7 @@ from dask_dataservice.service.journal import (
     snapshot_path,
     write_snapshot,
 )
-from dask_dataservice.service.state import (
+from dask_dataservice.service.dispatcher.state import (
     AckSplits,
     CreateIteration,
     CreateJob,
@@ -253,7 +258,7 @@ def test_every_crash_point_of_a_compaction_replays_to_the_same_state(
 
 
 def scan_segments(work_dir, numbers):
-    from dask_dataservice.service._journal_format import _scan_segment
+    from dask_dataservice.service.dispatcher._journal_format import _scan_segment
 
     for number in numbers:
         yield from _scan_segment(segment_path(work_dir, number), is_last=False, repair=False,
@@ -332,9 +337,9 @@ def test_a_journal_cut_at_a_record_boundary_is_a_shorter_journal(tmp_path):
 
 CHILD = textwrap.dedent("""
     import asyncio, sys
-    from dask_dataservice.service._state_codec import compact, restore
-    from dask_dataservice.service.journal import JournalWriter, load_journal
-    from dask_dataservice.service.state import *
+    from dask_dataservice.service.dispatcher._state_codec import compact, restore
+    from dask_dataservice.service.dispatcher.journal import JournalWriter, load_journal
+    from dask_dataservice.service.dispatcher.state import *
 
     work_dir = sys.argv[1]
     state, _ = restore(*load_journal(work_dir))
@@ -409,7 +414,7 @@ async def ft_dispatcher(work_dir):
     """A fault-tolerant DispatcherPlugin on a fresh in-process scheduler (no workers)."""
     from distributed import Scheduler
 
-    from dask_dataservice.service._dispatcher_plugin import DispatcherPlugin
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
     async with Scheduler(dashboard_address=":0", port=0) as s:

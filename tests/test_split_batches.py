@@ -10,9 +10,9 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_dataservice as dds
-from dask_dataservice.service._state_codec import decode_update
-from dask_dataservice.service._updates import ProduceSplits
-from dask_dataservice.service.journal import read_journal
+from dask_dataservice.service.dispatcher._state_codec import decode_update
+from dask_dataservice.service.dispatcher._updates import ProduceSplits
+from dask_dataservice.service.dispatcher.journal import read_journal
 
 
 @pytest.mark.parametrize("batch_max", [1, 8])
@@ -35,7 +35,7 @@ def test_split_requests_grow_up_to_the_configured_batch(tmp_path, batch_max):
 async def _fair_share(tmp_path) -> list[int]:
     from test_snapshots import ft_dispatcher
 
-    from dask_dataservice.service.state import CreateTask, RegisterWorker
+    from dask_dataservice.service.dispatcher.state import CreateTask, RegisterWorker
 
     async with ft_dispatcher(tmp_path) as plugin:
         dataset_id = (await plugin.register_dataset(

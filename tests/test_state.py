@@ -1,4 +1,4 @@
-"""Pure tests of :mod:`dask_dataservice.service.state`: no cluster, no I/O, no sleeps.
+"""Pure tests of :mod:`dask_dataservice.service.dispatcher.state`: no cluster, no I/O, no sleeps.
 
 Small helpers build one update each and apply it (like TensorFlow's dispatcher_state_test);
 tests then check the accessors. Illegal updates must raise a typed error and leave
@@ -35,8 +35,8 @@ from dask_dataservice.errors import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
-from dask_dataservice.service._state_codec import decode_state, encode_state
-from dask_dataservice.service.state import (
+from dask_dataservice.service.dispatcher._state_codec import decode_state, encode_state
+from dask_dataservice.service.dispatcher.state import (
     ITERATION_ACCEPTS,
     JOB_ACCEPTS,
     TASK_TRANSITIONS,

@@ -12,8 +12,8 @@ from distributed import Worker
 
 import dask_dataservice as dds
 from dask_dataservice.data import readers
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
 from dask_dataservice.service.client import _install_async
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import current_task
 from dask_dataservice.testing import gen_cluster
 

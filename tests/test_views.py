@@ -15,7 +15,7 @@ from distributed import Worker
 from test_dispatcher_plugin import ok
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,7 +11,7 @@ from distributed import Scheduler, Worker
 
 
 def dask_setup(server: Scheduler | Worker) -> object:
-    from ._dispatcher_plugin import DispatcherPlugin
+    from .dispatcher.plugin import DispatcherPlugin
     from .worker import DataWorkerPlugin
 
     if isinstance(server, Scheduler):

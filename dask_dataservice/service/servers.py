@@ -201,7 +201,7 @@ class DispatchServer(_BackgroundServer):
         async def make() -> Scheduler:
             from distributed import Scheduler
 
-            from ._dispatcher_plugin import DispatcherPlugin
+            from .dispatcher.plugin import DispatcherPlugin
 
             scheduler = Scheduler(
                 host=cfg.host, port=cfg.port, protocol=self._protocol, dashboard_address=":0",

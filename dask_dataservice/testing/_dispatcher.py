@@ -55,7 +55,7 @@ async def assert_dispatcher_cleanup(scheduler: Scheduler, timeout: float = 10.0)
     asynchronously), then checks ``state.validate_state()`` and that the plugin runs no
     periodic callback other than its garbage collection.
     """
-    from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+    from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 
     plugin: Any = scheduler.plugins.get(PLUGIN_NAME)
     if plugin is None or getattr(plugin, "state", None) is None:

@@ -14,7 +14,7 @@ from ...errors import JobAccessDeniedError
 from ._sharding import STATIC_POLICIES, ShardingPolicy
 
 if TYPE_CHECKING:
-    from .._entities import Dataset
+    from ..dispatcher._entities import Dataset
 
 __all__ = [
     "JobAccessDeniedError",

@@ -1,4 +1,4 @@
-"""The read-only half of :class:`~dask_dataservice.service.state.DispatcherState`: lookups
+"""The read-only half of :class:`~dask_dataservice.service.dispatcher.state.DispatcherState`: lookups
 that raise the typed errors, and one ``_check_*`` per update kind (raise if illegal, never
 mutate). A mixin: it reads the state's private maps and holds none of its own."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import typing
 from collections import deque
 
-from ..errors import (
+from ...errors import (
     DatasetNotFoundError,
     IllegalUpdateError,
     IterationClientNotFoundError,

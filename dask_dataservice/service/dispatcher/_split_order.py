@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IllegalUpdateError
+from ...errors import IllegalUpdateError
 
 if TYPE_CHECKING:
     from ._updates import ProduceSplits

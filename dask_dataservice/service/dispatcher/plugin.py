@@ -2,7 +2,7 @@
 
 Responsibilities
 ----------------
-- Own the :class:`~dask_dataservice.service.state.DispatcherState` and change it only by
+- Own the :class:`~dask_dataservice.service.dispatcher.state.DispatcherState` and change it only by
   building update records: validate → (journal, in fault-tolerant mode) → apply.
 - Serve the ``dataservice_*`` RPC handlers: dataset registration, jobs and iterations,
   the DYNAMIC split cursor, task reconciliation with data workers, client heartbeats.
@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, cast
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from .. import config
-from .._rpc import handler
-from ..errors import (
+from ... import config
+from ..._rpc import handler
+from ...errors import (
     DataServiceError,
     DatasetNotFoundError,
     IterationNotFoundError,
@@ -50,13 +50,7 @@ from ..errors import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
-from . import _locality
-from ._access import AccessGuard, new_token, redact_summary
-from ._gc import collect
-from ._liveness import WorkerLiveness
-from ._recovery import recover, revive, undelivered
-from ._views import ViewCache, build_view
-from .protocol._job_checks import (
+from ..protocol._job_checks import (
     check_job_token,
     check_mode,
     check_target_workers,
@@ -64,10 +58,16 @@ from .protocol._job_checks import (
     shard_index,
     worker_list,
 )
-from .protocol._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
-from .protocol._positions import position_handlers
-from .protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from .protocol._start_read import start_read_handlers
+from ..protocol._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
+from ..protocol._positions import position_handlers
+from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
+from ..protocol._start_read import start_read_handlers
+from . import _locality
+from ._access import AccessGuard, new_token, redact_summary
+from ._gc import collect
+from ._liveness import WorkerLiveness
+from ._recovery import recover, revive, undelivered
+from ._views import ViewCache, build_view
 from .state import (
     AckSplits,
     AcquireIterationClient,
@@ -238,8 +238,8 @@ class DispatcherPlugin(SchedulerPlugin):
         # Every worker that joins gets the data-worker half (as P2P does for its plugin).
         from distributed.protocol.pickle import dumps
 
-        from .worker import PLUGIN_NAME as WORKER_PLUGIN
-        from .worker import DataWorkerPlugin
+        from ..worker import PLUGIN_NAME as WORKER_PLUGIN
+        from ..worker import DataWorkerPlugin
 
         if WORKER_PLUGIN not in scheduler.worker_plugins:
             await scheduler.register_worker_plugin(
@@ -250,7 +250,7 @@ class DispatcherPlugin(SchedulerPlugin):
         scheduler.periodic_callbacks["dataservice-gc"] = pc
         pc.start()
         # issue 14: dashboard pages, /dataservice/status.json, /metrics (see ..dashboard)
-        from ..dashboard import attach
+        from ...dashboard import attach
 
         await attach(scheduler)
 

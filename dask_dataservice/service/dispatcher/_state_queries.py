@@ -1,4 +1,4 @@
-"""The read-only accessors of :class:`~dask_dataservice.service.state.DispatcherState`.
+"""The read-only accessors of :class:`~dask_dataservice.service.dispatcher.state.DispatcherState`.
 
 Each returns a detached copy (mutating it changes nothing in the state) or plain values. A
 mixin, as :mod:`._state_checks`: it reads the state's private maps and holds none of its own.
@@ -10,7 +10,7 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..errors import (
+from ...errors import (
     DataServiceError,
     DatasetNotFoundError,
     IterationNotFoundError,

@@ -33,9 +33,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import config
-from .._rpc import handler
-from ..errors import TaskNotFoundError, WorkerNotFoundError
+from ... import config
+from ..._rpc import handler
+from ...errors import TaskNotFoundError, WorkerNotFoundError
 from .state import RemoveWorker
 
 if TYPE_CHECKING:

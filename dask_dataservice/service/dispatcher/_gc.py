@@ -14,7 +14,7 @@ from typing import Any
 
 from ._entities import Iteration
 
-logger = logging.getLogger("dask_dataservice.service._dispatcher_plugin")
+logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 
 __all__ = ["collect", "collectable"]
 

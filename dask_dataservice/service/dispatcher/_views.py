@@ -27,6 +27,7 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..protocol._messages import IterationView, TaskInfo
 from ._updates import (
     AckSplits,
     AcquireIterationClient,
@@ -39,7 +40,6 @@ from ._updates import (
     ReleaseIterationClient,
     Update,
 )
-from .protocol._messages import IterationView, TaskInfo
 
 if TYPE_CHECKING:
     from .state import DispatcherState

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from ..errors import JournalClosedError, JournalCorruptedError, JournalError
+from ...errors import JournalClosedError, JournalCorruptedError, JournalError
 
 __all__ = [
     "FORMAT_VERSION",

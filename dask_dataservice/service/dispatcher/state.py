@@ -137,7 +137,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     IllegalUpdateError,
 )
 from . import _split_order

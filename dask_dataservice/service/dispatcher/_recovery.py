@@ -38,12 +38,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from .. import config
-from .._async import owned_executor, shutdown_executor
+from ... import config
+from ..._async import owned_executor, shutdown_executor
 from . import _split_order
 from .state import DispatcherState, RemoveWorker
 
-logger = logging.getLogger("dask_dataservice.service._dispatcher_plugin")
+logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 
 __all__ = ["lineage", "recover", "revive", "undelivered"]
 

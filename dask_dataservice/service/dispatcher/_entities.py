@@ -1,5 +1,5 @@
 """The entities of the dispatcher's state: plain mutable dataclasses owned by
-:class:`~dask_dataservice.service.state.DispatcherState` (its accessors hand out copies), and
+:class:`~dask_dataservice.service.dispatcher.state.DispatcherState` (its accessors hand out copies), and
 the constants their fields take."""
 
 from __future__ import annotations

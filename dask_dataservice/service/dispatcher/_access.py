@@ -23,10 +23,10 @@ from typing import Any
 
 from dask.utils import format_bytes
 
-from .. import config
-from ..errors import DataServiceError
-from .protocol._job_checks import JobAccessDeniedError
-from .protocol._messages import WORKER_KEY_OP
+from ... import config
+from ...errors import DataServiceError
+from ..protocol._job_checks import JobAccessDeniedError
+from ..protocol._messages import WORKER_KEY_OP
 
 __all__ = ["AccessGuard", "new_token", "redact_summary"]
 

@@ -1,7 +1,7 @@
 """The dispatcher's update records and their journal codec (see :mod:`.state` for the rules).
 
 Each record is a frozen dataclass describing one complete change of the
-:class:`~dask_dataservice.service.state.DispatcherState`; :func:`encode_update` /
+:class:`~dask_dataservice.service.dispatcher.state.DispatcherState`; :func:`encode_update` /
 :func:`decode_update` turn them into msgpack bytes for the journal and back (never pickle).
 Records are versioned like proto messages (the state's Rule 5). The lifecycle tables at the
 end say which update each status of an entity accepts; the state's checks consult them.
@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import msgpack
 
-from ..errors import IllegalUpdateError
+from ...errors import IllegalUpdateError
 
 __all__ = [
     "ITERATION_ACCEPTS",

@@ -1,7 +1,7 @@
 """The dispatcher's state as one compact, versioned blob (a journal snapshot), and replay.
 
 :func:`encode_state` / :func:`decode_state` turn a whole
-:class:`~dask_dataservice.service.state.DispatcherState` into msgpack bytes and back (never
+:class:`~dask_dataservice.service.dispatcher.state.DispatcherState` into msgpack bytes and back (never
 pickle); the journal stores them as a snapshot (:mod:`.journal`, "Snapshots"), so that a
 restart replays the snapshot plus the records after it instead of the whole history.
 :func:`restore` is that replay, and :func:`compact` what the journal writer calls, on its own
@@ -39,7 +39,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import DataServiceError
+from ...errors import DataServiceError
 from . import _split_order
 from ._entities import Dataset, Iteration, IterationClient, Job, SplitCursor, Task, Worker
 from ._journal_format import JournalCorruptedError, JournalRecord, Snapshot
@@ -205,7 +205,7 @@ def restore(snapshot: Snapshot | None, records: Iterable[JournalRecord]) -> tupl
     Parameters
     ----------
     snapshot : Snapshot or None
-        The newest snapshot (:func:`~dask_dataservice.service.journal.load_journal`).
+        The newest snapshot (:func:`~dask_dataservice.service.dispatcher.journal.load_journal`).
     records : iterable of JournalRecord
         The records after it, in journal order.
 
