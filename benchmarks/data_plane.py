@@ -257,7 +257,7 @@ def requests_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> 
 def compression_sim(args: argparse.Namespace) -> None:
     from distributed.protocol.core import dumps, loads
 
-    from dask_dataservice.service._worker_util import serialized_batch
+    from dask_dataservice.service.worker._worker_util import serialized_batch
 
     rng = np.random.default_rng(0)
     size, count = 64 << 10, 512

@@ -12,7 +12,7 @@ Subcommands:
     ``dask scheduler`` / ``dask worker`` with ``--preload dask_dataservice``: the way to run
     the data service from a shell. Every other option is passed on to Dask. ``worker
     --supervise`` restarts the worker whenever its scheduler went away
-    (:func:`dask_dataservice.service.supervise.supervise`). ``scheduler`` and ``worker`` warn
+    (:func:`dask_dataservice.service.worker.supervise.supervise`). ``scheduler`` and ``worker`` warn
     on stderr when the server would listen beyond this machine without TLS
     (:func:`insecure_listen_warning`; docs/security.md).
 ``ready``
@@ -236,7 +236,7 @@ def _run(cmd: list[str], env: dict[str, str], *, dry_run: bool, supervise: bool 
                    + (" " if extra else "") + shlex.join(cmd))
         sys.exit(0)
     if supervise:
-        from dask_dataservice.service.supervise import supervise as run_supervised
+        from dask_dataservice.service.worker.supervise import supervise as run_supervised
 
         sys.exit(run_supervised(cmd, env))
     sys.stdout.flush()

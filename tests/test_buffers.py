@@ -14,15 +14,15 @@ import pytest
 from distributed.utils_test import gen_test
 
 from dask_dataservice.errors import DataServiceError
-from dask_dataservice.service._buffers import (
+from dask_dataservice.service.worker._buffers import (
     CrossTrainerWindow,
     ElementBuffer,
     RoundBuffer,
     TaskCancelled,
     element_size,
 )
-from dask_dataservice.service._worker_plugin import _FINISHED_MEMORY
-from dask_dataservice.service._worker_util import Recent as _Recent
+from dask_dataservice.service.worker._worker_util import Recent as _Recent
+from dask_dataservice.service.worker.plugin import _FINISHED_MEMORY
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from dask_dataservice import cli, demo
 from dask_dataservice.demo._cluster import wait_for_data_workers
-from dask_dataservice.service.supervise import supervise
+from dask_dataservice.service.worker.supervise import supervise
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -372,7 +372,7 @@ def test_a_killed_supervisor_takes_its_worker_with_it(tmp_path):
     pid_file = tmp_path / "child.pid"
     child = ("import os, pathlib, sys, time; "
              f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)")
-    code = ("import sys; from dask_dataservice.service.supervise import supervise; "
+    code = ("import sys; from dask_dataservice.service.worker.supervise import supervise; "
             f"sys.exit(supervise([sys.executable, '-c', {child!r}]))")
     supervisor = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
     try:

@@ -19,7 +19,6 @@ from _helpers import distribute, read
 from distributed.protocol.core import dumps, loads
 
 import dask_dataservice as dds
-from dask_dataservice.service._worker_util import serialized_batch
 from dask_dataservice.service.protocol._frames import (
     ALIGN,
     PACK_FRAME_BYTES,
@@ -27,6 +26,7 @@ from dask_dataservice.service.protocol._frames import (
     choose_codec,
     reader_codecs,
 )
+from dask_dataservice.service.worker._worker_util import serialized_batch
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -2,7 +2,7 @@
 
 The cluster is what a user runs: ``dask-dataservice scheduler --work-dir`` (fault tolerant)
 and ``dask-dataservice worker --supervise`` (whose Dask worker rides out a scheduler restart
-with its data tasks, :mod:`dask_dataservice.service._reconnect`). The scheduler is killed
+with its data tasks, :mod:`dask_dataservice.service.worker._reconnect`). The scheduler is killed
 with SIGKILL mid-epoch and started again in place; every reader must then get exactly the
 elements it would have got without the kill: no duplicate, no loss. Per test the figures are
 printed: elements missing and duplicated, and the longest gap between two elements a

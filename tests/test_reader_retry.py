@@ -14,7 +14,7 @@ import pytest
 from _helpers import distribute, read
 
 from dask_dataservice.data import Dataset
-from dask_dataservice.service._worker_util import Turns
+from dask_dataservice.service.worker._worker_util import Turns
 from dask_dataservice.testing import gen_cluster
 
 

@@ -552,7 +552,7 @@ def test_requests_behind_the_head_gather_a_slow_pipelines_elements(linger, most_
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_worker_keeps_few_unused_pipelines(c, s, a):
     """Finding 8: unpickled pipelines of datasets no task uses are dropped (a few stay)."""
-    from dask_dataservice.service._worker_plugin import _UNUSED_DATASETS
+    from dask_dataservice.service.worker.plugin import _UNUSED_DATASETS
 
     n = _UNUSED_DATASETS + 4
     for i in range(n):

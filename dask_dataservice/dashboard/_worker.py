@@ -16,7 +16,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from ..service._worker_plugin import PLUGIN_NAME as DATA_PLUGIN
+from ..service.worker.plugin import PLUGIN_NAME as DATA_PLUGIN
 
 __all__ = ["DashboardWorkerPlugin", "WORKER_PLUGIN_NAME", "worker_figures", "plugin_cpu_seconds"]
 

@@ -418,7 +418,7 @@ def _wait_unless_cancelled(fut: Any) -> None:
             return
         except TimeoutError:
             if found is not None and getattr(found[1], "cancelled", False):
-                from ..service._buffers import TaskCancelled  # the task runner's own signal
+                from ..service.worker._buffers import TaskCancelled  # the task runner's own signal
 
                 raise TaskCancelled from None
 

@@ -222,8 +222,8 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs: Any) -> 
 
 
 def _plugins() -> tuple[Any, ...]:
-    from ._worker_plugin import DataWorkerPlugin
     from .dispatcher.plugin import DispatcherPlugin
+    from .worker.plugin import DataWorkerPlugin
 
     return DispatcherPlugin(), DataWorkerPlugin()
 

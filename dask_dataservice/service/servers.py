@@ -30,7 +30,7 @@ from .._rpc import normalize_address, strip_protocol
 if TYPE_CHECKING:
     from distributed import Scheduler
 
-    from ._reconnect import ReconnectingWorker
+    from .worker._reconnect import ReconnectingWorker
 
 logger = logging.getLogger(__name__)
 
@@ -332,8 +332,8 @@ class WorkerSupervisor:
         self._group: TaskGroup | None = None
 
     def _new_worker(self) -> ReconnectingWorker:
-        from ._reconnect import ReconnectingWorker
-        from ._worker_plugin import DataWorkerPlugin
+        from .worker._reconnect import ReconnectingWorker
+        from .worker.plugin import DataWorkerPlugin
 
         plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
         # rides out a scheduler restart with its data tasks; a new worker only when it closed

@@ -170,7 +170,7 @@ class ReadStats:
 def count_served(plugin: Any, task_id: int, items: list[Any]) -> None:
     """A data worker served ``items`` of task ``task_id``: count elements and bytes, for the
     worker (``plugin.stats``) and per task (``plugin.served_by_task``, live tasks only)."""
-    from .._buffers import element_size
+    from ..worker._buffers import element_size
 
     nbytes = sum(map(element_size, items))
     stats = plugin.stats

@@ -16,6 +16,6 @@ module keeps the names users and deployments import:
 from __future__ import annotations
 
 from ._reconnect import ReconnectingWorker
-from ._worker_plugin import PLUGIN_NAME, DataWorkerPlugin, current_task
+from .plugin import PLUGIN_NAME, DataWorkerPlugin, current_task
 
 __all__ = ["PLUGIN_NAME", "DataWorkerPlugin", "ReconnectingWorker", "current_task"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from .protocol._messages import WORKER_KEY_OP, raise_for_status
+from ..protocol._messages import WORKER_KEY_OP, raise_for_status
 
 if TYPE_CHECKING:
     from distributed import Worker

@@ -13,8 +13,8 @@ import dask.config
 from dask.utils import parse_bytes
 from distributed.protocol.serialize import Serialized, serialize
 
-from .protocol._frames import compress_frames
-from .protocol._messages import ElementBatch
+from ..protocol._frames import compress_frames
+from ..protocol._messages import ElementBatch
 
 __all__ = ["Recent", "Turns", "offload_bytes", "serialized_batch"]
 

@@ -39,27 +39,27 @@ from distributed.protocol.serialize import to_serialize
 from distributed.utils import offload, run_in_executor_with_context
 from distributed.utils_comm import retry
 
-from .. import config
-from .._async import TaskGroup, owned_executor, shutdown_executor
-from .._rpc import error_message, handler
-from ..data.splits import ListSplitProvider
-from ..errors import DataServiceError
+from ... import config
+from ..._async import TaskGroup, owned_executor, shutdown_executor
+from ..._rpc import error_message, handler
+from ...data.splits import ListSplitProvider
+from ...errors import DataServiceError
+from ..protocol._frames import choose_codec
+from ..protocol._job_checks import JobAccessDeniedError, check_job_token
+from ..protocol._malloc import tune_malloc_from_config
+from ..protocol._messages import ElementBatch, TaskDef, raise_for_status
+from ..protocol._metrics import count_served
+from ..protocol._positions import tagged_elements
+from ..protocol._sharding import ShardingPolicy
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
 from ._worker_util import Recent, Turns, offload_bytes, serialized_batch
-from .protocol._frames import choose_codec
-from .protocol._job_checks import JobAccessDeniedError, check_job_token
-from .protocol._malloc import tune_malloc_from_config
-from .protocol._messages import ElementBatch, TaskDef, raise_for_status
-from .protocol._metrics import count_served
-from .protocol._positions import tagged_elements
-from .protocol._sharding import ShardingPolicy
 
 if TYPE_CHECKING:
     from distributed import Worker
 
-    from ..data.dataset import Dataset
+    from ...data.dataset import Dataset
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .._async import LoopWaker
-from ..data.structure import nbytes
-from ..errors import DataServiceError
+from ..._async import LoopWaker
+from ...data.structure import nbytes
+from ...errors import DataServiceError
 
 __all__ = [
     "CrossTrainerWindow",

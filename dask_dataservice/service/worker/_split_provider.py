@@ -6,11 +6,11 @@ import concurrent.futures
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .. import config
-from ..data.splits import SplitProvider
+from ... import config
+from ...data.splits import SplitProvider
 
 if TYPE_CHECKING:
-    from ._worker_plugin import TaskRunner
+    from .plugin import TaskRunner
 
 __all__ = ["DispatcherSplitProvider"]
 
