@@ -275,7 +275,7 @@ async def test_untracked_and_read_ahead_datasets_have_no_position(c, s, a):
                                track_position=True)
     with pytest.raises(InputPositionError, match="not been read yet"):
         tracked.input_position()
-    from dask_dataservice.service._position_reader import dataset_position
+    from dask_dataservice.service.client._position_reader import dataset_position
 
     with pytest.raises(InputPositionError, match=r"Dataset\.prefetch\(\) applied on the "):
         dataset_position(tracked.prefetch(4))

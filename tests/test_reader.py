@@ -9,9 +9,9 @@ import threading
 import pytest
 from distributed.utils_test import gen_test
 
-from dask_dataservice.service import _reader
-from dask_dataservice.service._read_channel import END, Channel, Failure
-from dask_dataservice.service._reader import IterationReader, ReadSpec
+from dask_dataservice.service.client import _reader
+from dask_dataservice.service.client._read_channel import END, Channel, Failure
+from dask_dataservice.service.client._reader import IterationReader, ReadSpec
 from dask_dataservice.testing.fakes import FakeClient, FakeDispatcher, FakeWorker
 
 pytestmark = pytest.mark.timeout(30)

@@ -27,7 +27,7 @@ FAST_NO_WORKERS = {"dataservice.client.no-workers-warning": "300ms",
 @gen_cluster(client=True, nthreads=[PS], config=FAST_NO_WORKERS)
 async def test_only_parameter_servers_warns_then_fails_saying_why(c, s, ps, caplog):
     ds = await distribute(dds.Dataset.range(10), "parallel_epochs", c)
-    with caplog.at_level(logging.WARNING, logger="dask_dataservice.service._reader"):
+    with caplog.at_level(logging.WARNING, logger="dask_dataservice.service.client._reader"):
         with pytest.raises(DataServiceError, match="1 workers present, all with resource ps"):
             await read(ds)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -54,7 +54,7 @@ async def test_hung_pipeline_warns_naming_task_and_worker_then_fails(c, s, a, ca
     GATE.clear()
     ds = await distribute(dds.Dataset.from_generator(_hung_generator), "parallel_epochs", c)
     try:
-        with caplog.at_level(logging.WARNING, logger="dask_dataservice.service._reader"):
+        with caplog.at_level(logging.WARNING, logger="dask_dataservice.service.client._reader"):
             with pytest.raises(DataServiceError, match=f"on worker {a.address} has produced no "
                                "element .* gave up after dataservice.client.stall-timeout"):
                 await read(ds)
@@ -79,7 +79,7 @@ async def test_slow_pipeline_only_warns_by_default(c, s, a, caplog):
                 GATE.set()
 
     handler = Release()
-    logger = logging.getLogger("dask_dataservice.service._reader")
+    logger = logging.getLogger("dask_dataservice.service.client._reader")
     logger.addHandler(handler)
     try:
         assert await read(ds) == [0, 1]
@@ -126,7 +126,7 @@ def test_register_dataset_rides_out_a_dispatcher_restart():
                 retrying.set()
 
     handler = Watch()
-    logger = logging.getLogger("dask_dataservice.service._connection")
+    logger = logging.getLogger("dask_dataservice.service.client._connection")
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.INFO)

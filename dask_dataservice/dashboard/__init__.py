@@ -74,7 +74,7 @@ def status(client: Any) -> dict[str, Any]:
     ``dataservice.dashboard.interval``.
     With an asynchronous client, returns an awaitable.
     """
-    from ..service import _connection
+    from ..service.client import _connection
 
     c = _connection.client_for(client)
 

@@ -54,7 +54,7 @@ def connect(address: str, say: Callable[[str], None]) -> Iterator[Any]:
     from dask_dataservice import config
     from dask_dataservice._rpc import normalize_address
     from dask_dataservice.errors import DataServiceError
-    from dask_dataservice.service._connection import probe
+    from dask_dataservice.service.client._connection import probe
 
     address = normalize_address(address)
     timeout = config.get_seconds("client.connect-timeout")

@@ -225,7 +225,7 @@ class DispatchServer(_BackgroundServer):
 
     def _before_close(self) -> None:
         # clients this process opened for our address would only retry and log errors
-        from ._connection import close_clients
+        from .client._connection import close_clients
 
         close_clients(self.server.address)
 

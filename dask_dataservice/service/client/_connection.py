@@ -25,10 +25,10 @@ from typing import Any
 from distributed import Client
 from distributed.utils import LoopRunner, sync
 
-from .. import config
-from .._rpc import normalize_address
-from ..errors import DataServiceError
-from .protocol._messages import raise_for_status
+from ... import config
+from ..._rpc import normalize_address
+from ...errors import DataServiceError
+from ..protocol._messages import raise_for_status
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
 
@@ -222,8 +222,8 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs: Any) -> 
 
 
 def _plugins() -> tuple[Any, ...]:
-    from .dispatcher.plugin import DispatcherPlugin
-    from .worker.plugin import DataWorkerPlugin
+    from ..dispatcher.plugin import DispatcherPlugin
+    from ..worker.plugin import DataWorkerPlugin
 
     return DispatcherPlugin(), DataWorkerPlugin()
 

@@ -22,15 +22,15 @@ from typing import Any, cast
 import cloudpickle
 from distributed import Client
 
-from ..data import Dataset
-from ..data.dask_source import locality_metadata, pin_persisted
-from ..data.spec import check_element_spec
+from ...data import Dataset
+from ...data.dask_source import locality_metadata, pin_persisted
+from ...data.spec import check_element_spec
+from ..protocol._frames import check_compression
+from ..protocol._sharding import ShardingPolicy, parse_processing_mode
 from . import _connection
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
-from .protocol._frames import check_compression
-from .protocol._sharding import ShardingPolicy, parse_processing_mode
 
 __all__ = [
     "ShardingPolicy",

@@ -7,7 +7,7 @@ import queue
 import threading
 from typing import Any
 
-from .._async import LoopWaker
+from ..._async import LoopWaker
 
 __all__ = ["END", "Channel", "Failure"]
 

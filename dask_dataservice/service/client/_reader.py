@@ -26,18 +26,18 @@ from distributed import Client
 from distributed._async_taskgroup import AsyncTaskGroupClosedError
 from distributed.comm.addressing import get_address_host
 
-from .. import config
-from .._async import TaskGroup
-from ..data._base import UNKNOWN, IterContext, Op
-from ..errors import DataServiceError
+from ... import config
+from ..._async import TaskGroup
+from ...data._base import UNKNOWN, IterContext, Op
+from ...errors import DataServiceError
+from ..protocol._frames import reader_codecs
+from ..protocol._malloc import tune_malloc_from_config
+from ..protocol._messages import TaskInfo, raise_for_status
+from ..protocol._metrics import ReadStats
+from ..protocol._sharding import ShardingPolicy
+from ..protocol._start_read import start_read
 from . import _connection
 from ._read_channel import END, Channel, Failure
-from .protocol._frames import reader_codecs
-from .protocol._malloc import tune_malloc_from_config
-from .protocol._messages import TaskInfo, raise_for_status
-from .protocol._metrics import ReadStats
-from .protocol._sharding import ShardingPolicy
-from .protocol._start_read import start_read
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,10 @@ from typing import Any
 
 from distributed import Client
 
-from ..data import Dataset
-from ..data._base import IterContext, Op
-from ..data.ops import Batch, Filter, Map
-from . import _connection
-from ._reader import ReadSpec, ServiceSource
-from .protocol._positions import (
+from ...data import Dataset
+from ...data._base import IterContext, Op
+from ...data.ops import Batch, Filter, Map
+from ..protocol._positions import (
     POLICIES,
     InputPositionError,
     PositionTracker,
@@ -31,7 +29,9 @@ from .protocol._positions import (
     job_suffix,
     merge_positions,
 )
-from .protocol._sharding import ShardingPolicy
+from ..protocol._sharding import ShardingPolicy
+from . import _connection
+from ._reader import ReadSpec, ServiceSource
 
 __all__ = ["PositionedSource", "dataset_position", "positioned_spec", "resume"]
 

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from .. import config
-from ..errors import DataServiceError
+from ... import config
+from ...errors import DataServiceError
+from ..protocol._messages import raise_for_status
 from ._reader import CROSS_TRAINER_TURN, IterationReader
-from .protocol._messages import raise_for_status
 
-logger = logging.getLogger("dask_dataservice.service._reader")
+logger = logging.getLogger("dask_dataservice.service.client._reader")
 
 
 class _FixedTasksReader(IterationReader):
