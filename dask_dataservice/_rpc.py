@@ -26,11 +26,8 @@ from distributed.comm.addressing import get_address_host_port, parse_address
 from distributed.comm.addressing import normalize_address as _normalize
 from distributed.core import clean_exception, error_message
 
-from .errors import ServerClosingError
-
 __all__ = [
     "OKMessage",
-    "ServerClosingError",
     "error_message",
     "handler",
     "normalize_address",
@@ -80,7 +77,7 @@ def raise_for_status(
     *,
     missing: str = "the server does not know this request",
     missing_error: type[Exception] = RuntimeError,
-    closing_error: type[Exception] = ServerClosingError,
+    closing_error: type[Exception] = ConnectionError,
 ) -> dict[str, Any]:
     """Return ``response`` if it is OK; raise what it carries otherwise.
 
@@ -93,7 +90,9 @@ def raise_for_status(
     missing
         The message when the server answered ``None`` (unknown op: plugin not installed).
     missing_error, closing_error
-        The exception types for an unknown op and a closing server.
+        The exception types for an unknown op and a closing server (each service passes its
+        own, e.g. :class:`~dask_dataservice.errors.DispatcherUnavailableError`; this module
+        imports no other of the package's foundations).
     """
     if response is None:
         raise missing_error(f"no answer to the {what}: {missing}")

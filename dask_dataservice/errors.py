@@ -25,6 +25,8 @@ The errors pickle, so a parameter server can send one back as a value.
 The pipeline library
 --------------------
 Its errors derive from the builtin a caller would catch (``ValueError``, ``LookupError``).
+
+This module imports nothing of the package (the foundations below every layer import it).
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
-
-from ._exceptions import PlainMessage
 
 __all__ = [
     "CheckpointMismatchError",
@@ -66,6 +66,17 @@ __all__ = [
     "VariableNotFoundError",
     "WorkerNotFoundError",
 ]
+
+
+class PlainMessage(Exception):  # noqa: N818 - a mixin, not an error of its own
+    """``str(error)`` is the message, even when a builtin base such as KeyError would quote it.
+
+    ``KeyError.__str__`` comes before ``BaseException.__str__`` in the MRO of errors that are
+    also KeyErrors and would print ``"'Job 5000 not found'"``; this mixin restores the plain form.
+    """
+
+    def __str__(self) -> str:
+        return BaseException.__str__(self)
 
 
 class ServerClosingError(ConnectionError):

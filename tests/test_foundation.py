@@ -11,9 +11,7 @@ from distributed.core import AsyncTaskGroupClosedError, error_message
 from distributed.protocol import dumps, loads
 
 from dask_dataservice._async import LoopWaker, TaskGroup, owned_executor, shutdown_executor
-from dask_dataservice._exceptions import PlainMessage
 from dask_dataservice._rpc import (
-    ServerClosingError,
     handler,
     normalize_address,
     raise_for_status,
@@ -22,6 +20,8 @@ from dask_dataservice._rpc import (
 from dask_dataservice.errors import (
     DispatcherUnavailableError,
     JobNotFoundError,
+    PlainMessage,
+    ServerClosingError,
     VariableNotFoundError,
 )
 from dask_dataservice.service.protocol._messages import raise_for_status as service_raise_for_status
@@ -72,8 +72,10 @@ def test_handler_lets_cancellation_through():
 def test_raise_for_status_missing_and_closing():
     with pytest.raises(RuntimeError, match="no answer to the split request: the server does not know"):
         raise_for_status(None, "split request")
-    with pytest.raises(ServerClosingError, match="shutting down"):
+    with pytest.raises(ConnectionError, match="shutting down"):
         raise_for_status({"status": "closing"})
+    with pytest.raises(ServerClosingError, match="shutting down"):
+        raise_for_status({"status": "closing"}, closing_error=ServerClosingError)
     # the data service's flavour names what to install and its own closing error
     with pytest.raises(RuntimeError, match="dds.install"):
         service_raise_for_status(None, "registration")

@@ -67,7 +67,7 @@ def test_no_import_cycles():
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_only_allowed_imports_from_the_rest_of_the_package(module):
     _, other = _imports(_modules()[module])
-    allowed = {"config", "_rpc", "_async", "_exceptions"}
+    allowed = {"config", "_rpc", "_async", "errors"}
     assert other <= allowed, f"ps.{module} imports {sorted(other - allowed)}"
 
 
