@@ -8,8 +8,10 @@ dask_dataservice`` stays light.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
 from .data import (
     AUTOTUNE,
@@ -20,12 +22,44 @@ from .data import (
     FileSplit,
     IndexRange,
 )
-from .errors import *  # noqa: F403 - every public error type (listed in __all__ below)
-from .errors import __all__ as _ERRORS
+from .data import _adapters as _data_adapters
+from .data import dask_source as _dask_source
+from .errors import (
+    CheckpointMismatchError,
+    ClosureCancelledError,
+    DaskPartitionLostError,
+    DataServiceError,
+    DatasetNotFoundError,
+    DispatcherUnavailableError,
+    IllegalUpdateError,
+    InputExhaustedError,
+    InputPositionError,
+    IterationClientNotFoundError,
+    IterationNotFoundError,
+    JobAccessDeniedError,
+    JobNameInUseError,
+    JobNotFoundError,
+    JournalClosedError,
+    JournalCorruptedError,
+    JournalError,
+    NotSplittableError,
+    ParameterServerError,
+    ParameterServerUnavailableError,
+    RemoteValueArgumentError,
+    ServerClosingError,
+    ShapeMismatchError,
+    SnapshotCorruptedError,
+    StaleEpochError,
+    TaskNotFoundError,
+    TFRecordCorruptError,
+    VariableNotFoundError,
+    WorkerNotFoundError,
+)
+from .service.protocol import _hooks as _service_hooks
 
 try:
-    __version__ = version("dask-dataservice")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _version("dask-dataservice")
+except _PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
 #: Public names that live in modules importing Dask, loaded lazily: name -> module.
@@ -38,7 +72,7 @@ _LAZY: dict[str, str] = {
     "distribute": "dask_dataservice.service.client",
     "install": "dask_dataservice.service.client",
     "DistributedDataset": "dask_dataservice.service.client",
-    "distributed_save": "dask_dataservice.data.snapshot",
+    "distributed_save": "dask_dataservice.service.client.snapshot",
     "DispatcherConfig": "dask_dataservice.service.servers",
     "DispatchServer": "dask_dataservice.service.servers",
     "WorkerConfig": "dask_dataservice.service.servers",
@@ -66,7 +100,6 @@ _UNTYPED_LAZY = frozenset({"torch"})
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
     from .dashboard import status as status
-    from .data.snapshot import distributed_save as distributed_save
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
@@ -85,6 +118,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .service.client import from_dataset_id as from_dataset_id
     from .service.client import install as install
     from .service.client import register_dataset as register_dataset
+    from .service.client.snapshot import distributed_save as distributed_save
     from .service.servers import DispatcherConfig as DispatcherConfig
     from .service.servers import DispatchServer as DispatchServer
     from .service.servers import WorkerConfig as WorkerConfig
@@ -114,9 +148,76 @@ __all__ = [
     "FileSplit",
     "IndexRange",
     "__version__",
-    *_ERRORS,
-    *sorted(_LAZY),
+    "dask_setup",
+    # every public error type (dask_dataservice.errors.__all__)
+    "CheckpointMismatchError",
+    "ClosureCancelledError",
+    "DaskPartitionLostError",
+    "DataServiceError",
+    "DatasetNotFoundError",
+    "DispatcherUnavailableError",
+    "IllegalUpdateError",
+    "InputExhaustedError",
+    "InputPositionError",
+    "IterationClientNotFoundError",
+    "IterationNotFoundError",
+    "JobAccessDeniedError",
+    "JobNameInUseError",
+    "JobNotFoundError",
+    "JournalClosedError",
+    "JournalCorruptedError",
+    "JournalError",
+    "NotSplittableError",
+    "ParameterServerError",
+    "ParameterServerUnavailableError",
+    "RemoteValueArgumentError",
+    "ServerClosingError",
+    "ShapeMismatchError",
+    "SnapshotCorruptedError",
+    "StaleEpochError",
+    "TFRecordCorruptError",
+    "TaskNotFoundError",
+    "VariableNotFoundError",
+    "WorkerNotFoundError",
+    # the lazy names, but the torch bridge (a module whose import needs torch: a star import
+    # must work without it; dds.torch still loads it)
+    *sorted(set(_LAZY) - {"torch"}),
 ]
+
+
+# -- what the lower layers get from above (tests/test_layering.py: imports run downward) --
+
+
+def _torch_adapter() -> Callable[..., Any]:
+    from .torch import IterableDataset
+
+    return IterableDataset
+
+
+def _jax_adapter() -> Callable[..., Any]:
+    from .jax import JaxIterable
+
+    return JaxIterable
+
+
+def _dask_cluster_side() -> object:
+    from .service.worker import dask_source
+
+    return dask_source
+
+
+async def _attach_dashboard(scheduler: Any) -> None:
+    """issue 14: dashboard pages, /dataservice/status.json, /metrics on every scheduler a
+    dispatcher starts on (``--preload``, ``DispatchServer``, ``dds.install``)."""
+    from .dashboard import attach
+
+    await attach(scheduler)
+
+
+_data_adapters.register("torch", _torch_adapter)  # Dataset.to_torch()
+_data_adapters.register("jax", _jax_adapter)  # Dataset.to_jax()
+_dask_source.set_cluster_loader(_dask_cluster_side)  # Dataset.from_dask on a client
+_service_hooks.on_dispatcher_start("dashboard", _attach_dashboard)
 
 
 def dask_setup(server: object) -> object:

@@ -118,7 +118,7 @@ async def test_partitions_are_computed_by_the_data_workers_not_the_client(c, s, 
         return np.full((len(block), 1), int(get_worker().name))
 
     def reader(row):
-        from dask_dataservice.data.dask_source import _current_worker
+        from dask_dataservice.service.worker.dask_source import current_worker as _current_worker
 
         return int(row[0]), int(_current_worker().name)
 
@@ -357,7 +357,7 @@ async def test_locality_blind_dataset_hands_out_splits_in_order(c, s, a, b):
 
 
 def _reader_address(block):
-    from dask_dataservice.data.dask_source import _current_worker
+    from dask_dataservice.service.worker.dask_source import current_worker as _current_worker
 
     return int(block[0]) // 10, _current_worker().address
 
@@ -570,7 +570,7 @@ async def test_closing_a_worker_stops_a_pipeline_waiting_on_a_partition(c, s, a,
 
 
 def _block_reader(block):
-    from dask_dataservice.data.dask_source import _current_worker
+    from dask_dataservice.service.worker.dask_source import current_worker as _current_worker
 
     return int(block.flat[0]) // block.size, _current_worker().address
 

@@ -1,4 +1,4 @@
-"""distributed_save / Dataset.load (data/snapshot.py), and from_dataset_id(element_spec=...).
+"""distributed_save / Dataset.load (service/client/snapshot.py, data/snapshot.py), and from_dataset_id(element_spec=...).
 
 Real clusters (gen_cluster and a subprocess killed with SIGKILL), real local and in-memory
 (fsspec ``memory://``) filesystems; exact elements, no duplicates."""
@@ -26,11 +26,11 @@ from dask_dataservice.data.snapshot import (
     SnapshotCorruptedError,
     WriteChunks,
     committed_chunks,
-    distributed_save,
     encode_chunk,
     read_chunk,
     read_manifest,
 )
+from dask_dataservice.service.client.snapshot import distributed_save
 from dask_dataservice.testing import gen_cluster
 
 load = Dataset.load
@@ -197,7 +197,7 @@ _KILLED_SAVER = textwrap.dedent("""
     import numpy as np
     from distributed import Client, LocalCluster
     from dask_dataservice.data import Dataset
-    from dask_dataservice.data.snapshot import distributed_save
+    from dask_dataservice.service.client.snapshot import distributed_save
 
     if __name__ == "__main__":
         path = sys.argv[1]

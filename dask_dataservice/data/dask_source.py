@@ -39,13 +39,14 @@ Locality. For a persisted collection, :func:`locality_metadata` gives the dispat
 split's keys; under DYNAMIC sharding it then hands every data worker the splits whose
 partitions are in that worker's memory first (see ``service/_locality.py``).
 
-``import dask_dataservice`` does not import Dask through this module: Dask and distributed
-are imported inside the functions that need them.
+``import dask_dataservice`` does not import Dask through this module: Dask is imported inside
+the functions that need it, and everything that needs ``distributed`` (resolving Futures,
+computing a partition on the data worker, in a task or locally) is the cluster side,
+``dask_dataservice.service.worker.dask_source``, installed from above (:func:`set_cluster`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +61,34 @@ from .sources import Source
 
 __all__ = ["DaskPartition", "DaskPartitionLostError", "FromDask", "locality_metadata",
            "SUPPORTED"]
+
+#: The cluster side of this source (``dask_dataservice.service.worker.dask_source``): every
+#: call that needs ``distributed`` (Futures, clients, the data worker running this thread).
+#: The pipeline library imports no ``distributed``, so that side is installed from above: the
+#: module registers itself when imported (the data-worker plugin imports it), and the package
+#: root sets a loader that imports it on first use (a client, a local iteration).
+_CLUSTER: Any = None
+_CLUSTER_LOADER: list[Callable[[], object]] = []
+
+
+def set_cluster(impl: Any) -> None:
+    """Install the cluster side (``service.worker.dask_source`` passes itself)."""
+    global _CLUSTER
+    _CLUSTER = impl
+
+
+def set_cluster_loader(loader: Callable[[], object]) -> None:
+    """``loader()`` installs the cluster side when it is first needed (the package root's)."""
+    _CLUSTER_LOADER[:] = [loader]
+
+
+def _cluster() -> Any:
+    if _CLUSTER is None and _CLUSTER_LOADER:
+        _CLUSTER_LOADER[0]()
+    if _CLUSTER is None:  # pragma: no cover - the package root sets the loader
+        raise RuntimeError("from_dask() needs its cluster side: import dask_dataservice")
+    return _CLUSTER
+
 
 #: The collection types ``from_dask`` reads.
 SUPPORTED = ("dask.array.Array", "dask.dataframe.DataFrame", "dask.bag.Bag")
@@ -103,22 +132,6 @@ def _kind(collection: Any) -> str:
     raise TypeError(
         f"from_dask() reads a {', a '.join(SUPPORTED[:-1])} or a {SUPPORTED[-1]}; got {kind}"
         + (" (a dask.dataframe.Series: use series.to_frame())" if kind.endswith("Series") else ""))
-
-
-def _resolve(graph: dict[Any, Any], key: Any) -> Any | None:
-    """The key of the Future that ``key`` stands for (through aliases), or None."""
-    from dask._task_spec import Alias
-    from distributed import Future
-
-    seen = 0
-    value = graph.get(key)
-    while isinstance(value, Alias) and seen < 64:
-        key = value.target
-        value = graph.get(key)
-        seen += 1
-    if isinstance(value, Future):
-        return value.key
-    return None
 
 
 def _flat(keys: Any) -> list[Any]:
@@ -175,7 +188,7 @@ class FromDask(Source):
         per_split = [_flat(keys[i]) for i in range(self.npartitions)]
         #: The output keys of each split (of the blocks of row block i, for an array).
         self.split_keys = tuple(tuple(ks) for ks in per_split)
-        physical = [[_resolve(graph, k) for k in ks] for ks in per_split]
+        physical = [[_cluster().resolve(graph, k) for k in ks] for ks in per_split]
         self.partition_keys: tuple[tuple[Any, ...], ...] | None = None
         self.scheduler_id: str | None = None
         self.pin_name: str | None = None
@@ -189,9 +202,7 @@ class FromDask(Source):
 
     @staticmethod
     def _futures(graph: dict[Any, Any]) -> list[Any]:
-        from distributed import Future
-
-        return [v for v in graph.values() if isinstance(v, Future)]
+        return _cluster().graph_futures(graph)  # type: ignore[no-any-return]
 
     # -- pickling: keys or the graph, never Futures --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -199,7 +210,7 @@ class FromDask(Source):
                  if k not in ("_collection", "_cache_lock", "_resolved")}
         state["_collection"] = None
         if self.partition_keys is None and self._collection is not None:
-            graph = self._graph or _graph_state(self._collection)
+            graph = self._graph or _cluster().graph_state(self._collection)
             if graph is None:  # no Future in the graph: the collection pickles as it is
                 state["_collection"] = self._collection
             state["_graph"] = graph
@@ -241,54 +252,7 @@ class FromDask(Source):
 
     # -- computing a partition ------------------------------------------------------------------
     def _partition(self, i: int) -> Any:
-        found = _current_runner()
-        if found is None:  # not a data-service pipeline thread
-            return self._partition_here(i)
-        worker = found[0]
-        client = worker._get_client()
-        if self.scheduler_id is not None and _scheduler_id(client) != self.scheduler_id:
-            raise ValueError(_other_cluster(self.scheduler_id, _scheduler_id(client),
-                                            "this data worker's scheduler"))
-        if self.partition_keys is not None:
-            keys = self.partition_keys[i]
-            values = _local_values(worker, keys)
-            if values is None:
-                _check_known(client, keys)
-                values = _run_here(worker, client, _gather_keys, list(keys), client_keys=keys)
-            # read in place: the pipeline must not change the persisted data
-            return self._assemble([_read_only(v) for v in values])
-        if self._collection is not None:
-            return _run_here(worker, client, None, _partition_of(self._collection, self.kind, i))
-        keys = self.split_keys[i]  # a graph holding Futures: compute the split's keys here
-        futures = client.get(_cull(self._graph_for(client), keys), list(keys), sync=False,
-                             workers=[worker.address], allow_other_workers=False)
-        try:
-            return self._assemble(_run_here(worker, client, _gather_keys, list(keys),
-                                            client_keys=keys))
-        finally:
-            for future in futures:
-                future.release()
-
-    def _partition_here(self, i: int) -> Any:
-        """Outside a data worker (iterating the dataset locally, or in a Dask task): as Dask
-        computes it. In a task, through ``worker_client()``, which secedes from the worker's
-        thread pool: the computation may need the thread this task holds."""
-        in_task = _current_worker() is not None
-        if not in_task and self._collection is not None:
-            return _partition_of(self._collection, self.kind, i).compute()
-        import distributed
-
-        clients = (distributed.worker_client() if in_task
-                   else contextlib.nullcontext(distributed.get_client()))
-        with clients as client:
-            if self.partition_keys is not None:
-                keys = self.partition_keys[i]
-                _check_known(client, keys)
-                return self._assemble(client.gather([distributed.Future(k, client) for k in keys]))
-            if self._collection is not None:
-                return client.compute(_partition_of(self._collection, self.kind, i)).result()
-            keys = self.split_keys[i]
-            return self._assemble(client.get(_cull(self._graph_for(client), keys), list(keys)))
+        return _cluster().partition(self, i)
 
     def _assemble(self, values: list[Any]) -> Any:
         if self.kind != "array" or len(values) == 1:
@@ -299,30 +263,7 @@ class FromDask(Source):
         return np.block(grid.tolist())
 
     def _graph_for(self, client: Any) -> dict[Any, Any]:
-        """The pickled graph with its Futures re-resolved against ``client`` (once per
-        process; the Futures keep their keys wanted while this pipeline is loaded)."""
-        with self._cache_lock:
-            if self._resolved is None:
-                assert self._graph is not None
-                from distributed import Future
-
-                self._resolved = {k: Future(v.key, client) if isinstance(v, _FutureRef) else v
-                                  for k, v in self._graph.items()}
-            return self._resolved
-
-
-def _graph_state(collection: Any) -> dict[Any, Any] | None:
-    """The collection's graph with its Futures as :class:`_FutureRef`, or None when it holds
-    no Future (then the collection pickles as it is)."""
-    from dask._task_spec import convert_legacy_graph
-    from distributed import Future
-
-    graph = dict(collection.__dask_graph__())
-    futures = {k: _FutureRef(v.key) for k, v in graph.items() if isinstance(v, Future)}
-    if not futures:
-        return None
-    nodes = convert_legacy_graph({k: v for k, v in graph.items() if k not in futures})
-    return {**nodes, **futures}
+        return _cluster().graph_for(self, client)  # type: ignore[no-any-return]
 
 
 def _cull(graph: dict[Any, Any], keys: Sequence[Any]) -> dict[Any, Any]:
@@ -376,73 +317,6 @@ def _other_cluster(theirs: str, mine: str, who: str) -> str:
             "the data service")
 
 
-def _current_worker() -> Any | None:
-    """The Dask worker running this thread's Dask task or data-service task, or None."""
-    try:
-        from distributed import get_worker
-    except ImportError:
-        return None
-    try:
-        return get_worker()
-    except ValueError:
-        pass
-    found = _current_runner()
-    return None if found is None else found[0]
-
-
-def _current_runner() -> tuple[Any, Any] | None:
-    """``(worker, task runner)`` of the data-service task running in this thread, or None."""
-    try:
-        from distributed.worker import Worker
-    except ImportError:
-        return None
-
-    me = threading.current_thread()
-    for worker in list(Worker._instances):
-        ext = getattr(worker, "extensions", {}).get("dataservice")
-        for runner in list(getattr(ext, "_runners", ()) or ()):
-            if getattr(runner, "thread", None) is me:
-                return worker, runner
-    return None
-
-
-def _wait_unless_cancelled(fut: Any) -> None:
-    """Wait for ``fut``; give up when this thread's data-service task is cancelled (its
-    consumers left), so that teardown does not wait for a long partition computation."""
-    from distributed import wait
-
-    found = _current_runner()
-    while True:
-        try:
-            wait([fut], timeout=0.5)
-            return
-        except TimeoutError:
-            if found is not None and getattr(found[1], "cancelled", False):
-                from ..service.worker._buffers import TaskCancelled  # the task runner's own signal
-
-                raise TaskCancelled from None
-
-
-def _on_loop(worker: Any, fn: Callable[[], Any]) -> Any:
-    from distributed.utils import sync
-
-    async def call() -> Any:
-        return fn()
-
-    return sync(worker.loop, call)
-
-
-def _local_values(worker: Any, keys: Sequence[Any]) -> list[Any] | None:
-    """The values of ``keys`` if all are in this worker's memory (read on its loop), else None."""
-    def read() -> list[Any] | None:
-        data = worker.data
-        if not all(k in data for k in keys):
-            return None
-        return [data[k] for k in keys]
-
-    return _on_loop(worker, read)  # type: ignore[no-any-return]
-
-
 def _read_only(value: Any) -> Any:
     """A read-only view of an array (other values as they are)."""
     if isinstance(value, np.ndarray) and value.flags.writeable:
@@ -453,61 +327,6 @@ def _read_only(value: Any) -> Any:
 
 def _gather_keys(*values: Any) -> list[Any]:
     return list(values)
-
-
-def _check_known(client: Any, keys: Sequence[Any]) -> None:
-    """Raise :class:`DaskPartitionLostError` naming a key the scheduler has forgotten."""
-    holders = client.sync(client.scheduler.who_has, keys=list(keys))
-    missing = [k for k in keys if not holders.get(k)]
-    if not missing:
-        return
-    known = client.run_on_scheduler(_known_keys, keys=missing)
-    gone = [k for k in missing if not known.get(repr(k))]
-    if gone:
-        raise DaskPartitionLostError(
-            f"from_dask(): the persisted partition {gone[0]!r} is no longer on the cluster "
-            "(its futures were released, or its worker died after they were); keep the "
-            "persisted collection (or its published copy) alive while the dataset is read, "
-            "or pass the collection before persisting it so that partitions are computed "
-            "from the graph")
-
-
-def _known_keys(dask_scheduler: Any, keys: list[Any]) -> dict[str, bool]:
-    out = {}
-    for key in keys:
-        key = tuple(key) if isinstance(key, list) else key
-        ts = dask_scheduler.tasks.get(key)
-        out[repr(key)] = ts is not None and (ts.state in ("memory", "processing", "waiting",
-                                                          "queued", "no-worker")
-                                             or ts.run_spec is not None)
-    return out
-
-
-def _run_here(worker: Any, client: Any, fn: Callable[..., Any] | None, arg: Any,
-              client_keys: Sequence[Any] = ()) -> Any:
-    """Run ``fn(*futures of client_keys)`` or compute the collection ``arg`` in one task on
-    this worker; read its result from this worker's memory."""
-    from distributed import Future
-
-    if fn is not None:
-        fut = client.submit(fn, *[Future(k, client) for k in client_keys],
-                            workers=[worker.address], allow_other_workers=False, pure=False)
-    else:
-        fut = client.compute(arg, workers=[worker.address], allow_other_workers=False)
-    try:
-        _wait_unless_cancelled(fut)  # the value stays where it was computed (this worker)
-        if fut.status != "finished":
-            fut.result()  # raises the task's error
-        key = fut.key
-        value = _on_loop(worker, lambda: worker.data[key] if key in worker.data else _MISSING)
-        if value is _MISSING:
-            value = fut.result()
-        return value
-    finally:
-        fut.release()
-
-
-_MISSING = object()
 
 
 def locality_metadata(dataset_op: Any) -> dict[str, Any]:

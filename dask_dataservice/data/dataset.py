@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from . import formats, ops, ops_more, sources
+from ._adapters import adapter
 from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
@@ -457,17 +458,13 @@ class Dataset:
         """This dataset with ``torch.Tensor`` leaves (zero-copy from writable numpy arrays), as
         a ``torch.utils.data.IterableDataset`` for ``DataLoader`` or a plain ``for`` loop.
         Needs ``pip install 'dask-dataservice[torch]'``; see :mod:`dask_dataservice.torch`."""
-        from ..torch import IterableDataset
-
-        return IterableDataset(self, pin_memory=pin_memory)
+        return adapter("torch")(self, pin_memory=pin_memory)  # torch.IterableDataset
 
     def to_jax(self, device: Any = None) -> Any:
         """An iterable of this dataset's elements with ``jax.Array`` leaves, put on ``device``
         (a device or sharding; default: JAX's default device) with ``jax.device_put``. Needs
         ``pip install 'dask-dataservice[jax]'``; see :mod:`dask_dataservice.jax`."""
-        from ..jax import JaxIterable
-
-        return JaxIterable(self, device)
+        return adapter("jax")(self, device)  # jax.JaxIterable
 
     def cardinality(self) -> int:
         """The number of elements, or ``INFINITE`` / ``UNKNOWN``, without running anything."""

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SnapshotCorruptedError
-from ._base import INFINITE, UNKNOWN, IterContext, Op
+from ._base import UNKNOWN, IterContext, Op
 from ._fs import is_url, open_file
 from .sources import Source
 from .structure import nbytes
@@ -65,7 +65,6 @@ __all__ = [
     "SnapshotCorruptedError",
     "SnapshotSave",
     "WriteChunks",
-    "distributed_save",
     "read_manifest",
 ]
 
@@ -279,108 +278,6 @@ class SnapshotSave:
 def _check_positive(name: str, value: Any, kind: type = int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
         raise ValueError(f"{name} must be a positive {kind.__name__}, got {value!r:.40}")
-
-
-def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, *,
-                     max_chunk_elements: int = 100_000, max_chunk_bytes: int = 64 << 20,
-                     max_chunk_seconds: float = 10.0,
-                     compression: str | None = "AUTO") -> SnapshotSave | dict[str, Any]:
-    """Write ``dataset``'s elements to ``path`` (a directory or fsspec URL), in parallel, on
-    the data workers of ``service`` (TensorFlow's ``tf.data.experimental.distributed_save``).
-
-    The dataset must be splittable (the data workers share its splits, DYNAMIC sharding) and
-    finite. Read the snapshot back with ``Dataset.load(path)``, also while the save runs.
-
-    Parameters
-    ----------
-    dataset
-        The pipeline to save.
-    path
-        A directory that holds no snapshot yet (created if needed): a local path or a URL.
-    service
-        A ``distributed.Client`` or the scheduler's address (as ``distribute``).
-    wait
-        False (TensorFlow's default): return a :class:`SnapshotSave` at once; call its
-        ``result()`` before exiting. True: return the final manifest when the save is done.
-    max_chunk_elements, max_chunk_bytes, max_chunk_seconds
-        A worker commits its chunk when it holds that many elements or bytes, or that many
-        seconds after its first element. The bytes bound is also the memory each worker task
-        uses for the save.
-    compression
-        ``"GZIP"``: each chunk is zlib-compressed (level 1) by its worker; ``"AUTO"`` (as
-        TensorFlow's default) or None: not compressed (numeric data rarely shrinks enough to
-        pay for the CPU).
-
-    Returns
-    -------
-    The final manifest (a dict: ``state``, ``chunks``, ``num_elements``, ...) with ``wait``,
-    else a :class:`SnapshotSave`.
-    """
-    from .dataset import Dataset
-
-    if not isinstance(dataset, Dataset):
-        raise TypeError(f"distributed_save() takes a Dataset, got {type(dataset).__name__}")
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise TypeError(f"path must be a path or URL string, got {path!r:.60}")
-    path = os.fspath(path)
-    _check_positive("max_chunk_elements", max_chunk_elements)
-    _check_positive("max_chunk_bytes", max_chunk_bytes)
-    _check_positive("max_chunk_seconds", max_chunk_seconds, float)
-    if compression not in ("AUTO", "GZIP", None):
-        raise ValueError(f"compression must be 'AUTO', 'GZIP' or None, got {compression!r:.40}")
-    dataset.check_splittable()
-    cardinality = dataset.cardinality()
-    if cardinality == INFINITE:
-        raise ValueError("distributed_save(): the dataset is infinite (a repeat() without count?)")
-    if _exists(_join(path, MANIFEST)):
-        raise FileExistsError(f"distributed_save(): {path} already holds a snapshot; "
-                              "choose another path or delete it")
-    from ..service.client import distribute  # the data service: imported only to save
-
-    _makedirs(_join(path, CHUNKS))
-    manifest: dict[str, Any] = {
-        "format": FORMAT, "version": 1, "state": "running", "fingerprint": dataset.fingerprint(),
-        "cardinality": cardinality, "started": time.time(), "compression": compression,
-    }
-    _write_manifest(path, manifest)
-    writer = Dataset(WriteChunks(dataset._op, path, max_chunk_elements, max_chunk_bytes,
-                                 float(max_chunk_seconds), compression == "GZIP"))
-    try:
-        job = writer.apply(distribute("distributed_epoch", service))
-    except BaseException as e:
-        _write_manifest(path, {**manifest, "state": "failed", "error": f"{type(e).__name__}: {e}"})
-        raise
-    if not isinstance(job, Dataset):  # an asynchronous client on its own loop
-        job.close()
-        raise RuntimeError("distributed_save() blocks while it registers the dataset: with an "
-                           "asynchronous client call it from a thread (asyncio.to_thread)")
-
-    def run() -> dict[str, Any]:
-        received: list[dict[str, Any]] = []
-        try:
-            seen = set()
-            for d in job:
-                if d["chunk"] not in seen:  # a descriptor is never needed twice
-                    seen.add(d["chunk"])
-                    received.append(d)
-        except BaseException as e:
-            _write_manifest(path, {**manifest, "state": "failed",
-                                   "error": f"{type(e).__name__}: {e}"})
-            raise
-        # rule 3: chunks committed by a worker whose descriptor was lost are kept too
-        names = [d["chunk"] for d in received]
-        names += sorted(set(committed_chunks(path)) - set(names))
-        counts = {d["chunk"]: d["elements"] for d in received}
-        total = sum(counts.get(n) or len(read_chunk(_join(path, CHUNKS, n))) for n in names)
-        final = {**manifest, "state": "done", "finished": time.time(), "chunks": names,
-                 "num_elements": total,
-                 "complete": None if cardinality == UNKNOWN else total == cardinality}
-        _write_manifest(path, final)
-        return final
-
-    if wait:
-        return run()
-    return SnapshotSave(path, run)
 
 
 # -- loading --------------------------------------------------------------------------------------

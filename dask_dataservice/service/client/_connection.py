@@ -28,6 +28,7 @@ from distributed.utils import LoopRunner, sync
 from ... import config
 from ..._rpc import normalize_address
 from ...errors import DataServiceError
+from ..protocol._hooks import new_plugins
 from ..protocol._messages import raise_for_status
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
@@ -222,10 +223,7 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs: Any) -> 
 
 
 def _plugins() -> tuple[Any, ...]:
-    from ..dispatcher.plugin import DispatcherPlugin
-    from ..worker.plugin import DataWorkerPlugin
-
-    return DispatcherPlugin(), DataWorkerPlugin()
+    return new_plugins()  # (DispatcherPlugin(), DataWorkerPlugin()): set by the wiring
 
 
 def _check_worker_replies(responses: dict[str, Any] | None) -> None:

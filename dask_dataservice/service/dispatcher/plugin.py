@@ -50,6 +50,7 @@ from ...errors import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
+from ..protocol._hooks import run_dispatcher_start
 from ..protocol._job_checks import (
     check_job_token,
     check_mode,
@@ -59,13 +60,13 @@ from ..protocol._job_checks import (
     worker_list,
 )
 from ..protocol._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
-from ..protocol._positions import position_handlers
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from ..protocol._start_read import start_read_handlers
 from . import _locality
 from ._access import AccessGuard, new_token, redact_summary
 from ._gc import collect
 from ._liveness import WorkerLiveness
+from ._position_handlers import position_handlers
 from ._recovery import recover, revive, undelivered
 from ._views import ViewCache, build_view
 from .state import (
@@ -227,7 +228,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_ack_splits": self.ack_splits,
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
-            **position_handlers(self),  # issue 13: input positions (service/_positions.py)
+            **position_handlers(self),  # issue 13: input positions (_position_handlers.py)
             **start_read_handlers(self),  # issue 16: job and iteration in one round trip
         }
         scheduler.handlers.update(handlers)
@@ -235,24 +236,14 @@ class DispatcherPlugin(SchedulerPlugin):
         self._liveness = WorkerLiveness(self)  # data workers' heartbeat deadline
         self._liveness.install(scheduler)
         scheduler.extensions["dataservice"] = self
-        # Every worker that joins gets the data-worker half (as P2P does for its plugin).
-        from distributed.protocol.pickle import dumps
-
-        from ..worker import PLUGIN_NAME as WORKER_PLUGIN
-        from ..worker import DataWorkerPlugin
-
-        if WORKER_PLUGIN not in scheduler.worker_plugins:
-            await scheduler.register_worker_plugin(
-                None, dumps(DataWorkerPlugin()), name=WORKER_PLUGIN, idempotent=True
-            )
         interval_ms = (self.gc_interval or config.get_seconds("dispatcher.gc-interval")) * 1000
         pc = PeriodicCallback(self._gc, interval_ms)
         scheduler.periodic_callbacks["dataservice-gc"] = pc
         pc.start()
-        # issue 14: dashboard pages, /dataservice/status.json, /metrics (see ..dashboard)
-        from ...dashboard import attach
-
-        await attach(scheduler)
+        # Installed from above (protocol/_hooks.py): every worker that joins gets the
+        # data-worker half (as P2P does for its plugin; dask_dataservice.service), then the
+        # dashboard's pages, /dataservice/status.json and /metrics (issue 14; the package root).
+        await run_dispatcher_start(scheduler)
 
     async def _recover(self) -> None:
         """Replay the journal before any handler is served (see :func:`._recovery.recover`)."""

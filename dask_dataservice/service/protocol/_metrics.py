@@ -15,9 +15,25 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["RateSeries", "ReadStats", "count_served"]
+import numpy as np
+
+from ...data.structure import nbytes
+
+__all__ = ["RateSeries", "ReadStats", "count_served", "element_size"]
 
 T = TypeVar("T")
+
+_SCALARS = (int, float, bool, complex)
+
+
+def element_size(x: Any) -> int:
+    """Bytes an element holds (8 for a scalar), for the buffers' byte bounds."""
+    t = type(x)
+    if t is np.ndarray:
+        return int(x.nbytes)
+    if t in _SCALARS or isinstance(x, np.generic):
+        return 8
+    return nbytes(x)
 
 
 class RateSeries:
@@ -170,8 +186,6 @@ class ReadStats:
 def count_served(plugin: Any, task_id: int, items: list[Any]) -> None:
     """A data worker served ``items`` of task ``task_id``: count elements and bytes, for the
     worker (``plugin.stats``) and per task (``plugin.served_by_task``, live tasks only)."""
-    from ..worker._buffers import element_size
-
     nbytes = sum(map(element_size, items))
     stats = plugin.stats
     stats["elements_served"] = stats.get("elements_served", 0) + len(items)

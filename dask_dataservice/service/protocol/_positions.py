@@ -46,7 +46,7 @@ from typing import Any
 from ...data._base import IterContext, Op
 from ...data.ops import Batch, Filter, Map, PaddedBatch, Prefetch, Shuffle
 from ...data.splits import ListSplitProvider, SplitProvider
-from ...ps.input_position import InputPositionError
+from ...errors import InputPositionError
 from ._sharding import ShardingPolicy
 
 __all__ = [
@@ -55,7 +55,6 @@ __all__ = [
     "check_position",
     "job_field",
     "merge_positions",
-    "position_handlers",
     "tagged_elements",
 ]
 
@@ -286,39 +285,6 @@ class PositionTracker:
             lengths = dict(self._lengths)
         return _compact({"format": FORMAT, "policy": self.policy, "dataset": self.fingerprint,
                          "done": done, "partial": partial}, lengths)
-
-
-# ---------------------------------------------------------------------------------------
-# the dispatcher's side
-# ---------------------------------------------------------------------------------------
-
-
-def position_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
-    """The dispatcher's handlers for input positions (registered by the dispatcher plugin)."""
-    from ..._rpc import handler
-
-    @handler
-    def check(dataset_id: int | str, processing_mode: str,
-              start: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A tracking reader's first call: the dataset's fingerprint, and ``start`` checked
-        against it."""
-        dataset = plugin._dataset(dataset_id)
-        mode = ShardingPolicy[processing_mode].name
-        if mode not in POLICIES:
-            raise InputPositionError(
-                f"input positions are tracked for DYNAMIC and OFF jobs, not {mode}")
-        if start is not None:
-            start = check_position(start, dataset.fingerprint, mode)
-            if mode == "DYNAMIC":
-                n = dataset.num_splits
-                too_far = [k for k in start["partial"] if int(k) >= n]
-                if (start["done"] and start["done"][-1][1] > n) or too_far:
-                    raise InputPositionError(
-                        f"the input position names split indices beyond the dataset's "
-                        f"{n} splits")
-        return {"status": "OK", "fingerprint": dataset.fingerprint, "start": start}
-
-    return {"dataservice_check_position": check}
 
 
 # ---------------------------------------------------------------------------------------

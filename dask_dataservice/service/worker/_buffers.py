@@ -18,11 +18,9 @@ import threading
 from collections import deque
 from typing import Any
 
-import numpy as np
-
 from ..._async import LoopWaker
-from ...data.structure import nbytes
 from ...errors import DataServiceError
+from ..protocol._metrics import element_size
 
 __all__ = [
     "CrossTrainerWindow",
@@ -31,19 +29,6 @@ __all__ = [
     "TaskCancelled",
     "element_size",
 ]
-
-_SCALARS = (int, float, bool, complex)
-
-
-def element_size(x: Any) -> int:
-    """Bytes an element holds (8 for a scalar), for the buffers' byte bounds."""
-    t = type(x)
-    if t is np.ndarray:
-        return int(x.nbytes)
-    if t in _SCALARS or isinstance(x, np.generic):
-        return 8
-    return nbytes(x)
-
 
 class TaskCancelled(Exception):
     """Internal: the task was cancelled while its pipeline ran."""

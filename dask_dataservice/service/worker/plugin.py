@@ -51,6 +51,7 @@ from ..protocol._messages import ElementBatch, TaskDef, raise_for_status
 from ..protocol._metrics import count_served
 from ..protocol._positions import tagged_elements
 from ..protocol._sharding import ShardingPolicy
+from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
