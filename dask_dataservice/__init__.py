@@ -8,10 +8,9 @@ dask_dataservice`` stays light.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .data import (
     AUTOTUNE,
@@ -30,6 +29,8 @@ from .errors import (
     DaskPartitionLostError,
     DataServiceError,
     DatasetNotFoundError,
+    DemoError,
+    DemoUsageError,
     DispatcherUnavailableError,
     IllegalUpdateError,
     InputExhaustedError,
@@ -155,6 +156,8 @@ __all__ = [
     "DaskPartitionLostError",
     "DataServiceError",
     "DatasetNotFoundError",
+    "DemoError",
+    "DemoUsageError",
     "DispatcherUnavailableError",
     "IllegalUpdateError",
     "InputExhaustedError",
@@ -188,13 +191,13 @@ __all__ = [
 # -- what the lower layers get from above (tests/test_layering.py: imports run downward) --
 
 
-def _torch_adapter() -> Callable[..., Any]:
+def _torch_adapter() -> type:
     from .torch import IterableDataset
 
     return IterableDataset
 
 
-def _jax_adapter() -> Callable[..., Any]:
+def _jax_adapter() -> type:
     from .jax import JaxIterable
 
     return JaxIterable
@@ -206,7 +209,7 @@ def _dask_cluster_side() -> object:
     return dask_source
 
 
-async def _attach_dashboard(scheduler: Any) -> None:
+async def _attach_dashboard(scheduler: object) -> None:
     """issue 14: dashboard pages, /dataservice/status.json, /metrics on every scheduler a
     dispatcher starts on (``--preload``, ``DispatchServer``, ``dds.install``)."""
     from .dashboard import attach

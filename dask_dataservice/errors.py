@@ -41,6 +41,8 @@ __all__ = [
     "DaskPartitionLostError",
     "DataServiceError",
     "DatasetNotFoundError",
+    "DemoError",
+    "DemoUsageError",
     "DispatcherUnavailableError",
     "IllegalUpdateError",
     "InputExhaustedError",
@@ -235,3 +237,18 @@ class SnapshotCorruptedError(ValueError):
 
 class DaskPartitionLostError(LookupError):
     """A persisted partition's key is no longer on the cluster (its futures were released)."""
+
+
+# -- the demo (dask-dataservice demo) ------------------------------------------------------
+
+
+class DemoError(Exception):
+    """A failure the demo explains in one line (no traceback): exit code 1."""
+
+    exit_code = 1
+
+
+class DemoUsageError(DemoError):
+    """Options that do not make sense together: exit code 2."""
+
+    exit_code = 2

@@ -279,3 +279,54 @@ def test_type_checking_imports_match_lazy_names():
     for name, module in exported.items():
         expected = lazy[name] if name != "partitioners" else lazy[name].rsplit(".", 1)[0]
         assert module == expected, name
+
+
+def test_all_lists_every_public_name_and_each_exists():
+    """``dask_dataservice.__all__``: every eager and lazy public name (the torch bridge is a
+    module whose import needs torch: ``dds.torch`` loads it, a star import does not), each
+    one importable, and every public error type of :mod:`dask_dataservice.errors`."""
+    import types
+
+    import dask_dataservice as dds
+    from dask_dataservice import errors
+
+    assert len(dds.__all__) == len(set(dds.__all__))
+    assert [name for name in dds.__all__ if not hasattr(dds, name)] == []  # loads the lazy ones
+    public = {name for name, value in vars(dds).items()
+              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    public -= {"annotations", "TYPE_CHECKING"}  # the module's own imports
+    public |= (set(dds._LAZY) - {"torch"}) | {"__version__"}
+    assert sorted(public - set(dds.__all__)) == []
+    assert sorted(set(dds.__all__) - public) == []
+    assert sorted(set(errors.__all__) - set(dds.__all__)) == []
+    assert all(getattr(dds, name) is getattr(errors, name) for name in errors.__all__)
+
+
+def test_every_public_error_type_is_defined_in_errors():
+    """Every exception class a public module exports (its ``__all__``, else its names without
+    ``_``; no ``_`` in the module's path) is defined in :mod:`dask_dataservice.errors` and
+    listed in its ``__all__``."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import dask_dataservice as dds
+    from dask_dataservice import errors
+
+    found = {}
+    for info in pkgutil.walk_packages(dds.__path__, "dask_dataservice."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        if info.name.split(".")[1] in ("torch", "jax"):  # optional dependencies
+            continue
+        module = importlib.import_module(info.name)
+        names = getattr(module, "__all__", [n for n in vars(module) if not n.startswith("_")])
+        for name in names:
+            value = getattr(module, name)
+            if (inspect.isclass(value) and issubclass(value, Exception)
+                    and not issubclass(value, Warning)
+                    and value.__module__.startswith("dask_dataservice")):
+                found[f"{info.name}.{name}"] = value
+    elsewhere = sorted(k for k, v in found.items() if v.__module__ != "dask_dataservice.errors")
+    assert elsewhere == []
+    assert {v.__name__ for v in found.values()} <= set(errors.__all__) | {"PlainMessage"}

@@ -13,6 +13,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from ..errors import DemoError, DemoUsageError
+
 __all__ = [
     "DEFAULT_WORKERS",
     "DemoError",
@@ -27,18 +29,6 @@ __all__ = [
 
 #: Data workers of the embedded cluster when ``workers`` is not given.
 DEFAULT_WORKERS = 2
-
-
-class DemoError(Exception):
-    """A failure the demo explains in one line (no traceback): exit code 1."""
-
-    exit_code = 1
-
-
-class DemoUsageError(DemoError):
-    """Options that do not make sense together: exit code 2."""
-
-    exit_code = 2
 
 
 @contextlib.contextmanager

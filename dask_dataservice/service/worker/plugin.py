@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["PLUGIN_NAME", "DataWorkerPlugin", "TaskRunner", "current_task"]
+
 PLUGIN_NAME = "dataservice-worker"
 
 #: A producer hands its chunk over once it holds this many bytes.
