@@ -23,7 +23,7 @@ Measured, per number of workers ``N`` (10, 100, 1000 by default), with ``J`` DYN
 * ``client_heartbeat``: a consumer's periodic poll, ``sends: "view"`` when the consumer has no
   current view (the answer lists every task of the iteration: O(N) to send, built once per
   view epoch) and ``sends: "unchanged"`` in the steady state (the consumer sends the version it
-  has; the answer is "unchanged": O(1); see ``service/_views.py``).
+  has; the answer is "unchanged": O(1); see ``service/dispatcher/_views.py``).
 * ``get_split``: a data worker taking ``count`` splits (1 and 64). O(count).
 * ``create_job``: ``get_or_create_job`` + ``get_or_create_iteration`` (one task per worker,
   each pushed to its worker): O(N) once per job and epoch.
@@ -209,7 +209,7 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
                         "consumers": len(consumers), "tasks_in_view": n_workers,
                         "sends": "view, rebuilt each call (before versioned views)",
                         "us_per_call": round(us, 2)})
-        # What a consumer sends in the steady state: the version it has (service/_views.py).
+        # What a consumer sends in the steady state: the version it has (service/dispatcher/_views.py).
         version = plugin._views.version if hasattr(plugin, "_views") else None
 
         def client_heartbeat_unchanged(i: int):

@@ -1,4 +1,4 @@
-"""Counters with time series (service/_metrics.py) and the dataservice_* Prometheus metrics,
+"""Counters with time series (service/protocol/_metrics.py) and the dataservice_* Prometheus metrics,
 read from the scheduler's and workers' real ``/metrics`` endpoints and checked by value."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A consumer's heartbeat answers "unchanged" while its iteration's view is (service/_views.py).
+"""A consumer's heartbeat answers "unchanged" while its iteration's view is (service/dispatcher/_views.py).
 
 The view (every task of the iteration, with its worker and status) costs O(tasks) to build
 and send; with 1,000 workers that was 4.3 ms per heartbeat (docs/scaling.md). A consumer now

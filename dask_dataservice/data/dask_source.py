@@ -37,7 +37,7 @@ from its graph).
 
 Locality. For a persisted collection, :func:`locality_metadata` gives the dispatcher each
 split's keys; under DYNAMIC sharding it then hands every data worker the splits whose
-partitions are in that worker's memory first (see ``service/_locality.py``).
+partitions are in that worker's memory first (see ``service/dispatcher/_locality.py``).
 
 ``import dask_dataservice`` does not import Dask through this module: Dask is imported inside
 the functions that need it, and everything that needs ``distributed`` (resolving Futures,

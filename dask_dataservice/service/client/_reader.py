@@ -315,7 +315,7 @@ class IterationReader:
                 if resp is not None:
                     view = raise_for_status(resp, "client heartbeat")
                     if view.get("unchanged") and self._view is not None:
-                        return self._view  # the dispatcher sent nothing new (service/_views.py)
+                        return self._view  # the dispatcher sent nothing new (service/dispatcher/_views.py)
                     self._view, self._view_version = view, view.get("view_version")
                     return view
                 error: BaseException = RuntimeError("the dispatcher plugin is not installed")

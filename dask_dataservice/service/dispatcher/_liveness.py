@@ -52,7 +52,7 @@ class WorkerLiveness:
     Parameters
     ----------
     plugin
-        The :class:`~._dispatcher_plugin.DispatcherPlugin` (its ``state``, ``scheduler`` and
+        The :class:`~.plugin.DispatcherPlugin` (its ``state``, ``scheduler`` and
         ``_apply``: the one way to change the state).
     timeout
         Seconds of silence after which a worker is removed (default: config

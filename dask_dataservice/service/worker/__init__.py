@@ -1,6 +1,6 @@
 """The data-service half of a Dask worker (public names).
 
-The plugin itself lives in :mod:`._worker_plugin` and its buffers in :mod:`._buffers`; this
+The plugin itself lives in :mod:`.plugin` and its buffers in :mod:`._buffers`; this
 module keeps the names users and deployments import:
 
 - :class:`DataWorkerPlugin` and ``PLUGIN_NAME``: install by hand with

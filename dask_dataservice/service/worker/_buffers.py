@@ -7,7 +7,7 @@
 - :class:`RoundBuffer`: coordinated reads on one task: rounds of ``n`` consecutive elements,
   one per consumer.
 
-None of them knows about Dask: the plugin (``_worker_plugin``) wires them to handlers, and
+None of them knows about Dask: the plugin (``plugin``) wires them to handlers, and
 ``tests/test_buffers.py`` drives each on its own.
 """
 

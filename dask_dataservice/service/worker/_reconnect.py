@@ -5,7 +5,7 @@ A plain Dask worker closes itself when it loses its scheduler (distributed remov
 reconnection, dask/distributed#6361, because a worker's *Dask* tasks and data cannot be
 reconciled with a scheduler that never heard of them). A data worker's valuable state is not
 Dask's: it is the data service's tasks, their buffered elements and their split cursors, all
-held by :class:`~._worker_plugin.DataWorkerPlugin`. So :class:`ReconnectingWorker` keeps the
+held by :class:`~.plugin.DataWorkerPlugin`. So :class:`ReconnectingWorker` keeps the
 process, the worker object, its server (the address readers fetch elements from) and its
 plugins when the scheduler goes away, waits for a scheduler at the same address, and
 registers again (as a new worker does), as TensorFlow's data workers keep serving while their

@@ -1,4 +1,4 @@
-"""Small parts of the data worker (:mod:`._worker_plugin`): bounded memories, request order,
+"""Small parts of the data worker (:mod:`.plugin`): bounded memories, request order,
 and the serialization of element batches with an error that names the culprit."""
 
 from __future__ import annotations

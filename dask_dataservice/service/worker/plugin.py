@@ -445,7 +445,7 @@ class DataWorkerPlugin(WorkerPlugin):
                 await buf.wait(remaining)
         if items:
             self.stats["batches_served"] += 1
-            count_served(self, runner.task_id, items)  # issue 14: dashboard (service/_metrics.py)
+            count_served(self, runner.task_id, items)  # issue 14: dashboard (service/protocol/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
             codec = choose_codec(self._compression.get(runner.dataset_id), codecs)  # issue 16
