@@ -11,13 +11,13 @@ The rules (docs/architecture.md, "The house"), checked on the source with no exe
 - Inside ``service``: ``protocol`` < ``dispatcher`` | ``worker`` | ``client`` (siblings) < the
   wiring (``service/__init__.py``, ``servers``, ``preload``: every module directly in
   ``service/``).
-- No import cycle among the modules of any one package (directory), at import time: the
-  module-level imports of a package's modules form no circle. (A function-level import is
-  how a module refers back to one that imports it, e.g. ``data/ops_more.py`` builds window
-  datasets with ``dataset.Dataset``, which imports it: it runs after both are loaded.)
+- No import cycle among the modules of any one package (directory). A module that needs one
+  that imports it gets it installed from there instead (``data/dataset.py`` gives
+  ``ops_more`` the Dataset class, ``client/_fixed_readers.py`` installs itself into
+  ``_reader``).
 
-For the ranks, imports at module level and inside functions count; ``if TYPE_CHECKING:``
-blocks never do (annotations only). The parameter-server checks that are stricter than the ranks (what ``ps``
+Imports at module level and inside functions count; ``if TYPE_CHECKING:`` blocks do not
+(annotations only). The parameter-server checks that are stricter than the ranks (what ``ps``
 takes from the rest of the package, the order its modules import in) are at the end.
 """
 
@@ -179,14 +179,13 @@ def violations(root: Path) -> list[str]:
 
 
 def cycles(root: Path) -> list[list[str]]:
-    """Import-time cycles among the modules of one package (module-level imports; each cycle
-    once, as a path)."""
+    """Import cycles among the modules of one package (each cycle once, as a path)."""
     modules = find_modules(root)
     graph: dict[str, set[str]] = {}
     for module in modules.values():
         graph[module.name] = {
             imp.target for imp in imports_of(module, modules)
-            if imp.where == "module" and imp.target in modules and imp.target != module.name
+            if imp.target in modules and imp.target != module.name
             and modules[imp.target].package == module.package
         }
     found: list[list[str]] = []
@@ -325,10 +324,8 @@ def test_a_downward_tree_passes_and_an_unranked_package_does_not(tmp_path):
 def test_cycles_are_reported(tmp_path):
     root = _tree(tmp_path, {
         "ps/a.py": "from . import b\n",
-        "ps/b.py": "from .c import g\n",
+        "ps/b.py": "def f():\n    from .c import g\n",  # a function-level import counts
         "ps/c.py": "from .a import x\n",
-        "ps/f.py": "from . import g\n",
-        "ps/g.py": "def h():\n    from . import f\n",  # a back-reference when called: no cycle
         "ps/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import e\n",
         "ps/e.py": "from . import d\n",  # d -> e only for annotations: no cycle
         "data/x.py": "from ..ps import a\n",  # across packages: the ranks' business

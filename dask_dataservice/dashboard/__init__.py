@@ -20,15 +20,12 @@ import logging
 from typing import Any
 
 from ._collect import PLUGIN_NAME, DashboardPlugin
+from ._names import PAGES, STATUS_ROUTE
 
 __all__ = ["attach", "status", "PAGES", "STATUS_ROUTE"]
 
 logger = logging.getLogger(__name__)
 
-#: Route of the JSON status (under the dashboard's prefix, if any).
-STATUS_ROUTE = "dataservice/status.json"
-#: The bokeh pages: ``{path: title}``.
-PAGES = {"dataservice": "Data service", "parameter-servers": "Parameter servers"}
 
 
 async def attach(scheduler: Any) -> DashboardPlugin:

@@ -287,7 +287,7 @@ def add_pages(scheduler: Any) -> None:
     from distributed.dashboard.scheduler import template_variables
     from tornado.ioloop import IOLoop
 
-    from . import PAGES
+    from ._names import PAGES
     from ._routes import http_prefix
 
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,7 +25,10 @@ __all__ = ["register_scheduler", "register_worker", "unregister_worker"]
 
 _lock = threading.Lock()
 _plugins: weakref.WeakSet[DashboardPlugin] = weakref.WeakSet()
-_workers: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Live workers -> their figures function (``_worker.worker_figures``, passed by the worker
+#: plugin, which imports this module).
+_workers: weakref.WeakKeyDictionary[Any, Callable[[Any], dict[str, Any]]] = (
+    weakref.WeakKeyDictionary())
 _registered: set[str] = set()
 
 
@@ -45,13 +48,17 @@ def register_scheduler(plugin: DashboardPlugin) -> None:
     _register("scheduler", SchedulerCollector())
 
 
-def register_worker(worker: Any) -> None:
-    _workers.add(worker)
+def register_worker(worker: Any, figures: Callable[[Any], dict[str, Any]]) -> None:
+    _workers[worker] = figures
     _register("worker", WorkerCollector())
 
 
 def unregister_worker(worker: Any) -> None:
-    _workers.discard(worker)
+    _workers.pop(worker, None)
+
+
+def _no_figures(worker: Any) -> dict[str, Any]:
+    return {}  # the worker left between the listing and the read
 
 
 def _families() -> tuple[Any, Any]:
@@ -144,8 +151,6 @@ class WorkerCollector:
     """``dataservice_worker_*``: each live worker's own counters (see the module doc)."""
 
     def collect(self) -> Iterator[Any]:
-        from ._worker import worker_figures
-
         counter, gauge = _families()
         workers = [w for w in list(_workers) if getattr(w, "address", None)]
         if not workers:
@@ -177,7 +182,7 @@ class WorkerCollector:
         for w in workers:
             a = w.address
             plugin = w.plugins.get("dataservice-dashboard-worker")
-            fig = worker_figures(w)
+            fig = _workers.get(w, _no_figures)(w)
             if plugin is not None and getattr(plugin, "_cpu_total", None) is not None:
                 cpu.add_metric([a], max(plugin._cpu_total, 0.0))
             data = fig.get("data")

@@ -17,6 +17,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..service.worker.plugin import PLUGIN_NAME as DATA_PLUGIN
+from ._prometheus import register_worker, unregister_worker
 
 __all__ = ["DashboardWorkerPlugin", "WORKER_PLUGIN_NAME", "worker_figures", "plugin_cpu_seconds"]
 
@@ -56,15 +57,11 @@ class DashboardWorkerPlugin(WorkerPlugin):
         self._cpu_seen = 0.0
         self._cpu_total = 0.0
         worker.handlers["dataservice_figures"] = self.figures
-        from ._prometheus import register_worker
-
-        register_worker(worker)
+        register_worker(worker, worker_figures)
 
     def teardown(self, worker: Any) -> None:
         # a poll still in flight gets "nothing" rather than an unknown-op error in the log
         worker.handlers["dataservice_figures"] = _no_figures
-        from ._prometheus import unregister_worker
-
         unregister_worker(worker)
 
     def figures(self) -> dict[str, Any]:

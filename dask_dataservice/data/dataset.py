@@ -654,3 +654,5 @@ def _expand(what: str, patterns: Any) -> list[str]:
         raise FileNotFoundError(f"{what}(): no files match {list(patterns)}")
     return files
 
+
+ops_more._DATASET[:] = [Dataset]  # window elements are datasets (see ops_more)

@@ -18,7 +18,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,13 @@ from ._base import _NO_ELEMENT, INFINITE, UNKNOWN, IterContext, Op, annotate_use
 from .ops import Batch, Unary, _close, call, check_bool, check_callable, check_int
 from .splits import ConcatenateRouter, ZipTee
 from .structure import pad_stack, stack, unstack
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+#: The Dataset class, installed by data/dataset.py (which imports this module's ops): a window
+#: element and group_by_window's reduce_func are datasets.
+_DATASET: list[type[Dataset]] = []
 
 __all__ = [
     "BucketBySequenceLength", "Cache", "ChooseFromDatasets", "Concatenate", "Zip", "GroupByWindow", "IgnoreErrors", "Rebatch", "SampleFromDatasets",
@@ -192,14 +199,14 @@ class Scan(Unary):
 
 def _window_structure(items: list[Any], template: Any) -> Any:
     """TF's window element: a structure of datasets, one per component of the elements."""
-    from .dataset import Dataset  # noqa: PLC0415 - dataset imports this module's ops lazily
     from .sources import ListSource
 
+    dataset = _DATASET[0]
     if isinstance(template, (tuple, dict)):
         def component(path: tuple[Any, ...]) -> Dataset:
-            return Dataset(ListSource([_get(x, path) for x in items]))
+            return dataset(ListSource([_get(x, path) for x in items]))
         return _map_paths(template, component)
-    return Dataset(ListSource(items))
+    return dataset(ListSource(items))
 
 
 def _map_paths(template: Any, fn: Callable[[tuple[Any, ...]], Any],
@@ -319,12 +326,10 @@ class GroupByWindow(Unary):
         return check_int("window_size_func(key)", _call(self.window_size_func, self.name, key), minimum=1)
 
     def _reduce(self, key: int, items: list[Any]) -> Any:
-        from .dataset import Dataset  # noqa: PLC0415
-
         window = _window_structure(items, items[0])
         args = (key, *window) if isinstance(window, tuple) else (key, window)
         out = _call(self.reduce_func, self.name, *args)
-        if not isinstance(out, Dataset):
+        if not isinstance(out, _DATASET[0]):
             raise TypeError(f"Dataset.group_by_window: reduce_func must return a Dataset, got {type(out).__name__}")
         return out._op.iterate(IterContext())
 

@@ -27,7 +27,7 @@ from ...data.dask_source import locality_metadata, pin_persisted
 from ...data.spec import check_element_spec
 from ..protocol._frames import check_compression
 from ..protocol._sharding import ShardingPolicy, parse_processing_mode
-from . import _connection
+from . import _connection, _fixed_readers  # noqa: F401 - _fixed_readers installs itself
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable
 from typing import Any
 
 from ... import config
 from ...errors import DataServiceError
 from ..protocol._messages import raise_for_status
+from . import _reader
 from ._reader import CROSS_TRAINER_TURN, IterationReader
 
 logger = logging.getLogger("dask_dataservice.service.client._reader")
@@ -160,3 +162,6 @@ class CrossTrainerReader(_FixedTasksReader):
 
 async def _awaited(request: Awaitable[Any]) -> Any:
     return await request
+
+
+_reader._FIXED_READERS[:] = [sys.modules[__name__]]  # see _reader._fixed_readers

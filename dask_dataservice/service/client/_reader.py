@@ -725,9 +725,12 @@ def _close_soon(client: Client, reader: IterationReader) -> None:
         pass
 
 
-def _fixed_readers() -> ModuleType:
-    """The readers over a fixed task list (imported late: they build on IterationReader)."""
-    from . import _fixed_readers as module
+#: The readers over a fixed task list (:mod:`._fixed_readers`): they build on IterationReader,
+#: so they install themselves here when imported (the client package imports them).
+_FIXED_READERS: list[ModuleType] = []
 
-    return module
+
+def _fixed_readers() -> ModuleType:
+    """The readers over a fixed task list."""
+    return _FIXED_READERS[0]
 
