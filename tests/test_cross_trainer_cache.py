@@ -6,6 +6,7 @@ import asyncio
 import itertools
 
 import pytest
+from _helpers import poll
 
 import dask_dataservice as dds
 from dask_dataservice.service.client import _install_async
@@ -75,7 +76,10 @@ async def test_same_trainer_id_splits_elements(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
-             config={**GC, "dataservice.worker.cross-trainer-cache-bytes": 800})  # ~100 elements
+             config={**GC, "dataservice.worker.cross-trainer-cache-bytes": 800,  # ~100 elements
+                     # a trainer reads ahead by whole turns (up to max-outstanding-batches + 2
+                     # of them): small turns, so that the paused trainer has read little ahead
+                     "dataservice.client.cross-trainer-turn-elements": 16})
 async def test_slow_trainer_skips_ahead_and_never_blocks_the_fast_one(c, s, a):
     dataset_id = await register(c, dds.Dataset.range(10**9).repeat())
     slow_it = iter(trainer(c, dataset_id, "slow"))
@@ -125,6 +129,9 @@ async def test_dynamic_trainers_see_the_same_elements(c, s, a, b):
     trainer takes a fixed number of elements from each task in task order, so trainers see
     the same elements (they used to take whichever task answered first: often disjoint)."""
     dataset_id = await register(c, dds.Dataset.range(10**9).repeat())
+    # a trainer reads the tasks present when it starts: both workers registered by then
+    dispatcher = s.plugins["dataservice-dispatcher"]
+    await poll(lambda: len(dispatcher.state.list_workers()) == 2, what="both data workers")
 
     def dyn(trainer_id):
         return dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="dyn",

@@ -135,8 +135,9 @@ class CrossTrainerReader(_FixedTasksReader):
     """The cross-trainer cache under DYNAMIC with several tasks: their windows hold
     different splits, so every trainer takes exactly ``cross-trainer-turn-elements`` elements
     from each task in task order, turn after turn, and all trainers see the same sequence
-    (issue 9, 2.11). (With one task, the plain reader already does.) The price: a trainer
-    reads ahead by whole turns, so one that pauses skips less of the window."""
+    (issue 9, 2.11). It reads so with one task too, and whatever the number of tasks when the
+    read starts (:func:`._reader.reader_class`). The price: a trainer reads ahead by whole
+    turns, so one that pauses skips less of the window."""
 
     what = "cross-trainer cache"
 

@@ -626,19 +626,33 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
         **({"position": spec.position} if spec.position else {}),  # issue 13
     ), repetition)
     channel = Channel(asyncio.get_running_loop(), capacity)
-    cls: type[IterationReader]
-    if spec.num_consumers is not None:
-        cls = _fixed_readers().CoordinatedReader
-    elif (spec.cross_trainer_cache is not None and len(view["tasks"]) > 1
-          and spec.processing_mode == int(ShardingPolicy.DYNAMIC)):
-        cls = _fixed_readers().CrossTrainerReader  # several windows of different splits: read them in turns
-    else:
-        cls = IterationReader
+    cls = reader_class(spec)
     reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
     reader.job_token = job.get("job_token")
     reader.stats = stats
     reader.start(view)
     return reader
+
+
+def reader_class(spec: ReadSpec) -> type[IterationReader]:
+    """The reader for ``spec``: coordinated reads, the cross-trainer cache under DYNAMIC
+    (its tasks' windows hold different splits: every trainer reads them in turns), or the
+    plain reader.
+
+    It depends on what is read only, never on the tasks the job has when the read starts:
+    choosing the plain reader for a cross-trainer read whose view listed one task (the second
+    worker had not registered yet) made trainers of one job read differently, and such a
+    read went on with the other worker when its own froze instead of failing as the turn
+    reader does (``tests/test_frozen_fixed_readers.py``).
+    """
+    if spec.num_consumers is not None:
+        cls: type[IterationReader] = _fixed_readers().CoordinatedReader
+    elif (spec.cross_trainer_cache is not None
+          and spec.processing_mode == int(ShardingPolicy.DYNAMIC)):
+        cls = _fixed_readers().CrossTrainerReader
+    else:
+        cls = IterationReader
+    return cls
 
 
 def read(spec: ReadSpec, repetition: int, client: Client,
