@@ -21,8 +21,8 @@ from dask_dataservice.service.worker._buffers import (
     TaskCancelled,
     element_size,
 )
-from dask_dataservice.service.worker._worker_util import Recent as _Recent
-from dask_dataservice.service.worker.plugin import _FINISHED_MEMORY
+from dask_dataservice.service.worker.core import FINISHED_MEMORY as _FINISHED_MEMORY
+from dask_dataservice.service.worker.core import Recent as _Recent
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,7 +14,6 @@ import pytest
 from _helpers import distribute, read
 
 from dask_dataservice.data import Dataset
-from dask_dataservice.service.worker._worker_util import Turns
 from dask_dataservice.testing import gen_cluster
 
 
@@ -46,22 +45,8 @@ async def test_broken_connections_to_live_data_workers_lose_no_element(c, s, a, 
     assert replayed() > 0  # some replies were lost on the way and answered again
 
 
-def test_turns_replay_a_reply_until_it_is_acknowledged():
-    asyncio.run(_turns_replay())
-
-
-async def _turns_replay() -> None:
-    turns = Turns()
-    kept = turns.keep(0)
-    await turns.wait_turn(0, timeout=1)
-    kept.set_result("elements 0-7")
-    turns.done(0)
-    assert turns.replay(0) is kept and turns.kept == 1
-    turns.keep(1).set_result("elements 8-15")
-    turns.acknowledge(0)  # the reader has the first reply: it is forgotten, not the second
-    assert turns.replay(0) is None and (await turns.replay(1)) == "elements 8-15"
-    turns.forget(1)
-    assert turns.kept == 0
+# The turn/keep/replay decisions themselves: tests/test_worker_core.py
+# (test_kept_replies_replay_until_acknowledged).
 
 
 @pytest.mark.parametrize("ack", [None, -1])
@@ -78,6 +63,6 @@ async def test_replies_are_kept_only_for_readers_that_acknowledge(c, s, a, ack):
             job_token=runner.task.get("job_token"))
         assert resp["status"] == "OK" and len(resp["elements"].items) == 3
         # a reader that sends no ack (an older version) gets nothing kept for it
-        assert plugin._order[(runner.task_id, 99)].kept == (0 if ack is None else 1)
+        assert plugin.core.replies_kept((runner.task_id, 99)) == (0 if ack is None else 1)
     finally:
         await asyncio.to_thread(it.close)

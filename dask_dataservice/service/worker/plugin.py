@@ -54,8 +54,21 @@ from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
 from ._split_provider import DispatcherSplitProvider
+from .core import (
+    CancelTask,
+    Effect,
+    ForgetDatasets,
+    Recent,
+    SendFinishTask,
+    ShowEnd,
+    StartTask,
+    WorkerCore,
+    empty_reply,
+    may_linger,
+    unknown_task_reply,
+)
 from ._worker_key import WorkerKey
-from ._worker_util import Recent, Turns, offload_bytes, serialized_batch
+from ._worker_util import offload_bytes, serialized_batch
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -70,8 +83,6 @@ PLUGIN_NAME = "dataservice-worker"
 
 #: A producer hands its chunk over once it holds this many bytes.
 _CHUNK_BYTES = 1 << 20
-#: Ids of finished/cancelled tasks remembered (late requests get end of sequence).
-_FINISHED_MEMORY = 4096
 #: Unpickled pipelines kept after their last task left (a re-read skips the reload).
 _UNUSED_DATASETS = 8
 #: How long teardown waits for task threads stuck in user code.
@@ -196,7 +207,7 @@ class TaskRunner:
             _local.task = None
             self.buffer.finish(error)
             if not self.cancelled:
-                self.plugin.submit(self.plugin._finish_task, self)
+                self.plugin.submit(self.plugin._input_ended, self)
             _call_soon(self.loop, self.exited.set)
 
     def cancel(self) -> None:
@@ -218,14 +229,20 @@ class DataWorkerPlugin(WorkerPlugin):
         #: ``dataservice.worker.heartbeat-interval``).
         self.heartbeat_interval = heartbeat_interval
         self.tasks: dict[int, TaskRunner | None] = {}
-        self.finished_tasks = Recent(_FINISHED_MEMORY)
+        #: Every task / turn / end-of-sequence decision (:mod:`.core`).
+        self.core = WorkerCore()
+
+    @property
+    def finished_tasks(self) -> Recent:
+        """Ids of the tasks that finished or were cancelled here (recent ones)."""
+        return self.core.finished
 
     async def setup(self, worker: Worker) -> None:
         self.worker = worker
         self.loop = asyncio.get_running_loop()
         tune_malloc_from_config()  # issue 16: dataservice.malloc-tuning
         self.tasks = {}
-        self.finished_tasks = Recent(_FINISHED_MEMORY)
+        self.core = WorkerCore()
         #: ``{dataset_id: (dataset, splits)}``, most recently used last.
         self._datasets: OrderedDict[int, tuple[Any, list[Any] | None]] = OrderedDict()
         #: ``{dataset_id: its compression}`` ("AUTO", None or a codec; issue 16, see _frames).
@@ -237,11 +254,6 @@ class DataWorkerPlugin(WorkerPlugin):
         self._executor = owned_executor("dds-worker-io", 1)
         self._group = TaskGroup("dataservice worker")
         self._closing = False
-        #: Whether a dispatcher answered a heartbeat of this plugin: its next first heartbeat
-        #: to a restarted dispatcher says it *resumed* with its tasks (see :meth:`reconnected`).
-        self._answered = False
-        #: The lineage of the dispatcher whose tasks this worker holds (see TaskChanges).
-        self._lineage: str | None = None
         self._wake_heartbeat = asyncio.Event()
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
@@ -249,9 +261,11 @@ class DataWorkerPlugin(WorkerPlugin):
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
-        #: ``{(task_id, consumer): Turns}``: the order in which a consumer's requests run,
-        #: and its replies until acknowledged.
-        self._order: dict[tuple[int, int | None], Turns] = {}
+        #: ``{(task_id, consumer): {seq: reply}}``: replies kept until acknowledged (which
+        #: ones: the core's turns), and ``{(key, seq): future}`` of requests waiting for their
+        #: turn.
+        self._kept: dict[tuple[int, int | None], dict[int, asyncio.Future[Any]]] = {}
+        self._turn_waiters: dict[tuple[tuple[int, int | None], int], asyncio.Future[None]] = {}
         worker.handlers["dataservice_get_elements"] = self.get_elements
         worker.handlers["dataservice_get_rounds"] = self.get_rounds
         worker.handlers["dataservice_worker_state"] = self.worker_state
@@ -284,7 +298,8 @@ class DataWorkerPlugin(WorkerPlugin):
         shutdown_executor(self._executor)
         self._datasets.clear()
         self._rounds.clear()
-        self._order.clear()
+        self._kept.clear()
+        self._turn_waiters.clear()
 
     async def _join_threads(self) -> None:
         runners = list(self._runners)
@@ -357,25 +372,29 @@ class DataWorkerPlugin(WorkerPlugin):
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
                                             linger, job_token, codecs)
         key = (task_id, consumer)
-        order = self._order.get(key)
-        if order is None:
-            order = self._order[key] = Turns()
+        turn = self.core.turn(key, seq, ack)
         kept: asyncio.Future[Any] | None = None
-        if ack is not None:
-            order.acknowledge(ack)
-            replayed = order.replay(seq)
-            if replayed is not None:  # sent again: the first answer (or the one under way)
-                self.stats["requests_replayed"] += 1
-                return await asyncio.shield(replayed)
-            kept = order.keep(seq)
-        await order.wait_turn(seq, timeout=wait + 10)
+        if turn.forget:
+            replies = self._kept.get(key)
+            if replies is not None:
+                for old in turn.forget:
+                    replies.pop(old, None)
+        if turn.replay:  # sent again: the first answer (or the one under way)
+            self.stats["requests_replayed"] += 1
+            return await asyncio.shield(self._kept[key][seq])
+        if turn.keep:
+            kept = self._kept.setdefault(key, {})[seq] = self.loop.create_future()
+        try:
+            if turn.wait:
+                await self._wait_turn(key, seq, timeout=wait + 10)
+        except asyncio.CancelledError:
+            self._drop_kept(key, seq, kept)
+            raise
         try:
             reply = await self._get_elements(task_id, max_elements, max_bytes, wait,
                                              trainer_id, linger, job_token, codecs)
         except asyncio.CancelledError:
-            if kept is not None:  # a request sent again computes its reply afresh
-                order.forget(seq)
-                kept.cancel()
+            self._drop_kept(key, seq, kept)  # a request sent again computes its reply afresh
             raise
         except Exception as e:
             if kept is not None:
@@ -383,10 +402,42 @@ class DataWorkerPlugin(WorkerPlugin):
                 kept.exception()  # retrieved: no "never retrieved" warning if not replayed
             raise
         finally:
-            order.done(seq)
+            self._turn_done(key, seq)
         if kept is not None:
             kept.set_result(reply)
         return reply
+
+    async def _wait_turn(self, key: tuple[int, int | None], seq: int, timeout: float) -> None:
+        """Until request ``seq`` of ``key`` may run (the core said it waits), at most
+        ``timeout`` (an earlier request never came: go on rather than hang)."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self._turn_waiters[key, seq] = fut
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if self._turn_waiters.get((key, seq)) is fut:
+                del self._turn_waiters[key, seq]
+            if not fut.done() or fut.cancelled():
+                self.core.turn_abandoned(key, seq, waiting=True)
+
+    def _turn_done(self, key: tuple[int, int | None], seq: int) -> None:
+        nxt = self.core.turn_done(key, seq)
+        if nxt is not None:
+            fut = self._turn_waiters.pop((key, nxt), None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def _drop_kept(self, key: tuple[int, int | None], seq: int,
+                   kept: asyncio.Future[Any] | None) -> None:
+        if kept is None:
+            return
+        self.core.turn_abandoned(key, seq, kept=True)
+        replies = self._kept.get(key)
+        if replies is not None and replies.get(seq) is kept:
+            del replies[seq]
+        kept.cancel()
 
     async def _runner(self, task_id: int, timeout: float) -> TaskRunner | None:
         """The task's runner; waits up to ``timeout`` for a task that has not arrived yet."""
@@ -411,10 +462,8 @@ class DataWorkerPlugin(WorkerPlugin):
             # this worker (or its dataset is still loading): wait for it a little.
             runner = await self._runner(task_id, min(wait, 0.5))
             if runner is None:
-                if task_id in self.finished_tasks:
-                    return {"status": "OK", "elements": None, "end_of_sequence": True}
-                return {"status": "OK", "elements": None, "end_of_sequence": False,
-                        "unknown": task_id not in self.tasks}
+                return unknown_task_reply(task_id, task_id in self.core.finished,
+                                          self.core.knows(task_id))
         _check_token(runner, job_token, "reading elements")
         buf = runner.buffer
         if isinstance(buf, CrossTrainerWindow):
@@ -427,7 +476,7 @@ class DataWorkerPlugin(WorkerPlugin):
         if not items and not buf.end_visible and not runner.cancelled:
             await buf.wait(wait)
             items = take()
-        if items and linger > 0 and len(items) < max_elements and buf.lingers:
+        if may_linger(len(items), max_elements, linger, buf.lingers):
             # A request that is not at the head of its consumer's queue collects elements
             # of a slow pipeline for a moment, so that each costs less than a round trip.
             deadline = self.loop.time() + linger
@@ -457,11 +506,10 @@ class DataWorkerPlugin(WorkerPlugin):
             if elements.header.get("compression"):
                 self.stats["batches_compressed"] += 1
             return {"status": "OK", "elements": elements, "end_of_sequence": False}
-        if buf.end_visible:
-            if buf.error is not None:
-                return error_message(buf.error)  # type: ignore[return-value]  # distributed's TypedDict
-            return {"status": "OK", "elements": None, "end_of_sequence": True}
-        return {"status": "OK", "elements": None, "end_of_sequence": runner.cancelled}
+        reply = empty_reply(buf.end_visible, buf.error, runner.cancelled)
+        if isinstance(reply, BaseException):
+            return error_message(reply)  # type: ignore[return-value]  # distributed's TypedDict
+        return reply
 
     @handler
     async def get_rounds(self, task_id: int, first_round: int, count: int,
@@ -505,32 +553,51 @@ class DataWorkerPlugin(WorkerPlugin):
     # Internals
     ###########
     def _apply_tasks(self, new_tasks: Iterable[TaskDef], cancelled: Iterable[int]) -> None:
-        for task_id in cancelled:
-            runner = self.tasks.pop(task_id, None)
-            if runner is not None:
-                runner.cancel()
-            self.finished_tasks.add(task_id)
-            for key in [k for k in self._order if k[0] == task_id]:
-                del self._order[key]
-            self._rounds.pop(task_id, None)
+        self._execute(self.core.tasks_changed(new_tasks, cancelled))
+
+    def _execute(self, effects: list[Effect], runner: TaskRunner | None = None) -> None:
+        """Carry out what the core decided (on the loop)."""
+        cancelled = False
+        for effect in effects:
+            if isinstance(effect, StartTask):
+                self.tasks[effect.task["task_id"]] = None  # reserved while its dataset loads
+                self._group.spawn(self._start_task, effect.task)
+            elif isinstance(effect, CancelTask):
+                self._cancel(effect.task_id)
+                cancelled = True
+            elif isinstance(effect, SendFinishTask):
+                assert runner is not None  # the core answers it to the runner's own stimulus
+                self._group.spawn(self._send_finish, effect, runner)
+            elif isinstance(effect, ShowEnd):
+                if runner is not None:
+                    runner.buffer.show_end()
+            elif isinstance(effect, ForgetDatasets):
+                self._datasets.clear()
         if cancelled:
             self._release_unused_datasets()
-        for task in new_tasks:
-            tid = task["task_id"]
-            if tid in self.tasks or tid in self.finished_tasks:
-                continue
-            self.tasks[tid] = None  # reserve while the dataset definition loads
-            self._group.spawn(self._start_task, TaskDef(**task))
+
+    def _cancel(self, task_id: int) -> None:
+        runner = self.tasks.pop(task_id, None)
+        if runner is not None:
+            runner.cancel()
+        self._rounds.pop(task_id, None)
+        for key in [k for k in self._kept if k[0] == task_id]:
+            del self._kept[key]
+        # requests waiting for their turn go on (and get end of sequence)
+        for key, seq in [k for k in self._turn_waiters if k[0][0] == task_id]:
+            fut = self._turn_waiters.pop((key, seq))
+            if not fut.done():
+                fut.set_result(None)
 
     async def _start_task(self, task: TaskDef) -> None:
         tid = task["task_id"]
         try:
             dataset, splits = await self._get_dataset(task["dataset_id"])
-            if self._closing or tid not in self.tasks:
+            if self._closing or not self.core.knows(tid):
                 return
             runner = TaskRunner(self, task, dataset, splits)
         except Exception as e:  # noqa: BLE001 - reported to consumers through the task
-            if self._closing or tid not in self.tasks:
+            if self._closing or not self.core.knows(tid):
                 return
             logger.warning("dataservice: task %s could not start: %r", tid, e)
             runner = TaskRunner(self, task, None, None)
@@ -538,8 +605,9 @@ class DataWorkerPlugin(WorkerPlugin):
             runner.exited.set()
             self.tasks[tid] = runner
             self._signal_task_arrived()
-            self._group.spawn(self._finish_task, runner)
+            self._execute(self.core.task_failed_to_start(tid), runner)
             return
+        self.core.task_started(tid)
         self.tasks[tid] = runner
         self._runners.add(runner)
         self._group.spawn(self._forget_when_exited, runner)
@@ -636,16 +704,19 @@ class DataWorkerPlugin(WorkerPlugin):
         except Exception as e:  # noqa: BLE001 - only bookkeeping is lost
             logger.debug("dataservice: ack_splits failed: %r", e)
 
-    async def _finish_task(self, runner: TaskRunner) -> None:
+    async def _input_ended(self, runner: TaskRunner) -> None:
+        """The task's pipeline ended (its thread returned, not cancelled)."""
+        self._execute(self.core.input_ended(runner.task_id, runner.buffer.error is not None),
+                      runner)
+
+    async def _send_finish(self, finish: SendFinishTask, runner: TaskRunner) -> None:
         """Tell the dispatcher the task finished, then let consumers see the end."""
         try:
             await self.worker.scheduler.dataservice_finish_task(
-                task_id=runner.task_id, error=runner.buffer.error is not None,
-                job_token=runner.task.get("job_token"),
-            )
+                task_id=finish.task_id, error=finish.error, job_token=finish.job_token)
         except Exception as e:  # noqa: BLE001 - the heartbeat reports it again
             logger.info("dataservice: finish_task(%s) failed: %r", runner.task_id, e)
-        runner.buffer.show_end()
+        self._execute(self.core.finish_sent(finish.task_id), runner)
         self.stats["tasks_finished"] += 1
         self.stats["elements_produced"] += runner.buffer.produced
 
@@ -680,15 +751,13 @@ class DataWorkerPlugin(WorkerPlugin):
 
     async def _heartbeat(self) -> bool:
         w = self.worker
-        active = [tid for tid, r in self.tasks.items() if r is None or not r.buffer.end_visible]
-        done = [tid for tid, r in self.tasks.items() if r is not None and r.buffer.end_visible]
+        message = self.core.heartbeat_message()
         key = await self._key.get()
         if key is None:  # the dispatcher is not installed (yet)
             return False
         resp = await w.scheduler.dataservice_worker_heartbeat(
             address=w.address, host=get_address_host(w.address),
-            nthreads=w.state.nthreads, active_tasks=active, finished_tasks=done,
-            worker_key=key, resumed=self._answered,
+            nthreads=w.state.nthreads, worker_key=key, **message,
         )
         if resp is None:  # the dispatcher is not installed (yet)
             return False
@@ -697,21 +766,12 @@ class DataWorkerPlugin(WorkerPlugin):
         except JobAccessDeniedError:
             self._key.forget()  # a new dispatcher: ask for a new key next time
             raise
-        self._answered = True
-        lineage = resp.get("lineage")  # absent while the scheduler does not know us yet
-        if lineage is not None and self._lineage is not None and lineage != self._lineage:
-            # a dispatcher without the state these tasks belong to (restarted without its
-            # journal): their ids mean nothing to it
+        lineage = resp.get("lineage")
+        if lineage is not None and self.core.lineage not in (None, lineage):
             logger.warning("dataservice: the dispatcher does not know this worker's tasks %s "
                            "(restarted without its journal?): dropping them",
-                           sorted(self.tasks))
-            self._apply_tasks((), list(self.tasks))
-            # task and dataset ids may be reused by this dispatcher
-            self.finished_tasks = Recent(_FINISHED_MEMORY)
-            self._datasets.clear()
-        if lineage is not None:
-            self._lineage = lineage
-        self._apply_tasks(resp.get("new_tasks", ()), resp.get("cancelled", ()))
+                           sorted(self.core.task_ids()))
+        self._execute(self.core.heartbeat_reply(resp))
         return True
 
 

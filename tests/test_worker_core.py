@@ -1,0 +1,192 @@
+"""The data worker's sans-I/O core (service/worker/core.py), driven without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from dask_dataservice.service.worker.core import (
+    CancelTask,
+    ForgetDatasets,
+    SendFinishTask,
+    ShowEnd,
+    StartTask,
+    TaskPhase,
+    WorkerCore,
+    empty_reply,
+    may_linger,
+    unknown_task_reply,
+)
+
+
+
+def task(tid, **kw):
+    return {"task_id": tid, "iteration_id": 1, "job_id": 1, "dataset_id": 1,
+            "processing_mode": 1, "job_token": f"token-{tid}", **kw}
+
+
+def test_a_pushed_task_starts_once():
+    core = WorkerCore()
+    effects = core.tasks_changed([task(1), task(2)])
+    assert [type(e) for e in effects] == [StartTask, StartTask]
+    assert [e.task["task_id"] for e in effects] == [1, 2]
+    assert core.phase(1) == TaskPhase.LOADING
+    # the heartbeat reply names it again (a push and a reply crossed): nothing new starts
+    assert core.heartbeat_reply({"status": "OK", "new_tasks": [task(1)]}) == []
+    assert core.heartbeat_message() == {"active_tasks": [1, 2], "finished_tasks": [],
+                                        "resumed": True}
+
+
+def test_the_started_task_is_a_copy_of_the_message():
+    core = WorkerCore()
+    message = task(1)
+    (start,) = core.tasks_changed([message])
+    message["job_id"] = 99
+    assert start.task["job_id"] == 1
+
+
+def test_a_cancelled_task_is_remembered_and_never_restarted():
+    core = WorkerCore()
+    core.tasks_changed([task(1)])
+    assert core.tasks_changed((), [1, 7]) == [CancelTask(1), CancelTask(7)]
+    assert not core.knows(1) and 1 in core.finished and 7 in core.finished
+    # a late push of a cancelled task (or of one that never ran here) starts nothing
+    assert core.tasks_changed([task(1), task(7)]) == []
+
+
+def test_a_task_cancelled_while_its_dataset_loads_does_not_start():
+    core = WorkerCore()
+    core.tasks_changed([task(1)])
+    core.tasks_changed((), [1])
+    assert core.task_started(1) is False
+    assert core.task_failed_to_start(1) == []
+
+
+def test_end_of_sequence_only_after_the_dispatcher_was_told():
+    core = WorkerCore()
+    core.tasks_changed([task(1)])
+    assert core.task_started(1)
+    assert core.phase(1) == TaskPhase.RUNNING
+    assert core.input_ended(1, error=False) == [SendFinishTask(1, False, "token-1")]
+    assert core.phase(1) == TaskPhase.ENDED
+    # the report is in flight: the task is still active for the dispatcher, and ending twice
+    # sends one report
+    assert core.heartbeat_message()["active_tasks"] == [1]
+    assert core.input_ended(1, error=False) == []
+    assert core.finish_sent(1) == [ShowEnd(1)]
+    assert core.phase(1) == TaskPhase.FINISHED
+    assert core.heartbeat_message() == {"active_tasks": [], "finished_tasks": [1],
+                                        "resumed": False}
+    assert core.finish_sent(1) == []
+
+
+def test_a_task_that_cannot_start_reports_an_error():
+    core = WorkerCore()
+    core.tasks_changed([task(3)])
+    assert core.task_failed_to_start(3) == [SendFinishTask(3, True, "token-3")]
+    assert core.finish_sent(3) == [ShowEnd(3)]
+
+
+def test_a_task_cancelled_after_its_input_ended_shows_no_end():
+    core = WorkerCore()
+    core.tasks_changed([task(1)])
+    core.task_started(1)
+    core.input_ended(1, error=True)
+    core.tasks_changed((), [1])
+    assert core.finish_sent(1) == []
+
+
+def test_another_lineage_drops_every_task_and_forgets_finished_ids():
+    core = WorkerCore()
+    assert core.heartbeat_reply({"status": "OK", "lineage": "A",
+                                 "new_tasks": [task(1), task(2)]})[:2] == [
+        StartTask(task(1)), StartTask(task(2))]
+    core.tasks_changed((), [2])
+    assert 2 in core.finished
+    effects = core.heartbeat_reply({"status": "OK", "lineage": "B", "new_tasks": [task(2)]})
+    # every task of lineage A is cancelled, ids are forgotten, the new dispatcher's task 2
+    # (a new task with a reused id) starts
+    assert effects == [CancelTask(1), ForgetDatasets(), StartTask(task(2))]
+    assert core.lineage == "B" and 1 not in core.finished
+
+
+def test_a_reply_without_lineage_keeps_the_tasks():
+    core = WorkerCore()
+    core.heartbeat_reply({"status": "OK", "lineage": "A", "new_tasks": [task(1)]})
+    assert core.heartbeat_reply({"status": "OK"}) == []
+    assert core.knows(1) and core.lineage == "A"
+
+
+def test_requests_run_in_seq_order():
+    core = WorkerCore()
+    key = (1, 10)
+    first = core.turn(key, 0, None)
+    assert not first.wait and not first.keep
+    second = core.turn(key, 2, None)  # seq 1 not run yet: 2 waits
+    assert second.wait
+    assert core.turn(key, 1, None).wait  # 0 runs: 1 waits too
+    assert core.turn_done(key, 0) == 1  # 1's turn: wake it (not 2)
+    assert core.turn_done(key, 1) == 2
+    assert core.turn_done(key, 2) is None
+    assert not core.turn(key, 3, None).wait  # next in line: runs at once
+
+
+def test_a_request_that_gave_up_waiting_is_not_woken():
+    core = WorkerCore()
+    key = (1, None)
+    assert core.turn(key, 1, None).wait
+    core.turn_abandoned(key, 1, waiting=True)
+    assert core.turn_done(key, 0) is None
+
+
+def test_kept_replies_replay_until_acknowledged():
+    core = WorkerCore()
+    key = (1, 10)
+    assert core.turn(key, 0, -1).keep
+    assert core.turn(key, 1, -1).keep
+    assert core.turn(key, 0, -1).replay  # sent again: the kept reply answers it
+    core.turn_done(key, 0)
+    core.turn_done(key, 1)
+    turn = core.turn(key, 2, 0)  # acknowledges 0: forget it
+    assert turn.forget == (0,) and turn.keep and not turn.replay
+    assert core.replies_kept(key) == 2
+    assert not core.turn(key, 0, 0).replay  # forgotten: computed afresh
+    core.turn_abandoned(key, 2, kept=True)  # request 2 was cancelled
+    assert not core.turn(key, 2, 1).replay
+
+
+def test_cancelling_a_task_drops_its_turns():
+    core = WorkerCore()
+    core.tasks_changed([task(1), task(2)])
+    core.turn((1, 10), 0, -1)
+    core.turn((2, 10), 0, -1)
+    core.tasks_changed((), [1])
+    assert core.turn_keys() == [(2, 10)]
+    assert core.turn_done((1, 10), 0) is None
+
+
+def test_finished_memory_is_bounded():
+    core = WorkerCore(finished_memory=3)
+    core.tasks_changed((), [1, 2, 3, 4])
+    assert sorted(core.finished) == [2, 3, 4]
+
+
+@pytest.mark.parametrize(("taken", "max_elements", "linger", "lingers", "expected"), [
+    (0, 10, 0.1, True, False),   # nothing taken: the request waited already
+    (5, 10, 0.1, True, True),
+    (10, 10, 0.1, True, False),  # full
+    (5, 10, 0.0, True, False),   # the head request answers at once
+    (5, 10, 0.1, False, False),  # the cross-trainer window follows production
+])
+def test_may_linger(taken, max_elements, linger, lingers, expected):
+    assert may_linger(taken, max_elements, linger, lingers) is expected
+
+
+def test_empty_replies():
+    err = ValueError("boom")
+    assert empty_reply(True, err, False) is err
+    assert empty_reply(True, None, False)["end_of_sequence"] is True
+    assert empty_reply(False, None, False)["end_of_sequence"] is False
+    assert empty_reply(False, None, True)["end_of_sequence"] is True
+    assert unknown_task_reply(1, True, False)["end_of_sequence"] is True
+    assert unknown_task_reply(1, False, False)["unknown"] is True
+    assert unknown_task_reply(1, False, True)["unknown"] is False
