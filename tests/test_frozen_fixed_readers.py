@@ -17,7 +17,7 @@ The failure it hid: the read started before the second data worker had registere
 dispatcher, so its view listed one task, and the reader chose the plain DYNAMIC reader for a
 cross-trainer cache (then the rule for one task), which goes on with the other worker when one
 is lost: the infinite read never ended. Now the kind of reader depends on what is read, never
-on how many workers happened to be registered (:func:`~dask_dataservice.service._reader.reader_class`),
+on how many workers happened to be registered (:func:`~dask_dataservice.service.client._reader.reader_class`),
 and the test starts reading only once both workers are registered (the fixed readers read the
 tasks present when they start). ``test_cross_trainer_read_started_before_a_worker_joined``
 forces that interleaving: the second worker starts after the read did.

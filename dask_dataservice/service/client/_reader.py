@@ -13,8 +13,8 @@ stopped when the reader ends or the consumer stops reading.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
+import functools
 import logging
 import queue
 import threading
@@ -32,12 +32,13 @@ from ...data._base import UNKNOWN, IterContext, Op
 from ...errors import DataServiceError
 from ..protocol._frames import reader_codecs
 from ..protocol._malloc import tune_malloc_from_config
-from ..protocol._messages import TaskInfo, raise_for_status
+from ..protocol._messages import raise_for_status
 from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
 from ._read_channel import END, Channel, Failure
+from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,6 @@ class ServiceSource(Op):
 # readers
 # ---------------------------------------------------------------------------------------
 
-_STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
 #: Default of ``dataservice.client.shared-job-request-elements``: elements per request when
 #: consumers share a named job (a consumer holds at most about (2 + channel batches) x this).
 SHARED_JOB_REQUEST_ELEMENTS = 256
@@ -170,11 +170,7 @@ class IterationReader:
         self.channel = channel
         tune_malloc_from_config()  # issue 16: dataservice.malloc-tuning
         self.group = TaskGroup(f"dataservice reader {iteration_id}")
-        self.fetchers: dict[int, asyncio.Task[Any] | None] = {}
-        self.lost: dict[int, bool] = {}
-        #: Reading only the tasks on this host: done when they are (the others are
-        #: other consumers' business).
-        self.local_only = False
+        self.fetchers: dict[int, asyncio.Task[Any]] = {}
         self.local_host = _local_host(spec.address)
         cache = spec.cross_trainer_cache
         self.trainer_id = cache.trainer_id if cache is not None else None
@@ -184,15 +180,11 @@ class IterationReader:
         #: Set once :meth:`run` returned (the channel holds its last item).
         self.done = threading.Event()
         self.max_elements = int(config.get("client.request-elements"))
-        #: Elements per request now: a shared job starts small and grows while the consumer
+        #: Elements per request: a shared job starts small and grows while the consumer
         #: keeps up (see :meth:`_request_size`).
-        self.request_elements = self.max_elements
-        self.shared = spec.job_name is not None and self.trainer_id is None
-        if self.shared:
-            self.request_elements = min(self.max_elements, int(config.get(
-                "client.shared-job-request-elements", SHARED_JOB_REQUEST_ELEMENTS)))
-        self.min_request_elements = self.request_elements
-        self._taken_seen = 0
+        self.sizes = RequestSize(
+            self.max_elements, spec.job_name is not None and self.trainer_id is None,
+            int(config.get("client.shared-job-request-elements", SHARED_JOB_REQUEST_ELEMENTS)))
         self.max_bytes = config.get_bytes("client.request-bytes")
         self.long_poll = config.get_seconds("client.long-poll")
         self.depth = max(1, int(config.get("client.requests-per-task")))
@@ -204,9 +196,10 @@ class IterationReader:
         self._view: dict[str, Any] | None = None
         self._view_version: str | None = None
         self.request_timeout = _optional_seconds("client.request-timeout")
-        self.stalls = _Tracker.from_config("client.stall-warning", "client.stall-timeout")
-        self.no_workers = _Tracker.from_config("client.no-workers-warning",
-                                               "client.no-workers-timeout")
+        self.stalls = _tracker("client.stall-warning", "client.stall-timeout")
+        #: Which tasks this pass reads, and when it is over (:mod:`.reader_core`).
+        self.core = ReaderCore(iteration_id, spec.target_workers, self.local_host,
+                               _tracker("client.no-workers-warning", "client.no-workers-timeout"))
 
     def start(self, view: dict[str, Any]) -> None:
         self.group.spawn(self.run, view)
@@ -231,22 +224,18 @@ class IterationReader:
             self.done.set()
 
     async def _read(self, view: dict[str, Any]) -> None:
+        core = self.core
         self._update_tasks(view)
         loop = asyncio.get_running_loop()
         no_workers_since = loop.time()
         while not self.stopped:
-            if view.get("garbage_collected"):
-                raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
-            if self.fetchers:
+            if core.has_tasks:
                 no_workers_since = loop.time()
-                self.no_workers.reset()
+                core.workers_seen()
             else:
                 await self._no_workers(loop.time() - no_workers_since)
-            ended = bool(self.fetchers) and all(f is None or f.done() for f in self.fetchers.values())
-            # a local reader (static sharding) is done with its host's tasks once every
-            # listed worker has joined: one that joins later on this host is read too
-            if ended and (view["finished"] or (self.local_only
-                                               and not view.get("pending_shards"))):
+            ended = core.all_ended
+            if core.pass_over(view):
                 break
             self.task_done.clear()
             if not ended:  # when every known task ended, the dispatcher already knows: ask now
@@ -265,7 +254,7 @@ class IterationReader:
 
     async def _no_workers(self, waited: float) -> None:
         """The iteration has had no task for ``waited`` seconds: warn, then fail, saying why."""
-        state = self.no_workers.state(waited)
+        state = self.core.no_workers(waited)
         if state is None:
             return
         try:
@@ -280,7 +269,7 @@ class IterationReader:
         if state == "fail":
             raise DataServiceError(
                 f"{what} (gave up after dataservice.client.no-workers-timeout="
-                f"{self.no_workers.timeout:g}s)")
+                f"{self.core.no_workers_tracker.timeout:g}s)")
         logger.warning("dataservice: %s; still waiting (up to dataservice.client."
                        "no-workers-timeout)", what)
 
@@ -332,41 +321,20 @@ class IterationReader:
             await asyncio.sleep(min(delay, remaining))
             delay = min(2 * delay, 0.25)  # short: a restart is over in seconds
 
-    def _select(self, view: dict[str, Any]) -> list[TaskInfo]:
-        """The tasks this consumer reads, by ``target_workers`` (see ``from_dataset_id``)."""
-        tasks: list[TaskInfo] = view["tasks"]
-        target = self.spec.target_workers
-        if target == "ANY" or not tasks:
-            return tasks
-        local = [t for t in tasks if get_address_host(t["worker_address"]) == self.local_host]
-        if target == "LOCAL":
-            if not local:
-                hosts = sorted({get_address_host(t["worker_address"]) for t in tasks})
-                raise DataServiceError(
-                    f"target_workers='LOCAL', but no data worker of this job runs on this "
-                    f"host ({self.local_host}); its workers are on {hosts}"
-                )
-            self.local_only = True
-            return local
-        if view.get("processing_mode") in _STATIC_NAMES and local:  # AUTO
-            self.local_only = True
-            return local
-        return tasks
-
     def _update_tasks(self, view: dict[str, Any]) -> None:
-        for task in self._select(view):
-            task_id = task["task_id"]
-            if task["status"] == "lost":
-                # its worker left: what it had buffered is gone, stop waiting on it
-                self.lost[task_id] = True
-                fetcher = self.fetchers.get(task_id)
-                if fetcher is not None and not fetcher.done():
-                    fetcher.cancel()
-                elif task_id not in self.fetchers:
-                    self.fetchers[task_id] = None  # nothing to read
-            elif task_id not in self.fetchers:
-                self.fetchers[task_id] = self.group.spawn(
-                    self._fetch, task_id, task["worker_address"])
+        """Start and stop fetches as the core decides from ``view``."""
+        changes = self.core.on_view(view)
+        for task_id in changes.cancel:  # its worker left: stop waiting on it
+            fetcher = self.fetchers.get(task_id)
+            if fetcher is not None and not fetcher.done():
+                fetcher.cancel()
+        for task_id, address in changes.start:
+            fetcher = self.fetchers[task_id] = self.group.spawn(self._fetch, task_id, address)
+            # a fetch cancelled before it ran never reaches its `finally`
+            fetcher.add_done_callback(functools.partial(self._fetch_done, task_id))
+
+    def _fetch_done(self, task_id: int, _: asyncio.Task[Any]) -> None:
+        self.core.task_ended(task_id)
 
     async def _fetch(self, task_id: int, address: str) -> None:
         """Read one task: keep ``requests-per-task`` requests in flight, take them in order.
@@ -378,96 +346,93 @@ class IterationReader:
         worker left: at-most-once), or for ``client.dispatcher-timeout``.
         """
         rpc = self.client.rpc(address)
-        pending: collections.deque[tuple[int, Any]] = collections.deque()
-        seq = 0
         loop = asyncio.get_running_loop()
-        last_element = loop.time()
-        stalls = self.stalls.copy()
+        core = self.core
+        read = TaskRead(task_id, address, self.depth, self.dispatcher_timeout,
+                        self.stalls.copy(), loop.time())
+        #: ``{seq: request}`` in flight (their order: ``read.pending``).
+        requests: dict[int, asyncio.Task[Any]] = {}
         codecs = reader_codecs(address, self.local_host)  # issue 16: compression where it pays
-        retry = _Retry(self.dispatcher_timeout)
         try:
             while not self.stopped:
-                while len(pending) < self.depth:
+                # the head request answers at once; the ones queued behind it may gather a
+                # slow pipeline's elements for a moment
+                for r in read.to_send(self._request_size(), self.linger):
                     request = self.group.spawn(
                         rpc.dataservice_get_elements,
-                        task_id=task_id, max_elements=self._request_size(),
-                        max_bytes=self.max_bytes,
-                        wait=self.long_poll, consumer=self.client_id, seq=seq, ack=retry.acked,
+                        task_id=task_id, max_elements=r.max_elements, max_bytes=self.max_bytes,
+                        wait=self.long_poll, consumer=self.client_id, seq=r.seq, ack=r.ack,
                         trainer_id=self.trainer_id, job_token=self.job_token,
                         **({"codecs": codecs} if codecs else {}),  # only when offered
-                        # the head request answers at once; the ones queued behind it may
-                        # gather a slow pipeline's elements for a moment
-                        linger=self.linger if pending else 0.0,
+                        linger=r.linger,
                     )
                     request._dds_awaited = True  # type: ignore[attr-defined]  # see TaskGroup
-                    pending.append((seq, request))
-                    seq += 1
-                head_seq, head = pending[0]
+                    requests[r.seq] = request
+                head_seq = read.head
+                head = requests[head_seq]
                 done, _ = await asyncio.wait((head,), timeout=self.request_timeout)
                 if not done:
                     await self._unresponsive(task_id, address)
                     continue  # the request stays in flight: the worker may still answer
-                pending.popleft()
+                del requests[head_seq]
                 try:
                     resp = head.result()
                 except (TimeoutError, OSError) as e:
-                    if not await self._may_retry(retry, task_id, address, e):
+                    if not await self._may_retry(read, e):
                         return
-                    for _, f in pending:  # the worker answers these again, in order
+                    for f in requests.values():  # the worker answers these again, in order
                         f.cancel()
-                    pending.clear()
-                    seq = head_seq
+                    requests.clear()
+                    read.resend(head_seq)
                     continue
-                retry.answered(head_seq)
-                if resp is None or resp.get("closing"):  # the worker is shutting down
-                    logger.info("dataservice: task %s on %s: worker closing", task_id, address)
-                    return
-                if resp.get("status") != "OK":
-                    raise_for_status(resp, "element request")
-                batch = resp.get("elements")
-                if batch is not None:
-                    last_element = loop.time()
-                    stalls.reset()
-                    await self.channel.put(batch.items)
+                outcome = read.on_reply(head_seq, resp, loop.time(), core.is_lost(task_id))
+                kind = outcome.kind
+                if kind == "elements":
+                    items = resp["elements"].items
+                    await self.channel.put(items)
                     if self.stats is not None:  # issue 14
-                        self.stats.received(address, len(batch.items))
-                elif resp.get("end_of_sequence"):
+                        self.stats.received(address, len(items))
+                elif kind == "done":
+                    if outcome.why == "closing":
+                        logger.info("dataservice: task %s on %s: worker closing", task_id,
+                                    address)
                     return
-                elif resp.get("unknown") and self.lost.get(task_id):
-                    return  # its worker left (and came back without it)
-                else:  # a long poll that brought nothing: a pipeline this slow is reported
-                    self._stalled(stalls, task_id, address, loop.time() - last_element)
+                elif kind == "error":
+                    raise_for_status(resp, "element request")
+                elif outcome.stall is not None:  # a pipeline this slow is reported
+                    self._stalled(outcome.stall, read.stalls, task_id, address, outcome.waited)
         except (asyncio.CancelledError, AsyncTaskGroupClosedError):
             raise
         except BaseException as e:  # noqa: BLE001 - the first error ends the iteration
             self._fail(e)
         finally:
-            for _, f in pending:
+            for f in requests.values():
                 f.cancel()
+            core.task_ended(task_id)
             self.task_done.set()
 
-    async def _may_retry(self, retry: _Retry, task_id: int, address: str,
-                         error: BaseException) -> bool:
-        """A request to ``address`` failed: wait a little and say whether to send it again
-        (not once the task is lost, the read stopped, or ``client.dispatcher-timeout`` passed
-        since the first failure in a row)."""
-        loop = asyncio.get_running_loop()
-        if self.stopped or self.lost.get(task_id):
+    async def _may_retry(self, read: TaskRead, error: BaseException) -> bool:
+        """The head request of ``read`` failed: wait as the core says and say whether to send
+        it again (not once the task is lost, the read stopped, or ``client.dispatcher-timeout``
+        passed since the first failure in a row)."""
+        task_id, address = read.task_id, read.address
+        if self.stopped:
             return False
-        if retry.since is None:
-            retry.since = loop.time()
+        decision = read.on_failure(asyncio.get_running_loop().time(), self.core.is_lost(task_id))
+        if decision.give_up:
+            if decision.why == "timeout":
+                logger.warning(
+                    "dataservice: gave up on task %s on worker %s after %gs of failed requests "
+                    "(dataservice.client.dispatcher-timeout): %r; what it had not delivered "
+                    "is lost (at most once)", task_id, address, read.retry.timeout, error)
+            return False
+        if decision.report:
             logger.info("dataservice: a request for task %s to %s failed (%r); sending it "
                         "again", task_id, address, error)
             # a dead worker is dropped by the dispatcher (the next heartbeat says "lost")
             self.group.spawn(self._report_worker, address)
-        elif loop.time() - retry.since > retry.timeout:
-            logger.warning(
-                "dataservice: gave up on task %s on worker %s after %gs of failed requests "
-                "(dataservice.client.dispatcher-timeout): %r; what it had not delivered is "
-                "lost (at most once)", task_id, address, retry.timeout, error)
-            return False
-        await asyncio.sleep(retry.next_delay())
-        return not (self.stopped or self.lost.get(task_id))
+        await asyncio.sleep(decision.delay)
+        return not (self.stopped or self.core.is_lost(task_id))
 
     async def _report_worker(self, address: str, timeout: float = 10.0) -> None:
         """Ask the dispatcher to check ``address`` (it drops a silent worker: the next
@@ -489,11 +454,9 @@ class IterationReader:
             task_id, address, self.request_timeout)
         await self._report_worker(address, self.request_timeout or 10.0)
 
-    def _stalled(self, stalls: _Tracker, task_id: int, address: str, waited: float) -> None:
+    def _stalled(self, state: str, stalls: Tracker, task_id: int, address: str,
+                 waited: float) -> None:
         """Task ``task_id`` has given no element for ``waited`` seconds (a hung pipeline?)."""
-        state = stalls.state(waited)
-        if state is None:
-            return
         what = (f"task {task_id} of iteration {self.iteration_id} (dataset "
                 f"{self.spec.dataset_id}) on worker {address} has produced no element for "
                 f"{waited:.0f}s: its pipeline may be hung (e.g. a from_generator that never "
@@ -504,24 +467,10 @@ class IterationReader:
         logger.warning("dataservice: %s", what)
 
     def _request_size(self) -> int:
-        """Elements to ask for in the next request.
-
-        Consumers of a shared job take its elements first come, first served (issue 9,
-        2.3): what one consumer holds ahead (requests in flight and its channel) is taken
-        from the others. So requests start at ``client.shared-job-request-elements``,
-        double while the consumer empties its channel (it keeps up: full throughput), and
-        halve back once the channel is half full (it does not: little read-ahead).
-        Private jobs always ask for ``client.request-elements``.
-        """
-        if self.shared:
-            queued, taken = self.channel.queued, self.channel.taken
-            if queued <= 1 and taken > self._taken_seen:  # the consumer keeps up: grow
-                self.request_elements = min(self.max_elements, 2 * self.request_elements)
-            elif 2 * queued >= self.channel.capacity:
-                self.request_elements = max(self.min_request_elements,
-                                            self.request_elements // 2)
-            self._taken_seen = taken
-        return self.request_elements
+        """Elements to ask for in the next request (:class:`.reader_core.RequestSize`:
+        shared jobs adapt to how fast the consumer empties its channel)."""
+        channel = self.channel
+        return self.sizes.next(channel.queued, channel.taken, channel.capacity)
 
     def stop(self) -> None:
         """Stop reading (on the loop): cancel every fetch and request (not the release)."""
@@ -556,56 +505,12 @@ def _optional_seconds(key: str) -> float | None:
     return None if config.get(key) is None else config.get_seconds(key)
 
 
-class _Retry:
-    """The retry state of one task's requests (see ``IterationReader._fetch``)."""
-
-    __slots__ = ("acked", "since", "timeout", "_delay")
-
-    def __init__(self, timeout: float) -> None:
-        #: The last request answered, in order (``-1``: none yet).
-        self.acked = -1
-        #: When the current run of failures began (None: the last request succeeded).
-        self.since: float | None = None
-        self.timeout = timeout
-        self._delay = 0.02
-
-    def answered(self, seq: int) -> None:
-        self.acked = seq
-        self.since = None
-        self._delay = 0.02
-
-    def next_delay(self) -> float:
-        delay, self._delay = self._delay, min(2 * self._delay, 0.5)
-        return delay
+def _tracker(warning_key: str, timeout_key: str) -> Tracker:
+    return Tracker(_optional_seconds(warning_key), _optional_seconds(timeout_key))
 
 
-class _Tracker:
-    """Warn once after ``warning`` seconds (then every ``warning`` seconds), fail after
-    ``timeout`` (None: never)."""
-
-    def __init__(self, warning: float | None, timeout: float | None) -> None:
-        self.warning = warning
-        self.timeout = timeout
-        self._next_warning = warning
-
-    @classmethod
-    def from_config(cls, warning_key: str, timeout_key: str) -> _Tracker:
-        return cls(_optional_seconds(warning_key), _optional_seconds(timeout_key))
-
-    def copy(self) -> _Tracker:
-        return _Tracker(self.warning, self.timeout)
-
-    def reset(self) -> None:
-        self._next_warning = self.warning
-
-    def state(self, waited: float) -> str | None:
-        """``"fail"``, ``"warn"`` or None after waiting ``waited`` seconds."""
-        if self.timeout is not None and waited >= self.timeout:
-            return "fail"
-        if self._next_warning is not None and waited >= self._next_warning:
-            self._next_warning = waited + (self.warning or waited)
-            return "warn"
-        return None
+#: The warn/fail tracker (it lives in the core; this name for older imports).
+_Tracker = Tracker
 
 
 # ---------------------------------------------------------------------------------------
