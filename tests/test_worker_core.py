@@ -190,3 +190,48 @@ def test_empty_replies():
     assert unknown_task_reply(1, True, False)["end_of_sequence"] is True
     assert unknown_task_reply(1, False, False)["unknown"] is True
     assert unknown_task_reply(1, False, True)["unknown"] is False
+
+
+# -- splits of a DYNAMIC task ----------------------------------------------------------------
+from dask_dataservice.service.worker.core import Rounds, SplitFlow, SplitRequest  # noqa: E402
+
+
+def test_split_batches_double_while_the_source_waits_and_requests_go_ahead():
+    flow = SplitFlow(max_batch=4)
+    assert flow.request() == SplitRequest(0, 1, 0)
+    flow.waiting(reply_ready=False)  # the source waited on the dispatcher: ask for more
+    assert flow.on_reply([0], end_of_splits=False) is True  # ask for the next batch now
+    assert flow.request() == SplitRequest(0, 2, 1)  # a retry would say 1 was received
+    assert flow.next_index() == 0 and not flow.has_local()
+    flow.waiting(reply_ready=True)  # the prefetched reply was there: no growth
+    assert flow.request().count == 2
+    for _ in range(3):
+        flow.waiting(reply_ready=False)
+    assert flow.batch == 4  # capped
+    assert flow.on_reply([1, 2], end_of_splits=True) is False  # no more: nothing to ask
+    assert [flow.next_index(), flow.next_index()] == [1, 2] and flow.ended
+
+
+def test_a_repetition_two_back_is_acknowledged():
+    flow = SplitFlow(max_batch=8)
+    flow.on_reply([0, 1], end_of_splits=True)
+    assert flow.reset() is None  # repetition 1 starts: 0 may still be in the pipeline
+    assert (flow.repetition, flow.received, flow.ended) == (1, 0, False)
+    assert flow.reset() == 0  # repetition 2: repetition 0 has left the pipeline
+    assert flow.reset() == 1
+
+
+# -- coordinated reads -------------------------------------------------------------------------
+def test_rounds_go_to_their_consumers_and_are_dropped_once_read():
+    rounds = Rounds(num_consumers=2, max_ahead=2)
+    assert rounds.must_form(0)
+    rounds.formed(["a0", "a1"])
+    assert not rounds.must_form(0) and rounds.must_form(1)
+    assert rounds.take(0, 1) == ("a1", False)
+    assert rounds.laggards() == [0]
+    rounds.formed(["b0", "b1"])
+    assert rounds.too_far_ahead(2)  # consumer 1 may not run 2 rounds ahead of round 0
+    assert rounds.take(0, 0) == ("a0", True)  # round 0 fully read: the oldest moves on
+    assert rounds.oldest == 1 and not rounds.too_far_ahead(2)
+    assert "already served to every consumer" in rounds.out_of_step(0, 1)
+    assert rounds.out_of_step(1, 1) is None

@@ -21,6 +21,7 @@ from typing import Any
 from ..._async import LoopWaker
 from ...errors import DataServiceError
 from ..protocol._metrics import element_size
+from .core import Rounds
 
 __all__ = [
     "CrossTrainerWindow",
@@ -249,21 +250,26 @@ class RoundBuffer:
     step). Rounds are formed in order from the task's buffer and dropped once every consumer
     took its element. Consumers may run ahead of the slowest by ``max_ahead`` rounds; past
     that they wait, and after ``timeout`` seconds they get an error naming the laggards,
-    rather than waiting forever for a consumer that stopped.
+    rather than waiting forever for a consumer that stopped. The round logic is the worker
+    core's :class:`~._worker_core.Rounds`; this class waits and forms rounds.
     """
 
     def __init__(self, buffer: ElementBuffer, num_consumers: int, timeout: float,
                  max_ahead: int = 64) -> None:
         self.buffer = buffer
+        self.core = Rounds(num_consumers, max_ahead)
         self.n = num_consumers
         self.timeout = timeout
-        self.max_ahead = max_ahead
-        self.rounds: dict[int, list[Any]] = {}
-        self.taken: dict[int, set[int]] = {}
-        self.next_form = 0
-        self.oldest = 0
         self._lock = asyncio.Lock()
         self._progress = asyncio.Event()
+
+    @property
+    def oldest(self) -> int:
+        return self.core.oldest
+
+    @property
+    def rounds(self) -> dict[int, list[Any]]:
+        return self.core.rounds
 
     async def _form_next(self) -> None:
         buf = self.buffer
@@ -281,26 +287,22 @@ class RoundBuffer:
                 if buf.closed:
                     raise DataServiceError("coordinated read: the task was cancelled")
                 await buf.wait(0.5)
-        self.rounds[self.next_form] = items
-        self.taken[self.next_form] = set()
-        self.next_form += 1
+        self.core.formed(items)
 
     async def get(self, r: int, consumer: int) -> Any:
         """Consumer ``consumer``'s element of round ``r`` (waits for the round to form)."""
-        if r < self.oldest:
-            raise DataServiceError(
-                f"coordinated read: round {r} was already served to every consumer "
-                f"(consumer {consumer} is out of step)"
-            )
+        core = self.core
+        why = core.out_of_step(r, consumer)
+        if why is not None:
+            raise DataServiceError(why)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        while r - self.oldest >= self.max_ahead:
+        while core.too_far_ahead(r):
             remaining = deadline - loop.time()
             if remaining <= 0:
-                missing = sorted(set(range(self.n)) - self.taken.get(self.oldest, set()))
                 raise TimeoutError(
-                    f"coordinated read: consumers {missing} have not read round "
-                    f"{self.oldest} for {self.timeout:g}s; they stopped or fell behind, so "
+                    f"coordinated read: consumers {core.laggards()} have not read round "
+                    f"{core.oldest} for {self.timeout:g}s; they stopped or fell behind, so "
                     f"consumer {consumer} cannot go on (rounds must be read in step)"
                 )
             self._progress.clear()
@@ -309,14 +311,9 @@ class RoundBuffer:
             except TimeoutError:
                 pass
         async with self._lock:
-            while r >= self.next_form:
+            while core.must_form(r):
                 await self._form_next()
-        element = self.rounds[r][consumer]
-        taken = self.taken[r]
-        taken.add(consumer)
-        if len(taken) == self.n:
-            del self.rounds[r], self.taken[r]
-            while self.oldest < self.next_form and self.oldest not in self.rounds:
-                self.oldest += 1
+        element, progressed = core.take(r, consumer)
+        if progressed:
             self._progress.set()
         return element

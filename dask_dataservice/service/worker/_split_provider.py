@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ... import config
 from ...data.splits import SplitProvider
+from .core import SplitFlow
 
 if TYPE_CHECKING:
     from .plugin import TaskRunner
@@ -35,14 +35,13 @@ class DispatcherSplitProvider(SplitProvider):
     def __init__(self, runner: TaskRunner, splits: list[Any]) -> None:
         self._runner = runner
         self._splits = splits
-        self.repetition = 0
-        #: Splits received of this repetition (a retried request says it: see _get_splits).
-        self._received = 0
+        #: What to ask for and when (the worker core's split logic).
+        self._flow = SplitFlow(config.get_int("worker.split-batch-max", minimum=1))
         self._pending: concurrent.futures.Future[Any] | None = None
-        self._local: deque[Any] = deque()
-        self._ended = False
-        self._batch = 1
-        self._max_batch = config.get_int("worker.split-batch-max", minimum=1)
+
+    @property
+    def repetition(self) -> int:
+        return self._flow.repetition
 
     @property
     def num_splits(self) -> int:
@@ -50,37 +49,27 @@ class DispatcherSplitProvider(SplitProvider):
 
     def _request(self) -> concurrent.futures.Future[Any]:
         runner = self._runner
-        return runner.plugin.submit(runner.plugin._get_splits, runner.task, self.repetition,
-                                    self._batch, self._received)
-
-    def _wait(self, fut: concurrent.futures.Future[Any]) -> Any:
-        if not fut.done() and self._batch < self._max_batch:
-            self._batch *= 2  # we are waiting on the dispatcher: ask for more at once
-        return self._runner.wait(fut)
+        r = self._flow.request()
+        return runner.plugin.submit(runner.plugin._get_splits, runner.task, r.repetition,
+                                    r.count, r.received)
 
     def get_next(self) -> object | None:
-        while not self._local:
-            if self._ended:
+        flow = self._flow
+        while not flow.has_local():
+            if flow.ended:
                 return None
             fut = self._pending if self._pending is not None else self._request()
             self._pending = None
-            indices, ended = self._wait(fut)
-            self._local.extend(indices)
-            self._received += len(indices)
-            self._ended = ended
-            if not ended:
+            flow.waiting(fut.done())
+            indices, ended = self._runner.wait(fut)
+            if flow.on_reply(indices, ended):
                 self._pending = self._request()
-        self.last_index = index = self._local.popleft()  # issue 13: input positions
+        self.last_index = index = flow.next_index()  # issue 13: input positions
         split: object = self._splits[index]
         return split
 
     def reset(self) -> None:
-        self.repetition += 1
-        self._received = 0
-        self._ended = False
-        if self.repetition >= 2:
-            # Splits two repetitions back have left the pipeline (short of a shuffle buffer
-            # holding more than a whole repetition): stop counting them as in flight, so an
-            # endless repeat() does not grow the dispatcher's in-flight set forever.
+        ack = self._flow.reset()
+        if ack is not None:
             runner = self._runner
-            runner.plugin.submit(runner.plugin._ack_splits, runner.task, self.repetition - 2)
+            runner.plugin.submit(runner.plugin._ack_splits, runner.task, ack)

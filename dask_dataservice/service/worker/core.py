@@ -57,7 +57,7 @@ forever).
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -66,7 +66,10 @@ from ..protocol._messages import TaskDef
 __all__ = [
     "CancelTask",
     "ForgetDatasets",
+    "Rounds",
     "SendFinishTask",
+    "SplitFlow",
+    "SplitRequest",
     "ShowEnd",
     "StartTask",
     "TaskPhase",
@@ -372,3 +375,121 @@ def unknown_task_reply(task_id: int, finished: bool, known: bool) -> dict[str, A
     if finished:
         return {"status": "OK", "elements": None, "end_of_sequence": True}
     return {"status": "OK", "elements": None, "end_of_sequence": False, "unknown": not known}
+
+
+# Splits of a DYNAMIC task ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SplitRequest:
+    """Ask the dispatcher (``dataservice_get_split``) for ``count`` splits of ``repetition``;
+    ``received``: how many of it the task got (a retry says it, see the plugin)."""
+
+    repetition: int
+    count: int
+    received: int
+
+
+class SplitFlow:
+    """Which splits a DYNAMIC task asks for, how many at once, and when it acknowledges a
+    repetition (the task thread's :class:`._split_provider.DispatcherSplitProvider` does the
+    asking and waiting).
+
+    It asks ahead: once a batch of indices arrived, the next request goes out at once
+    (:meth:`on_reply` says so). The batch doubles, up to ``max_batch``, whenever the source had
+    to wait for a reply (:meth:`waiting`). :meth:`reset` (the next repetition) answers the
+    repetition to acknowledge: two back, whose splits have left the pipeline.
+    """
+
+    def __init__(self, max_batch: int) -> None:
+        self.repetition = 0
+        #: Splits received of this repetition.
+        self.received = 0
+        self.ended = False
+        self.batch = 1
+        self.max_batch = max_batch
+        self._local: deque[int] = deque()
+
+    def request(self) -> SplitRequest:
+        return SplitRequest(self.repetition, self.batch, self.received)
+
+    def has_local(self) -> bool:
+        return bool(self._local)
+
+    def waiting(self, reply_ready: bool) -> None:
+        """The source waits on a request (``reply_ready``: its reply is there already)."""
+        if not reply_ready and self.batch < self.max_batch:
+            self.batch *= 2  # we are waiting on the dispatcher: ask for more at once
+
+    def on_reply(self, indices: list[int], end_of_splits: bool) -> bool:
+        """A batch arrived; answers whether to ask for the next one now."""
+        self._local.extend(indices)
+        self.received += len(indices)
+        self.ended = end_of_splits
+        return not end_of_splits
+
+    def next_index(self) -> int:
+        return self._local.popleft()
+
+    def reset(self) -> int | None:
+        """The next repetition starts; answers the repetition to acknowledge, if any."""
+        self.repetition += 1
+        self.received = 0
+        self.ended = False
+        # Splits two repetitions back have left the pipeline (short of a shuffle buffer
+        # holding more than a whole repetition): stop counting them as in flight, so an
+        # endless repeat() does not grow the dispatcher's in-flight set forever.
+        return self.repetition - 2 if self.repetition >= 2 else None
+
+
+# Coordinated reads ----------------------------------------------------------------------------
+class Rounds:
+    """The round logic of coordinated reads on one task (:class:`._buffers.RoundBuffer` waits
+    and forms rounds from the task's buffer): round ``k`` holds the task's elements
+    ``k*n .. k*n+n-1``, consumer ``c`` takes element ``c`` of each round, a round is dropped
+    once every consumer took its element, and consumers may run ``max_ahead`` rounds ahead of
+    the oldest round not fully read."""
+
+    def __init__(self, num_consumers: int, max_ahead: int = 64) -> None:
+        self.n = num_consumers
+        self.max_ahead = max_ahead
+        self.rounds: dict[int, list[Any]] = {}
+        self.taken: dict[int, set[int]] = {}
+        self.next_form = 0
+        self.oldest = 0
+
+    def out_of_step(self, r: int, consumer: int) -> str | None:
+        """Why consumer ``consumer`` cannot read round ``r`` at all (it was dropped), or None."""
+        if r < self.oldest:
+            return (f"coordinated read: round {r} was already served to every consumer "
+                    f"(consumer {consumer} is out of step)")
+        return None
+
+    def too_far_ahead(self, r: int) -> bool:
+        """Round ``r`` must wait until the slowest consumers caught up."""
+        return r - self.oldest >= self.max_ahead
+
+    def laggards(self) -> list[int]:
+        """The consumers that have not read the oldest round."""
+        return sorted(set(range(self.n)) - self.taken.get(self.oldest, set()))
+
+    def must_form(self, r: int) -> bool:
+        return r >= self.next_form
+
+    def formed(self, items: list[Any]) -> None:
+        """The next round's ``n`` elements."""
+        assert len(items) == self.n
+        self.rounds[self.next_form] = items
+        self.taken[self.next_form] = set()
+        self.next_form += 1
+
+    def take(self, r: int, consumer: int) -> tuple[Any, bool]:
+        """Consumer ``consumer``'s element of (formed) round ``r``, and whether the oldest
+        round moved on (waiting consumers may go on)."""
+        element = self.rounds[r][consumer]
+        taken = self.taken[r]
+        taken.add(consumer)
+        if len(taken) < self.n:
+            return element, False
+        del self.rounds[r], self.taken[r]
+        while self.oldest < self.next_form and self.oldest not in self.rounds:
+            self.oldest += 1
+        return element, True
