@@ -235,3 +235,24 @@ def test_rounds_go_to_their_consumers_and_are_dropped_once_read():
     assert rounds.oldest == 1 and not rounds.too_far_ahead(2)
     assert "already served to every consumer" in rounds.out_of_step(0, 1)
     assert rounds.out_of_step(1, 1) is None
+
+
+# -- the cross-trainer cache -------------------------------------------------------------------
+from dask_dataservice.service.worker.core import TrainerCursors  # noqa: E402
+
+
+def test_trainer_positions_follow_the_fastest_and_a_slow_one_skips_ahead():
+    pos = TrainerCursors(lookahead=4)
+    assert pos.has_demand(cached=0, cached_bytes=0, max_bytes=800, chunk=1)
+    assert pos.start("fast") == 0 and pos.start("slow") == 0
+    pos.took("fast", 0, 3)
+    pos.took("slow", 0, 1)
+    # 5 cached: the fastest trainer (at 3) has 2 ahead of it: produce
+    assert pos.has_demand(cached=5, cached_bytes=40, max_bytes=800, chunk=1)
+    assert not pos.has_demand(cached=7, cached_bytes=56, max_bytes=800, chunk=1)  # 4 ahead
+    # ... nor past half the window's bytes
+    assert not pos.has_demand(cached=5, cached_bytes=1000, max_bytes=800, chunk=1)
+    pos.evicted(2)  # elements 0 and 1 left the window
+    assert pos.start("slow") == 0 and pos.skipped == 1  # it was at 1: skips to 2
+    assert pos.start("fast") == 1  # element 3 is at offset 1
+    assert pos.start("new") == 0  # a new trainer starts at the oldest element cached

@@ -21,7 +21,7 @@ from typing import Any
 from ..._async import LoopWaker
 from ...errors import DataServiceError
 from ..protocol._metrics import element_size
-from .core import Rounds
+from .core import Rounds, TrainerCursors
 
 __all__ = [
     "CrossTrainerWindow",
@@ -185,53 +185,40 @@ class CrossTrainerWindow(ElementBuffer):
     def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int,
                  lookahead: int = 256) -> None:
         super().__init__(loop, max_bytes=max_bytes, max_elements=2**62)
-        self._base = 0  # sequence number of self._items[0]
-        self._cursors: dict[str | None, int] = {}
-        self._lookahead = lookahead
-        #: Elements trainers skipped because they fell out of the window.
-        self.skipped = 0
+        #: The trainers' positions (the worker core's logic; used under this buffer's lock).
+        self.positions = TrainerCursors(lookahead)
 
-    def _head(self) -> int:
-        return self._base + len(self._items)
-
-    def _has_demand(self) -> bool:
-        """Produce only for the fastest trainer, and never so far ahead of it that the
-        window would evict elements it has not read yet."""
-        lead = max(self._cursors.values(), default=self._base)
-        ahead = self._head() - lead
-        if ahead >= self._lookahead:
-            return False
-        if self._items:
-            average = self._bytes / len(self._items)
-            if (ahead + self.chunk_size) * average > self._max_bytes / 2:
-                return False
-        return True
+    @property
+    def skipped(self) -> int:
+        """Elements trainers skipped because they fell out of the window."""
+        return self.positions.skipped
 
     def _room(self) -> bool:
-        return self._has_demand()
+        return self.positions.has_demand(len(self._items), self._bytes, self._max_bytes,
+                                         self.chunk_size)
 
     def _added(self) -> None:
         # the window is full: evict the oldest elements (trainers behind them skip ahead)
+        evicted = 0
         while self._bytes > self._max_bytes and len(self._items) > 1:
             self._bytes -= self._sizes.popleft()
             self._items.popleft()
-            self._base += 1
+            evicted += 1
+        if evicted:
+            self.positions.evicted(evicted)
 
     def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list[Any]:
         with self._cond:
-            cursor = self._cursors.get(trainer_id, self._base)
-            if cursor < self._base:
-                self.skipped += self._base - cursor
-                cursor = self._base
+            positions = self.positions
+            start = i = positions.start(trainer_id)
             out: list[Any] = []
             taken = 0
             items, sizes = self._items, self._sizes
-            i = cursor - self._base
             while i < len(items) and len(out) < max_elements and (taken < max_bytes or not out):
                 out.append(items[i])
                 taken += sizes[i]
                 i += 1
-            self._cursors[trainer_id] = cursor + len(out)
+            positions.took(trainer_id, start, len(out))
             if out:
                 self._cond.notify()  # the lead may have moved: there may be demand now
             elif not self.end_visible and not self._closed:

@@ -73,6 +73,7 @@ __all__ = [
     "ShowEnd",
     "StartTask",
     "TaskPhase",
+    "TrainerCursors",
     "Turn",
     "WorkerCore",
     "empty_reply",
@@ -493,3 +494,52 @@ class Rounds:
         while self.oldest < self.next_form and self.oldest not in self.rounds:
             self.oldest += 1
         return element, True
+
+
+# The cross-trainer cache ------------------------------------------------------------------------
+class TrainerCursors:
+    """The consumer positions of a cross-trainer window (:class:`._buffers.CrossTrainerWindow`
+    holds the elements and the lock): one cursor per trainer id into the task's element
+    sequence; ``base`` is the sequence number of the oldest element still cached.
+
+    A trainer whose cursor fell out of the window (evicted) skips ahead to ``base``; production
+    follows the fastest trainer, at most ``lookahead`` elements (and half the window's bytes)
+    ahead of it.
+    """
+
+    def __init__(self, lookahead: int) -> None:
+        self.base = 0
+        self.lookahead = lookahead
+        self.cursors: dict[str | None, int] = {}
+        #: Elements trainers skipped because they fell out of the window.
+        self.skipped = 0
+
+    def has_demand(self, cached: int, cached_bytes: int, max_bytes: int, chunk: int) -> bool:
+        """Whether to produce now, with ``cached`` elements (``cached_bytes``) in the window:
+        only for the fastest trainer, and never so far ahead of it that the window would evict
+        elements it has not read yet."""
+        lead = max(self.cursors.values(), default=self.base)
+        ahead = self.base + cached - lead
+        if ahead >= self.lookahead:
+            return False
+        if cached:
+            average = cached_bytes / cached
+            if (ahead + chunk) * average > max_bytes / 2:
+                return False
+        return True
+
+    def evicted(self, count: int) -> None:
+        self.base += count
+
+    def start(self, trainer_id: str | None) -> int:
+        """Where ``trainer_id`` reads next, as an offset into the cached elements."""
+        cursor = self.cursors.get(trainer_id, self.base)
+        if cursor < self.base:
+            self.skipped += self.base - cursor
+            cursor = self.base
+            self.cursors[trainer_id] = cursor
+        return cursor - self.base
+
+    def took(self, trainer_id: str | None, offset: int, count: int) -> None:
+        """``trainer_id`` took ``count`` elements from ``offset`` (as :meth:`start` said)."""
+        self.cursors[trainer_id] = self.base + offset + count
