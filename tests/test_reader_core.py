@@ -190,3 +190,26 @@ def test_shared_jobs_grow_requests_while_the_consumer_keeps_up():
     assert size.next(queued=4, taken=2, capacity=8) == 256  # half full: halve
     assert size.next(queued=8, taken=2, capacity=8) == 256  # never below the start
     assert RequestSize(4096, shared=False, shared_start=256).next(8, 0, 8) == 4096
+
+
+# -- readers over a fixed task list ------------------------------------------------------------
+from dask_dataservice.service._reader_core import (  # noqa: E402
+    fixed_tasks,
+    join_rounds,
+    join_turns,
+    task_lost,
+)
+
+
+def test_fixed_readers_walk_the_active_tasks_by_id():
+    v = view((5, B, "active"), (2, A, "active"), (3, A, "lost"))
+    assert fixed_tasks(v) == [(2, A), (5, B)]
+    assert fixed_tasks(view()) == []
+    assert task_lost(v, 3) and not task_lost(v, 2) and not task_lost(v, 9)
+
+
+def test_parts_are_joined_round_by_round_or_turn_by_turn():
+    assert join_rounds([[0, 2], [1, 3]]) == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        join_rounds([[0, 2], [1]])  # every task answers every round
+    assert join_turns([[0, 1], [10, 11]]) == [0, 1, 10, 11]

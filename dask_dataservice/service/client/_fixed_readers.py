@@ -21,6 +21,7 @@ from ...errors import DataServiceError
 from ..protocol._messages import raise_for_status
 from . import _reader
 from ._reader import CROSS_TRAINER_TURN, IterationReader
+from ._reader_core import fixed_tasks, join_rounds, join_turns, task_lost
 
 logger = logging.getLogger("dask_dataservice.service.client._reader")
 
@@ -38,14 +39,13 @@ class _FixedTasksReader(IterationReader):
         deadline = loop.time() + self.dispatcher_timeout
         delay = 0.01
         start = loop.time()
-        while not (active := [t for t in view["tasks"] if t["status"] == "active"]):
+        while not (tasks := fixed_tasks(view)):
             if loop.time() > deadline:
                 raise DataServiceError(f"{self.what}: the job has no data workers")
             await self._no_workers(loop.time() - start)  # warns, with the reason
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.25)
             view = await self._heartbeat()
-        tasks = sorted((t["task_id"], t["worker_address"]) for t in active)
         self.group.spawn(self._heartbeats)
 
         def request(turn: int) -> list[asyncio.Task[Any]]:
@@ -85,9 +85,7 @@ class _FixedTasksReader(IterationReader):
                 if done:
                     return pending.result()
                 await self._unresponsive(task_id, address)
-                view = await self._heartbeat()
-                if any(t["task_id"] == task_id and t["status"] == "lost"
-                       for t in view["tasks"]):
+                if task_lost(await self._heartbeat(), task_id):
                     raise DataServiceError(
                         f"{self.what}: the worker of task {task_id} ({address}) stopped "
                         f"answering (no reply for {self.request_timeout:g}s, "
@@ -97,7 +95,7 @@ class _FixedTasksReader(IterationReader):
             pending.cancel()
 
     def _join(self, parts: list[list[Any]]) -> list[Any]:
-        return [x for part in parts for x in part]
+        return join_turns(parts)
 
     async def _heartbeats(self) -> None:
         while not self.stopped:
@@ -128,7 +126,7 @@ class CoordinatedReader(_FixedTasksReader):
         return items
 
     def _join(self, parts: list[list[Any]]) -> list[Any]:
-        return [x for row in zip(*parts, strict=True) for x in row]
+        return join_rounds(parts)
 
 
 class CrossTrainerReader(_FixedTasksReader):

@@ -43,6 +43,11 @@ Stimuli and outcomes
     After the delay: forget the requests in flight (the I/O cancels them); the next
     ``to_send`` starts again at the failed request's ``seq``.
 
+Readers over a fixed task list (coordinated reads, the cross-trainer cache under DYNAMIC):
+:func:`fixed_tasks` (the active tasks when the read starts, by id), :func:`task_lost` (the
+read then ends with an error: every round or turn needs every task), :func:`join_rounds` /
+:func:`join_turns` (how the parts of one round or turn are put together).
+
 :class:`RequestSize` (elements per request of a shared job): grows while the consumer keeps
 up, halves when it falls behind (:meth:`RequestSize.next`).
 
@@ -68,7 +73,11 @@ __all__ = [
     "Tracker",
     "ViewChanges",
     "address_host",
+    "fixed_tasks",
+    "join_rounds",
+    "join_turns",
     "select_tasks",
+    "task_lost",
 ]
 
 _STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
@@ -362,3 +371,27 @@ class RequestSize:
                 self.current = max(self.minimum, self.current // 2)
             self._taken_seen = taken
         return self.current
+
+
+# -- readers over a fixed task list (coordinated reads, the cross-trainer cache) -------------
+def fixed_tasks(view: dict[str, Any]) -> list[tuple[int, str]]:
+    """The tasks a fixed-list reader walks: the active ones when it starts, by task id
+    (workers that join later take no part). Empty: wait for a data worker."""
+    return sorted((t["task_id"], t["worker_address"]) for t in view["tasks"]
+                  if t["status"] == "active")
+
+
+def task_lost(view: dict[str, Any], task_id: int) -> bool:
+    """Whether ``view`` says task ``task_id`` is lost (a fixed-list read cannot go on)."""
+    return any(t["task_id"] == task_id and t["status"] == "lost" for t in view["tasks"])
+
+
+def join_rounds(parts: list[list[Any]]) -> list[Any]:
+    """Coordinated reads: the parts of one request to each task (rounds ``r .. r+k-1`` of
+    task ``r mod T``...) interleaved round by round."""
+    return [x for row in zip(*parts, strict=True) for x in row]
+
+
+def join_turns(parts: list[list[Any]]) -> list[Any]:
+    """The cross-trainer cache: each task's turn, in task order."""
+    return [x for part in parts for x in part]
