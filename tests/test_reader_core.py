@@ -213,3 +213,16 @@ def test_parts_are_joined_round_by_round_or_turn_by_turn():
     with pytest.raises(ValueError):
         join_rounds([[0, 2], [1]])  # every task answers every round
     assert join_turns([[0, 1], [10, 11]]) == [0, 1, 10, 11]
+
+
+def test_the_core_imports_no_dask_no_asyncio_no_threads():
+    """Sans-I/O: the module (at any level) imports nothing that does I/O or schedules."""
+    import ast
+    import inspect
+
+    from dask_dataservice.service import _reader_core
+
+    tree = ast.parse(inspect.getsource(_reader_core))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert names <= {"__future__", "dataclasses", "collections", "typing", "_exceptions"}, names

@@ -256,3 +256,19 @@ def test_trainer_positions_follow_the_fastest_and_a_slow_one_skips_ahead():
     assert pos.start("slow") == 0 and pos.skipped == 1  # it was at 1: skips to 2
     assert pos.start("fast") == 1  # element 3 is at offset 1
     assert pos.start("new") == 0  # a new trainer starts at the oldest element cached
+
+
+def test_the_core_imports_no_dask_no_asyncio_no_threads():
+    """Sans-I/O: the module (at any level) imports nothing that does I/O or schedules."""
+    import ast
+    import inspect
+
+    from dask_dataservice.service import _worker_core
+
+    tree = ast.parse(inspect.getsource(_worker_core))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    forbidden = {"asyncio", "threading", "concurrent", "distributed", "dask", "tornado"}
+    assert not {n for n in names if n.split(".")[0] in forbidden}, names
+    assert names <= {"__future__", "dataclasses", "collections", "collections.abc", "typing",
+                     "_messages"}, names
