@@ -21,7 +21,7 @@ from ...errors import DataServiceError
 from ..protocol._messages import raise_for_status
 from . import _reader
 from ._reader import CROSS_TRAINER_TURN, IterationReader
-from ._reader_core import fixed_tasks, join_rounds, join_turns, task_lost
+from .reader_core import fixed_tasks, join_rounds, join_turns, task_lost
 
 logger = logging.getLogger("dask_dataservice.service.client._reader")
 

@@ -1,10 +1,12 @@
-"""Small parts of the data worker (:mod:`.plugin`): the serialization of element
-batches with an error that names the culprit."""
+"""Small parts of the data worker (:mod:`.plugin`): the asyncio half of the request
+order, and the serialization of element batches with an error that names the culprit."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import dask.config
 from dask.utils import parse_bytes
@@ -13,7 +15,80 @@ from distributed.protocol.serialize import Serialized, serialize
 from ..protocol._frames import compress_frames
 from ..protocol._messages import ElementBatch
 
-__all__ = ["offload_bytes", "serialized_batch"]
+if TYPE_CHECKING:
+    from .core import WorkerCore
+
+__all__ = ["TurnFutures", "offload_bytes", "serialized_batch"]
+
+_Key = tuple[int, int | None]
+
+
+class TurnFutures:
+    """The futures of the request order that :class:`~.core.WorkerCore` decides: the
+    replies kept until acknowledged, and the requests waiting for their turn (on the loop)."""
+
+    def __init__(self, core: WorkerCore) -> None:
+        self.core = core
+        self._kept: dict[_Key, dict[int, asyncio.Future[Any]]] = {}
+        self._waiters: dict[tuple[_Key, int], asyncio.Future[None]] = {}
+
+    def forget(self, key: _Key, seqs: Iterable[int]) -> None:
+        replies = self._kept.get(key)
+        if replies is not None:
+            for seq in seqs:
+                replies.pop(seq, None)
+
+    def kept(self, key: _Key, seq: int) -> asyncio.Future[Any]:
+        return self._kept[key][seq]
+
+    def keep(self, key: _Key, seq: int) -> asyncio.Future[Any]:
+        fut = self._kept.setdefault(key, {})[seq] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def drop(self, key: _Key, seq: int, kept: asyncio.Future[Any] | None) -> None:
+        """Request ``seq`` was cancelled: a request sent again computes its reply afresh."""
+        if kept is None:
+            return
+        self.core.turn_abandoned(key, seq, kept=True)
+        replies = self._kept.get(key)
+        if replies is not None and replies.get(seq) is kept:
+            del replies[seq]
+        kept.cancel()
+
+    async def wait_turn(self, key: _Key, seq: int, timeout: float) -> None:
+        """Until request ``seq`` of ``key`` may run (the core said it waits), at most
+        ``timeout`` (an earlier request never came: go on rather than hang)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[key, seq] = fut
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if self._waiters.get((key, seq)) is fut:
+                del self._waiters[key, seq]
+            if not fut.done() or fut.cancelled():
+                self.core.turn_abandoned(key, seq, waiting=True)
+
+    def done(self, key: _Key, seq: int) -> None:
+        nxt = self.core.turn_done(key, seq)
+        if nxt is not None:
+            fut = self._waiters.pop((key, nxt), None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def drop_task(self, task_id: int) -> None:
+        """The task was cancelled: its kept replies go, its waiting requests go on."""
+        for key in [k for k in self._kept if k[0] == task_id]:
+            del self._kept[key]
+        for waiter in [k for k in self._waiters if k[0][0] == task_id]:
+            fut = self._waiters.pop(waiter)
+            if not fut.done():
+                fut.set_result(None)
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._waiters.clear()
 
 
 def offload_bytes() -> int:

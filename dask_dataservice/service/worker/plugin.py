@@ -68,7 +68,7 @@ from .core import (
     unknown_task_reply,
 )
 from ._worker_key import WorkerKey
-from ._worker_util import offload_bytes, serialized_batch
+from ._worker_util import TurnFutures, offload_bytes, serialized_batch
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -261,11 +261,8 @@ class DataWorkerPlugin(WorkerPlugin):
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
-        #: ``{(task_id, consumer): {seq: reply}}``: replies kept until acknowledged (which
-        #: ones: the core's turns), and ``{(key, seq): future}`` of requests waiting for their
-        #: turn.
-        self._kept: dict[tuple[int, int | None], dict[int, asyncio.Future[Any]]] = {}
-        self._turn_waiters: dict[tuple[tuple[int, int | None], int], asyncio.Future[None]] = {}
+        #: The asyncio half of the core's request order: kept replies, turn waiters.
+        self._turns = TurnFutures(self.core)
         worker.handlers["dataservice_get_elements"] = self.get_elements
         worker.handlers["dataservice_get_rounds"] = self.get_rounds
         worker.handlers["dataservice_worker_state"] = self.worker_state
@@ -298,8 +295,7 @@ class DataWorkerPlugin(WorkerPlugin):
         shutdown_executor(self._executor)
         self._datasets.clear()
         self._rounds.clear()
-        self._kept.clear()
-        self._turn_waiters.clear()
+        self._turns.clear()
 
     async def _join_threads(self) -> None:
         runners = list(self._runners)
@@ -373,28 +369,24 @@ class DataWorkerPlugin(WorkerPlugin):
                                             linger, job_token, codecs)
         key = (task_id, consumer)
         turn = self.core.turn(key, seq, ack)
-        kept: asyncio.Future[Any] | None = None
+        turns = self._turns
         if turn.forget:
-            replies = self._kept.get(key)
-            if replies is not None:
-                for old in turn.forget:
-                    replies.pop(old, None)
+            turns.forget(key, turn.forget)
         if turn.replay:  # sent again: the first answer (or the one under way)
             self.stats["requests_replayed"] += 1
-            return await asyncio.shield(self._kept[key][seq])
-        if turn.keep:
-            kept = self._kept.setdefault(key, {})[seq] = self.loop.create_future()
+            return await asyncio.shield(turns.kept(key, seq))
+        kept = turns.keep(key, seq) if turn.keep else None
         try:
             if turn.wait:
-                await self._wait_turn(key, seq, timeout=wait + 10)
+                await turns.wait_turn(key, seq, timeout=wait + 10)
         except asyncio.CancelledError:
-            self._drop_kept(key, seq, kept)
+            turns.drop(key, seq, kept)
             raise
         try:
             reply = await self._get_elements(task_id, max_elements, max_bytes, wait,
                                              trainer_id, linger, job_token, codecs)
         except asyncio.CancelledError:
-            self._drop_kept(key, seq, kept)  # a request sent again computes its reply afresh
+            turns.drop(key, seq, kept)  # a request sent again computes its reply afresh
             raise
         except Exception as e:
             if kept is not None:
@@ -402,42 +394,10 @@ class DataWorkerPlugin(WorkerPlugin):
                 kept.exception()  # retrieved: no "never retrieved" warning if not replayed
             raise
         finally:
-            self._turn_done(key, seq)
+            turns.done(key, seq)
         if kept is not None:
             kept.set_result(reply)
         return reply
-
-    async def _wait_turn(self, key: tuple[int, int | None], seq: int, timeout: float) -> None:
-        """Until request ``seq`` of ``key`` may run (the core said it waits), at most
-        ``timeout`` (an earlier request never came: go on rather than hang)."""
-        fut: asyncio.Future[None] = self.loop.create_future()
-        self._turn_waiters[key, seq] = fut
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            if self._turn_waiters.get((key, seq)) is fut:
-                del self._turn_waiters[key, seq]
-            if not fut.done() or fut.cancelled():
-                self.core.turn_abandoned(key, seq, waiting=True)
-
-    def _turn_done(self, key: tuple[int, int | None], seq: int) -> None:
-        nxt = self.core.turn_done(key, seq)
-        if nxt is not None:
-            fut = self._turn_waiters.pop((key, nxt), None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-
-    def _drop_kept(self, key: tuple[int, int | None], seq: int,
-                   kept: asyncio.Future[Any] | None) -> None:
-        if kept is None:
-            return
-        self.core.turn_abandoned(key, seq, kept=True)
-        replies = self._kept.get(key)
-        if replies is not None and replies.get(seq) is kept:
-            del replies[seq]
-        kept.cancel()
 
     async def _runner(self, task_id: int, timeout: float) -> TaskRunner | None:
         """The task's runner; waits up to ``timeout`` for a task that has not arrived yet."""
@@ -581,13 +541,7 @@ class DataWorkerPlugin(WorkerPlugin):
         if runner is not None:
             runner.cancel()
         self._rounds.pop(task_id, None)
-        for key in [k for k in self._kept if k[0] == task_id]:
-            del self._kept[key]
-        # requests waiting for their turn go on (and get end of sequence)
-        for key, seq in [k for k in self._turn_waiters if k[0][0] == task_id]:
-            fut = self._turn_waiters.pop((key, seq))
-            if not fut.done():
-                fut.set_result(None)
+        self._turns.drop_task(task_id)  # waiting requests go on (and get end of sequence)
 
     async def _start_task(self, task: TaskDef) -> None:
         tid = task["task_id"]
