@@ -193,7 +193,7 @@ def test_shared_jobs_grow_requests_while_the_consumer_keeps_up():
 
 
 # -- readers over a fixed task list ------------------------------------------------------------
-from dask_dataservice.service._reader_core import (  # noqa: E402
+from dask_dataservice.service.client.reader_core import (  # noqa: E402
     fixed_tasks,
     join_rounds,
     join_turns,
@@ -220,9 +220,9 @@ def test_the_core_imports_no_dask_no_asyncio_no_threads():
     import ast
     import inspect
 
-    from dask_dataservice.service import _reader_core
+    from dask_dataservice.service.client import reader_core as _reader_core
 
     tree = ast.parse(inspect.getsource(_reader_core))
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert names <= {"__future__", "dataclasses", "collections", "typing", "_exceptions"}, names
+    assert names <= {"__future__", "dataclasses", "collections", "typing", "errors"}, names

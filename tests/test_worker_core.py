@@ -263,7 +263,7 @@ def test_the_core_imports_no_dask_no_asyncio_no_threads():
     import ast
     import inspect
 
-    from dask_dataservice.service import _worker_core
+    from dask_dataservice.service.worker import core as _worker_core
 
     tree = ast.parse(inspect.getsource(_worker_core))
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -271,4 +271,4 @@ def test_the_core_imports_no_dask_no_asyncio_no_threads():
     forbidden = {"asyncio", "threading", "concurrent", "distributed", "dask", "tornado"}
     assert not {n for n in names if n.split(".")[0] in forbidden}, names
     assert names <= {"__future__", "dataclasses", "collections", "collections.abc", "typing",
-                     "_messages"}, names
+                     "protocol._messages"}, names

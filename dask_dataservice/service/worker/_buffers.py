@@ -238,7 +238,7 @@ class RoundBuffer:
     took its element. Consumers may run ahead of the slowest by ``max_ahead`` rounds; past
     that they wait, and after ``timeout`` seconds they get an error naming the laggards,
     rather than waiting forever for a consumer that stopped. The round logic is the worker
-    core's :class:`~._worker_core.Rounds`; this class waits and forms rounds.
+    core's :class:`~.core.Rounds`; this class waits and forms rounds.
     """
 
     def __init__(self, buffer: ElementBuffer, num_consumers: int, timeout: float,
