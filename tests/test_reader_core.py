@@ -226,3 +226,11 @@ def test_the_core_imports_no_dask_no_asyncio_no_threads():
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert names <= {"__future__", "dataclasses", "collections", "typing", "errors"}, names
+
+
+def test_ask_again_soon_unless_listed_workers_are_still_to_join():
+    from dask_dataservice.service.client.reader_core import ask_again_after
+
+    assert ask_again_after(view(), 1.0) == 0.01
+    assert ask_again_after(view(pending_shards=2), 1.0) == 1.0
+    assert ask_again_after(view(), 0.005) == 0.005

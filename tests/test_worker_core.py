@@ -272,3 +272,11 @@ def test_the_core_imports_no_dask_no_asyncio_no_threads():
     assert not {n for n in names if n.split(".")[0] in forbidden}, names
     assert names <= {"__future__", "dataclasses", "collections", "collections.abc", "typing",
                      "protocol._messages"}, names
+
+
+def test_heartbeats_back_off_while_no_dispatcher_answers():
+    from dask_dataservice.service.worker.core import heartbeat_delay
+
+    assert heartbeat_delay(True, 8.0, 1.0) == 1.0
+    assert [heartbeat_delay(False, d, 1.0) for d in (1.0, 2.0, 16.0, 30.0)] == [
+        2.0, 4.0, 30.0, 30.0]

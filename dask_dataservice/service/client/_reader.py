@@ -38,7 +38,7 @@ from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
 from ._read_channel import END, Channel, Failure
-from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker
+from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker, ask_again_after
 
 logger = logging.getLogger(__name__)
 
@@ -246,11 +246,7 @@ class IterationReader:
             view = await self._heartbeat()
             self._update_tasks(view)
             if ended and not view["finished"]:
-                # tasks ended but the dispatcher has not seen all of them yet (lost
-                # workers, or new tasks being created): wait a little before asking again;
-                # for listed workers still to join, a heartbeat interval
-                await asyncio.sleep(self.heartbeat_interval if view.get("pending_shards")
-                                    else min(0.01, self.heartbeat_interval))
+                await asyncio.sleep(ask_again_after(view, self.heartbeat_interval))
 
     async def _no_workers(self, waited: float) -> None:
         """The iteration has had no task for ``waited`` seconds: warn, then fail, saying why."""

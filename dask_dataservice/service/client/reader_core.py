@@ -20,6 +20,9 @@ Stimuli and outcomes
 ``pass_over(view)``
     Whether the pass is over: every task read ended and the dispatcher says the iteration
     finished (a local reader: once every listed worker joined).
+``ask_again_after(view, interval)`` (a function)
+    Every task ended but the dispatcher has not recorded the iteration finished: seconds
+    before the next heartbeat.
 ``no_workers(waited)``
     ``"warn"`` / ``"fail"`` / None after ``waited`` seconds without any task.
 
@@ -73,6 +76,7 @@ __all__ = [
     "Tracker",
     "ViewChanges",
     "address_host",
+    "ask_again_after",
     "fixed_tasks",
     "join_rounds",
     "join_turns",
@@ -243,6 +247,13 @@ class ReaderCore:
 
 
 _NO_CHANGES = ViewChanges()
+
+
+def ask_again_after(view: dict[str, Any], interval: float) -> float:
+    """Every task read ended, but the dispatcher has not seen all of them yet (lost workers,
+    or new tasks being created): ask again soon; for listed workers still to join (static
+    sharding), after a heartbeat interval."""
+    return interval if view.get("pending_shards") else min(0.01, interval)
 
 
 # -- one task ------------------------------------------------------------------------------

@@ -45,8 +45,9 @@ Stimuli (methods) and what they return
     A request gave up waiting for its turn (the earlier one never came), or its kept reply
     is dropped (it was cancelled: a request sent again computes it afresh).
 
-Reply shaping for one request (per request, never per element): :func:`may_linger` and
-:func:`empty_reply`.
+Reply shaping for one request (per request, never per element): :func:`may_linger`,
+:func:`empty_reply`, :func:`unknown_task_reply`. Timer: :func:`heartbeat_delay` (the next
+heartbeat, with a backoff while no dispatcher answers).
 
 Invariants: a task is in at most one of ``tasks`` (known) and ``finished``; end of sequence
 is visible only for a task whose finish report was answered; requests of one consumer run
@@ -77,6 +78,7 @@ __all__ = [
     "Turn",
     "WorkerCore",
     "empty_reply",
+    "heartbeat_delay",
     "may_linger",
 ]
 
@@ -347,6 +349,13 @@ class WorkerCore:
     def _drop_turns(self, task_id: int) -> None:
         for key in [k for k in self._turns if k[0] == task_id]:
             del self._turns[key]
+
+
+def heartbeat_delay(answered: bool, previous: float, interval: float) -> float:
+    """Seconds until the next heartbeat: ``interval`` after an answer; with no dispatcher on
+    the scheduler (yet), a backoff doubling to 30 s, so that its log is not flooded with "no
+    handler" lines (installing the dispatcher re-sends the plugin, which restarts at once)."""
+    return interval if answered else min(30.0, max(previous, interval) * 2)
 
 
 # Reply shaping (per request) ----------------------------------------------------------------

@@ -64,6 +64,7 @@ from .core import (
     StartTask,
     WorkerCore,
     empty_reply,
+    heartbeat_delay,
     may_linger,
     unknown_task_reply,
 )
@@ -683,10 +684,7 @@ class DataWorkerPlugin(WorkerPlugin):
             except Exception as e:  # noqa: BLE001 - the dispatcher may be restarting
                 logger.debug("dataservice heartbeat failed: %r", e)
                 answered = True
-            # No dispatcher on this scheduler (yet): back off, so that its log is not
-            # flooded with "no handler" lines. Installing the dispatcher re-sends this plugin
-            # to every worker, which restarts the heartbeat at once.
-            delay = interval if answered else min(30.0, max(delay, interval) * 2)
+            delay = heartbeat_delay(answered, delay, interval)
             try:
                 await asyncio.wait_for(self._wake_heartbeat.wait(), delay)
             except TimeoutError:
