@@ -216,7 +216,7 @@ class DispatchServer(_BackgroundServer):
                 worker_addresses=cfg.worker_addresses,
             )
             if cfg.worker_timeout_ms is not None:
-                plugin.worker_timeout = cfg.worker_timeout_ms / 1000  # type: ignore[attr-defined]  # read by its liveness
+                plugin.worker_timeout = cfg.worker_timeout_ms / 1000
             scheduler.add_plugin(plugin)
             await scheduler
             return scheduler

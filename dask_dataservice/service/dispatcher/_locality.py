@@ -17,20 +17,23 @@ partitions a Dask collection has; the hint is decoded once per dataset.
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from . import _split_order
 
-__all__ = ["LOCALITY_KEY", "pick"]
+if TYPE_CHECKING:
+    from .state import DispatcherState
+
+__all__ = ["LOCALITY_KEY", "Hints", "pick"]
 
 #: Dataset metadata key of the hint (``dask_dataservice.data.dask_source.LOCALITY_KEY``).
 LOCALITY_KEY = "dask_locality"
 
-#: ``{dispatcher: {iteration_id or -1 - dataset_id: hint or None}}``: decoded hints, per
-#: dispatcher instance (a restarted dispatcher is a new instance and decodes them again).
-_HINTS: weakref.WeakKeyDictionary[Any, dict[int, list[tuple[Any, ...]] | None]] = \
-    weakref.WeakKeyDictionary()
+
+class Hints(dict[int, "list[tuple[Any, ...]] | None"]):
+    """``{iteration_id or -1 - dataset_id: hint or None}``: the decoded hints of one
+    dispatcher core (a restarted dispatcher has a new one and decodes them again)."""
 
 
 def _key(plain: Any) -> Any:
@@ -40,13 +43,12 @@ def _key(plain: Any) -> Any:
     return plain
 
 
-def _hint(dispatcher: Any, iteration_id: int) -> list[tuple[Any, ...]] | None:
+def _hint(state: DispatcherState, hints: Hints,
+          iteration_id: int) -> list[tuple[Any, ...]] | None:
     """The decoded hint of the iteration's dataset, or None (cached: one lookup per
     iteration, one decoding per dataset)."""
-    hints = _HINTS.setdefault(dispatcher, {})
     if iteration_id in hints:
         return hints[iteration_id]
-    state = dispatcher.state
     dataset_id = state.job(state.iteration(iteration_id).job_id).dataset_id
     if -1 - dataset_id not in hints:  # datasets under negative keys, iterations positive
         dataset = state.dataset(dataset_id)
@@ -58,39 +60,38 @@ def _hint(dispatcher: Any, iteration_id: int) -> list[tuple[Any, ...]] | None:
     return hint
 
 
-def _holders(tasks: Any, keys: tuple[Any, ...]) -> set[str]:
+def _holders(holders: Callable[[Any], Iterable[str]], keys: tuple[Any, ...]) -> set[str]:
     """Addresses of the workers holding any of ``keys``."""
     out: set[str] = set()
     for key in keys:
-        ts = tasks.get(key)
-        if ts is not None:
-            out.update(ws.address for ws in ts.who_has or ())
+        out.update(holders(key))
     return out
 
 
-def pick(dispatcher: Any, iteration_id: int, task_id: int, count: int) -> tuple[int, ...]:
+def pick(state: DispatcherState, hints: Hints, holders: Callable[[Any], Iterable[str]],
+         iteration_id: int, task_id: int, count: int) -> tuple[int, ...]:
     """Up to ``count`` split indices for ``task_id``, or ``()`` when the iteration's dataset
-    has no locality hint (then the splits go in index order, as always)."""
+    has no locality hint (then the splits go in index order, as always). ``holders(key)``:
+    the addresses of the workers holding Dask key ``key`` (the scheduler's ``who_has``)."""
     if count <= 0:
         return ()
-    hint = _hint(dispatcher, iteration_id)
+    hint = _hint(state, hints, iteration_id)
     if hint is None:
         return ()
-    taken = _split_order.taken(dispatcher.state, iteration_id)
-    address = dispatcher.state.task(task_id).worker_address
-    tasks = dispatcher.scheduler.tasks
+    taken = _split_order.taken(state, iteration_id)
+    address = state.task(task_id).worker_address
     local: list[int] = []
     orphans: list[int] = []  # in no worker's memory (lost, or released): no one reads them locally
     other = -1
     for i, keys in enumerate(hint):
         if i in taken:
             continue
-        holders = _holders(tasks, keys)
-        if address in holders:
+        who = _holders(holders, keys)
+        if address in who:
             local.append(i)
             if len(local) == count:
                 break
-        elif not holders:
+        elif not who:
             if len(orphans) < count:
                 orphans.append(i)
         elif other < 0:

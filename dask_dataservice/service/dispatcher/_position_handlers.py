@@ -5,17 +5,21 @@ against the dataset."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputPositionError
 from ..protocol._positions import POLICIES, check_position
 from ..protocol._sharding import ShardingPolicy
 
+if TYPE_CHECKING:
+    from ._entities import Dataset
+
 __all__ = ["position_handlers"]
 
 
-def position_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
-    """The dispatcher's handlers for input positions (registered by the dispatcher plugin)."""
+def position_handlers(dataset_of: Callable[[int | str], Dataset]) -> dict[str, Callable[..., Any]]:
+    """The dispatcher's handlers for input positions (registered by the dispatcher plugin;
+    ``dataset_of``: a dataset by its numeric id or the id its user chose)."""
     from ..._rpc import handler
 
     @handler
@@ -23,7 +27,7 @@ def position_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
               start: dict[str, Any] | None = None) -> dict[str, Any]:
         """A tracking reader's first call: the dataset's fingerprint, and ``start`` checked
         against it."""
-        dataset = plugin._dataset(dataset_id)
+        dataset = dataset_of(dataset_id)
         mode = ShardingPolicy[processing_mode].name
         if mode not in POLICIES:
             raise InputPositionError(

@@ -58,8 +58,8 @@ VIEW_STABLE_UPDATES: tuple[type, ...] = (
 class ViewCache:
     """The current view of each iteration, built at most once per view epoch."""
 
-    def __init__(self) -> None:
-        self._nonce = secrets.token_hex(4)
+    def __init__(self, nonce: str | None = None) -> None:
+        self._nonce = secrets.token_hex(4) if nonce is None else nonce
         self._epoch = 0
         self._views: dict[int, IterationView] = {}
 

@@ -17,8 +17,12 @@ Responsibilities
   index are journaled (``CreateJob.worker_addresses``, ``CreateTask.shard_index``), so a
   restart with another config never reassigns shards.
 
-Every handler goes through :func:`~dask_dataservice._rpc.handler` (errors travel as
-values); the mutating ones through :func:`_durable` as well. Replies use the wire shapes of
+Every decision is the sans-I/O core's (:class:`~.core.DispatcherCore`): this
+plugin is its I/O shell. A handler unpacks the request, calls the core with the time, appends
+the update records the core applied to the journal, sends the core's pushes once those
+records are durable, and replies. Every handler goes through
+:func:`~dask_dataservice._rpc.handler` (errors travel as values); the mutating ones through
+:func:`_durable` as well. Replies use the wire shapes of
 :mod:`._messages` (``TaskDef``, ``TaskInfo``, ``IterationView``). No user code runs here:
 datasets arrive as opaque bytes with their splits described on the client, and every
 handler does O(1) work, apart from heartbeats (O(tasks of the caller); a newly registered
@@ -31,79 +35,49 @@ writer owns and ``close`` awaits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from ... import config
 from ..._rpc import handler
-from ...errors import (
-    DataServiceError,
-    DatasetNotFoundError,
-    IterationNotFoundError,
-    JobNotFoundError,
-    TaskNotFoundError,
-    WorkerNotFoundError,
-)
+from ...errors import DataServiceError
 from ..protocol._hooks import run_dispatcher_start
-from ..protocol._job_checks import (
-    check_job_token,
-    check_mode,
-    check_target_workers,
-    require_shared_infinite,
-    shard_index,
-    worker_list,
-)
-from ..protocol._messages import TASKS_OP, IterationView, TaskChanges, TaskDef, send_tasks
-from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
+from ..protocol._job_checks import worker_list
+from ..protocol._messages import send_tasks
 from ..protocol._start_read import start_read_handlers
-from . import _locality
 from ._access import AccessGuard, new_token, redact_summary
-from ._gc import collect
 from ._liveness import WorkerLiveness
 from ._position_handlers import position_handlers
-from ._recovery import recover, revive, undelivered
-from ._views import ViewCache, build_view
-from .state import (
-    AckSplits,
-    AcquireIterationClient,
-    CreateIteration,
-    CreateJob,
-    CreateTask,
-    DispatcherState,
-    FinishTask,
-    GarbageCollectIteration,
-    ProduceSplits,
-    RegisterDataset,
-    RegisterWorker,
-    ReleaseIterationClient,
-    RemoveWorker,
-    Update,
-    encode_update,
-)
+from ._recovery import recover
+from .core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
+from .state import DispatcherState, Update, encode_update
 
 if TYPE_CHECKING:
     from distributed import Scheduler
 
-    from ._entities import Dataset as DatasetEntity
-    from ._entities import Iteration, IterationClient, Job, Task
+    from ..protocol._messages import IterationView, TaskChanges, TaskDef
+    from ._entities import Task
+    from .journal import JournalWriter
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dataservice-dispatcher"
 
+R = TypeVar("R")
 
 
 def _durable(method: Callable[..., Any]) -> Callable[..., Any]:
     """Make a mutating handler reply only once its updates are in the journal.
 
-    The handler runs synchronously (validate → journal append → apply, with no other
-    handler in between); its reply (or its error) then waits for the journal's group commit.
+    The handler runs synchronously (core → journal append, with no other handler in
+    between); its reply (or its error) then waits for the journal's group commit.
     Records are made durable in order, so waiting for the newest covers every update the
     reply can depend on: no client ever sees an effect that a crash could undo. Errors
     travel as values (:func:`~dask_dataservice._rpc.handler`).
@@ -122,8 +96,24 @@ def _durable(method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _now_micros() -> int:
-    return int(time.time() * 1_000_000)
+class _SchedulerView:
+    """The core's :class:`~.core.ClusterView` of the scheduler (read only)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def worker(self, address: str) -> WorkerInfo | None:
+        ws = self.scheduler.workers.get(address)
+        if ws is None:
+            return None
+        return WorkerInfo(address=address, host=ws.host, nthreads=ws.nthreads,
+                          resources=ws.resources, name=ws.name)
+
+    def holders(self, key: Any) -> Iterable[str]:
+        ts = self.scheduler.tasks.get(key)
+        if ts is None:
+            return ()
+        return [ws.address for ws in ts.who_has or ()]
 
 
 class DispatcherPlugin(SchedulerPlugin):
@@ -137,6 +127,9 @@ class DispatcherPlugin(SchedulerPlugin):
     client_timeout
         Seconds without a heartbeat after which a client is released
         (default: ``dataservice.dispatcher.client-timeout``).
+    worker_timeout
+        Seconds of silence after which a data worker is dropped
+        (default: ``dataservice.dispatcher.worker-timeout``).
     """
 
     name = PLUGIN_NAME
@@ -144,65 +137,120 @@ class DispatcherPlugin(SchedulerPlugin):
 
     def __init__(self, job_gc_timeout: float | None = None, client_timeout: float | None = None,
                  fault_tolerant_mode: bool | None = None, work_dir: str | None = None,
-                 worker_addresses: list[str] | None = None, gc_interval: float | None = None):
+                 worker_addresses: list[str] | None = None, gc_interval: float | None = None,
+                 worker_timeout: float | None = None):
+        self.core: DispatcherCore | None = None
+        self._settings: dict[str, float | None] = {}
         self.job_gc_timeout = job_gc_timeout
         self.client_timeout = client_timeout
+        self.worker_timeout = worker_timeout
         self.fault_tolerant_mode = fault_tolerant_mode
         self.work_dir = work_dir
         self.gc_interval = gc_interval
         #: The fixed worker list of static sharding: addresses (``tcp://h:p`` or ``h:p``) or
         #: Dask worker names; a worker's index in it is its shard index.
         self.worker_addresses = worker_list(worker_addresses) if worker_addresses else None
-        self.state = DispatcherState()
-        self._journal = None
-        self._journal_tail = None
+        self._journal: JournalWriter | None = None
+        self._journal_tail: asyncio.Future[Any] | None = None
         self._journal_error: BaseException | None = None
         #: Updates replayed from the journal at the last start (after its snapshot).
         self.recovered_updates = 0
         #: Seconds the last start spent reading and replaying the journal.
         self.recovery_seconds = 0.0
-        self._client_seen: dict[int, int] = {}
-        #: Iteration views, built once per view epoch (:mod:`._views`).
-        self._views = ViewCache()
         self._closed = False
+
+    # Timeouts: set on a started plugin (tests do), they reach its core
+    def _setting(name: str) -> Any:  # type: ignore[misc]  # a property factory
+        def get(self: DispatcherPlugin) -> float | None:
+            return self._settings.get(name)
+
+        def set_(self: DispatcherPlugin, value: float | None) -> None:
+            self._settings[name] = value
+            if self.core is not None and value is not None:
+                changes: dict[str, Any] = {name: float(value)}
+                self.core.config = dataclasses.replace(self.core.config, **changes)
+                self.core.deadlines.timeout = self.core.config.worker_timeout
+
+        return property(get, set_)
+
+    job_gc_timeout = _setting("job_gc_timeout")
+    client_timeout = _setting("client_timeout")
+    worker_timeout = _setting("worker_timeout")
+    del _setting
+
+    # The core's state and bookkeeping, as the plugin showed them before (tests, tools)
+    @property
+    def state(self) -> DispatcherState:
+        return self._core.state if self.core is not None else DispatcherState()
+
+    @property
+    def lineage(self) -> str:
+        return self._core.lineage
+
+    @property
+    def _core(self) -> DispatcherCore:
+        assert self.core is not None, "the dispatcher has not started"
+        return self.core
+
+    @property
+    def _client_seen(self) -> dict[int, int]:
+        return self._core.client_seen
+
+    @property
+    def _idle_iterations(self) -> set[int]:
+        return self._core.idle_iterations
+
+    @property
+    def _recovered_workers(self) -> set[str]:
+        return self._core.recovered_workers
+
+    @property
+    def _views(self) -> Any:
+        return self._core.views
+
+    def core_config(self) -> CoreConfig:
+        """The core's settings from this plugin's arguments and the config."""
+        assert self.client_timeout is not None and self.job_gc_timeout is not None
+        worker_timeout = self.worker_timeout
+        if worker_timeout is None:
+            worker_timeout = config.get_seconds("dispatcher.worker-timeout")
+        limit = config.get("dispatcher.max-datasets-per-client")
+        return CoreConfig(
+            job_gc_timeout=float(self.job_gc_timeout),
+            client_timeout=float(self.client_timeout),
+            worker_timeout=float(worker_timeout),
+            gc_dynamic_sharding_jobs=bool(config.get("dispatcher.gc-dynamic-sharding-jobs")),
+            worker_addresses=tuple(self.worker_addresses) if self.worker_addresses else None,
+            excluded_resources=tuple(config.get("dispatcher.worker-resource-excluded") or ()),
+            split_batch_max=config.get_int("dispatcher.split-batch-max", minimum=1),
+            max_datasets_per_client=None if limit is None else int(limit),
+        )
 
     # Lifecycle
     ###########
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.state = DispatcherState()
         if self.job_gc_timeout is None:
             self.job_gc_timeout = config.get_seconds("dispatcher.job-gc-timeout")
         if self.client_timeout is None:
             self.client_timeout = config.get_seconds("dispatcher.client-timeout")
-        self._excluded_resources = tuple(config.get("dispatcher.worker-resource-excluded") or ())
         if self.fault_tolerant_mode is None:
             self.fault_tolerant_mode = bool(config.get("dispatcher.fault-tolerant-mode"))
         if self.work_dir is None:
             self.work_dir = config.get("dispatcher.work-dir")
-        self._gc_dynamic_jobs = bool(config.get("dispatcher.gc-dynamic-sharding-jobs"))
         if self.worker_addresses is None and config.get("dispatcher.worker-addresses"):
             self.worker_addresses = worker_list(config.get("dispatcher.worker-addresses"))
         self._journal = None
         self._journal_tail = None
         self._journal_error = None
         self._closed = False
-        self._recovered_at = _now_micros()
         #: Whose task and dataset ids these are: random per start, kept in the work dir in
         #: fault-tolerant mode (:func:`._recovery.lineage`); a worker that kept tasks of
         #: another lineage drops them (their ids may be reused here).
-        self.lineage = new_token()
-        #: ``{iteration_client_id: micros}``: the last heartbeat of each client heard since
-        #: this start (liveness is not journaled; see ``client_heartbeat``).
-        self._client_seen = {}
-        self._views = ViewCache()
+        self.core = DispatcherCore(self.core_config(), _SchedulerView(scheduler), time.time(),
+                                   lineage=new_token(), new_token=new_token)
         #: Worker keys and registration limits (see :mod:`._access`).
         self._access = AccessGuard(scheduler)
-        #: Iterations of named jobs that lost their last client (candidates for GC).
-        self._idle_iterations: set[int] = set()
-        #: Workers the journal knew that have not heartbeated since this start: revived
-        #: with their tasks if they come back resumed, dropped after ``worker-timeout``.
-        self._recovered_workers: set[str] = set()
         if self.fault_tolerant_mode:
             if not self.work_dir:
                 raise ValueError(
@@ -228,8 +276,10 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_ack_splits": self.ack_splits,
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
-            **position_handlers(self),  # issue 13: input positions (_position_handlers.py)
-            **start_read_handlers(self),  # issue 16: job and iteration in one round trip
+            # issue 13: input positions (_position_handlers.py)
+            **position_handlers(self._core.dataset),
+            # issue 16: job and iteration in one round trip
+            **start_read_handlers(self.get_or_create_job, self.get_or_create_iteration),
         }
         scheduler.handlers.update(handlers)
         self._handler_names = tuple(handlers)
@@ -276,33 +326,39 @@ class DispatcherPlugin(SchedulerPlugin):
         self._access.forget_worker(worker)
         if self._closed:  # the scheduler is shutting down: leave the journal as it is
             return
-        self._liveness.forget(worker)
-        try:
-            if self.state.worker(worker).registered:
-                self._apply(RemoveWorker(address=worker))
-        except WorkerNotFoundError:
-            pass
+        self._run(self._core.worker_left, worker)
 
     # The one way to change state
     #############################
-    def _apply(self, update: Update) -> None:
-        """Validate, journal (fault-tolerant mode) and apply one update.
+    def _run(self, stimulus: Callable[..., Outcome[R]], *args: Any, **kwargs: Any) -> R:
+        """Call the core with one stimulus, journal what it applied and queue its pushes
+        (sent once durable); the records of a stimulus that raised are journaled too."""
+        try:
+            out = stimulus(*args, **kwargs)
+        except BaseException:
+            self._commit(self._core.take_effects())
+            raise
+        self._commit(out)
+        return out.reply
 
-        The journal append only enqueues the record (its place in the journal is fixed now);
-        handlers wrapped in :func:`_durable` wait for it before replying.
+    def _commit(self, out: Outcome[Any]) -> None:
+        """Journal ``out``'s records (in fault-tolerant mode) and queue its pushes.
+
+        The journal append only enqueues each record (its place in the journal is fixed
+        now); handlers wrapped in :func:`_durable` wait for them before replying.
         """
-        if self._journal_error is not None:
-            raise DataServiceError(
-                f"the dispatcher's journal failed ({self._journal_error!r}); restart the "
-                "scheduler to recover from the journal"
-            )
-        self.state.check(update)
         if self._journal is not None:
-            tail = self._journal.append(encode_update(update))
-            tail.add_done_callback(self._journal_done)
-            self._journal_tail = tail
-        self.state.apply(update, checked=True)
-        self._views.updated(update)
+            for update in out.updates:
+                tail = self._journal.append(encode_update(update))
+                tail.add_done_callback(self._journal_done)
+                self._journal_tail = tail
+        for address, message in out.messages:
+            self._send_when_durable(address, message)
+
+    def _apply(self, update: Update) -> None:
+        """Check, journal (fault-tolerant mode) and apply one update built outside the
+        core (tests and benchmarks build states so)."""
+        self._run(self._core.apply, update)
 
     def _send_when_durable(self, address: str, msg: Mapping[str, Any]) -> None:
         """Tell a worker about a change only once the change is in the journal.
@@ -339,6 +395,9 @@ class DispatcherPlugin(SchedulerPlugin):
         exc = fut.exception()
         if exc is not None and self._journal_error is None:
             self._journal_error = exc
+            self._core.refusal = (
+                f"the dispatcher's journal failed ({exc!r}); restart the scheduler to recover "
+                "from the journal")
             logger.critical("dataservice: the journal failed, refusing further updates: %r", exc)
 
     # Handlers: datasets, jobs, iterations
@@ -360,40 +419,9 @@ class DispatcherPlugin(SchedulerPlugin):
         new datasets per client (``client_id``, the registering Dask client's id).
         """
         self._access.check_pipeline_size(len(pipeline) + len(splits or b""))
-        if dataset_id is not None:
-            if not isinstance(dataset_id, str) or not dataset_id:
-                raise TypeError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
-            try:
-                existing = self.state.dataset_by_name(dataset_id)
-            except DatasetNotFoundError:
-                existing = None
-            if existing is not None:
-                if existing.fingerprint != fingerprint:
-                    raise ValueError(
-                        f"dataset_id {dataset_id!r} is already registered for a different "
-                        "dataset; register this one under another id (or without one)")
-                return {"status": "OK", "dataset_id": dataset_id}
-        else:
-            try:
-                return {"status": "OK",
-                        "dataset_id": self.state.dataset_by_fingerprint(fingerprint).dataset_id}
-            except DatasetNotFoundError:
-                pass
-        self._access.count_registration(client_id)
-        new_id = self.state.next_dataset_id()
-        self._apply(RegisterDataset(
-            dataset_id=new_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
-            splits=bytes(splits or b""), num_splits=int(num_splits),
-            element_spec=element_spec, metadata=dict(metadata or {}),
-            compression=compression, dataset_name=dataset_id,
-        ))
-        return {"status": "OK", "dataset_id": new_id if dataset_id is None else dataset_id}
-
-    def _dataset(self, dataset_id: int | str) -> DatasetEntity:
-        """A dataset by its numeric id or by the id its user chose."""
-        if isinstance(dataset_id, str):
-            return self.state.dataset_by_name(dataset_id)
-        return self.state.dataset(dataset_id)
+        return self._run(self._core.register_dataset, fingerprint, pipeline, splits,
+                         num_splits, element_spec=element_spec, metadata=metadata,
+                         compression=compression, dataset_id=dataset_id, client_id=client_id)
 
     @handler
     def worker_key(self, address: str) -> dict[str, Any]:
@@ -412,7 +440,7 @@ class DispatcherPlugin(SchedulerPlugin):
         """A dataset's pipeline, for a data worker only (it shows its key)."""
         self._access.check_worker(address, worker_key,
                                   f"downloading the pipeline of dataset {dataset_id}")
-        ds = self._dataset(dataset_id)
+        ds = self._core.dataset(dataset_id)
         return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
                 "num_splits": ds.num_splits, "compression": ds.compression}
 
@@ -421,81 +449,16 @@ class DispatcherPlugin(SchedulerPlugin):
                           job_name: str | None = None, num_consumers: int | None = None,
                           target_workers: str = "AUTO", cross_trainer_cache: bool = False,
                           position: str = "") -> dict[str, Any]:
-        mode = parse_processing_mode(processing_mode)
-        dataset = self._dataset(dataset_id)
-        dataset_id = dataset.dataset_id
-        mode = self._check_mode(mode, dataset)
-        target_workers = str(target_workers).upper()
-        check_target_workers(mode, target_workers, num_consumers)
-        if num_consumers is not None:
-            require_shared_infinite("coordinated reads", "need", job_name, dataset,
-                                     unknown_ok=True)
-        if cross_trainer_cache:
-            require_shared_infinite("the cross-trainer cache", "needs", job_name, dataset)
-        if job_name is not None:
-            try:
-                job = self.state.job_by_name(job_name, dataset_id)  # scoped per dataset (TF)
-            except JobNotFoundError:
-                job = None
-            if job is not None:
-                if job.num_consumers != num_consumers:
-                    raise ValueError(
-                        f"job {job_name!r} was created with num_consumers="
-                        f"{job.num_consumers}, not {num_consumers}"
-                    )
-                if job.processing_mode != mode.name:
-                    raise ValueError(
-                        f"job {job_name!r} of dataset {dataset_id} already exists with "
-                        f"processing mode {job.processing_mode}; it cannot be read in mode "
-                        f"{mode.name}"
-                    )
-                if job.target_workers != target_workers:
-                    raise ValueError(
-                        f"job {job_name!r} is read with target_workers="
-                        f"{job.target_workers!r}; all its consumers must use the same, not "
-                        f"{target_workers!r}"
-                    )
-                return {"status": "OK", "job_id": job.job_id, "job_token": job.token}
-        job_id = self.state.next_job_id()
-        self._apply(CreateJob(
-            job_id=job_id, job_name=job_name, dataset_id=dataset_id,
-            processing_mode=mode.name, num_consumers=num_consumers,
-            target_workers=target_workers,
-            cross_trainer_cache=bool(cross_trainer_cache), position=position,  # issue 13
-            worker_addresses=tuple(self.worker_addresses)  # type: ignore[arg-type]  # _check_mode
-            if mode in STATIC_POLICIES else (),
-            token=new_token(),
-        ))
-        return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
+        return self._run(self._core.get_or_create_job, dataset_id, processing_mode,
+                         job_name=job_name, num_consumers=num_consumers,
+                         target_workers=target_workers,
+                         cross_trainer_cache=cross_trainer_cache, position=position)
 
     @_durable
     def get_or_create_iteration(self, job_id: int, repetition: int = 0,
                                 job_token: str | None = None) -> dict[str, Any]:
-        job = self.state.job(job_id)
-        check_job_token(job.token, job_token, job_id, "reading")
-        try:
-            iteration = self.state.iteration_by_key(job_id, repetition)
-        except IterationNotFoundError:
-            iteration = None
-        if iteration is None:
-            iteration_id = self.state.next_iteration_id()
-            self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
-                                        repetition=repetition))
-            for worker in self.state.list_workers():
-                self._create_task(iteration_id, worker.address, job)
-        else:
-            iteration_id = iteration.iteration_id
-            if iteration.garbage_collected:
-                raise DataServiceError(
-                    f"iteration {iteration_id} of job {job_id} was garbage collected"
-                )
-        self._idle_iterations.discard(iteration_id)
-        client_id = self.state.next_iteration_client_id()
-        self._apply(AcquireIterationClient(
-            iteration_client_id=client_id, iteration_id=iteration_id, time_micros=_now_micros()
-        ))
-        return {"status": "OK", "iteration_id": iteration_id, "iteration_client_id": client_id,
-                **self._iteration_view(iteration_id)}
+        return self._run(self._core.get_or_create_iteration, job_id, time.time(),
+                         repetition=repetition, job_token=job_token)
 
     @handler
     def client_heartbeat(self, iteration_client_id: int, job_token: str | None = None,
@@ -503,88 +466,34 @@ class DispatcherPlugin(SchedulerPlugin):
         """A consumer is alive: remember when (not journaled: liveness need not survive a
         restart, every timer starts again after recovery); answer its iteration's view, or
         only ``unchanged`` if ``view_version`` is still current (O(1); see :mod:`._views`)."""
-        client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
-        self._client_seen[iteration_client_id] = _now_micros()
-        version = self._views.version
-        if view_version == version:
-            return {"status": "OK", "unchanged": True, "view_version": version}
-        return {"status": "OK", "view_version": version,
-                **self._iteration_view(client.iteration_id)}
+        return self._run(self._core.client_heartbeat, iteration_client_id, time.time(),
+                         job_token=job_token, view_version=view_version)
 
     @_durable
     def release_iteration_client(self, iteration_client_id: int,
                                  job_token: str | None = None) -> dict[str, Any]:
-        self._iteration_client(iteration_client_id, job_token, "releasing a consumer")
-        self._release_client(iteration_client_id)
-        return {"status": "OK"}
+        return self._run(self._core.release_iteration_client, iteration_client_id,
+                         time.time(), job_token=job_token)
 
     # Handlers: data workers
     ########################
     @_durable
     def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1,
                   job_token: str | None = None, received: int | None = None) -> dict[str, Any]:
-        """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
-
-        ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
-        indices returned). O(count). Only the task's worker may ask, with the job's token.
-        A retry says how many splits the task ``received``: any handed to it that it never
-        got are answered again (:func:`._recovery.undelivered`).
-        """
-        self._check_task_token(task_id, job_token, "taking splits", iteration_id)
-        if received is not None:
-            again = undelivered(self.state, iteration_id, task_id, repetition, int(received))
-            if again is not None:
-                return {"status": "OK", "split_indices": again[0], "end_of_splits": again[1]}
-        current, index, num_splits = self.state.split_position(iteration_id)
-        if self.state.task_status(task_id) != "active" or repetition < current:
-            return {"status": "OK", "split_indices": [], "end_of_splits": True}
-        if repetition > current:
-            raise DataServiceError(
-                f"task {task_id} asked for repetition {repetition} of iteration "
-                f"{iteration_id}, which is only at repetition {current}"
-            )
-        left, it = num_splits - index, self.state.iteration(iteration_id)
-        count = min(max(1, int(count)), 1024, left)
-        # locality hint (persisted Dask collection): the worker's own splits first
-        indices = _locality.pick(self, iteration_id, task_id, count)
-        active = max(1, it.num_tasks - it.num_finished_tasks - it.num_lost_tasks)
-        # else at most half of a fair share of what is left (one task: all of it): big
-        # batches for fine splits, and the last splits still spread over the workers
-        count = len(indices) if indices else min(
-            count, left if active == 1 else max(1, left // (2 * active)))
-        end = count == num_splits - index  # nothing after these: say so now
-        if index == num_splits:
-            count, end = 0, True
-        # One record for the whole call, however many splits it hands out.
-        self._apply(ProduceSplits(iteration_id=iteration_id, repetition=repetition, index=index,
-                                  count=count, task_id=task_id, end_of_splits=end,
-                                  indices=indices))
-        return {"status": "OK", "split_indices": list(indices or range(index, index + count)),
-                "end_of_splits": end}
+        """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``
+        (:meth:`~.core.DispatcherCore.get_split`)."""
+        return self._run(self._core.get_split, iteration_id, task_id, repetition, count=count,
+                         job_token=job_token, received=received)
 
     @_durable
     def ack_splits(self, task_id: int, repetition: int, job_token: str | None = None) -> dict[str, Any]:
         """A task is done with every split it holds of ``repetition`` and before."""
-        try:
-            self._check_task_token(task_id, job_token, "acknowledging splits")
-            first = self.state.first_split_held(task_id)
-        except TaskNotFoundError:
-            return {"status": "OK"}  # garbage collected meanwhile
-        if first is not None and first[0] <= repetition:
-            self._apply(AckSplits(task_id=task_id, repetition=repetition, index=2**62))
-        return {"status": "OK"}
+        return self._run(self._core.ack_splits, task_id, repetition, job_token=job_token)
 
     @_durable
     def finish_task(self, task_id: int, error: bool = False,
                     job_token: str | None = None) -> dict[str, Any]:
-        try:
-            self._check_task_token(task_id, job_token, "finishing a task")
-            status = self.state.task_status(task_id)
-        except TaskNotFoundError:
-            return {"status": "OK"}  # garbage collected meanwhile
-        if status == "active":
-            self._apply(FinishTask(task_id=task_id))
-        return {"status": "OK"}
+        return self._run(self._core.finish_task, task_id, error=error, job_token=job_token)
 
     @handler
     async def worker_heartbeat(self, address: str, host: str, nthreads: int,
@@ -594,7 +503,7 @@ class DispatcherPlugin(SchedulerPlugin):
         """Register a data worker if needed and tell it which tasks to start and drop.
 
         ``resumed``: it kept its tasks across a scheduler restart (:mod:`._reconnect`); a
-        worker the journal knew is then revived with them (:func:`._recovery.revive`).
+        worker the journal knew is then revived with them (:mod:`._recovery`).
 
         Only the worker itself may (it shows its key): the reply carries task definitions,
         and so job tokens. Durable as the other mutating handlers, but a heartbeat that
@@ -623,37 +532,13 @@ class DispatcherPlugin(SchedulerPlugin):
                           worker_key: str | None, resumed: bool) -> TaskChanges:
         ws = self.scheduler.workers.get(address)
         if ws is None:  # not (yet) registered with the scheduler: nothing to tell it
-            return TaskChanges(status="OK", new_tasks=[], cancelled=[])
+            return cast("TaskChanges", {"status": "OK", "new_tasks": [], "cancelled": []})
         self._access.check_worker(address, worker_key, "a data worker heartbeat")
-        self._liveness.seen(address)
-        if address in self._recovered_workers:
-            revive(self, address, resumed, active_tasks)
-        try:
-            known = self.state.worker(address).registered
-        except WorkerNotFoundError:
-            known = False
-        if not known:
-            self._apply(RegisterWorker(address=address, host=host, nthreads=int(nthreads),
-                                       resources=dict(ws.resources)))
-            for iteration in self.state.list_live_iterations():
-                job = self.state.job(iteration.job_id)
-                if job.num_consumers is not None:
-                    continue  # coordinated reads: the task list is fixed at the start
-                if self._serves(iteration, job):
-                    self._create_task(iteration.iteration_id, address, job, push=False)
-        for tid in finished_tasks:
-            try:
-                if self.state.task_status(tid) == "active":
-                    self._apply(FinishTask(task_id=tid))
-            except TaskNotFoundError:
-                pass
-        reported = set(active_tasks) | set(finished_tasks)
-        assigned = {t.task_id: t for t in self.state.tasks_for_worker(address)}
-        new_tasks = [self._task_def(t) for tid, t in assigned.items()
-                     if tid not in reported and t.status == "active"]
-        cancelled = self._liveness.dropped_tasks(reported)
-        return TaskChanges(status="OK", new_tasks=new_tasks, cancelled=cancelled,
-                           lineage=self.lineage)
+        info = WorkerInfo(address=address, host=host, nthreads=int(nthreads),
+                          resources=dict(ws.resources), name=ws.name)
+        return self._run(self._core.worker_heartbeat, info, time.time(),
+                         active_tasks=active_tasks, finished_tasks=finished_tasks,
+                         resumed=resumed)
 
     @handler
     def state_summary(self, job_token: str | None = None, address: str | None = None,
@@ -670,115 +555,16 @@ class DispatcherPlugin(SchedulerPlugin):
 
     # Internals
     ###########
-    def _is_data_worker(self, address: str) -> bool:
-        ws = self.scheduler.workers.get(address)
-        return ws is not None and not any(ws.resources.get(r) for r in self._excluded_resources)
-
-    def _create_task(self, iteration_id: int, address: str, job: Job, push: bool = True) -> None:
-        if not self._is_data_worker(address):
-            return
-        shard_index = None
-        if job.worker_addresses:  # static sharding: the job's journaled list decides
-            shard_index = self._shard_index(job.worker_addresses, address)
-            if shard_index is None:
-                logger.info(
-                    "dataservice: worker %s is not in the worker list of job %s (%s): it "
-                    "gets no task of it", address, job.job_id, list(job.worker_addresses))
-                return
-        task_id = self.state.next_task_id()
-        self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address,
-                               shard_index=shard_index))
-        if push:
-            self._send_when_durable(address, TaskChanges(
-                op=TASKS_OP, new_tasks=[self._task_def(self.state.task(task_id))], cancelled=[]))
-
-    @staticmethod
-    def _serves(iteration: Iteration, job: Job) -> bool:
-        """Whether a worker that joins now gets a task of this live iteration.
-
-        A running one, yes (a static one stays running until every shard of its worker list
-        finished, so a listed worker joining late gets its shard). An OFF iteration whose
-        tasks all finished producing while consumers still read it, too: as in TensorFlow,
-        a worker added or restarted mid-read serves a full repetition (before, a worker
-        restarted mid-read never ran its task again and the read ended short). A finished
-        DYNAMIC iteration has no split left to hand out.
-        """
-        if iteration.status == "running":
-            return True
-        return bool(job.processing_mode == "OFF" and iteration.num_clients > 0)
-
-    def _iteration_client(self, iteration_client_id: int, job_token: str | None,
-                          what: str) -> IterationClient:
-        """A consumer, if ``job_token`` is its job's token (only the consumer may act for it)."""
-        client = self.state.iteration_client(iteration_client_id)
-        job = self.state.job(self.state.iteration(client.iteration_id).job_id)
-        check_job_token(job.token, job_token, job.job_id, what)
-        return client
-
-    def _check_task_token(self, task_id: int, job_token: str | None, what: str,
-                          iteration_id: int | None = None) -> None:
-        """Refuse ``what`` on a task unless ``job_token`` is its job's token."""
-        task = self.state.task(task_id)
-        if iteration_id is not None and task.iteration_id != iteration_id:
-            raise DataServiceError(f"task {task_id} is not a task of iteration {iteration_id}")
-        job = self.state.job(self.state.iteration(task.iteration_id).job_id)
-        check_job_token(job.token, job_token, job.job_id, what)
-
     def _task_def(self, task: Task) -> TaskDef:
-        iteration = self.state.iteration(task.iteration_id)
-        job = self.state.job(iteration.job_id)
-        return TaskDef(task_id=task.task_id, iteration_id=task.iteration_id, job_id=job.job_id,
-                       dataset_id=job.dataset_id,
-                       processing_mode=int(ShardingPolicy[job.processing_mode]),
-                       worker_index=task.shard_index,
-                       num_workers=len(job.worker_addresses) if job.worker_addresses else None,
-                       num_consumers=job.num_consumers,
-                       cross_trainer_cache=job.cross_trainer_cache, job_token=job.token,
-                       position=job.position)
-
-    def _check_mode(self, mode: ShardingPolicy, dataset: DatasetEntity) -> ShardingPolicy:
-        return check_mode(mode, dataset, self.worker_addresses)
-
-    def _shard_index(self, entries: tuple[str, ...], address: str) -> int | None:
-        """A worker's position in a job's worker list (by address, host:port, or Dask name)."""
-        ws = self.scheduler.workers.get(address)
-        return shard_index(entries, address, None if ws is None else ws.name)
-
-    def _task_exists(self, task_id: int) -> bool:
-        try:
-            self.state.task(task_id)
-            return True
-        except TaskNotFoundError:
-            return False
+        return self._core.task_def(task)
 
     def _iteration_view(self, iteration_id: int) -> IterationView:
-        return self._views.get(iteration_id, functools.partial(build_view, self.state))
-
-    def _release_client(self, iteration_client_id: int) -> None:
-        client = self.state.iteration_client(iteration_client_id)
-        self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
-                                           time_micros=_now_micros()))
-        self._client_seen.pop(iteration_client_id, None)
-        iteration = self.state.iteration(client.iteration_id)
-        job = self.state.job(iteration.job_id)
-        if iteration.num_clients == 0:
-            if job.job_name is None:
-                self._garbage_collect(iteration.iteration_id)
-            else:
-                self._idle_iterations.add(iteration.iteration_id)
-
-    def _garbage_collect(self, iteration_id: int) -> None:
-        self._idle_iterations.discard(iteration_id)
-        tasks = self.state.tasks_for_iteration(iteration_id)
-        self._apply(GarbageCollectIteration(iteration_id=iteration_id))
-        by_worker: dict[str, list[int]] = {}
-        for t in tasks:
-            by_worker.setdefault(t.worker_address, []).append(t.task_id)
-        for address, task_ids in by_worker.items():
-            if address in self.scheduler.workers:
-                self._send_when_durable(
-                    address, TaskChanges(op=TASKS_OP, new_tasks=[], cancelled=task_ids))
+        return self._core.iteration_view(iteration_id)
 
     def _gc(self) -> None:
-        """Periodic: release silent clients, collect iterations nobody reads (:mod:`._gc`)."""
-        collect(self)
+        """Periodic: drop silent data workers, release silent clients, collect iterations
+        nobody reads (:meth:`~.core.DispatcherCore.gc_tick`); never raises."""
+        try:
+            self._run(self._core.gc_tick, time.time())
+        except Exception:  # noqa: BLE001 - a periodic callback must not die
+            logger.exception("dataservice: garbage collection failed")

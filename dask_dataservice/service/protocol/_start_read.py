@@ -30,8 +30,9 @@ async def _call(fn: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:
     return reply
 
 
-def start_read_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
-    """``{START_READ: handler}`` for the dispatcher plugin ``plugin``."""
+def start_read_handlers(get_or_create_job: Callable[..., Any],
+                        get_or_create_iteration: Callable[..., Any]) -> dict[str, Callable[..., Any]]:
+    """``{START_READ: handler}`` over the dispatcher's two handlers."""
 
     @handler
     async def start_read(job: dict[str, Any], repetition: int = 0) -> dict[str, Any]:
@@ -40,10 +41,10 @@ def start_read_handlers(plugin: Any) -> dict[str, Callable[..., Any]]:
         Answers ``{"status": "OK", "job": <job reply>, "iteration": <iteration reply>}``, or the
         first reply that is not OK (an error, or ``closing``) as it is.
         """
-        job_reply = await _call(plugin.get_or_create_job, **job)
+        job_reply = await _call(get_or_create_job, **job)
         if job_reply.get("status") != "OK":
             return job_reply
-        view = await _call(plugin.get_or_create_iteration, job_id=job_reply["job_id"],
+        view = await _call(get_or_create_iteration, job_id=job_reply["job_id"],
                            repetition=repetition, job_token=job_reply.get("job_token"))
         if view.get("status") != "OK":
             return view

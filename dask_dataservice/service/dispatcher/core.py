@@ -1,0 +1,784 @@
+"""The dispatcher's sans-I/O core: every decision of the dispatcher, as a pure object.
+
+:class:`DispatcherCore` holds the :class:`~.state.DispatcherState` (journaled) and the
+volatile bookkeeping that is not journaled (client liveness times, idle named iterations,
+workers the journal knew that have not come back yet, data-worker heartbeat deadlines, the
+iteration view cache, registration counts). It has one method per stimulus: each handler's
+request, a worker heartbeat, a worker leaving, a GC tick, a probe's verdict, the state
+replayed from a journal. Each takes ``now`` (seconds, wall clock) explicitly and returns an
+:class:`Outcome`: the reply, the update records it applied (in order, already checked and
+applied to the state) and the messages to push to data workers once those records are
+durable. A method that raises leaves what it applied before the error in
+:meth:`DispatcherCore.take_effects` (the shell journals it all the same, as before).
+
+No I/O, no asyncio, no clock, no Dask here. What the dispatcher does not own, it asks
+through :class:`ClusterView` (read-only): which workers the cluster has (resources, Dask
+name) and which workers hold a Dask key (locality). The plugin
+(:mod:`.plugin`) is the I/O shell: unpack a request, call the core, append the
+updates to the journal, wait for durability, send the messages, reply. The simulator
+(:mod:`dask_dataservice.testing.sim`) drives this same object.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+
+from . import _locality, _split_order
+from ._deadlines import WorkerDeadlines
+from ...errors import (
+    DataServiceError,
+    DatasetNotFoundError,
+    IterationNotFoundError,
+    JobNotFoundError,
+    TaskNotFoundError,
+    WorkerNotFoundError,
+)
+from ._gc import collectable
+from ..protocol._job_checks import (
+    check_job_token,
+    check_mode,
+    check_target_workers,
+    require_shared_infinite,
+    shard_index,
+)
+from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
+from ._views import ViewCache, build_view
+from .state import (
+    AckSplits,
+    AcquireIterationClient,
+    CreateIteration,
+    CreateJob,
+    CreateTask,
+    DispatcherState,
+    FinishTask,
+    GarbageCollectIteration,
+    ProduceSplits,
+    RegisterDataset,
+    RegisterWorker,
+    ReleaseIterationClient,
+    RemoveWorker,
+    Update,
+)
+
+if TYPE_CHECKING:
+    from ._entities import Dataset, Iteration, IterationClient, Job, Task
+    from ..protocol._messages import IterationView, TaskChanges, TaskDef
+
+logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
+
+__all__ = ["ClusterView", "CoreConfig", "DispatcherCore", "Outcome", "WorkerInfo"]
+
+#: The stream op of a task push (``._messages.TASKS_OP``; the same string, kept here so the
+#: core imports no wire code).
+TASKS_OP = "dataservice-tasks"
+
+R = TypeVar("R")
+
+
+def micros(now: float) -> int:
+    """``now`` (seconds) in the journal's microseconds."""
+    return int(now * 1_000_000)
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """The dispatcher's settings (``dataservice.dispatcher.*``), as plain values."""
+
+    #: Seconds a named job's iteration may have no clients before it is collected.
+    job_gc_timeout: float = 300.0
+    #: Seconds without a heartbeat after which a client is released.
+    client_timeout: float = 30.0
+    #: Seconds of silence after which a data worker is dropped.
+    worker_timeout: float = 10.0
+    #: TF's ``gc_dynamic_sharding_jobs``: collect idle unfinished DYNAMIC named jobs too.
+    gc_dynamic_sharding_jobs: bool = False
+    #: The fixed worker list of static sharding (addresses or Dask names), or None.
+    worker_addresses: tuple[str, ...] | None = None
+    #: Workers with any of these resources run no data tasks.
+    excluded_resources: tuple[str, ...] = ("ps",)
+    #: Most split indices one ``get_split`` hands out (``dispatcher.split-batch-max``).
+    split_batch_max: int = 1024
+    #: Datasets one client may register (None: no limit).
+    max_datasets_per_client: int | None = 1000
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What the cluster says of a worker (the scheduler's ``WorkerState``, as plain values)."""
+
+    address: str
+    host: str = ""
+    nthreads: int = 1
+    resources: Mapping[str, float] = field(default_factory=dict)
+    name: object = None
+
+
+class ClusterView(Protocol):
+    """Read-only facts the dispatcher does not own (the plugin answers them from the
+    scheduler, the simulator from its world)."""
+
+    def worker(self, address: str) -> WorkerInfo | None:
+        """The worker at ``address`` if the cluster has it now, else None."""
+
+    def holders(self, key: Any) -> Iterable[str]:
+        """Addresses of the workers holding Dask key ``key`` in memory (locality)."""
+
+
+@dataclass
+class Outcome(Generic[R]):
+    """What one stimulus did: its reply, the records applied (in order) and the pushes to
+    send once those records are durable (``(worker address, TaskChanges)``)."""
+
+    reply: R
+    updates: list[Update] = field(default_factory=list)
+    messages: list[tuple[str, TaskChanges]] = field(default_factory=list)
+
+
+def _stimulus(method: Callable[..., R]) -> Callable[..., Outcome[R]]:
+    """Run a stimulus and hand back its effects with its reply (see the module docstring)."""
+
+    @functools.wraps(method)
+    def wrapper(self: DispatcherCore, *args: Any, **kwargs: Any) -> Outcome[R]:
+        if self._updates or self._messages:
+            raise RuntimeError("the effects of the previous stimulus were not taken")
+        reply = method(self, *args, **kwargs)
+        out = self.take_effects()
+        return Outcome(reply, out.updates, out.messages)
+
+    return wrapper
+
+
+class DispatcherCore:
+    """The dispatcher's decisions (see the module docstring).
+
+    Parameters
+    ----------
+    config
+        The settings.
+    cluster
+        Read-only facts of the cluster (:class:`ClusterView`).
+    now
+        The time of this start (client timers start again from it).
+    lineage
+        Whose task and dataset ids these are (answered to worker heartbeats).
+    new_token
+        Draws job tokens (random by default; the simulator passes a seeded one).
+    view_nonce
+        The view versions' start nonce (random by default).
+    """
+
+    def __init__(self, config: CoreConfig, cluster: ClusterView, now: float, *,
+                 lineage: str = "", new_token: Callable[[], str] | None = None,
+                 view_nonce: str | None = None) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.state = DispatcherState()
+        self.lineage = lineage
+        self._new_token = new_token or (lambda: secrets.token_urlsafe(24))
+        #: ``{iteration_client_id: micros}``: the last heartbeat of each client since this start.
+        self.client_seen: dict[int, int] = {}
+        #: Iterations of named jobs that lost their last client (candidates for GC).
+        self.idle_iterations: set[int] = set()
+        #: Workers the journal knew that have not heartbeated since this start.
+        self.recovered_workers: set[str] = set()
+        #: When this start began (micros): client and GC timers start again from it.
+        self.recovered_at = micros(now)
+        self.views = ViewCache(view_nonce)
+        self.deadlines = WorkerDeadlines(config.worker_timeout, now)
+        #: ``{client id: datasets it registered}`` since this start.
+        self.registrations: dict[str, int] = {}
+        #: Set by the shell when its journal failed: every update is refused with this.
+        self.refusal: str | None = None
+        self.hints = _locality.Hints()
+        self._updates: list[Update] = []
+        self._messages: list[tuple[str, TaskChanges]] = []
+
+    # Effects
+    #########
+    def take_effects(self) -> Outcome[None]:
+        """The records applied and the pushes queued since the last stimulus returned (the
+        partial effects of one that raised)."""
+        out: Outcome[None] = Outcome(None, self._updates, self._messages)
+        self._updates, self._messages = [], []
+        return out
+
+    def _apply(self, update: Update) -> None:
+        """Check and apply one update; the shell journals it (from the outcome)."""
+        if self.refusal is not None:
+            raise DataServiceError(self.refusal)
+        self.state.check(update)
+        self.state.apply(update, checked=True)
+        self.views.updated(update)
+        self._updates.append(update)
+
+    def _push(self, address: str, changes: TaskChanges) -> None:
+        self._messages.append((address, changes))
+
+    @_stimulus
+    def apply(self, update: Update) -> None:
+        """Apply an update built outside (tests and benchmarks set up states so)."""
+        self._apply(update)
+
+    # Recovery
+    ##########
+    def restore(self, state: DispatcherState) -> None:
+        """Take the state replayed from the journal (:mod:`._recovery`).
+
+        What is not journaled is rebuilt: the workers of the previous run are pending until
+        they heartbeat, idle named iterations are GC candidates again (their timers start at
+        this start).
+        """
+        self.state = state
+        self.views = ViewCache()
+        self.recovered_workers = {w.address for w in state.list_workers()}
+        self.idle_iterations = {
+            it.iteration_id for it in state.list_live_iterations()
+            if not it.num_clients
+            and it.last_client_released_micros is not None
+        }
+        self._warn_changed_worker_lists()
+
+    def _warn_changed_worker_lists(self) -> None:
+        """Say so when the config's worker list differs from what live static jobs journaled.
+
+        Those jobs keep their own list (a shard is never reassigned by a config change); only
+        new jobs use the new one.
+        """
+        config_list = tuple(self.config.worker_addresses or ())
+        for job in self.state.list_jobs():
+            if job.worker_addresses and not job.garbage_collected and \
+                    job.worker_addresses != config_list:
+                gone = sorted(set(job.worker_addresses) - set(config_list))
+                logger.warning(
+                    "dataservice: job %s keeps the worker list it was created with, %s; the "
+                    "dispatcher is now configured with %s (new jobs use it)%s",
+                    job.job_id, list(job.worker_addresses), list(config_list),
+                    f"; no longer configured: {gone}" if gone else "")
+
+    # Datasets, jobs, iterations
+    ############################
+    def dataset(self, dataset_id: int | str) -> Dataset:
+        """A dataset by its numeric id or by the id its user chose."""
+        if isinstance(dataset_id, str):
+            return self.state.dataset_by_name(dataset_id)
+        return self.state.dataset(dataset_id)
+
+    @_stimulus
+    def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
+                         num_splits: int, element_spec: bytes | None = None,
+                         metadata: dict[str, Any] | None = None,
+                         compression: str | None = None, dataset_id: str | None = None,
+                         client_id: str | None = None) -> dict[str, Any]:
+        """Register a dataset; answer its id (``DispatcherPlugin.register_dataset``)."""
+        if dataset_id is not None:
+            if not isinstance(dataset_id, str) or not dataset_id:
+                raise TypeError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
+            try:
+                existing = self.state.dataset_by_name(dataset_id)
+            except DatasetNotFoundError:
+                existing = None
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise ValueError(
+                        f"dataset_id {dataset_id!r} is already registered for a different "
+                        "dataset; register this one under another id (or without one)")
+                return {"status": "OK", "dataset_id": dataset_id}
+        else:
+            try:
+                return {"status": "OK",
+                        "dataset_id": self.state.dataset_by_fingerprint(fingerprint).dataset_id}
+            except DatasetNotFoundError:
+                pass
+        self._count_registration(client_id)
+        new_id = self.state.next_dataset_id()
+        self._apply(RegisterDataset(
+            dataset_id=new_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
+            splits=bytes(splits or b""), num_splits=int(num_splits),
+            element_spec=element_spec, metadata=dict(metadata or {}),
+            compression=compression, dataset_name=dataset_id,
+        ))
+        return {"status": "OK", "dataset_id": new_id if dataset_id is None else dataset_id}
+
+    def _count_registration(self, client_id: str | None) -> None:
+        """One more new dataset of ``client_id``; refuse it beyond the limit."""
+        registered = self.registrations.get(str(client_id), 0)
+        limit = self.config.max_datasets_per_client
+        if limit is not None and registered >= limit:
+            raise ValueError(
+                f"client {client_id} already registered {registered} datasets, the most the "
+                "dispatcher accepts from one client (config "
+                "dataservice.dispatcher.max-datasets-per-client)")
+        self.registrations[str(client_id)] = registered + 1
+
+    @_stimulus
+    def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
+                          job_name: str | None = None, num_consumers: int | None = None,
+                          target_workers: str = "AUTO", cross_trainer_cache: bool = False,
+                          position: str = "") -> dict[str, Any]:
+        mode = parse_processing_mode(processing_mode)
+        dataset = self.dataset(dataset_id)
+        dataset_id = dataset.dataset_id
+        worker_addresses = list(self.config.worker_addresses) \
+            if self.config.worker_addresses else None
+        mode = check_mode(mode, dataset, worker_addresses)
+        target_workers = str(target_workers).upper()
+        check_target_workers(mode, target_workers, num_consumers)
+        if num_consumers is not None:
+            require_shared_infinite("coordinated reads", "need", job_name, dataset,
+                                    unknown_ok=True)
+        if cross_trainer_cache:
+            require_shared_infinite("the cross-trainer cache", "needs", job_name, dataset)
+        if job_name is not None:
+            try:
+                job = self.state.job_by_name(job_name, dataset_id)  # scoped per dataset (TF)
+            except JobNotFoundError:
+                job = None
+            if job is not None:
+                if job.num_consumers != num_consumers:
+                    raise ValueError(
+                        f"job {job_name!r} was created with num_consumers="
+                        f"{job.num_consumers}, not {num_consumers}"
+                    )
+                if job.processing_mode != mode.name:
+                    raise ValueError(
+                        f"job {job_name!r} of dataset {dataset_id} already exists with "
+                        f"processing mode {job.processing_mode}; it cannot be read in mode "
+                        f"{mode.name}"
+                    )
+                if job.target_workers != target_workers:
+                    raise ValueError(
+                        f"job {job_name!r} is read with target_workers="
+                        f"{job.target_workers!r}; all its consumers must use the same, not "
+                        f"{target_workers!r}"
+                    )
+                return {"status": "OK", "job_id": job.job_id, "job_token": job.token}
+        job_id = self.state.next_job_id()
+        self._apply(CreateJob(
+            job_id=job_id, job_name=job_name, dataset_id=dataset_id,
+            processing_mode=mode.name, num_consumers=num_consumers,
+            target_workers=target_workers,
+            cross_trainer_cache=bool(cross_trainer_cache), position=position,  # issue 13
+            worker_addresses=tuple(worker_addresses)  # type: ignore[arg-type]  # check_mode
+            if mode in STATIC_POLICIES else (),
+            token=self._new_token(),
+        ))
+        return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
+
+    @_stimulus
+    def get_or_create_iteration(self, job_id: int, now: float, repetition: int = 0,
+                                job_token: str | None = None) -> dict[str, Any]:
+        job = self.state.job(job_id)
+        check_job_token(job.token, job_token, job_id, "reading")
+        try:
+            iteration = self.state.iteration_by_key(job_id, repetition)
+        except IterationNotFoundError:
+            iteration = None
+        if iteration is None:
+            iteration_id = self.state.next_iteration_id()
+            self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
+                                        repetition=repetition))
+            for worker in self.state.list_workers():
+                self._create_task(iteration_id, worker.address, job)
+        else:
+            iteration_id = iteration.iteration_id
+            if iteration.garbage_collected:
+                raise DataServiceError(
+                    f"iteration {iteration_id} of job {job_id} was garbage collected"
+                )
+        self.idle_iterations.discard(iteration_id)
+        client_id = self.state.next_iteration_client_id()
+        self._apply(AcquireIterationClient(
+            iteration_client_id=client_id, iteration_id=iteration_id, time_micros=micros(now)
+        ))
+        return {"status": "OK", "iteration_id": iteration_id, "iteration_client_id": client_id,
+                **self.iteration_view(iteration_id)}
+
+    @_stimulus
+    def client_heartbeat(self, iteration_client_id: int, now: float,
+                         job_token: str | None = None,
+                         view_version: str | None = None) -> dict[str, Any]:
+        """A consumer is alive: remember when (not journaled); answer its iteration's view,
+        or only ``unchanged`` if ``view_version`` is still current (:mod:`._views`)."""
+        client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
+        self.client_seen[iteration_client_id] = micros(now)
+        version = self.views.version
+        if view_version == version:
+            return {"status": "OK", "unchanged": True, "view_version": version}
+        return {"status": "OK", "view_version": version,
+                **self.iteration_view(client.iteration_id)}
+
+    @_stimulus
+    def release_iteration_client(self, iteration_client_id: int, now: float,
+                                 job_token: str | None = None) -> dict[str, Any]:
+        self._iteration_client(iteration_client_id, job_token, "releasing a consumer")
+        self._release_client(iteration_client_id, now)
+        return {"status": "OK"}
+
+    # Data workers
+    ##############
+    @_stimulus
+    def get_split(self, iteration_id: int, task_id: int, repetition: int, count: int = 1,
+                  job_token: str | None = None, received: int | None = None) -> dict[str, Any]:
+        """Up to ``count`` next split indices of a DYNAMIC iteration for ``task_id``.
+
+        ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
+        indices returned). O(count). Only the task's worker may ask, with the job's token.
+        A retry says how many splits the task ``received``: any handed to it that it never
+        got are answered again (:func:`undelivered`).
+        """
+        self._check_task_token(task_id, job_token, "taking splits", iteration_id)
+        if received is not None:
+            again = undelivered(self.state, iteration_id, task_id, repetition, int(received))
+            if again is not None:
+                return {"status": "OK", "split_indices": again[0], "end_of_splits": again[1]}
+        current, index, num_splits = self.state.split_position(iteration_id)
+        if self.state.task_status(task_id) != "active" or repetition < current:
+            return {"status": "OK", "split_indices": [], "end_of_splits": True}
+        if repetition > current:
+            raise DataServiceError(
+                f"task {task_id} asked for repetition {repetition} of iteration "
+                f"{iteration_id}, which is only at repetition {current}"
+            )
+        left, it = num_splits - index, self.state.iteration(iteration_id)
+        count = min(max(1, int(count)), self.config.split_batch_max, left)
+        # locality hint (persisted Dask collection): the worker's own splits first
+        indices = _locality.pick(self.state, self.hints, self.cluster.holders, iteration_id,
+                                 task_id, count)
+        count = len(indices) if indices else min(
+            count, fair_share(left, it.num_tasks - it.num_finished_tasks - it.num_lost_tasks))
+        end = count == num_splits - index  # nothing after these: say so now
+        if index == num_splits:
+            count, end = 0, True
+        # One record for the whole call, however many splits it hands out.
+        self._apply(ProduceSplits(iteration_id=iteration_id, repetition=repetition, index=index,
+                                  count=count, task_id=task_id, end_of_splits=end,
+                                  indices=indices))
+        return {"status": "OK", "split_indices": list(indices or range(index, index + count)),
+                "end_of_splits": end}
+
+    @_stimulus
+    def ack_splits(self, task_id: int, repetition: int,
+                   job_token: str | None = None) -> dict[str, Any]:
+        """A task is done with every split it holds of ``repetition`` and before."""
+        try:
+            self._check_task_token(task_id, job_token, "acknowledging splits")
+            first = self.state.first_split_held(task_id)
+        except TaskNotFoundError:
+            return {"status": "OK"}  # garbage collected meanwhile
+        if first is not None and first[0] <= repetition:
+            self._apply(AckSplits(task_id=task_id, repetition=repetition, index=2**62))
+        return {"status": "OK"}
+
+    @_stimulus
+    def finish_task(self, task_id: int, error: bool = False,
+                    job_token: str | None = None) -> dict[str, Any]:
+        try:
+            self._check_task_token(task_id, job_token, "finishing a task")
+            status = self.state.task_status(task_id)
+        except TaskNotFoundError:
+            return {"status": "OK"}  # garbage collected meanwhile
+        if status == "active":
+            self._apply(FinishTask(task_id=task_id))
+        return {"status": "OK"}
+
+    @_stimulus
+    def worker_heartbeat(self, worker: WorkerInfo, now: float,
+                         active_tasks: Iterable[int] = (), finished_tasks: Iterable[int] = (),
+                         resumed: bool = False) -> TaskChanges:
+        """Register a data worker if needed and tell it which tasks to start and drop.
+
+        ``worker``: what the cluster says of it (the shell answers an empty reply to a worker
+        the cluster does not have yet, and checks the worker's key). ``resumed``: it kept its
+        tasks across a dispatcher restart; a worker the journal knew is then revived with them
+        (:meth:`_revive`).
+        """
+        address = worker.address
+        active_tasks, finished_tasks = list(active_tasks), list(finished_tasks)
+        self.deadlines.seen(address, now)
+        if address in self.recovered_workers:
+            self._revive(address, resumed, active_tasks)
+        try:
+            known = self.state.worker(address).registered
+        except WorkerNotFoundError:
+            known = False
+        if not known:
+            self._apply(RegisterWorker(address=address, host=worker.host,
+                                       nthreads=int(worker.nthreads),
+                                       resources=dict(worker.resources)))
+            self._hand_out(address)
+        for tid in finished_tasks:
+            try:
+                if self.state.task_status(tid) == "active":
+                    self._apply(FinishTask(task_id=tid))
+            except TaskNotFoundError:
+                pass
+        reported = set(active_tasks) | set(finished_tasks)
+        assigned = {t.task_id: t for t in self.state.tasks_for_worker(address)}
+        new_tasks = [self.task_def(t) for tid, t in assigned.items()
+                     if tid not in reported and t.status == "active"]
+        cancelled = self._dropped_tasks(reported)
+        return cast("TaskChanges", {"status": "OK", "new_tasks": new_tasks,
+                                    "cancelled": cancelled, "lineage": self.lineage})
+
+    def _hand_out(self, address: str, *, revived: bool = False) -> None:
+        """A task of each live iteration that a worker joining now serves (``_serves``),
+        created without a push (the heartbeat's reply carries them).
+
+        Coordinated reads keep the task list they started with. A ``revived`` worker (back
+        with its tasks after a dispatcher restart) only gets tasks of iterations created while
+        it was away: an iteration that already has a task of it, in any status, gets none (a
+        finished OFF task must not run its repetition again; tests/test_invisible_restart.py).
+        O(live iterations), and O(their tasks) when revived.
+        """
+        state = self.state
+        for iteration in state.list_live_iterations():
+            job = state.job(iteration.job_id)
+            if job.num_consumers is not None or not self._serves(iteration, job):
+                continue  # coordinated reads: the task list is fixed at the start
+            if revived and any(t.worker_address == address
+                               for t in state.tasks_for_iteration(iteration.iteration_id)):
+                continue
+            self._create_task(iteration.iteration_id, address, job, push=False)
+
+    def _revive(self, address: str, resumed: bool, active_tasks: Iterable[int]) -> None:
+        """The first heartbeat of a worker the journal knew (:mod:`._recovery`)."""
+        self.recovered_workers.discard(address)
+        state = self.state
+        try:
+            registered = state.worker(address).registered
+        except WorkerNotFoundError:
+            # removed since the restart (it left, or was dropped for silence) and forgotten
+            # once no task named it: it registers as a new worker (this raised, and every
+            # heartbeat of the worker failed from then on; found by the simulator)
+            registered = False
+        if not registered:
+            return
+        held = sorted(t.task_id for t in state.tasks_for_worker(address) if t.status == "active")
+        if resumed:
+            logger.info("dataservice: data worker %s is back with its tasks %s (reported %s): "
+                        "revived", address, held, sorted(active_tasks))
+            self._hand_out(address, revived=True)
+            return
+        logger.warning(
+            "dataservice: data worker %s came back without its tasks (a new process); its "
+            "tasks %s are lost (the splits they held are not handed out again)", address, held)
+        self._apply(RemoveWorker(address=address))
+
+    def _dropped_tasks(self, reported: Iterable[int]) -> list[int]:
+        """Of the tasks a worker reports, those it must drop: unknown (collected) or lost."""
+        out = []
+        for task_id in reported:
+            try:
+                if self.state.task_status(task_id) == "lost":
+                    out.append(task_id)
+            except TaskNotFoundError:
+                out.append(task_id)
+        return out
+
+    @_stimulus
+    def worker_left(self, address: str) -> None:
+        """``address`` left the cluster: its tasks are lost (never handed out again)."""
+        self.deadlines.forget(address)
+        try:
+            if self.state.worker(address).registered:
+                self._apply(RemoveWorker(address=address))
+        except WorkerNotFoundError:
+            pass
+
+    @_stimulus
+    def drop_worker(self, address: str, why: str, now: float) -> None:
+        """Remove ``address`` from the state (its tasks lost), as if it had died: silent past
+        its deadline, or a consumer's report confirmed by a failed probe."""
+        self._drop(address, why, now)
+
+    def _drop(self, address: str, why: str, now: float) -> None:
+        state = self.state
+        try:
+            if not state.worker(address).registered:
+                return
+        except WorkerNotFoundError:
+            return
+        lost = [t.task_id for t in state.tasks_for_worker(address) if t.status == "active"]
+        logger.warning(
+            "dataservice: dropping unresponsive data worker %s: %s; its tasks %s are lost "
+            "(the splits they held are not handed out again)", address, why, lost)
+        self._apply(RemoveWorker(address=address))
+        self.deadlines.seen_at.pop(address, None)
+        self.deadlines.dropped[address] = now
+
+    # Garbage collection
+    ####################
+    @_stimulus
+    def gc_tick(self, now: float) -> None:
+        """One round: drop silent data workers, release silent clients, collect iterations
+        nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``)."""
+        timeout = self.deadlines.timeout
+        for address, silence in self.deadlines.silent(
+                [w.address for w in self.state.list_workers()], now):
+            self._drop(address, f"no heartbeat for {silence:.1f}s "
+                       f"(dataservice.dispatcher.worker-timeout={timeout:g}s)", now)
+        now_us = micros(now)
+        client_timeout = int(self.config.client_timeout * 1_000_000)
+        for client in self.state.list_iteration_clients():
+            # after a restart, every timer starts again (heartbeats are not journaled)
+            seen = max(client.last_seen_micros, self.recovered_at,
+                       self.client_seen.get(client.iteration_client_id, 0))
+            if now_us - seen > client_timeout:
+                logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
+                            client.iteration_client_id, (now_us - seen) / 1e6)
+                self._release_client(client.iteration_client_id, now)
+        gc_timeout = int(self.config.job_gc_timeout * 1_000_000)
+        for iteration_id in sorted(self.idle_iterations):
+            it = self.state.iteration(iteration_id)
+            if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
+                self.idle_iterations.discard(iteration_id)
+                continue
+            # after a restart, every timer starts again (nothing is collected early)
+            released = max(it.last_client_released_micros, self.recovered_at)
+            if now_us - released >= gc_timeout and collectable(
+                    self.state, it, self.config.gc_dynamic_sharding_jobs):
+                self._garbage_collect(it.iteration_id)
+
+    def _release_client(self, iteration_client_id: int, now: float) -> None:
+        client = self.state.iteration_client(iteration_client_id)
+        self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
+                                           time_micros=micros(now)))
+        self.client_seen.pop(iteration_client_id, None)
+        iteration = self.state.iteration(client.iteration_id)
+        job = self.state.job(iteration.job_id)
+        if iteration.num_clients == 0:
+            if job.job_name is None:
+                self._garbage_collect(iteration.iteration_id)
+            else:
+                self.idle_iterations.add(iteration.iteration_id)
+
+    def _garbage_collect(self, iteration_id: int) -> None:
+        self.idle_iterations.discard(iteration_id)
+        tasks = self.state.tasks_for_iteration(iteration_id)
+        self._apply(GarbageCollectIteration(iteration_id=iteration_id))
+        by_worker: dict[str, list[int]] = {}
+        for t in tasks:
+            by_worker.setdefault(t.worker_address, []).append(t.task_id)
+        for address, task_ids in by_worker.items():
+            if self.cluster.worker(address) is not None:
+                self._push(address, cast("TaskChanges", {
+                    "op": TASKS_OP, "new_tasks": [], "cancelled": task_ids}))
+
+    # Queries and helpers
+    #####################
+    def iteration_view(self, iteration_id: int) -> IterationView:
+        return self.views.get(iteration_id, functools.partial(build_view, self.state))
+
+    def is_data_worker(self, address: str) -> bool:
+        info = self.cluster.worker(address)
+        return info is not None and not any(
+            info.resources.get(r) for r in self.config.excluded_resources)
+
+    def _create_task(self, iteration_id: int, address: str, job: Job, push: bool = True) -> None:
+        if not self.is_data_worker(address):
+            return
+        index = None
+        if job.worker_addresses:  # static sharding: the job's journaled list decides
+            info = self.cluster.worker(address)
+            index = shard_index(job.worker_addresses, address, None if info is None else info.name)
+            if index is None:
+                logger.info(
+                    "dataservice: worker %s is not in the worker list of job %s (%s): it "
+                    "gets no task of it", address, job.job_id, list(job.worker_addresses))
+                return
+        task_id = self.state.next_task_id()
+        self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address,
+                               shard_index=index))
+        if push:
+            self._push(address, cast("TaskChanges", {
+                "op": TASKS_OP, "new_tasks": [self.task_def(self.state.task(task_id))],
+                "cancelled": []}))
+
+    @staticmethod
+    def _serves(iteration: Iteration, job: Job) -> bool:
+        """Whether a worker that joins now gets a task of this live iteration.
+
+        A running one, yes (a static one stays running until every shard of its worker list
+        finished, so a listed worker joining late gets its shard). An OFF iteration whose
+        tasks all finished producing while consumers still read it, too: as in TensorFlow,
+        a worker added or restarted mid-read serves a full repetition (before, a worker
+        restarted mid-read never ran its task again and the read ended short). A finished
+        DYNAMIC iteration has no split left to hand out.
+        """
+        if iteration.status == "running":
+            return True
+        return bool(job.processing_mode == "OFF" and iteration.num_clients > 0)
+
+    def _iteration_client(self, iteration_client_id: int, job_token: str | None,
+                          what: str) -> IterationClient:
+        """A consumer, if ``job_token`` is its job's token (only the consumer may act for it)."""
+        client = self.state.iteration_client(iteration_client_id)
+        job = self.state.job(self.state.iteration(client.iteration_id).job_id)
+        check_job_token(job.token, job_token, job.job_id, what)
+        return client
+
+    def _check_task_token(self, task_id: int, job_token: str | None, what: str,
+                          iteration_id: int | None = None) -> None:
+        """Refuse ``what`` on a task unless ``job_token`` is its job's token."""
+        task = self.state.task(task_id)
+        if iteration_id is not None and task.iteration_id != iteration_id:
+            raise DataServiceError(f"task {task_id} is not a task of iteration {iteration_id}")
+        job = self.state.job(self.state.iteration(task.iteration_id).job_id)
+        check_job_token(job.token, job_token, job.job_id, what)
+
+    def task_def(self, task: Task) -> TaskDef:
+        iteration = self.state.iteration(task.iteration_id)
+        job = self.state.job(iteration.job_id)
+        return cast("TaskDef", {
+            "task_id": task.task_id, "iteration_id": task.iteration_id, "job_id": job.job_id,
+            "dataset_id": job.dataset_id,
+            "processing_mode": int(ShardingPolicy[job.processing_mode]),
+            "worker_index": task.shard_index,
+            "num_workers": len(job.worker_addresses) if job.worker_addresses else None,
+            "num_consumers": job.num_consumers,
+            "cross_trainer_cache": job.cross_trainer_cache, "job_token": job.token,
+            "position": job.position})
+
+
+def fair_share(left: int, active: int) -> int:
+    """How many of the ``left`` splits a task may take at once: all of them if it is the only
+    active task, else at most half of a fair share (``left / (2 x active)``, at least one):
+    big batches for fine splits, and the last splits still spread over the workers."""
+    active = max(1, active)
+    return left if active == 1 else max(1, left // (2 * active))
+
+
+def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetition: int,
+                received: int) -> tuple[list[int], bool] | None:
+    """The splits of ``repetition`` handed to ``task_id`` beyond the ``received`` first ones
+    (a reply that never arrived), with whether the repetition ended after them; ``None`` when
+    there are none. O(runs the task holds): asked only by retried requests.
+    """
+    held = state._splits_in_flight.get(task_id)
+    if not held:
+        return None
+    positions = [i for rep, start, stop in held if rep == repetition
+                 for i in range(start, stop)]
+    if len(positions) <= received:
+        return None
+    tail = positions[received:]
+    current = state.split_position(iteration_id)[0]
+    if current == repetition:
+        order = list(_split_order.taken(state, iteration_id))
+        indices = [order[p] for p in tail] if order else tail
+    else:
+        job = state.job(state.iteration(iteration_id).job_id)
+        if state.dataset(job.dataset_id).metadata.get(_locality.LOCALITY_KEY):
+            # the explicit order of an ended repetition is forgotten: positions cannot be
+            # mapped back to splits (they stay in flight, as before)
+            return None
+        indices = tail
+    logger.info("dataservice: task %s never got %d splits of repetition %d handed to it (a "
+                "reply lost with the previous dispatcher): handing them out again",
+                task_id, len(tail), repetition)
+    return indices, current > repetition

@@ -1,0 +1,412 @@
+"""Scenarios: what a seed builds (workload, sizes, faults), how it runs, what it checks.
+
+:func:`generate` draws a :class:`Params` from a seed and a workload; :func:`run_scenario`
+runs it on a fresh :class:`~._world.World` and returns a :class:`Result` (``failure`` is the
+first broken invariant, with the virtual time). The invariants:
+
+- no element is delivered twice (DYNAMIC and static: across every consumer of the job; OFF:
+  within each task's copy), checked at every delivery;
+- without faults, every element exactly once (DYNAMIC, static) and no task lost; with
+  faults, what is missing lies in the splits the dispatcher recorded as lost with a dead
+  worker (at most once);
+- OFF: every task that finished delivered its worker's full copy, and every worker the
+  dispatcher has registered when a consumer ends has a task of the iteration (joined and
+  restarted workers included);
+- every consumer ends within ``horizon`` virtual seconds (no hang, shared jobs included);
+- ``DispatcherState.validate_state()`` after every stimulus of the dispatcher, and the
+  journal's replay equals the live state at every kill, restart, and at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...service.dispatcher.core import CoreConfig, WorkerInfo
+from ...service.dispatcher.state import DispatcherState
+from ._actors import Consumer, DataWorker
+from ._world import DISPATCHER, Network, SimDispatcher, SimFailure, World
+
+__all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
+
+#: Workload names (``--workload``).
+WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file")
+
+#: Fault kinds.
+FAULTS = ("kill_dispatcher", "freeze_dispatcher", "kill_worker", "freeze_worker",
+          "join_worker", "leave_worker", "partition")
+
+
+@dataclass
+class Params:
+    """One scenario (JSON-able: ``--scenario`` replays a shrunk one)."""
+
+    workload: str = "dynamic"
+    num_splits: int = 8
+    per_split: int = 2
+    n_workers: int = 2
+    n_consumers: int = 1
+    #: ``[time, kind, target index, duration]``.
+    faults: list[list[Any]] = field(default_factory=list)
+    drop: float = 0.0
+    dup: float = 0.0
+    buffer: int = 8
+    fetch: int = 4
+    split_batch: int = 4
+    worker_heartbeat: float = 0.3
+    client_heartbeat: float = 0.1
+    produce_interval: float = 0.01
+    fetch_interval: float = 0.01
+    gc_interval: float = 0.25
+    worker_timeout: float = 2.0
+    client_timeout: float = 10.0
+    snapshot_every: int = 0
+    horizon: float = 40.0
+
+    @property
+    def num_elements(self) -> int:
+        return self.num_splits * self.per_split
+
+    @property
+    def mode(self) -> str:
+        return {"dynamic": "DYNAMIC", "named": "DYNAMIC", "off": "OFF", "named-off": "OFF",
+                "static-data": "DATA", "static-file": "FILE"}[self.workload]
+
+
+@dataclass
+class Ending:
+    """The dispatcher's view of an iteration when one of its consumers ended."""
+
+    tasks: list[tuple[int, str, str]]
+    workers: list[str]
+    lost: set[int]
+
+
+@dataclass
+class Result:
+    seed: int
+    params: Params
+    failure: str | None
+    steps: int
+    virtual_time: float
+    trace: list[str]
+
+
+def generate(seed: int, workload: str) -> Params:
+    """The scenario of ``seed`` for ``workload`` (its own random stream: the run's network
+    draws do not change it)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; one of {', '.join(WORKLOADS)}")
+    rng = random.Random(f"{workload}:{seed}")
+    p = Params(workload=workload)
+    p.num_splits = rng.randint(2, 16)
+    p.per_split = rng.randint(1, 4)
+    p.n_workers = rng.randint(1, 4)
+    if workload == "static-file":
+        p.num_splits = max(p.num_splits, p.n_workers)  # a file per worker at least
+    p.n_consumers = rng.randint(2, 3) if workload.startswith("named") else 1
+    p.split_batch = rng.choice((1, 2, 4, 1024))
+    p.buffer = rng.choice((2, 8, 64))
+    p.fetch = rng.choice((1, 4, 16))
+    p.snapshot_every = rng.choice((0, 0, 5, 20))
+    if rng.random() < 0.3:
+        return p  # no faults: exactly once
+    if rng.random() < 0.3:
+        p.drop = rng.choice((0.01, 0.05))
+        p.dup = rng.choice((0.0, 0.1))
+    kinds = list(FAULTS)
+    if workload.startswith("static"):
+        # a worker outside the fixed list gets no task; a listed one that leaves for good
+        # leaves its shard unread (the read waits for it, as in TF)
+        kinds.remove("join_worker")
+        kinds.remove("leave_worker")
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choice(kinds)
+        p.faults.append([round(rng.uniform(0.0, 1.5), 4), kind, rng.randrange(8),
+                         round(rng.choice((0.05, 0.5, 1.0, 3.0, 6.0)), 4)
+                         if kind != "leave_worker" else 0.0])
+    p.faults.sort()
+    return p
+
+
+def worker_address(i: int) -> str:
+    return f"tcp://w{i}:1"
+
+
+class Run:
+    """One scenario running (the actors' view of the harness)."""
+
+    def __init__(self, seed: int, params: Params) -> None:
+        self.seed = seed
+        self.params = params
+        self.world = World(seed)
+        self.net = Network(self.world, drop=params.drop, dup=params.dup)
+        p = params
+        static = p.mode in ("DATA", "FILE")
+        addresses = [worker_address(i) for i in range(p.n_workers)]
+        self.config = CoreConfig(
+            job_gc_timeout=5.0, client_timeout=p.client_timeout, worker_timeout=p.worker_timeout,
+            worker_addresses=tuple(addresses) if static else None, excluded_resources=("ps",))
+        self.dispatcher = SimDispatcher(self.world, self.net, self.config,
+                                        snapshot_every=p.snapshot_every)
+        self.dispatcher.world_workers = {}
+        self.workers: dict[str, DataWorker] = {}
+        for a in addresses:
+            self._add_worker(a)
+        self.failure: str | None = None
+        self.seen: set[Any] = set()
+        self.seen_static: set[tuple[int, Any]] = set()
+        self.static_count: dict[Any, int] = {}
+        self.consumers: list[Consumer] = []
+        self._register()
+        name = "shared" if p.workload.startswith("named") else None
+        for i in range(p.n_consumers):
+            job = {"dataset_id": self.dataset_id, "processing_mode": p.mode, "job_name": name}
+            self.consumers.append(Consumer(self, f"c{i}", job))
+        self._schedule_gc()
+        for fault in p.faults:
+            t, kind, target, duration = fault
+            self.world.at(t, functools.partial(self._fault, kind, target, duration))
+
+    # Harness services for the actors
+    def split_elements(self, split: int) -> range:
+        n = self.params.per_split
+        return range(split * n, split * n + n)
+
+    def note(self, text: str) -> None:
+        self.world.log(text)
+
+    def fail(self, text: str) -> None:
+        if self.failure is None:
+            self.failure = f"t={self.world.now:.3f}: {text}"
+
+    def received(self, consumer: Consumer, task_id: int, element: Any) -> None:
+        if self.params.mode in ("DATA", "FILE"):
+            # a restarted worker produces its shard again (TF's static sharding); within one
+            # task's shard, at most once
+            key = (task_id, element)
+            if key in self.seen_static:
+                self.fail(f"{consumer.name} got element {element} of task {task_id} twice")
+            self.seen_static.add(key)
+            self.static_count[element] = self.static_count.get(element, 0) + 1
+        elif element in self.seen:
+            what = f"element {element!r}" if self.params.mode != "OFF" else \
+                f"element {element[1]} of task {element[0]}'s copy"
+            self.fail(f"{consumer.name} got {what} twice (from task {task_id})")
+        self.seen.add(element)
+        consumer.received.append(element)
+
+    def consumer_done(self, consumer: Consumer) -> None:
+        self.world.log(f"{consumer.name} ended with {len(consumer.received)} of its own")
+
+    def dispatcher_state(self) -> DispatcherState:
+        d = self.dispatcher
+        if d.core is not None:
+            return d.core.state
+        return d.replayed(d.durable)
+
+    def seen_by(self, iteration_id: int) -> Ending:
+        """What the dispatcher knows of an iteration when a consumer ends."""
+        state = self.dispatcher_state()
+        return Ending(
+            tasks=[(t.task_id, t.worker_address, t.status)
+                   for t in state.tasks_for_iteration(iteration_id)],
+            workers=[w.address for w in state.list_workers()],
+            lost={index for _, index in state.lost_splits(iteration_id)})
+
+    # Setup
+    def _add_worker(self, address: str) -> None:
+        self.dispatcher.world_workers[address] = WorkerInfo(address=address, host=address,
+                                                            nthreads=1, name=address)
+        self.workers[address] = DataWorker(self, address)
+
+    def _register(self) -> None:
+        p = self.params
+        d = self.dispatcher
+        assert d.core is not None
+        metadata: dict[str, Any] = {"cardinality": p.num_elements}
+        if p.mode == "FILE":
+            metadata["file_based"] = True
+        reply = d._run(d.core.register_dataset, "fp", b"pipeline", b"splits", p.num_splits,
+                       metadata=metadata)
+        d._flush(d.host.incarnation)  # registered before any consumer starts
+        self.dataset_id = reply["dataset_id"]
+
+    def _schedule_gc(self) -> None:
+        self.dispatcher.gc_tick()
+        self.world.after(self.params.gc_interval, self._schedule_gc)
+
+    # Faults
+    def _worker(self, target: int) -> DataWorker:
+        names = sorted(self.workers)
+        return self.workers[names[target % len(names)]]
+
+    def _fault(self, kind: str, target: int, duration: float) -> None:
+        world, d = self.world, self.dispatcher
+        world.log(f"fault {kind} {target} {duration}")
+        if kind == "kill_dispatcher":
+            if d.core is None:
+                return
+            self._guard(d.kill)
+            world.after(duration, lambda: self._guard(d.restart))
+        elif kind == "freeze_dispatcher":
+            if d.host.frozen or d.core is None:
+                return
+            d.host.frozen = True
+            world.after(duration, lambda: self._thaw(d.host.name))
+        elif kind in ("kill_worker", "leave_worker"):
+            w = self._worker(target)
+            if not w.host.alive:
+                return
+            if kind == "leave_worker" and sum(
+                    x.host.alive and not x.left for x in self.workers.values()) < 2:
+                return  # the last worker stays: with none, a read waits (a warning) forever
+            w.left = kind == "leave_worker"
+            w.host.alive = False
+            w.host.incarnation += 1
+            w.host.frozen = False
+            w.host.inbox.clear()
+            # the scheduler notices the closed comm (a graceful leave: at once)
+            world.after(0.0 if kind == "leave_worker" else 0.05,
+                        functools.partial(d.worker_left, w.address))
+            if kind == "kill_worker":
+                world.after(duration, lambda: self._restart(w))
+        elif kind == "freeze_worker":
+            w = self._worker(target)
+            if w.host.frozen or not w.host.alive:
+                return
+            w.host.frozen = True
+            world.after(duration, lambda: self._thaw(w.address))
+        elif kind == "join_worker":
+            self._add_worker(worker_address(len(self.workers)))
+        elif kind == "partition":
+            w = self._worker(target)
+            pair = frozenset((w.address, DISPATCHER))
+            self.net.partitions.add(pair)
+            world.after(duration, lambda: self.net.partitions.discard(pair))
+
+    def _guard(self, fn: Any) -> None:
+        try:
+            fn()
+        except SimFailure as e:
+            self.fail(str(e))
+
+    def _restart(self, w: DataWorker) -> None:
+        self.world.log(f"restart {w.address}")
+        w.host.alive = True
+        w.fresh()
+
+    def _thaw(self, name: str) -> None:
+        host = self.world.hosts[name]
+        if not host.frozen:
+            return
+        self.world.log(f"thaw {name}")
+        host.frozen = False
+        inbox, host.inbox = host.inbox, []
+        for src, msg in inbox:
+            if not host.alive:
+                break
+            if src == "":
+                msg()
+            else:
+                assert host.deliver is not None
+                host.deliver(src, msg)
+
+    # Running and checking
+    def run(self) -> Result:
+        world = self.world
+        logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
+        level, logger.level = logger.level, logging.CRITICAL
+        try:
+            while self.failure is None and world.step():
+                if all(c.released for c in self.consumers):
+                    break
+                if world.now > self.params.horizon:
+                    late = [c.name for c in self.consumers if c.done_at is None]
+                    self.fail(f"no end within {self.params.horizon:g}s of virtual time: "
+                              f"{late or 'the releases'} still waiting "
+                              f"({self._summary()})")
+            if self.failure is None:
+                self._final_checks()
+        except SimFailure as e:
+            self.fail(str(e))
+        except Exception as e:  # noqa: BLE001 - an error of the code under test is a finding
+            import traceback
+
+            self.fail(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        finally:
+            logger.level = level
+        return Result(self.seed, self.params, self.failure, world.steps, world.now, world.trace)
+
+    def _summary(self) -> str:
+        state = self.dispatcher_state()
+        its = {it.iteration_id: (it.status, [(t.task_id, t.worker_address, t.status)
+                                             for t in state.tasks_for_iteration(it.iteration_id)])
+               for it in state.list_iterations()}
+        return f"iterations {its}"
+
+    def _final_checks(self) -> None:
+        p = self.params
+        d = self.dispatcher
+        if d.core is not None:
+            d.check_replay(d.durable + d.pending, "at the end")
+        faults = bool(p.faults) or p.drop > 0
+        for c in self.consumers:
+            end = c.final_state
+            assert end is not None
+            if not faults and any(status == "lost" for _, _, status in end.tasks):
+                raise SimFailure(f"{c.name}: a task was lost without a fault: {end.tasks}")
+            if p.mode == "OFF":
+                self._check_off(c, end)
+        if p.mode == "OFF":
+            return
+        if p.mode in ("DATA", "FILE"):
+            self.seen = set(self.static_count)
+            twice = sorted(e for e, n in self.static_count.items() if n > 1)
+            if twice and not faults:
+                raise SimFailure(f"exactly once broken without faults: {twice[:10]} twice")
+        missing = set(range(p.num_elements)) - self.seen
+        if not missing:
+            return
+        if not faults:
+            raise SimFailure(f"exactly once broken without faults: elements "
+                             f"{sorted(missing)[:10]} never delivered")
+        if p.mode != "DYNAMIC":
+            return  # a lost shard is not handed out split by split: at most once holds
+        lost: set[int] = set()
+        for c in self.consumers:
+            lost |= c.final_state.lost
+        beyond = sorted(e for e in missing if e // p.per_split not in lost)
+        if beyond:
+            raise SimFailure(f"elements {beyond[:10]} were lost, but their splits were not "
+                             f"in flight on a dead worker (lost splits {sorted(lost)})")
+
+    def _check_off(self, c: Consumer, end: Ending) -> None:
+        n = self.params.num_elements
+        for task_id, address, status in end.tasks:
+            if status == "finished":
+                got = {e[1] for e in self.seen if e[0] == task_id}
+                if len(got) != n:
+                    raise SimFailure(
+                        f"OFF: task {task_id} of {address} finished but its copy reached the "
+                        f"consumers with {len(got)} of {n} elements")
+        with_task = {address for _, address, _ in end.tasks}
+        for w in end.workers:
+            if w not in with_task:
+                raise SimFailure(f"OFF: worker {w} is registered but has no task of the "
+                                 f"iteration when {c.name} ended ({end.tasks})")
+
+
+def run_scenario(seed: int, params: Params, *, verbose: bool = False) -> Result:
+    """Run one scenario; deterministic in ``(seed, params)``."""
+    run = Run(seed, params)
+    run.world.verbose = verbose
+    return run.run()
+
+
+def replace(params: Params, **changes: Any) -> Params:
+    return dataclasses.replace(params, **changes)
