@@ -6,6 +6,9 @@
   Client, Worker, Nanny or comm it started may outlive it (threads get distributed's 5 s grace).
   A test that must share such a resource with later tests is marked ``no_leak_check`` and says
   why.
+- The test files live in folders that mirror the package (docs/architecture.md, "Tests"); this
+  file puts tests/ itself on ``sys.path`` so that every one of them imports the shared
+  ``_helpers`` and ``_browser`` modules by name.
 - zarr runs its I/O on a process-wide event loop thread ("zarr_io") and thread pool, created on
   first use and closed at exit (zarr's design, like distributed's offload pool). They are started
   once, before the first test, so the leak checks count them as pre-existing instead of blaming
@@ -15,10 +18,16 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from distributed.utils_test import clean
+
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 #: Threads of zarr's process-wide pool (fixed, so it cannot grow during a test).
 ZARR_THREADS = 4

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _browser import PAGE_STATE_JS, Browser, chromium
-from _helpers import PS, WK, in_thread, poll
-from test_cli import _Servers
+from _helpers import PS, WK, Servers, in_thread, poll
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
@@ -169,7 +168,7 @@ def test_pages_and_route_on_the_dask_dataservice_scheduler_command(tmp_path):
     cli = [sys.executable, "-m", "dask_dataservice.cli"]
     port = _free_port()
     scheduler_file = tmp_path / "scheduler.json"
-    with _Servers() as servers:
+    with Servers() as servers:
         scheduler = servers.start(*cli, "scheduler", "--host", "127.0.0.1", "--port", "0",
                                   "--dashboard-address", f"127.0.0.1:{port}",
                                   "--scheduler-file", str(scheduler_file))
@@ -198,7 +197,7 @@ def test_pages_and_route_on_the_dask_dataservice_scheduler_command(tmp_path):
 
 
 def test_demo_prints_the_dashboard_pages():
-    from test_cli import invoke
+    from _helpers import invoke
 
     rc, out, err = invoke("demo", "--no-train", "--no-processes", "--workers", "2",
                           "--elements", "2000")

@@ -16,13 +16,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import IO
 
 import psutil
 import pytest
+from _helpers import Servers, invoke
 from click.testing import CliRunner
 
 from dask_dataservice import cli, demo
@@ -43,14 +42,6 @@ def _console_script(name: str = "dask-dataservice") -> Path:
     if not path.exists():
         pytest.fail(f"console script not installed at {path}; run `pip install -e .` first")
     return path
-
-
-def invoke(*argv: str):
-    """Run the command line in this process; ``(exit code, stdout, stderr)``."""
-    result = CliRunner().invoke(cli.dataservice, list(argv), prog_name="dask-dataservice")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def _last_line(out: str) -> re.Match:
@@ -393,67 +384,9 @@ def test_a_killed_supervisor_takes_its_worker_with_it(tmp_path):
         supervisor.stderr.close()
 
 
-class _Servers:
-    """Processes started by a test, stopped (SIGTERM, then SIGKILL) at the end.
-
-    Their output goes to files, not pipes: nobody reads a pipe while the test runs, and a
-    process whose stderr pipe is full blocks on its next log line (a worker logging its
-    reconnection attempts froze that way, and never came back).
-    """
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self._stderr: dict[int, IO[str]] = {}
-
-    def start(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start ``argv`` in its own session (``env``: variables added to this process's)."""
-        err = tempfile.TemporaryFile("w+")
-        proc = subprocess.Popen(
-            list(argv), stdout=subprocess.DEVNULL, stderr=err, text=True,
-            start_new_session=True, env=None if env is None else {**os.environ, **env},
-        )
-        self.procs.append(proc)
-        self._stderr[proc.pid] = err
-        return proc
-
-    def read_stderr(self, proc: subprocess.Popen) -> str:
-        f = self._stderr[proc.pid]
-        f.seek(0)
-        return f.read()
-
-    def stop(self, proc: subprocess.Popen, timeout: float = 20, clean: bool = True) -> str:
-        """SIGTERM; wait for an exit with code 0 (and no traceback if ``clean``); return stderr."""
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=timeout)
-        err = self.read_stderr(proc)
-        assert proc.returncode == 0, err
-        if clean:  # distributed logs a stopped worker's closed batched stream with its
-            # traceback (an INFO line of the scheduler's): those are not failures
-            noise = err.count("distributed.batched - INFO - Batched Comm Closed")
-            assert err.count("Traceback") <= noise, err
-        return err
-
-    def __enter__(self) -> _Servers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
-        for f in self._stderr.values():
-            f.close()
-
-
 @pytest.fixture
 def servers():
-    with _Servers() as s:
+    with Servers() as s:
         yield s
 
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cli import _Servers
+from _helpers import Servers
 
 pytestmark = pytest.mark.timeout(90)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "deploy.md"
 
 
@@ -276,7 +276,7 @@ def _plain_dask(kind: str) -> list[str]:
 @pytest.fixture
 def servers():
     """Processes started by a test, stopped at its end (test_cli's helper)."""
-    with _Servers() as s:
+    with Servers() as s:
         yield s
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     page for page in [*sorted(p.relative_to(ROOT) for p in (ROOT / "docs").glob("*.md")),
                       Path("README.md")]

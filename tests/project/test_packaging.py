@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: extras that are tooling for this project, not features for users: ``all`` leaves them out
 NOT_RUNTIME_EXTRAS = {"test", "docs", "lint", "all"}

@@ -3,7 +3,7 @@
 The configuration is ``[tool.mypy]`` in ``pyproject.toml``: ``strict = true``, and overrides
 only for third-party modules that ship neither stubs nor ``py.typed`` (never ``ignore_errors``
 on our own modules). A user's typed snippet against the installed wheel is checked in
-``tests/test_packaging.py``.
+``tests/project/test_packaging.py``.
 
 Without a cache (a fresh clone, as in CI) the run takes 45 s at load 1 on 2 cores and 3.7 min
 at load 8; with ``.mypy_cache`` a few seconds. It is marked slow and has its own timeout.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mypy_config() -> dict:

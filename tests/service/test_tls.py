@@ -34,8 +34,7 @@ pytestmark = pytest.mark.timeout(90)
 # thread-leak check takes its snapshot (the PS test uses zarr-backed shards).
 warm_up_zarr()
 
-from _helpers import distribute, read  # noqa: E402
-from test_cli import _Servers  # noqa: E402
+from _helpers import Servers, distribute, read  # noqa: E402
 
 #: One generated certificate for every role (scheduler, worker, client).
 SEC = Security.temporary()
@@ -172,7 +171,7 @@ def _console_script() -> str:
 @pytest.fixture
 def servers():
     """Processes started by a test, stopped at its end (test_cli's helper)."""
-    with _Servers() as s:
+    with Servers() as s:
         yield s
 
 @pytest.mark.slow

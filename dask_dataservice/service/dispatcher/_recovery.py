@@ -127,7 +127,7 @@ def _tasks_of_iterations_created_meanwhile(plugin: Any, address: str) -> None:
 
     Such an iteration got no task of it: at the time the worker was known to the journal
     but not to the new scheduler (a reader that started during the outage waited forever for
-    a data worker, tests/test_invisible_restart.py). An iteration that already has a task of
+    a data worker, tests/service/test_invisible_restart.py). An iteration that already has a task of
     this worker, in any status, gets none: a finished OFF task must not run its repetition
     again. O(tasks of the live iterations), once per revived worker.
     """
