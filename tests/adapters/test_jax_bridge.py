@@ -15,7 +15,10 @@ from _helpers import distribute
 from dask_dataservice.data import Dataset
 from dask_dataservice.testing import gen_cluster
 
+pytestmark = pytest.mark.pure
 
+
+@pytest.mark.process
 @pytest.mark.parametrize("extra, call", [
     ("torch", "Dataset.range(3).to_torch()"),
     ("torch", "__import__('dask_dataservice.torch')"),
@@ -57,6 +60,7 @@ def test_leaves_become_jax_arrays_on_the_device():
         JaxIterable([1])
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_jax_step_on_a_distributed_dataset(c, s, a, b):
     """A jitted gradient step per batch served by the data service: each row once per epoch."""

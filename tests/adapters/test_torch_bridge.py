@@ -17,6 +17,8 @@ from dask_dataservice.testing import gen_cluster
 torch = pytest.importorskip("torch")
 import dask_dataservice.torch as ddt  # noqa: E402 - needs torch
 
+pytestmark = pytest.mark.pure
+
 
 def test_leaves_become_tensors_and_the_structure_stays():
     x = np.arange(12, dtype=np.float32).reshape(6, 2)
@@ -58,6 +60,7 @@ def test_bad_input_and_pin_memory_without_accelerator():
     assert [int(t) for t in it] == [0, 1, 2]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("splittable", [True, False])
 def test_dataloader_workers_share_the_data_exactly_once(splittable):
     if splittable:
@@ -73,6 +76,7 @@ def test_dataloader_workers_share_the_data_exactly_once(splittable):
     assert sorted(int(v) for b in batched for v in b) == list(range(103))
 
 
+@pytest.mark.process
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_service_dataset_in_loader_workers_is_refused(c, s, a, b):
     ds = await distribute(Dataset.range(10), "distributed_epoch", c)
@@ -98,6 +102,7 @@ async def test_service_dataset_in_loader_workers_is_refused(c, s, a, b):
     assert sorted(int(t) for t in await asyncio.to_thread(list, loader)) == list(range(10))
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_train_a_torch_model_on_a_distributed_dataset(c, s, a, b):
     """Linear regression on 2,048 rows served by two data workers (DYNAMIC sharding): every

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from dask_dataservice.torch import ShardedEmbedding, torch_module  # noqa: E402
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 

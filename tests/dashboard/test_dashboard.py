@@ -32,7 +32,7 @@ from dask_dataservice.service.client import _install_async
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300), pytest.mark.slow]
 
 warm_up_zarr()  # zarr's process-wide threads start before the thread-leak snapshot
 
@@ -196,6 +196,7 @@ def test_pages_and_route_on_the_dask_dataservice_scheduler_command(tmp_path):
         servers.stop(scheduler)
 
 
+@pytest.mark.cluster
 def test_demo_prints_the_dashboard_pages():
     from _helpers import invoke
 

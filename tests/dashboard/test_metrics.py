@@ -20,7 +20,7 @@ from dask_dataservice.service.protocol._metrics import RateSeries, ReadStats
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
 # zarr runs its I/O on process-wide daemon threads; start them all before gen_cluster's
 # thread-leak check takes its snapshot.
@@ -121,6 +121,7 @@ def _value(text: str, name: str, **labels: str) -> float:
     return found[0]
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[WK, WK], scheduler_kwargs={"dashboard_address": ":0"},
              worker_kwargs={"dashboard_address": ":0"}, config=FAST)
 async def test_prometheus_scheduler_and_workers_by_value(c, s, a, b):
@@ -151,6 +152,7 @@ async def test_prometheus_scheduler_and_workers_by_value(c, s, a, b):
         assert _value(wtext, "dataservice_worker_plugin_cpu_seconds_total", worker=w.address) >= 0
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[PS, WK], scheduler_kwargs={"dashboard_address": ":0"},
              config=FAST)
 async def test_prometheus_parameter_servers_and_training_steps(c, s, ps, wk):
@@ -194,6 +196,7 @@ async def test_prometheus_parameter_servers_and_training_steps(c, s, ps, wk):
     assert shard[1]["updates"] == 7 and shard[1]["gathers"] == 0  # per shard
 
 
+@pytest.mark.cluster
 def test_journal_metrics_by_value(tmp_path):
     """Fault-tolerant mode: journal records and fsyncs on /metrics equal the writer's counts."""
     from distributed import Client, LocalCluster
@@ -231,6 +234,7 @@ def test_journal_metrics_by_value(tmp_path):
         assert 0 < latency < 10
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[WK], config=FAST)
 async def test_plugin_thread_cpu_reaches_dasks_worker_metrics(c, s, a):
     """The service's thread CPU time goes to Dask's fine performance metrics (Linux)."""

@@ -18,7 +18,7 @@ import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 FAST = {"dataservice.dashboard.interval": "50ms"}
 #: Holds a pipeline's elements until a test has looked at a running job (module level: the
@@ -168,6 +168,7 @@ def test_stats_wait_versus_compute():
         assert stats["elements_per_second"] > 0
 
 
+@pytest.mark.pure
 def test_status_rejects_a_bad_service():
     with pytest.raises(TypeError, match="service must be a distributed.Client or a scheduler"):
         dds.status(42)

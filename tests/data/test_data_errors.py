@@ -12,6 +12,8 @@ import zarr
 
 from dask_dataservice.data import AUTOTUNE, SHARD_HINT, Dataset, readers
 
+pytestmark = pytest.mark.pure
+
 
 class UserError(Exception):
     """An exception type only user code raises."""
@@ -105,6 +107,7 @@ CASES = {
 }
 
 
+@pytest.mark.component
 @pytest.mark.parametrize("case", list(CASES))
 def test_user_error_keeps_type_traceback_and_gets_a_note(case):
     make, fn_name, op = CASES[case]
@@ -129,6 +132,7 @@ def test_note_names_the_element():
     assert "shape=(100, 100)" in note and len(note) < 300  # summarised, not printed
 
 
+@pytest.mark.component
 def test_reader_errors(tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("x\n")
@@ -147,6 +151,7 @@ def test_reader_errors(tmp_path):
     assert "missing.npy" in library_notes(info.value)[0]
 
 
+@pytest.mark.component
 def test_elements_before_the_error_are_delivered():
     it = iter(Dataset.range(10).map(bad_map, num_parallel_calls=2).prefetch(2))
     assert [next(it), next(it), next(it)] == [0, 1, 2]

@@ -26,6 +26,8 @@ from dask_dataservice.data.tfrecord import (
 )
 from dask_dataservice.testing import gen_cluster
 
+pytestmark = pytest.mark.pure
+
 pq = pytest.importorskip("pyarrow.parquet")
 pa = pytest.importorskip("pyarrow")
 
@@ -227,6 +229,7 @@ def test_parquet_row_groups_are_splits(tmp_path, mem):
         Dataset.from_parquet(str(tmp_path / "a.parquet"), columns=["nope"])
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_parquet_through_the_service_dynamic(c, s, a, b):
     import tempfile
@@ -273,6 +276,7 @@ def test_list_files_and_text_lines_on_memory_fs(mem):
     assert elements(Dataset.from_files(f"{mem}/m.npy", dds.data.readers.npy)) == [[0, 1], [2, 3], [4, 5]]
 
 
+@pytest.mark.process
 def test_importing_the_package_imports_no_optional_dependency():
     code = ("import sys, dask_dataservice as dds; dds.Dataset.range(3); "
             "bad = [m for m in ('pyarrow', 'PIL', 'torch', 'jax', 'fsspec') if m in sys.modules]; "
@@ -281,6 +285,7 @@ def test_importing_the_package_imports_no_optional_dependency():
     assert out.stdout.strip() in ("[]", "['fsspec']")  # fsspec comes with dask
 
 
+@pytest.mark.process
 def test_a_missing_extra_names_what_to_install(tmp_path):
     _parquet(str(tmp_path / "a.parquet"), 3, 3)
     code = ("import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None\n"

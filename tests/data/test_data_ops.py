@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from dask_dataservice.data import AUTOTUNE, INFINITE, UNKNOWN, Dataset, readers
 
+pytestmark = pytest.mark.pure
+
 
 def check_cardinality(ds):
     """A known cardinality must equal the number of elements actually produced."""
@@ -52,6 +54,7 @@ def test_map_filter_reference(xs, k):
     assert py(got) == [x * 3 + 1 for x in xs if (x * 3 + 1) % k == 0]
 
 
+@pytest.mark.component
 @FAST
 @given(n=st.integers(0, 60), calls=st.sampled_from([1, 2, 3, 4, AUTOTUNE]))
 def test_parallel_map_equals_sequential_map(n, calls):
@@ -64,6 +67,7 @@ def test_parallel_map_equals_sequential_map(n, calls):
     assert Counter(unordered) == Counter(seq)
 
 
+@pytest.mark.component
 def test_parallel_map_nondeterministic_yields_in_completion_order():
     # element 0 is held until element 1 is out: only completion order can deliver that
     first_out = threading.Event()
@@ -299,6 +303,7 @@ def reference_interleave(inputs, cycle_length, block_length):
         i = (i + 1) % cycle_length
 
 
+@pytest.mark.component
 def test_interleave_tf_docs_examples():
     ds = Dataset.range(1, 6).interleave(lambda x: Dataset.from_tensor_slices([x] * 4),
                                         cycle_length=2, block_length=4)
@@ -313,6 +318,7 @@ def test_interleave_tf_docs_examples():
         num_parallel_calls=2)) == elements(ds6)
 
 
+@pytest.mark.component
 @FAST
 @given(lengths=st.lists(st.integers(0, 6), max_size=8), cycle=st.integers(1, 4),
        block=st.integers(1, 4), parallel=st.sampled_from([None, 2, AUTOTUNE]))
@@ -335,6 +341,7 @@ def test_flat_map_chains_in_order():
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.component
 @FAST
 @given(n=st.integers(0, 200), buf=st.sampled_from([0, 1, 2, 7, AUTOTUNE]))
 def test_prefetch_is_transparent(n, buf):
@@ -471,6 +478,7 @@ def _every_op_pipeline(tmp_path):
     )
 
 
+@pytest.mark.component
 def test_cloudpickle_round_trip_of_every_op(tmp_path):
     ds = _every_op_pipeline(tmp_path)
     want = elements(ds)
@@ -485,6 +493,7 @@ def test_cloudpickle_round_trip_of_every_op(tmp_path):
     del it
 
 
+@pytest.mark.process
 def test_pickled_pipeline_runs_in_another_process(tmp_path):
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:

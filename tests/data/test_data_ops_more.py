@@ -13,6 +13,8 @@ from _helpers import elements, py
 from dask_dataservice.data import Dataset, TensorSpec
 from dask_dataservice.data.splits import ListSplitProvider
 
+pytestmark = pytest.mark.pure
+
 D = Dataset
 
 
@@ -138,6 +140,7 @@ def test_choose_from_datasets_as_tf():
 # -- ignore_errors ---------------------------------------------------------------------------
 
 
+@pytest.mark.component
 def test_ignore_errors_drops_failing_elements_only_below_it(caplog):
     bad = D.range(6).map(lambda x: 1 // (x - 3))
     assert elements(bad.ignore_errors()) == [-1, -1, -1, 1, 0]

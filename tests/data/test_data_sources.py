@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from dask_dataservice.data import UNKNOWN, Dataset, FileSplit, IndexRange, readers
 
+pytestmark = pytest.mark.pure
+
 # ------------------------------------------------------------------------------------------
 # range
 # ------------------------------------------------------------------------------------------
@@ -326,6 +328,7 @@ def test_len_and_bool():
     assert bool(Dataset.range(0))
 
 
+@pytest.mark.process
 def test_no_dask_import():
     code = (
         "import sys\n"

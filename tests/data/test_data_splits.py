@@ -29,6 +29,8 @@ from dask_dataservice.data import (
     readers,
 )
 
+pytestmark = pytest.mark.pure
+
 
 class RecordingProvider(SplitProvider):
     """Serves ``per_repetition[r]`` in repetition ``r`` and records every call."""
@@ -156,6 +158,7 @@ def test_provider_with_wrong_split_type_is_a_type_error(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.component
 def test_ops_above_the_source_run_unchanged_on_served_splits():
     ds = Dataset.range(20).map(lambda x: x * 2).filter(lambda x: x % 3 != 0).batch(2)
     splits = [IndexRange(10, 15), IndexRange(0, 4)]
@@ -304,6 +307,7 @@ def test_splits_argument_checks():
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.component
 def test_shard_hint_must_be_rewritten_before_local_iteration():
     ds = Dataset.range(10).shard(SHARD_HINT, SHARD_HINT).map(lambda x: x * 2).prefetch(2)
     assert ds.has_shard_hint
@@ -397,6 +401,7 @@ def _fingerprints(tmp_path, scale, hashseed):
     return json.loads(out.stdout)
 
 
+@pytest.mark.process
 def test_fingerprint_same_definition_same_fingerprint_across_processes(tmp_path):
     a = _fingerprints(tmp_path, scale=2, hashseed=1)
     b = _fingerprints(tmp_path, scale=2, hashseed=2)  # other process, other string hashing
@@ -443,6 +448,7 @@ def test_fingerprint_in_process():
     assert all(isinstance(f, str) and len(f) == 32 for f in fps)
 
 
+@pytest.mark.component
 def test_fingerprint_does_not_depend_on_the_cpu_count(monkeypatch):
     from dask_dataservice.data import AUTOTUNE, ops
 

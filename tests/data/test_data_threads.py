@@ -11,6 +11,8 @@ import pytest
 
 from dask_dataservice.data import AUTOTUNE, Dataset
 
+pytestmark = pytest.mark.component
+
 DEADLINE = 10.0
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from dask_dataservice.data.splits import IndexRange, ListSplitProvider, index_ranges
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize("n, size", [(0, 3), (1, 3), (9, 3), (10, 3), (10, 1), (5, 100)])
 def test_index_ranges_match_the_eager_enumeration(n, size):

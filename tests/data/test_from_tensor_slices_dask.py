@@ -13,6 +13,8 @@ import pytest
 
 from dask_dataservice import Dataset
 
+pytestmark = pytest.mark.pure
+
 
 def _watched_array(calls: list) -> da.Array:
     """A Dask array whose only chunk records being computed."""
@@ -55,6 +57,7 @@ def test_computed_values_still_work():
     assert calls == [1]
 
 
+@pytest.mark.process
 def test_data_package_does_not_import_dask():
     code = ("import sys, dask_dataservice.data, numpy as np; "
             "list(dask_dataservice.data.Dataset.from_tensor_slices(np.arange(3))); "

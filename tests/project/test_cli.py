@@ -28,7 +28,7 @@ from dask_dataservice import cli, demo
 from dask_dataservice.demo._cluster import wait_for_data_workers
 from dask_dataservice.service.worker.supervise import supervise
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
 THROUGHPUT = re.compile(
     r"^demo: (?P<n>\d+) elements in (?P<t>\d+\.\d+) s \((?P<rate>\d+|inf) elements/s\)$"
@@ -74,6 +74,7 @@ def _run(*argv: str, timeout: float = 80) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_demo_on_cluster_in_process():
     # The streaming demo: worker processes of an embedded cluster, DYNAMIC sharding.
     rc, out, err = invoke("demo", "--no-train", "--elements", "10000", "--quiet")
@@ -85,6 +86,7 @@ def test_demo_on_cluster_in_process():
     assert err == ""  # --quiet: no progress bar, no status lines
 
 
+@pytest.mark.process
 def test_demo_trains_with_parameter_servers(tmp_path):
     # The default, the whole story: data service -> per-worker datasets -> PS training.
     ckpt = tmp_path / "ckpt"
@@ -106,6 +108,7 @@ def test_demo_trains_with_parameter_servers(tmp_path):
     assert any(True for _ in group.keys()), "the checkpoint holds the variables"
 
 
+@pytest.mark.cluster
 def test_demo_mode_off_every_worker_produces_everything():
     rc, out, err = invoke("demo", "--mode", "OFF", "--no-processes", "--workers", "2",
                           "--elements", "3000")
@@ -116,6 +119,7 @@ def test_demo_mode_off_every_worker_produces_everything():
     assert "accuracy" not in out  # --mode off: no training
 
 
+@pytest.mark.cluster
 def test_demo_three_workers_dynamic():
     rc, out, err = invoke("demo", "--no-train", "--no-processes", "--workers", "3",
                           "--elements", "4000", "--batch-size", "333")
@@ -124,6 +128,7 @@ def test_demo_three_workers_dynamic():
     assert "3 data workers, sharding policy DYNAMIC" in err
 
 
+@pytest.mark.component
 def test_demo_local():
     rc, out, err = invoke("demo", "--local", "--elements", "10_000", "--quiet")
     assert rc == 0
@@ -132,6 +137,7 @@ def test_demo_local():
     assert err == ""
 
 
+@pytest.mark.component
 def test_demo_local_batch_size_not_dividing_elements():
     # 1000 = 3 * 333 + 1: the last, partial batch must be counted too.
     rc, out, _ = invoke("demo", "--local", "--elements", "1000", "--batch-size", "333", "--quiet")
@@ -139,6 +145,7 @@ def test_demo_local_batch_size_not_dividing_elements():
     assert int(_last_line(out)["n"]) == 1000
 
 
+@pytest.mark.component
 def test_demo_pipeline_contents():
     ds = demo.make_click_dataset(1000, batch_size=100, shuffle_buffer=50, seed=1)
     batches = list(ds)
@@ -152,6 +159,7 @@ def test_demo_pipeline_contents():
         assert (b["dense"] >= 0).all()  # log1p of positive values
 
 
+@pytest.mark.component
 def test_demo_pipeline_is_small_splittable_and_deterministic():
     import cloudpickle
     import numpy as np
@@ -184,6 +192,7 @@ def test_demo_modules_do_not_import_the_package_top_level_from_below():
     assert demo.train_click_model.__module__ == "dask_dataservice.demo._train"
 
 
+@pytest.mark.process
 def test_console_script_demo_in_a_pipe(tmp_path):
     # stderr is a pipe here, not a terminal: status lines (one of them before the wait for
     # the first batch), each once; no progress bar redraws, nothing from Dask
@@ -201,6 +210,7 @@ def test_console_script_demo_in_a_pipe(tmp_path):
     assert lines.index("demo: waiting for the first batch") < len(lines) - 1
 
 
+@pytest.mark.process
 def test_demo_verbose_shuts_down_without_a_traceback():
     # -v shows Dask's logs; a normal shutdown must not show errors among them
     proc = _run(str(_console_script()), "demo", "-v", "--elements", "5000")
@@ -266,6 +276,7 @@ def test_demo_rejects_conflicting_options(argv, message):
     assert message in err
 
 
+@pytest.mark.component
 def test_demo_unreachable_scheduler_is_a_one_line_error():
     # also: no IO loop thread left behind by the client that could not connect (leak check)
     import dask
@@ -334,6 +345,7 @@ _SCRIPTED_CHILD = (
     "sys.exit(int(sys.argv[2].split(',')[n]))")
 
 
+@pytest.mark.process
 def test_supervisor_restarts_a_worker_that_ended_and_gives_up_on_one_that_keeps_failing(tmp_path):
     # a child that ends with 0 (its scheduler went away) starts again; so does one that failed
     # (e.g. "Nanny failed to start" when its scheduler went away mid-registration), until it
@@ -348,6 +360,7 @@ def test_supervisor_restarts_a_worker_that_ended_and_gives_up_on_one_that_keeps_
     assert messages[-1] == "the worker failed 3 times in a row at its start (exit code 3); giving up"
 
 
+@pytest.mark.process
 def test_supervisor_ends_at_once_on_a_usage_error(tmp_path):
     runs = tmp_path / "runs"
     messages = []
@@ -357,6 +370,7 @@ def test_supervisor_ends_at_once_on_a_usage_error(tmp_path):
     assert len(messages) == 2 and "restart 1" in messages[-1]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_supervisor_takes_its_worker_with_it(tmp_path):
     # SIGKILL leaves no chance to forward a signal: the child must still not outlive it
@@ -390,6 +404,7 @@ def servers():
         yield s
 
 
+@pytest.mark.process
 def test_scheduler_and_worker_commands(servers, tmp_path):
     from distributed import Client
 
@@ -456,6 +471,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.process
 def test_supervised_workers_come_back_with_their_options_after_a_scheduler_restart(servers):
     from distributed import Client
 
@@ -496,6 +512,7 @@ def test_supervised_workers_come_back_with_their_options_after_a_scheduler_resta
     servers.stop(scheduler, clean=False)
 
 
+@pytest.mark.process
 def test_worker_command_alone_installs_the_worker_plugin(servers, tmp_path):
     """A plain ``dask scheduler``: the worker gets its data-service half from its own preload."""
     from distributed import Client
@@ -522,6 +539,7 @@ def test_worker_command_alone_installs_the_worker_plugin(servers, tmp_path):
     servers.stop(scheduler, clean=False)
 
 
+@pytest.mark.process
 def test_dask_dataservice_is_a_subcommand_of_dask():
     # registered through the `dask_cli` entry points, as Dask's own tools are
     dask = str(_console_script("dask"))
@@ -645,6 +663,7 @@ def test_scheduler_does_not_warn_when_dask_config_asks_for_tls():
     assert cli.insecure_listen_warning(["--host", "0.0.0.0"]) is not None
 
 
+@pytest.mark.process
 def test_scheduler_process_on_every_interface_warns(servers, tmp_path):
     # the real command: the warning is on stderr before Dask's own lines, and the scheduler runs
     from distributed import Client
@@ -675,6 +694,7 @@ def test_demo_tls_scheduler_without_certificates_is_a_usage_error(tmp_path):
     assert rc == 2 and "are for --scheduler tls://" in err, err
 
 
+@pytest.mark.component
 def test_ready_without_a_scheduler():
     rc, _, err = invoke("ready", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1s")
     assert rc == 1 and "cannot reach the scheduler at tcp://127.0.0.1:" in err, err

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from _helpers import Servers
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "deploy.md"
@@ -90,6 +90,7 @@ def _worker_command(script: str) -> list[str]:
     return shlex.split([line for line in script.splitlines() if line.strip()][-1])
 
 
+@pytest.mark.cluster
 def test_jobqueue_recipe_job_scripts(jobqueue_recipe):
     ns = jobqueue_recipe
     shared, port = ns["SHARED"], ns["PORT"]
@@ -137,6 +138,7 @@ def test_jobqueue_recipe_job_scripts(jobqueue_recipe):
         assert "--tls-cert" in dask_argv and "ps=1" in dask_argv
 
 
+@pytest.mark.cluster
 def test_jobqueue_recipe_options_build_a_pbs_cluster(jobqueue_recipe):
     from dask_jobqueue import PBSCluster
 
@@ -156,6 +158,7 @@ def test_jobqueue_recipe_config_does_not_leak():
     assert config.get("dispatcher.fault-tolerant-mode") is False
 
 
+@pytest.mark.process
 def test_jobqueue_worker_command_runs_the_cli():
     # jobqueue runs `python -m <worker_command>`: the module runs the command line
     proc = subprocess.run([sys.executable, "-m", "dask_dataservice.cli", "worker", "--dry-run",
@@ -279,6 +282,7 @@ def servers():
     with Servers() as s:
         yield s
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_gateway_recipe_install_from_the_client(servers, tmp_path):
     """A scheduler and a worker started by 'someone else' (no preload): the page's recipe."""
@@ -308,6 +312,7 @@ def test_gateway_recipe_install_from_the_client(servers, tmp_path):
         servers.stop(proc)  # exit code 0, no traceback
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_preload_from_the_environment_only(servers, tmp_path):
     """``DASK_DISTRIBUTED__SCHEDULER__PRELOAD`` (the route for launchers that take only

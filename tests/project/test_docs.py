@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     page for page in [*sorted(p.relative_to(ROOT) for p in (ROOT / "docs").glob("*.md")),

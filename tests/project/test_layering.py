@@ -34,6 +34,8 @@ import pytest
 
 import dask_dataservice
 
+pytestmark = pytest.mark.pure
+
 PKG = "dask_dataservice"
 ROOT = Path(dask_dataservice.__file__).parent.parent
 
@@ -389,6 +391,7 @@ def test_modules_are_small():
     assert {name: n for name, n in sizes.items() if n >= 800} == {}
 
 
+@pytest.mark.process
 def test_each_ps_module_imports_alone_in_dependency_order():
     code = "; ".join(f"import {PKG}.ps.{m}" for m in _ps_order())
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

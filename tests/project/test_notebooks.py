@@ -14,7 +14,7 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 
 
 def _load(path: Path) -> dict:
@@ -58,6 +58,7 @@ def _execute(path: Path, report: str | None = None) -> tuple[object, dict | None
     return nb, values
 
 
+@pytest.mark.pure
 def test_every_notebook_is_valid_nbformat4():
     notebooks = sorted(NOTEBOOKS.glob("*.ipynb"))
     assert notebooks, "no notebooks found"

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: extras that are tooling for this project, not features for users: ``all`` leaves them out
@@ -90,6 +92,7 @@ def dists(tmp_path_factory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist}
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_wheel_and_sdist_contents(dists):
     with zipfile.ZipFile(dists["wheel"]) as zf:
@@ -135,6 +138,7 @@ def venv(dists, tmp_path_factory) -> Path:
     return venv
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_wheel_installed_in_fresh_venv(venv, tmp_path):
     python = venv / "bin" / "python"
@@ -240,6 +244,7 @@ def _mypy(venv: Path, tmp_path: Path, name: str, code: str) -> subprocess.Comple
     )
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(1300)  # two cold mypy runs over distributed and numpy: minutes under load
 def test_typed_user_snippet_checks_clean(venv, tmp_path):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +42,7 @@ def test_mypy_config_is_strict_and_silences_no_module_of_ours() -> None:
             f"overrides may only skip imports of third-party modules, got {override}")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_package_passes_mypy_strict() -> None:

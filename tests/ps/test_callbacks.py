@@ -31,7 +31,7 @@ from dask_dataservice.ps.fit import fit
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
 warm_up_zarr()
 
@@ -233,6 +233,7 @@ _COORDINATOR = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @gen_cluster(client=False, nthreads=[PS, WK, WK], timeout=80)
 async def test_backup_and_restore_coordinator_process_killed(s, p0, w0, w1):
@@ -263,6 +264,7 @@ async def _kill_and_resume(s, directory, log):
     assert result == {"counter": 12, "epochs": [0, 1, 2], "restored": 6}
 
 
+@pytest.mark.pure
 def test_metrics_must_be_numbers():
     from dask_dataservice.ps._fit_run import _metrics
 

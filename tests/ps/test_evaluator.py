@@ -20,7 +20,7 @@ from dask_dataservice.ps.fit import fit
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 
@@ -39,6 +39,7 @@ def _evaluator(directory, **kwargs):
                             directory, steps=2, poll_interval=0.02, **kwargs)
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_sidecar_evaluator_sees_every_checkpoint(s, p0, w0):
     directory = tempfile.mkdtemp()
@@ -103,6 +104,7 @@ _EVALUATOR = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @gen_cluster(client=False, nthreads=[PS, WK], timeout=80)
 async def test_sidecar_evaluator_in_its_own_process(s, p0, w0):

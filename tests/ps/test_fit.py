@@ -11,7 +11,7 @@ from dask_dataservice.ps.fit import DatasetCreator, InputExhaustedError, fit
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 

@@ -28,7 +28,7 @@ from dask_dataservice.ps.input_position import CountingIterator, InputPositionEr
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
 warm_up_zarr()
 
@@ -104,6 +104,7 @@ async def _two_lives(trainers: int, size: int, batch: int, steps: int, crash_at:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.cluster
 @pytest.mark.slow
 @gen_test(timeout=80)
 async def test_one_epoch_exactly_after_losing_every_server():
@@ -115,6 +116,7 @@ async def test_one_epoch_exactly_after_losing_every_server():
     np.testing.assert_array_equal(seen, np.ones(40, "i8"))  # each example exactly once
 
 
+@pytest.mark.cluster
 @pytest.mark.slow
 @gen_test(timeout=80)
 async def test_each_worker_stream_resumes_where_it_was():
@@ -154,6 +156,7 @@ def test_reposition_checks_counts():
         reposition(h, {"w": -1})
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_a_data_service_dataset_is_not_repositioned(c, s, a):
     from _helpers import distribute
@@ -241,6 +244,7 @@ def _process_cluster(directory: str, trainers: int, data_workers: int = 0):
             p.wait(30)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_one_epoch_exactly_after_sigkilling_every_process():
     directory = tempfile.mkdtemp()

@@ -16,7 +16,7 @@ import zarr
 
 import dask_dataservice as dds
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
 from test_input_position import (  # noqa: E402
     _KillEveryServer,

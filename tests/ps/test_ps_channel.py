@@ -15,6 +15,8 @@ from dask_dataservice.ps import _routing
 from dask_dataservice.ps._channel import Channel, Pipeline
 from dask_dataservice.ps._types import Call
 
+pytestmark = pytest.mark.component
+
 
 class FakeComm:
     """Answers each message in order, unless ``gate`` holds it; records what it got."""
@@ -209,6 +211,7 @@ async def test_pipeline_reads_raise_the_remote_error():
     await group.stop()
 
 
+@pytest.mark.pure
 def test_runner_poisoned_records_are_dropped_and_bounded():
     from dask_dataservice.ps import _runner_plugin
     from dask_dataservice.ps._runner_plugin import TrainingWorkerPlugin

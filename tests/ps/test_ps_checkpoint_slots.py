@@ -18,7 +18,7 @@ from dask_dataservice.ps import optimizers as opt
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(120)]
 
 warm_up_zarr()
 
@@ -93,6 +93,7 @@ def _run(mode: str, path: str, order: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.process
 def test_slots_restore_in_a_fresh_process_whatever_the_creation_order(tmp_path):
     path = str(tmp_path / "ckpt")
     expected = _run("save", path, "adagrad,adam,sgd")
@@ -109,6 +110,7 @@ def test_default_names_are_class_names_not_counters():
         opt.Adagrad(name="")
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_unmatched_slots_are_an_error_before_anything_changes(s, p0, w0, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt") / "c")

@@ -27,7 +27,7 @@ from dask_dataservice.ps.server import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.component, pytest.mark.timeout(60)]
 warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
@@ -239,6 +239,7 @@ def _reference():
     return table, seen
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("coalesce", ["8 MiB", 0])
 @gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60)
 async def test_sharded_training_on_one_request_per_server(s, p0, p1, w0, coalesce):
@@ -282,6 +283,7 @@ async def test_sharded_training_on_one_request_per_server(s, p0, p1, w0, coalesc
         assert [st["batches"] for st in stats] == [0, 0]
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_batch_and_parts_requests_refuse_bad_input(s, p0, w0):
     def body(c):

@@ -22,7 +22,7 @@ from dask_dataservice.ps.server import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 warm_up_zarr()
 
 from _helpers import PS, WK, in_thread  # noqa: E402
@@ -112,6 +112,7 @@ def test_messages_split_anywhere_are_parsed_in_order(seed):
         assert g["pad"] == m["pad"]
 
 
+@pytest.mark.component
 @gen_test()
 async def test_server_answers_in_order_errors_and_unknown_ops_and_stops():
     log = []
@@ -155,6 +156,7 @@ async def test_server_answers_in_order_errors_and_unknown_ops_and_stops():
 # -- the runner thread's socket ----------------------------------------------------------
 
 
+@pytest.mark.component
 @gen_test()
 async def test_socket_channel_orders_replies_times_out_and_reconnects():
     release = asyncio.Event()
@@ -245,6 +247,7 @@ def test_a_send_to_a_frozen_server_fails_after_a_silent_probe():
 # -- a real cluster ----------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, WK], timeout=60)
 async def test_an_unreachable_data_port_falls_back_to_distributed_comms(s, p0, w0):
     import socket
@@ -283,6 +286,7 @@ def _step(emb, sgd, seed):
     return rows.sum()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("fast", [True, False])
 @gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60)
 async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0, fast):
@@ -319,6 +323,7 @@ async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0
     np.testing.assert_array_equal(table, ref)
 
 
+@pytest.mark.component
 @pytest.mark.parametrize("prefix, why", [
     (_fastpath._PREFIX.pack(2**31, 1), "2147483648-byte header"),
     (_fastpath._PREFIX.pack(10, 2**20), "1048576 frames"),

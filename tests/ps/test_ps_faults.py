@@ -15,7 +15,7 @@ from dask_dataservice.errors import ParameterServerError, ParameterServerUnavail
 from dask_dataservice.ps import _routing
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
 PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
 WK = ("127.0.0.1", 1)

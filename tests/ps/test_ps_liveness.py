@@ -21,7 +21,7 @@ import dask_dataservice as dds
 from dask_dataservice.errors import ParameterServerUnavailableError
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
 PS = ("127.0.0.1", 1, {"resources": {"ps": 1}})
 WK = ("127.0.0.1", 1)

@@ -17,6 +17,8 @@ from dask_dataservice.ps.partitioners import (
     div_offsets,
 )
 
+pytestmark = pytest.mark.pure
+
 
 def test_exported_as_module():
     assert dds.partitioners.FixedShardsPartitioner is FixedShardsPartitioner

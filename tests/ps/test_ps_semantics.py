@@ -21,7 +21,7 @@ from dask_dataservice.ps.server import PLUGIN_NAME, ParameterServerPlugin
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 

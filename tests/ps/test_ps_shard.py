@@ -13,6 +13,8 @@ from dask_dataservice.ps import _kernels
 from dask_dataservice.ps._shard import Lane, Shard
 from dask_dataservice.ps._types import ShardInfo
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.fixture
 def pool():
@@ -20,6 +22,7 @@ def pool():
         yield ex
 
 
+@pytest.mark.component
 def test_lane_runs_in_submission_order_one_at_a_time(pool):
     lane = Lane(pool)
     gate = threading.Event()
@@ -48,6 +51,7 @@ def test_lane_runs_in_submission_order_one_at_a_time(pool):
     assert lane.idle and lane.pending == 0
 
 
+@pytest.mark.component
 def test_lane_close_fails_queued_work(pool):
     lane = Lane(pool)
     gate = threading.Event()

@@ -19,7 +19,7 @@ from dask_dataservice.ps.coordinator import ClosureCancelledError
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 # zarr runs its I/O on process-wide daemon threads; start them all before gen_cluster's
 # thread-leak check takes its snapshot.

@@ -14,7 +14,7 @@ from dask_dataservice.ps._types import wire as _wire
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 
@@ -61,6 +61,7 @@ def test_local_variable_refuses_unsafe_updates():
         dds.Variable(0.5, dtype="i4", name="w")
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, PS, WK])
 async def test_remote_variables_refuse_unsafe_updates(s, p0, p1, w0):
     def body(c):

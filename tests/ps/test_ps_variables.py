@@ -32,7 +32,7 @@ from dask_dataservice.ps.server import HANDLERS, PLUGIN_NAME, ParameterServerPlu
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 # zarr runs its I/O on process-wide daemon threads; start them all before gen_cluster's
 # thread-leak check takes its snapshot.
@@ -355,6 +355,7 @@ async def test_server_side_optimizers_match_reference(s, p0, p1, w0):
     await in_thread(s, body)
 
 
+@pytest.mark.pure
 @settings(max_examples=200, deadline=None, database=None)
 @given(ids=st.lists(st.integers(0, 49), max_size=60), cut=st.integers(1, 49),
        seed=st.integers(0, 2**16))
@@ -382,6 +383,7 @@ def test_row_routing_and_duplicate_sums(ids, cut, seed):
     np.testing.assert_array_equal(summed, expected)
 
 
+@pytest.mark.pure
 def test_optimizer_configs_round_trip():
     a = opt.Adam(0.01, beta_1=0.8, name="adam")
     assert opt.get(a.get_config()).get_config() == a.get_config()

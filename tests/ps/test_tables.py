@@ -17,7 +17,7 @@ from dask_dataservice.ps.tables import DistributedTable, StaticHashTable
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 
@@ -60,6 +60,7 @@ def test_from_file_with_line_numbers():
         os.unlink(f.name)
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, WK, WK])
 async def test_distributed_table_fetched_once_per_worker(s, p0, w0, w1):
     def body(c):
@@ -93,6 +94,7 @@ async def test_distributed_table_fetched_once_per_worker(s, p0, w0, w1):
         assert len(cached) == (1 if w.address in used else 0)
 
 
+@pytest.mark.cluster
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_restarted_worker_builds_the_table_again(s, p0, w0):
     def body(c):
@@ -124,6 +126,7 @@ async def test_restarted_worker_builds_the_table_again(s, p0, w0):
     assert len(tables._INDEXES[w0]) == 1
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @gen_cluster(client=False, Worker=Nanny, nthreads=[PS, WK], timeout=80)
 async def test_a_restarted_worker_process_recreates_the_table(s, n_ps, n_wk):

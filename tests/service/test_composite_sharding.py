@@ -16,7 +16,7 @@ from _helpers import distribute, py, read
 import dask_dataservice as dds
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)

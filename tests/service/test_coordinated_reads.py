@@ -16,7 +16,7 @@ from dask_dataservice.testing import gen_cluster
 #: the workers are idle when gen_cluster's cleanup asserts run.
 GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval": "50ms", "dataservice.dispatcher.gc-dynamic-sharding-jobs": True}
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 N_CONSUMERS = 2
 
@@ -115,6 +115,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=60, config=GC)
 async def test_consumers_in_separate_processes_stay_in_step(c, s, a, b):

@@ -16,7 +16,7 @@ from dask_dataservice.testing import gen_cluster
 #: the workers are idle when gen_cluster's cleanup asserts run.
 GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval": "50ms", "dataservice.dispatcher.gc-dynamic-sharding-jobs": True}
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 def take(ds, n):

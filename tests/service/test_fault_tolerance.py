@@ -18,7 +18,7 @@ import dask_dataservice as dds
 from dask_dataservice.service.dispatcher._state_codec import restore
 from dask_dataservice.service.dispatcher.journal import list_snapshots, load_journal
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
 
 def _free_port() -> int:
@@ -213,6 +213,7 @@ def _lost_elements(state, splits):
     return lost
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_sigkill_scheduler_mid_epoch_dynamic(tmp_path):
     cluster = _Cluster(tmp_path)
@@ -241,6 +242,7 @@ def test_sigkill_scheduler_mid_epoch_dynamic(tmp_path):
     assert len(seen) >= 20_000 - len(lost)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_sigkill_scheduler_named_job_two_consumers(tmp_path):
     import threading

@@ -48,7 +48,7 @@ from dask_dataservice.service.dispatcher.state import (
 from dask_dataservice.service.worker import current_task
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
 TWO = [("127.0.0.1", 1), ("127.0.0.1", 1)]
 
@@ -65,6 +65,7 @@ def matrix() -> da.Array:
 # -- local iteration and pickling -------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_local_iteration_reads_every_row_and_block():
     x = matrix()
     expect = x.compute(scheduler="sync")
@@ -78,6 +79,7 @@ def test_local_iteration_reads_every_row_and_block():
     assert ds.cardinality() == 40 and ds.is_file_based
 
 
+@pytest.mark.pure
 def test_unsupported_collections_are_refused_naming_the_supported_ones():
     for bad in (np.arange(3), dask.delayed(np.arange)(3), [1, 2], da.ones(3).to_delayed()[0]):
         with pytest.raises(TypeError, match=r"from_dask\(\) reads a dask\.array\.Array, a "
@@ -92,6 +94,7 @@ def test_unsupported_collections_are_refused_naming_the_supported_ones():
         Dataset.from_dask(x[x > 3])
 
 
+@pytest.mark.pure
 def test_from_tensor_slices_points_at_from_dask():
     with pytest.raises(TypeError, match=r"Dataset\.from_dask\(collection\)"):
         Dataset.from_tensor_slices(matrix())
@@ -485,6 +488,7 @@ def _dynamic_state() -> DispatcherState:
     return replay(SETUP)
 
 
+@pytest.mark.pure
 def test_explicit_indices_replay_snapshot_and_accounting():
     state = _dynamic_state()
     updates = [ProduceSplits(2000, 0, 0, 2, 4000, indices=(4, 1)),
@@ -506,6 +510,7 @@ def test_explicit_indices_replay_snapshot_and_accounting():
     assert restored == state
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad, message", [
     (ProduceSplits(2000, 0, 1, 1, 4000, indices=(3,)), "whose earlier positions"),
     (ProduceSplits(2000, 0, 1, 2, 4000, indices=(3, 3)), "already handed out"),
@@ -579,6 +584,7 @@ def _transferred_keys(dask_worker):
     return [key for e in dask_worker.transfer_incoming_log for key in e["keys"]]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_worker_processes_read_a_persisted_array_where_it_lives():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",

@@ -41,7 +41,7 @@ from dask_dataservice.errors import DataServiceError
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120), pytest.mark.slow]
 
 CONFIG = {
     "distributed.scheduler.allowed-failures": 0,

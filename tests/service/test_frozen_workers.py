@@ -25,7 +25,7 @@ import dask_dataservice as dds
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120), pytest.mark.slow]
 
 N = 20_000
 

@@ -22,7 +22,7 @@ from dask_dataservice.service.protocol._positions import (
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
 #: Named jobs stopped early are collected soon (the cleanup checks see idle data workers).
 GC = {"dataservice.dispatcher.job-gc-timeout": "200ms", "dataservice.dispatcher.gc-interval":
@@ -115,6 +115,7 @@ def test_done_splits_are_skipped_and_partial_splits_resume():
     assert [x for _, x in out] == [11, 12, 13, 14, 15]
 
 
+@pytest.mark.component
 @pytest.mark.parametrize("make", [
     lambda d: d.map(lambda x: x + 1000, num_parallel_calls=3).prefetch(4).batch(7),
     lambda d: d.map(lambda x: x + 1000, num_parallel_calls=3, deterministic=False).batch(7),
@@ -204,6 +205,7 @@ def _take(ds, n):
     return out, it
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)], config=GC)
 async def test_dynamic_read_part_resume_rest_exactly_once(c, s, a, b):
     source = dds.Dataset.range(100).map(lambda x: x * 1).batch(3)
@@ -228,6 +230,7 @@ async def test_dynamic_read_part_resume_rest_exactly_once(c, s, a, b):
         itertools.chain.from_iterable(again))) > 0
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
 async def test_off_positions_are_per_data_worker_name(c, s, a, b):
     ds = await distribute(dds.Dataset.range(30), "parallel_epochs", c, track_position=True)
@@ -246,6 +249,7 @@ async def test_off_positions_are_per_data_worker_name(c, s, a, b):
     np.testing.assert_array_equal(counts, np.full(30, 2))  # two workers, one epoch each
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_a_position_of_another_dataset_is_refused_naming_both(c, s, a):
     ds = await distribute(dds.Dataset.range(20), "distributed_epoch", c, track_position=True)
@@ -258,6 +262,7 @@ async def test_a_position_of_another_dataset_is_refused_naming_both(c, s, a):
         await asyncio.to_thread(lambda: list(other.start_from(position)))
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_a_pipeline_that_loses_provenance_fails_naming_the_op(c, s, a):
     ds = await distribute(dds.Dataset.range(20).repeat(2), "distributed_epoch", c,
@@ -266,6 +271,7 @@ async def test_a_pipeline_that_loses_provenance_fails_naming_the_op(c, s, a):
         await asyncio.to_thread(lambda: list(ds))
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_untracked_and_read_ahead_datasets_have_no_position(c, s, a):
     plain = await distribute(dds.Dataset.range(20), "distributed_epoch", c)
@@ -284,6 +290,7 @@ async def test_untracked_and_read_ahead_datasets_have_no_position(c, s, a):
                             consumer_index=0, num_consumers=2, track_position=True)
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)], config=GC)
 async def test_two_consumers_of_a_shared_job_resume_from_their_union(c, s, a, b):
     """Each consumer reads ahead (its channel holds elements it was not given yet): their
@@ -331,6 +338,7 @@ def test_create_job_position_round_trips_and_old_records_have_none():
         CreateJob(job_id=3, job_name="j", dataset_id=1, processing_mode="DYNAMIC", position=1)
 
 
+@pytest.mark.cluster
 def test_the_journal_replays_a_job_started_from_a_position(tmp_path):
     import json
 
@@ -360,6 +368,7 @@ def test_the_journal_replays_a_job_started_from_a_position(tmp_path):
     assert check_position(started[0]["start"]) == check_position(position)
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)], config=GC)
 async def test_async_for_records_the_position_too(c, s, a):
     ds = await distribute(dds.Dataset.range(40).batch(4), "distributed_epoch", c,

@@ -25,7 +25,7 @@ from test_fault_tolerance import _Cluster, _lost_elements, _state
 
 import dask_dataservice as dds
 
-pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(150), pytest.mark.slow]
 
 N = 40_000
 

@@ -12,7 +12,7 @@ from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 def test_seed_example_as_written():
@@ -47,6 +47,7 @@ def test_servers_dynamic_two_workers_and_context_managers():
                 assert len(state["workers"]) == 2
 
 
+@pytest.mark.pure
 def test_config_validation():
     with pytest.raises(ValueError, match="needs a work_dir"):
         dds.DispatchServer(dds.DispatcherConfig(fault_tolerant_mode=True))

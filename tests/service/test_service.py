@@ -29,7 +29,7 @@ from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 from dask_dataservice.testing import assert_data_worker_cleanup, gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 #: Blocks pipelines in tests (module level: functions using it pickle by reference and run
 #: in this process, since gen_cluster workers are in-process).
@@ -287,6 +287,7 @@ async def test_worker_joins_mid_job(c, s, a):
         assert w2.extensions["dataservice"].stats["elements_produced"] >= 300
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @gen_cluster(client=True, Worker=Nanny, nthreads=[("", 1)], timeout=60,
              config={"distributed.scheduler.allowed-failures": 0})
@@ -397,6 +398,7 @@ async def test_unpicklable_function_is_refused_at_registration(c, s, a, b):
         await asyncio.to_thread(dds.register_dataset, c, ds)
 
 
+@pytest.mark.component
 def test_dead_scheduler_gives_clear_error():
     import dask
 

@@ -15,7 +15,7 @@ import dask_dataservice as dds
 from dask_dataservice.errors import DataServiceError
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 #: Holds the hung generator (module level: gen_cluster workers are in-process).
 GATE = threading.Event()

@@ -17,7 +17,7 @@ from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import current_task
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 #: gen_cluster names its workers 0, 1, ...: the fixed list names them.
 FIXED = {"dataservice.dispatcher.worker-addresses": ["0", "1"]}

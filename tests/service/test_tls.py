@@ -28,7 +28,7 @@ import dask_dataservice as dds
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
 # zarr runs its I/O on process-wide daemon threads; start them before gen_cluster's
 # thread-leak check takes its snapshot (the PS test uses zarr-backed shards).
@@ -174,6 +174,7 @@ def servers():
     with Servers() as s:
         yield s
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_cli_scheduler_and_supervised_worker_with_tls_options(servers, tmp_path):
     certs = _write_certs(tmp_path)

@@ -14,7 +14,7 @@ from dask_dataservice.service.client._read_channel import END, Channel, Failure
 from dask_dataservice.service.client._reader import IterationReader, ReadSpec
 from dask_dataservice.testing.fakes import FakeClient, FakeDispatcher, FakeWorker
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.component, pytest.mark.timeout(30)]
 
 A, B = "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"
 
@@ -95,6 +95,7 @@ async def test_channel_bounds_the_loop_side_and_wakes_it_from_a_thread():
     assert channel.get(timeout=1) == [2] and channel.get(timeout=1) == [3]
 
 
+@pytest.mark.pure
 def test_end_of_sequence_wins_over_a_reader_that_stopped(monkeypatch):
     """issue 9, 2.13: the end arrives just as the consumer's wait times out."""
 
@@ -171,6 +172,7 @@ async def test_no_task_warns_then_fails_with_the_dispatchers_reason():
     await reader.close()
 
 
+@pytest.mark.pure
 def test_tracker_warns_every_interval_and_fails_after_the_timeout():
     t = _reader._Tracker(warning=1.0, timeout=5.0)
     assert [t.state(w) for w in (0.5, 1.0, 1.5, 2.1, 4.9, 5.0)] == [

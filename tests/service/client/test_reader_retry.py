@@ -16,6 +16,8 @@ from _helpers import distribute, read
 from dask_dataservice.data import Dataset
 from dask_dataservice.testing import gen_cluster
 
+pytestmark = pytest.mark.cluster
+
 
 def _work(i: int) -> int:
     np.linalg.svd(np.ones((24, 24)))  # a pipeline slower than its reader: requests wait

@@ -33,6 +33,8 @@ from dask_dataservice.data.snapshot import (
 from dask_dataservice.service.client.snapshot import distributed_save
 from dask_dataservice.testing import gen_cluster
 
+pytestmark = pytest.mark.pure
+
 load = Dataset.load
 
 
@@ -109,6 +111,7 @@ def test_from_dataset_id_element_spec_is_returned_without_reading():
 # -- through the data service ----------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)] * 2,
              config={"dataservice.dispatcher.worker-addresses": ["0", "1"]})  # for FILE
 async def test_save_then_load_local_and_memory(c, s, a, b):
@@ -159,6 +162,7 @@ def _held(x):
     return x
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_load_while_the_save_runs(c, s, a, b):
     import tempfile
@@ -208,6 +212,7 @@ _KILLED_SAVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_killed_save_loses_no_committed_chunk(tmp_path):
     """SIGKILL the process that runs scheduler, data workers and saver, mid-save: every chunk
@@ -252,6 +257,7 @@ def _fail_at_700(x):
     return x
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_a_failing_pipeline_marks_the_save_failed(c, s, a, b):
     import tempfile

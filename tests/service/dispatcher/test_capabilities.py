@@ -27,7 +27,7 @@ from dask_dataservice.service.protocol._job_checks import JobAccessDeniedError
 from dask_dataservice.service.protocol._messages import raise_for_status
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 #: Holds the victim's pipeline until the stranger has tried everything (module level: the
 #: in-process workers run the pickled-by-reference function in this process).
@@ -128,6 +128,7 @@ async def test_consumers_of_a_named_job_share_its_token(c, s, a):
     assert plugin.state.job(first["job_id"]).token == first["job_token"]
 
 
+@pytest.mark.pure
 def test_job_tokens_are_journaled_and_old_records_have_none():
     state = DispatcherState()
     dataset_id = state.next_dataset_id()

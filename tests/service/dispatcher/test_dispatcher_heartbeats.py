@@ -24,7 +24,7 @@ import dask_dataservice as dds
 from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,7 @@ from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPl
 from dask_dataservice.service.dispatcher.state import CreateJob, CreateTask, decode_update
 from dask_dataservice.testing import assert_dispatcher_cleanup, gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 def ok(reply: dict) -> dict:

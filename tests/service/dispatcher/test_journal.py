@@ -34,6 +34,8 @@ from dask_dataservice.service.dispatcher.journal import (
     segment_path,
 )
 
+pytestmark = pytest.mark.component
+
 SEGMENT_HEADER = 16
 RECORD_HEADER = 12
 
@@ -104,6 +106,7 @@ def read_until_error(work_dir: Path) -> tuple[list[bytes], JournalCorruptedError
 # -- format -----------------------------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_on_disk_format_byte_by_byte(tmp_path):
     writer = JournalWriter.open(tmp_path)
     writer.append_sync(b"abc")
@@ -152,6 +155,7 @@ def test_mutable_payloads_are_copied_and_str_is_rejected(tmp_path):
     assert read_quietly(tmp_path) == [b"before", b"view"]
 
 
+@pytest.mark.pure
 def test_missing_directory_is_an_empty_journal_and_is_created(tmp_path):
     work_dir = tmp_path / "a" / "b" / "journal"
     assert read_quietly(work_dir) == []
@@ -405,6 +409,7 @@ def test_bad_segment_header_in_the_last_segment_is_an_error(tmp_path):
     assert error.offset == 8 and "unsupported journal format version 2" in str(error)
 
 
+@pytest.mark.pure
 def test_errors_pickle():
     error = pickle.loads(pickle.dumps(JournalCorruptedError("/j/journal_1", 42, "bad")))
     assert (error.path, error.offset, str(error)) == (
@@ -478,6 +483,7 @@ def test_waiters_wake_up_in_journal_order(tmp_path):
     assert woke == list(range(200))
 
 
+@pytest.mark.pure
 def test_append_sync_fsyncs_every_record_on_the_calling_thread(tmp_path):
     with JournalWriter.open(tmp_path) as writer:
         for i in range(5):
@@ -504,6 +510,7 @@ def test_append_sync_is_refused_while_async_appends_are_in_flight(tmp_path):
 # -- closing and failure ----------------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_appends_after_close_raise(tmp_path):
     writer = JournalWriter.open(tmp_path)
     writer.append_sync(b"a")

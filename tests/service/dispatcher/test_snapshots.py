@@ -52,7 +52,7 @@ from dask_dataservice.service.dispatcher.state import (
     encode_update,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(120)]
 
 W = "tcp://10.0.0.1:1"
 
@@ -122,6 +122,7 @@ def test_a_snapshot_is_small_and_decodes_to_the_same_state():
 # -- compaction by the writer ------------------------------------------------------------------
 
 
+@pytest.mark.component
 def test_the_writer_folds_old_segments_into_a_snapshot(tmp_path):
     state = DispatcherState()
     updates = setup_updates() + split_updates(
@@ -161,6 +162,7 @@ def _applied(state, updates):
     return state
 
 
+@pytest.mark.component
 def test_journal_bytes_stay_bounded_by_the_state_not_the_history(tmp_path):
     """Ten times the history does not make the journal ten times larger."""
 
@@ -184,6 +186,7 @@ def test_journal_bytes_stay_bounded_by_the_state_not_the_history(tmp_path):
     assert large < 2 * small, (small, large)
 
 
+@pytest.mark.component
 def test_a_long_replayed_tail_can_be_folded_at_once(tmp_path):
     state = write_segments(tmp_path, [setup_updates(), split_updates(
         _applied(DispatcherState(), setup_updates()), 50)])
@@ -197,6 +200,7 @@ def test_a_long_replayed_tail_can_be_folded_at_once(tmp_path):
     assert replayed(tmp_path) == state
 
 
+@pytest.mark.component
 def test_closing_abandons_a_compaction_under_way(tmp_path):
     write_segments(tmp_path, [setup_updates()])
     started, release = threading.Event(), threading.Event()
@@ -379,6 +383,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 def test_sigkill_while_appending_and_compacting_keeps_every_acknowledged_record(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -431,6 +436,7 @@ def ok(reply):
     return reply
 
 
+@pytest.mark.cluster
 @gen_test(timeout=60)
 async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(tmp_path):
     async with ft_dispatcher(tmp_path) as plugin:
@@ -470,6 +476,7 @@ async def test_heartbeats_are_not_journaled_and_a_get_split_call_is_one_record(t
         assert plugin._client_seen == {}
 
 
+@pytest.mark.cluster
 @gen_test(timeout=60)
 async def test_a_dispatcher_refuses_to_start_on_a_journal_damaged_for_replay(tmp_path):
     """Issue 11 s4: not WorkerNotFoundError/IllegalUpdateError without a place, but
@@ -494,6 +501,7 @@ def test_the_journal_is_readable_by_its_owner_only(tmp_path):
     assert {p.stat().st_mode & 0o777 for p in work_dir.iterdir()} == {0o600}
 
 
+@pytest.mark.cluster
 @gen_test(timeout=60)
 async def test_a_restart_that_replayed_a_long_tail_folds_it_into_a_snapshot(tmp_path):
     """So that the next restart does not replay it again."""
@@ -512,6 +520,7 @@ async def test_a_restart_that_replayed_a_long_tail_folds_it_into_a_snapshot(tmp_
             assert plugin.recovered_updates == 0
 
 
+@pytest.mark.component
 def test_a_failed_compaction_leaves_the_journal_whole(tmp_path, caplog):
     state = write_segments(tmp_path, [setup_updates(), []])
 

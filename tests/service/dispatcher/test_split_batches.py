@@ -14,6 +14,8 @@ from dask_dataservice.service.dispatcher._state_codec import decode_update
 from dask_dataservice.service.dispatcher._updates import ProduceSplits
 from dask_dataservice.service.dispatcher.journal import read_journal
 
+pytestmark = pytest.mark.cluster
+
 
 @pytest.mark.parametrize("batch_max", [1, 8])
 def test_split_requests_grow_up_to_the_configured_batch(tmp_path, batch_max):
@@ -68,6 +70,7 @@ def test_a_task_gets_at_most_half_a_fair_share_of_the_splits_left(tmp_path):
     assert sizes[:3] == [64, 48, 36] and sizes[-1] == 1 and sum(sizes) == 256
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad", ["many", 0, 2.5])
 def test_a_bad_split_batch_max_is_an_error_naming_the_key(bad):
     from dask_dataservice import config

@@ -62,6 +62,8 @@ from dask_dataservice.service.dispatcher.state import (
     replay,
 )
 
+pytestmark = pytest.mark.pure
+
 W1 = "tcp://10.0.0.1:4001"
 W2 = "tcp://10.0.0.2:4002"
 

@@ -18,7 +18,7 @@ import dask_dataservice as dds
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 def _statuses(view: dict) -> dict[int, str]:

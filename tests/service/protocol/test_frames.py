@@ -29,7 +29,7 @@ from dask_dataservice.service.protocol._frames import (
 from dask_dataservice.service.worker._worker_util import serialized_batch
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 
 lz4 = pytest.importorskip("lz4", reason="compression tests need lz4 (the [compression] extra)")
 
@@ -182,6 +182,7 @@ def _random(i):
     return np.random.default_rng(i).random(8192)  # 64 KiB of random doubles
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("compression", ["AUTO", "lz4"])
 @gen_cluster(client=True, config={"dataservice.client.compression": "always"})
 async def test_compressed_read_through_a_cluster(c, s, a, b, compression):
@@ -195,6 +196,7 @@ async def test_compressed_read_through_a_cluster(c, s, a, b, compression):
     assert served > 0 and compressed == served
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, config={"dataservice.client.compression": "always"})
 async def test_incompressible_elements_travel_raw(c, s, a, b):
     ds = await distribute(dds.Dataset.range(200).map(_random), "distributed_epoch", c)
@@ -205,6 +207,7 @@ async def test_incompressible_elements_travel_raw(c, s, a, b):
     assert served > 0 and compressed == 0
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, config={"dataservice.client.compression": "always"})
 async def test_compression_none_sends_raw(c, s, a, b):
     ds = await distribute(dds.Dataset.range(300).map(_compressible), "parallel_epochs", c,
@@ -215,6 +218,7 @@ async def test_compression_none_sends_raw(c, s, a, b):
     assert served > 0 and compressed == 0
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True)
 async def test_same_host_reads_are_not_compressed_by_default(c, s, a, b):
     ds = await distribute(dds.Dataset.range(300).map(_compressible), "distributed_epoch", c)
@@ -224,6 +228,7 @@ async def test_same_host_reads_are_not_compressed_by_default(c, s, a, b):
     assert served > 0 and compressed == 0
 
 
+@pytest.mark.process
 def test_malloc_tuning_config_applies_mallopt():
     """In a fresh process (mallopt cannot be undone): the key tunes, its absence does not."""
     code = (
@@ -251,6 +256,7 @@ def _worker_stats(dask_worker):
     return dict(dask_worker.extensions["dataservice"].stats)
 
 
+@pytest.mark.process
 def test_compressed_read_from_worker_processes():
     """Worker processes (nannies) compress, this process decompresses: exact elements, every
     batch compressed; a second dataset, of random data, travels raw."""
@@ -278,6 +284,7 @@ def test_compressed_read_from_worker_processes():
         assert after == before
 
 
+@pytest.mark.cluster
 @gen_cluster(client=True, config={"dataservice.client.compression": "always"})
 async def test_the_same_pipeline_with_another_compression_is_another_dataset(c, s, a, b):
     # before: registering it again returned the first registration, and its compression

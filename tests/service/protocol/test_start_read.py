@@ -10,7 +10,7 @@ import dask_dataservice as dds
 from dask_dataservice.service.protocol._start_read import START_READ
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 
 def _count_calls(s, name):

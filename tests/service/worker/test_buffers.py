@@ -24,7 +24,7 @@ from dask_dataservice.service.worker._buffers import (
 from dask_dataservice.service.worker.core import FINISHED_MEMORY as _FINISHED_MEMORY
 from dask_dataservice.service.worker.core import Recent as _Recent
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.component, pytest.mark.timeout(30)]
 
 
 def _producer(buf, chunks, done: threading.Event, errors: list):
@@ -50,6 +50,7 @@ async def _wait_event(event: threading.Event, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
+@pytest.mark.pure
 def test_element_size():
     assert element_size(3) == 8
     assert element_size(np.float32(1)) == 8
@@ -195,6 +196,7 @@ async def test_round_buffer_refuses_a_finite_dataset():
         await rounds.get(0, 0)
 
 
+@pytest.mark.pure
 def test_finished_task_ids_are_bounded():
     recent = _Recent(_FINISHED_MEMORY)
     for i in range(3 * _FINISHED_MEMORY):
