@@ -9,6 +9,8 @@ from dask_dataservice.service.client._fixed_readers import CoordinatedReader, Cr
 from dask_dataservice.service.client._reader import IterationReader, ReadSpec, reader_class
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 
+pytestmark = pytest.mark.pure
+
 
 def spec(mode=ShardingPolicy.DYNAMIC, cache=None, num_consumers=None, job_name="job"):
     return ReadSpec(address="tcp://127.0.0.1:1", dataset_id=1, processing_mode=int(mode),

@@ -47,7 +47,7 @@ async def test_broken_connections_to_live_data_workers_lose_no_element(c, s, a, 
     assert replayed() > 0  # some replies were lost on the way and answered again
 
 
-# The turn/keep/replay decisions themselves: tests/test_worker_core.py
+# The turn/keep/replay decisions themselves: tests/service/worker/test_worker_core.py
 # (test_kept_replies_replay_until_acknowledged).
 
 

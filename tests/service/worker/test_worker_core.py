@@ -17,6 +17,8 @@ from dask_dataservice.service.worker.core import (
     unknown_task_reply,
 )
 
+pytestmark = pytest.mark.pure
+
 
 
 def task(tid, **kw):
