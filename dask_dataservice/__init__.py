@@ -188,7 +188,7 @@ __all__ = [
 ]
 
 
-# -- what the lower layers get from above (tests/test_layering.py: imports run downward) --
+# -- what the lower layers get from above (tests/project/test_layering.py: imports run downward) --
 
 
 def _torch_adapter() -> type:

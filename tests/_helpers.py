@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import tempfile
 import time
+from typing import IO
 
 import numpy as np
 from hypothesis import settings
@@ -71,3 +76,73 @@ async def distribute(ds, mode, client, **kwargs):
     import dask_dataservice as dds
 
     return await asyncio.to_thread(ds.apply, dds.distribute(mode, client, **kwargs))
+
+
+def invoke(*argv: str):
+    """Run the command line in this process; ``(exit code, stdout, stderr)``."""
+    from click.testing import CliRunner
+
+    from dask_dataservice import cli
+
+    result = CliRunner().invoke(cli.dataservice, list(argv), prog_name="dask-dataservice")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+class Servers:
+    """Processes started by a test, stopped (SIGTERM, then SIGKILL) at the end.
+
+    Their output goes to files, not pipes: nobody reads a pipe while the test runs, and a
+    process whose stderr pipe is full blocks on its next log line (a worker logging its
+    reconnection attempts froze that way, and never came back).
+    """
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self._stderr: dict[int, IO[str]] = {}
+
+    def start(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` in its own session (``env``: variables added to this process's)."""
+        err = tempfile.TemporaryFile("w+")
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.DEVNULL, stderr=err, text=True,
+            start_new_session=True, env=None if env is None else {**os.environ, **env},
+        )
+        self.procs.append(proc)
+        self._stderr[proc.pid] = err
+        return proc
+
+    def read_stderr(self, proc: subprocess.Popen) -> str:
+        f = self._stderr[proc.pid]
+        f.seek(0)
+        return f.read()
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 20, clean: bool = True) -> str:
+        """SIGTERM; wait for an exit with code 0 (and no traceback if ``clean``); return stderr."""
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=timeout)
+        err = self.read_stderr(proc)
+        assert proc.returncode == 0, err
+        if clean:  # distributed logs a stopped worker's closed batched stream with its
+            # traceback (an INFO line of the scheduler's): those are not failures
+            noise = err.count("distributed.batched - INFO - Batched Comm Closed")
+            assert err.count("Traceback") <= noise, err
+        return err
+
+    def __enter__(self) -> Servers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+        for f in self._stderr.values():
+            f.close()

@@ -6,6 +6,13 @@
   Client, Worker, Nanny or comm it started may outlive it (threads get distributed's 5 s grace).
   A test that must share such a resource with later tests is marked ``no_leak_check`` and says
   why.
+- The test files live in folders that mirror the package (docs/architecture.md, "Tests"); this
+  file puts tests/ itself on ``sys.path`` so that every one of them imports the shared
+  ``_helpers`` and ``_browser`` modules by name.
+- Every test has exactly one tier marker (``pure``, ``component``, ``cluster``, ``process``;
+  pyproject.toml says what each means): a module's ``pytestmark`` gives its dominant tier, a
+  decorator on a test (or class) overrides it, the closest one wins. The collection fails,
+  naming every test, when a test has none, so a new test cannot forget it.
 - zarr runs its I/O on a process-wide event loop thread ("zarr_io") and thread pool, created on
   first use and closed at exit (zarr's design, like distributed's offload pool). They are started
   once, before the first test, so the leak checks count them as pre-existing instead of blaming
@@ -15,10 +22,19 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from distributed.utils_test import clean
+
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+#: The tiers, cheapest first (pyproject.toml ``markers`` says what each may start).
+TIERS = ("pure", "component", "cluster", "process")
 
 #: Threads of zarr's process-wide pool (fixed, so it cannot grow during a test).
 ZARR_THREADS = 4
@@ -56,3 +72,30 @@ def _leak_checks(request):
         return
     with clean(threads=True, processes=True, instances=True):
         yield
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: it must see the tier that wins
+def pytest_collection_modifyitems(session, config, items):
+    """Give every test its closest tier marker only; fail the collection if one has none."""
+    missing, doubled, chosen = [], [], {}
+    for item in items:
+        own = {m.name for m in item.own_markers if m.name in TIERS}
+        if len(own) > 1:
+            doubled.append(f"{item.nodeid} ({', '.join(sorted(own))})")
+        chosen[item] = next((m for m in item.iter_markers() if m.name in TIERS), None)
+        if chosen[item] is None:
+            missing.append(item.nodeid)
+    if missing or doubled:
+        lines = [f"{len(missing)} test(s) without a tier marker (one of {', '.join(TIERS)}; "
+                 "see pyproject.toml and docs/architecture.md, 'Tests'):", *missing]
+        if doubled:
+            lines += ["test(s) with more than one tier marker of their own:", *doubled]
+        raise pytest.UsageError("\n  ".join(lines))
+    # The closest marker wins: drop the farther ones (module, class) so that ``-m pure`` does
+    # not select a test of a ``pure`` module that is marked ``cluster`` itself.
+    nodes = {node for item in items for node in item.listchain()[:-1]}
+    for node in nodes:
+        node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+    for item, mark in chosen.items():
+        item.own_markers[:] = [m for m in item.own_markers if m.name not in TIERS]
+        item.add_marker(mark.name)

@@ -26,6 +26,8 @@ from dask_dataservice.errors import (
 )
 from dask_dataservice.service.protocol._messages import raise_for_status as service_raise_for_status
 
+pytestmark = pytest.mark.pure
+
 
 class Boom(KeyError):
     pass
@@ -101,6 +103,7 @@ def test_plain_messages():
     assert isinstance(JobNotFoundError("x"), KeyError) and isinstance(JobNotFoundError("x"), PlainMessage)
 
 
+@pytest.mark.component
 def test_task_group_owns_and_stops_its_tasks():
     async def main():
         group = TaskGroup("t")
@@ -130,6 +133,7 @@ def test_task_group_owns_and_stops_its_tasks():
     asyncio.run(main())
 
 
+@pytest.mark.component
 def test_loop_waker_folds_a_burst_into_one_callback():
     async def main():
         loop = asyncio.get_running_loop()
@@ -159,6 +163,7 @@ def test_waking_a_closed_loop_is_dropped():
     waker.wake()
 
 
+@pytest.mark.component
 def test_owned_executor_threads_are_named_and_joined():
     ex = owned_executor("dds-test", 2)
     assert ex.submit(lambda: threading.current_thread().name).result().startswith("dds-test")

@@ -4,7 +4,7 @@ The public names are exported from :mod:`dask_dataservice`: ``ParameterServerStr
 ``ClusterCoordinator``, ``Variable``, ``ShardedVariable``, ``Checkpoint`` and
 ``partitioners``. Server-side optimizers are in :mod:`dask_dataservice.ps.optimizers`.
 
-Layout (each module imports only those above it; ``tests/test_ps_layering.py`` checks it):
+Layout (each module imports only those above it; ``tests/project/test_layering.py`` checks it):
 
 - ``_types`` (wire types, ``wire``/``unwire``), ``partitioners`` (errors: ``dask_dataservice.errors``);
 - ``_kernels`` (numpy updates, optimizers' math, initializer conventions);

@@ -146,7 +146,7 @@ def _position_source(dataset: Any) -> Any:
 
 
 def _is_service_dataset(dataset: Any) -> bool:
-    # by module, not isinstance: ps/ does not import the service (tests/test_ps_layering.py)
+    # by module, not isinstance: ps/ does not import the service (tests/project/test_layering.py)
     return any(c.__module__.startswith("dask_dataservice.service")
                for c in type(dataset).__mro__)
 

@@ -9,7 +9,7 @@
 The roles import :mod:`.protocol` and never one another; the wiring (this module,
 :mod:`.servers`, :mod:`.preload`) puts them together. Importing this module installs the
 dispatcher's start hook that gives every joining worker the data-worker plugin, and the
-plugins ``dds.install`` installs (``tests/test_layering.py`` enforces the directions).
+plugins ``dds.install`` installs (``tests/project/test_layering.py`` enforces the directions).
 """
 
 from __future__ import annotations

@@ -544,7 +544,7 @@ def reader_class(spec: ReadSpec) -> type[IterationReader]:
     choosing the plain reader for a cross-trainer read whose view listed one task (the second
     worker had not registered yet) made trainers of one job read differently, and such a
     read went on with the other worker when its own froze instead of failing as the turn
-    reader does (``tests/test_frozen_fixed_readers.py``).
+    reader does (``tests/service/test_frozen_fixed_readers.py``).
     """
     if spec.num_consumers is not None:
         cls: type[IterationReader] = _fixed_readers().CoordinatedReader

@@ -532,7 +532,7 @@ class DispatcherCore:
         Coordinated reads keep the task list they started with. A ``revived`` worker (back
         with its tasks after a dispatcher restart) only gets tasks of iterations created while
         it was away: an iteration that already has a task of it, in any status, gets none (a
-        finished OFF task must not run its repetition again; tests/test_invisible_restart.py).
+        finished OFF task must not run its repetition again; tests/service/test_invisible_restart.py).
         O(live iterations), and O(their tasks) when revived.
         """
         state = self.state

@@ -8,7 +8,7 @@
   one per consumer.
 
 None of them knows about Dask: the plugin (``plugin``) wires them to handlers, and
-``tests/test_buffers.py`` drives each on its own.
+``tests/service/worker/test_buffers.py`` drives each on its own.
 """
 
 from __future__ import annotations

@@ -1,0 +1,238 @@
+"""The reader's pure decisions, without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+import dask_dataservice as dds
+from dask_dataservice.service.client._fixed_readers import CoordinatedReader, CrossTrainerReader
+from dask_dataservice.service.client._reader import IterationReader, ReadSpec, reader_class
+from dask_dataservice.service.protocol._sharding import ShardingPolicy
+
+pytestmark = pytest.mark.pure
+
+
+def spec(mode=ShardingPolicy.DYNAMIC, cache=None, num_consumers=None, job_name="job"):
+    return ReadSpec(address="tcp://127.0.0.1:1", dataset_id=1, processing_mode=int(mode),
+                    job_name=job_name, consumer_index=0 if num_consumers else None,
+                    num_consumers=num_consumers, max_outstanding_requests=None,
+                    target_workers="AUTO", cross_trainer_cache=cache)
+
+
+@pytest.mark.parametrize(("read", "expected"), [
+    (spec(cache=dds.CrossTrainerCache("t1")), CrossTrainerReader),
+    (spec(ShardingPolicy.OFF, cache=dds.CrossTrainerCache("t1")), IterationReader),
+    (spec(num_consumers=2), CoordinatedReader),
+    (spec(), IterationReader),
+    (spec(ShardingPolicy.OFF, job_name=None), IterationReader),
+])
+def test_reader_class_depends_on_the_read_only(read, expected):
+    """The reader's kind is a function of what is read: a cross-trainer read under DYNAMIC
+    takes turns whatever the number of tasks when it starts (it used to be the plain reader
+    when the view listed one task, a race with the second worker's registration)."""
+    assert reader_class(read) is expected
+
+
+# -- the iteration: which tasks, when the pass is over -------------------------------------
+from dask_dataservice.errors import DataServiceError  # noqa: E402
+from dask_dataservice.service.client.reader_core import (  # noqa: E402
+    ReaderCore,
+    RequestSize,
+    TaskRead,
+    Tracker,
+    ViewChanges,
+    address_host,
+    select_tasks,
+)
+
+
+def view(*tasks, finished=False, mode="DYNAMIC", **kw):
+    return {"tasks": [{"task_id": t, "worker_address": a, "status": st} for t, a, st in tasks],
+            "finished": finished, "processing_mode": mode, **kw}
+
+
+A, B = "tcp://10.0.0.1:1000", "tcp://10.0.0.2:1000"
+
+
+def core(target="AUTO", host="10.0.0.1"):
+    return ReaderCore(7, target, host, Tracker(warning=1.0, timeout=3.0))
+
+
+def test_new_tasks_start_once_and_lost_ones_stop():
+    c = core()
+    assert c.on_view(view((1, A, "active"))) == ViewChanges(start=((1, A),))
+    assert c.on_view(view((1, A, "active"), (2, B, "active"))) == ViewChanges(start=((2, B),))
+    assert c.on_view(view((1, A, "active"), (2, B, "active"))) == ViewChanges()
+    assert c.on_view(view((1, A, "active"), (2, B, "lost"))) == ViewChanges(cancel=(2,))
+    assert c.is_lost(2) and not c.all_ended
+    # a task lost before this reader saw it has nothing to read
+    assert c.on_view(view((1, A, "active"), (2, B, "lost"), (3, B, "lost"))) == ViewChanges()
+    assert c.reading == {1: False, 2: False, 3: True}
+
+
+def test_the_pass_is_over_when_every_task_ended_and_the_dispatcher_says_so():
+    c = core()
+    v = view((1, A, "active"), (2, B, "active"))
+    c.on_view(v)
+    c.task_ended(1)
+    assert not c.pass_over({**v, "finished": True})  # task 2 still reads
+    c.task_ended(2)
+    assert c.all_ended
+    assert not c.pass_over(v)  # the dispatcher has not recorded every task yet
+    assert c.pass_over({**v, "finished": True})
+
+
+def test_no_task_is_not_the_end():
+    c = core()
+    c.on_view(view())
+    assert not c.all_ended and not c.pass_over(view(finished=True))
+    assert c.no_workers(0.5) is None and c.no_workers(1.0) == "warn"
+    assert c.no_workers(3.0) == "fail"
+
+
+def test_a_garbage_collected_iteration_fails_the_read():
+    with pytest.raises(DataServiceError, match="iteration 7 was garbage collected"):
+        core().on_view(view(garbage_collected=True))
+
+
+def test_local_reads_of_static_sharding():
+    v = view((1, A, "active"), (2, B, "active"), mode="FILE", pending_shards=1)
+    c = core()
+    assert c.on_view(v) == ViewChanges(start=((1, A),))  # AUTO + static: this host's tasks
+    c.task_ended(1)
+    assert not c.pass_over(v)  # a listed worker is still to join (maybe on this host)
+    assert c.pass_over({**v, "pending_shards": 0})
+    with pytest.raises(DataServiceError, match=r"no data worker of this job runs on this host"):
+        core("LOCAL", host="10.9.9.9").on_view(v)
+    assert select_tasks(v, "ANY", "10.0.0.1") == (v["tasks"], False)
+    assert select_tasks(view((1, A, "active"), (2, B, "active")), "AUTO", "10.0.0.1")[1] is False
+
+
+@pytest.mark.parametrize("address", ["tcp://10.0.0.1:8786", "tls://[::1]:80",
+                                     "tcp://host-a:1", "tls://10.0.0.2:443"])
+def test_address_host_is_distributed_s(address):
+    from distributed.comm.addressing import get_address_host
+
+    assert address_host(address) == get_address_host(address)
+
+
+# -- one task: requests, replies, retries ----------------------------------------------------
+def read(depth=2, now=0.0):
+    return TaskRead(1, A, depth, retry_timeout=30.0, stalls=Tracker(10.0, 60.0), now=now)
+
+
+def test_depth_requests_in_flight_the_head_answers_at_once():
+    r = read()
+    sent = r.to_send(64, linger=0.05)
+    assert [(q.seq, q.ack, q.linger, q.max_elements) for q in sent] == [
+        (0, -1, 0.0, 64), (1, -1, 0.05, 64)]
+    assert r.to_send(64, 0.05) == []  # full
+    assert r.on_reply(0, {"status": "OK", "elements": object()}, 1.0, False).kind == "elements"
+    (nxt,) = r.to_send(64, 0.05)
+    assert (nxt.seq, nxt.ack, nxt.linger) == (2, 0, 0.05)  # acknowledges 0; 1 is ahead of it
+
+
+def test_replies_end_a_task_or_report_a_stall():
+    r = read(depth=1)
+    r.to_send(8, 0.0)
+    assert r.on_reply(0, {"status": "OK", "elements": None, "end_of_sequence": False},
+                      5.0, False).stall is None
+    r.to_send(8, 0.0)
+    out = r.on_reply(1, {"status": "OK", "elements": None}, 10.0, False)
+    assert (out.kind, out.stall, out.waited) == ("nothing", "warn", 10.0)
+    r.to_send(8, 0.0)
+    assert r.on_reply(2, {"status": "OK", "elements": None}, 60.0, False).stall == "fail"
+    for reply, lost, why in [({"status": "OK", "end_of_sequence": True}, False, "end"),
+                             (None, False, "closing"),
+                             ({"status": "OK", "closing": True}, False, "closing"),
+                             ({"status": "OK", "unknown": True}, True, "lost")]:
+        r.to_send(8, 0.0)
+        out = r.on_reply(r.head, reply, 61.0, lost)
+        assert (out.kind, out.why) == ("done", why)
+    r.to_send(8, 0.0)
+    assert r.on_reply(r.head, {"status": "OK", "unknown": True}, 61.0, False).kind == "nothing"
+    r.to_send(8, 0.0)
+    assert r.on_reply(r.head, {"status": "error", "exception": "x"}, 61.0, False).kind == "error"
+
+
+def test_a_failed_request_is_sent_again_from_its_seq_with_backoff():
+    r = read(depth=3)
+    r.to_send(8, 0.0)  # 0, 1, 2
+    r.on_reply(0, {"status": "OK", "elements": object()}, 0.0, False)
+    r.to_send(8, 0.0)  # 3
+    first = r.on_failure(1.0, lost=False)  # 1 failed
+    assert (first.give_up, first.delay, first.report) == (False, 0.02, True)
+    r.resend(1)
+    assert [q.seq for q in r.to_send(8, 0.0)] == [1, 2, 3]  # again, acknowledging 0
+    assert r.on_failure(2.0, lost=False) == type(first)(False, 0.04, False)
+    r.resend(1)
+    r.to_send(8, 0.0)
+    assert r.on_failure(40.0, lost=False).why == "timeout"  # 30 s of failures in a row
+    r.resend(1)
+    r.to_send(8, 0.0)
+    assert r.on_failure(40.0, lost=True).why == "lost"
+
+
+def test_an_answer_resets_the_retries():
+    r = read(depth=1)
+    r.to_send(8, 0.0)
+    r.on_failure(0.0, False)
+    r.resend(0)
+    r.to_send(8, 0.0)
+    r.on_reply(0, {"status": "OK", "elements": object()}, 100.0, False)
+    r.to_send(8, 0.0)
+    assert r.on_failure(200.0, False).report  # a new run of failures: report again
+
+
+def test_shared_jobs_grow_requests_while_the_consumer_keeps_up():
+    size = RequestSize(4096, shared=True, shared_start=256)
+    assert size.next(queued=0, taken=0, capacity=8) == 256
+    assert size.next(queued=1, taken=1, capacity=8) == 512  # took one: grow
+    assert size.next(queued=1, taken=1, capacity=8) == 512  # took none since
+    assert size.next(queued=4, taken=2, capacity=8) == 256  # half full: halve
+    assert size.next(queued=8, taken=2, capacity=8) == 256  # never below the start
+    assert RequestSize(4096, shared=False, shared_start=256).next(8, 0, 8) == 4096
+
+
+# -- readers over a fixed task list ------------------------------------------------------------
+from dask_dataservice.service.client.reader_core import (  # noqa: E402
+    fixed_tasks,
+    join_rounds,
+    join_turns,
+    task_lost,
+)
+
+
+def test_fixed_readers_walk_the_active_tasks_by_id():
+    v = view((5, B, "active"), (2, A, "active"), (3, A, "lost"))
+    assert fixed_tasks(v) == [(2, A), (5, B)]
+    assert fixed_tasks(view()) == []
+    assert task_lost(v, 3) and not task_lost(v, 2) and not task_lost(v, 9)
+
+
+def test_parts_are_joined_round_by_round_or_turn_by_turn():
+    assert join_rounds([[0, 2], [1, 3]]) == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        join_rounds([[0, 2], [1]])  # every task answers every round
+    assert join_turns([[0, 1], [10, 11]]) == [0, 1, 10, 11]
+
+
+def test_the_core_imports_no_dask_no_asyncio_no_threads():
+    """Sans-I/O: the module (at any level) imports nothing that does I/O or schedules."""
+    import ast
+    import inspect
+
+    from dask_dataservice.service.client import reader_core as _reader_core
+
+    tree = ast.parse(inspect.getsource(_reader_core))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert names <= {"__future__", "dataclasses", "collections", "typing", "errors"}, names
+
+
+def test_ask_again_soon_unless_listed_workers_are_still_to_join():
+    from dask_dataservice.service.client.reader_core import ask_again_after
+
+    assert ask_again_after(view(), 1.0) == 0.01
+    assert ask_again_after(view(pending_shards=2), 1.0) == 1.0
+    assert ask_again_after(view(), 0.005) == 0.005

@@ -1,0 +1,275 @@
+"""The dispatcher's sans-I/O core, without a scheduler (service/dispatcher/core.py).
+
+Every decision of the dispatcher is a method of DispatcherCore that takes ``now`` and returns
+its reply, the records it applied and the pushes to send: these tests drive it directly, with
+the cluster's facts in a plain dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dask_dataservice.service.dispatcher.core import (
+    CoreConfig,
+    DispatcherCore,
+    WorkerInfo,
+    fair_share,
+)
+from dask_dataservice.service.dispatcher.state import (
+    AcquireIterationClient,
+    CreateIteration,
+    CreateTask,
+    FinishTask,
+    GarbageCollectIteration,
+    ProduceSplits,
+    RegisterWorker,
+    ReleaseIterationClient,
+    RemoveWorker,
+)
+
+pytestmark = [pytest.mark.pure, pytest.mark.timeout(30)]
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.workers: dict[str, WorkerInfo] = {}
+
+    def add(self, address: str, **resources: float) -> WorkerInfo:
+        info = WorkerInfo(address=address, host=address.split("//")[1].split(":")[0],
+                          nthreads=1, resources=resources, name=address)
+        self.workers[address] = info
+        return info
+
+    def worker(self, address: str) -> WorkerInfo | None:
+        return self.workers.get(address)
+
+    def holders(self, key: Any) -> list[str]:
+        return []
+
+
+def make(**config: Any) -> tuple[DispatcherCore, Cluster]:
+    cluster = Cluster()
+    tokens = iter(f"token-{i}" for i in range(1000))
+    core = DispatcherCore(CoreConfig(**config), cluster, 100.0, lineage="L",
+                          new_token=lambda: next(tokens), view_nonce="n")
+    return core, cluster
+
+
+def dataset(core: DispatcherCore, num_splits: int = 8, **metadata: Any) -> int:
+    out = core.register_dataset("fp", b"p", b"s", num_splits,
+                                metadata={"cardinality": num_splits, **metadata})
+    return out.reply["dataset_id"]
+
+
+def read(core: DispatcherCore, ds: int, mode: str, now: float = 100.0, **job: Any) -> dict:
+    j = core.get_or_create_job(ds, mode, **job).reply
+    return core.get_or_create_iteration(j["job_id"], now, job_token=j["job_token"]).reply
+
+
+def join(core: DispatcherCore, cluster: Cluster, address: str, now: float = 100.0,
+         **kw: Any) -> Any:
+    return core.worker_heartbeat(cluster.add(address), now, **kw)
+
+
+def test_fair_share():
+    assert fair_share(256, 1) == 256
+    assert fair_share(256, 2) == 64
+    assert fair_share(192, 2) == 48
+    assert fair_share(3, 2) == 1
+    assert fair_share(0, 0) == 0
+
+
+def test_get_split_hands_a_greedy_task_half_a_fair_share():
+    """533ed4f: with two active tasks a greedy task gets 64, 48, 36, ... of 256 splits."""
+    core, cluster = make()
+    ds = dataset(core, 256)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    view = read(core, ds, "DYNAMIC")
+    task_a = next(t["task_id"] for t in view["tasks"] if t["worker_address"] == "tcp://a:1")
+    token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
+    sizes = []
+    for _ in range(3):
+        out = core.get_split(view["iteration_id"], task_a, 0, count=1024, job_token=token)
+        sizes.append(len(out.reply["split_indices"]))
+        assert [type(u) for u in out.updates] == [ProduceSplits]
+    assert sizes == [64, 48, 36]
+
+
+def test_split_batch_max_is_config():
+    core, cluster = make(split_batch_max=3)
+    ds = dataset(core, 100)
+    join(core, cluster, "tcp://a:1")
+    view = read(core, ds, "DYNAMIC")
+    token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
+    out = core.get_split(view["iteration_id"], view["tasks"][0]["task_id"], 0, count=50,
+                         job_token=token)
+    assert out.reply["split_indices"] == [0, 1, 2]
+
+
+def test_creating_an_iteration_pushes_tasks_to_present_data_workers_only():
+    core, cluster = make()
+    ds = dataset(core)
+    join(core, cluster, "tcp://a:1")
+    core.worker_heartbeat(cluster.add("tcp://ps:1", ps=1), 100.0)  # excluded by its resource
+    j = core.get_or_create_job(ds, "OFF").reply
+    out = core.get_or_create_iteration(j["job_id"], 101.0, job_token=j["job_token"])
+    assert [type(u) for u in out.updates] == [CreateIteration, CreateTask,
+                                              AcquireIterationClient]
+    assert [(a, m["op"], [t["task_id"] for t in m["new_tasks"]]) for a, m in out.messages] == \
+        [("tcp://a:1", "dataservice-tasks", [4000])]
+    assert out.updates[-1].time_micros == 101_000_000
+
+
+def test_a_joining_worker_gets_a_task_of_each_live_iteration_it_serves():
+    """The one hand-out of a joining worker: running iterations, and an OFF one whose tasks
+    finished while consumers still read; not coordinated reads, not a finished DYNAMIC one."""
+    core, cluster = make()
+    ds = dataset(core)
+    inf = core.register_dataset("fp2", b"p", b"s", 4, metadata={"cardinality": -1}).reply[
+        "dataset_id"]
+    join(core, cluster, "tcp://a:1")
+    off = read(core, ds, "OFF")
+    dyn = read(core, ds, "DYNAMIC")
+    coord = read(core, inf, "OFF", job_name="c", num_consumers=2)
+    for tid in (off["tasks"][0]["task_id"], dyn["tasks"][0]["task_id"]):
+        core.apply(FinishTask(task_id=tid))
+    out = join(core, cluster, "tcp://b:1", 102.0)
+    created = [u for u in out.updates if isinstance(u, CreateTask)]
+    assert [u.iteration_id for u in created] == [off["iteration_id"]]
+    assert isinstance(out.updates[0], RegisterWorker)
+    assert [t["iteration_id"] for t in out.reply["new_tasks"]] == [off["iteration_id"]]
+    assert out.messages == []  # the heartbeat's reply carries them
+    assert coord["iteration_id"] not in {u.iteration_id for u in created}
+
+
+def test_heartbeat_reconciliation():
+    core, cluster = make()
+    ds = dataset(core)
+    join(core, cluster, "tcp://a:1")
+    view = read(core, ds, "OFF")
+    tid = view["tasks"][0]["task_id"]
+    # the push was lost: the heartbeat says the task again
+    out = core.worker_heartbeat(cluster.workers["tcp://a:1"], 101.0, active_tasks=[])
+    assert [t["task_id"] for t in out.reply["new_tasks"]] == [tid] and out.updates == []
+    # reported finished: applied; an unknown task reported: cancelled
+    out = core.worker_heartbeat(cluster.workers["tcp://a:1"], 102.0, finished_tasks=[tid],
+                                active_tasks=[9999])
+    assert out.updates == [FinishTask(task_id=tid)]
+    assert out.reply == {"status": "OK", "new_tasks": [], "cancelled": [9999], "lineage": "L"}
+
+
+def test_job_compatibility_errors():
+    core, _ = make()
+    ds = dataset(core)
+    core.get_or_create_job(ds, "OFF", job_name="j")
+    with pytest.raises(ValueError, match=r"^job 'j' of dataset 1000 already exists with "
+                       r"processing mode OFF; it cannot be read in mode DYNAMIC$"):
+        core.get_or_create_job(ds, "DYNAMIC", job_name="j")
+    with pytest.raises(ValueError, match=r"^job 'j' is read with target_workers='AUTO'; all "
+                       r"its consumers must use the same, not 'LOCAL'$"):
+        core.get_or_create_job(ds, "OFF", job_name="j", target_workers="local")
+    with pytest.raises(ValueError, match=r"^sharding policy DATA needs a fixed list of "
+                       r"workers"):
+        core.get_or_create_job(ds, "DATA")
+    assert core.take_effects().updates == []
+
+
+def test_liveness_deadline_and_stalled_dispatcher():
+    core, cluster = make(worker_timeout=10.0, client_timeout=100.0)
+    ds = dataset(core)
+    join(core, cluster, "tcp://a:1", 100.0)
+    read(core, ds, "OFF")
+    assert core.gc_tick(105.0).updates == []
+    # the dispatcher itself did not run for 20 s: the silence is its own, timers restart
+    assert core.gc_tick(125.0).updates == []
+    assert core.gc_tick(129.0).updates == []
+    assert core.gc_tick(133.0).updates == []
+    out = core.gc_tick(135.5)  # 10.5 s after the timers restarted
+    assert out.updates[0] == RemoveWorker(address="tcp://a:1")
+    assert core.deadlines.dropped == {"tcp://a:1": 135.5}
+
+
+def test_gc_anonymous_at_release_named_after_timeout_dynamic_kept():
+    core, cluster = make(job_gc_timeout=5.0)
+    ds = dataset(core)
+    join(core, cluster, "tcp://a:1")
+    anon = read(core, ds, "OFF")
+    token = core.state.job(core.state.iteration(anon["iteration_id"]).job_id).token
+    out = core.release_iteration_client(anon["iteration_client_id"], 101.0, job_token=token)
+    assert [type(u) for u in out.updates] == [ReleaseIterationClient, GarbageCollectIteration]
+    assert out.messages == [("tcp://a:1", {"op": "dataservice-tasks", "new_tasks": [],
+                                           "cancelled": [anon["tasks"][0]["task_id"]]})]
+    named = {m: read(core, ds, m, job_name=f"n-{m}") for m in ("OFF", "DYNAMIC")}
+    for view in named.values():
+        token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
+        core.release_iteration_client(view["iteration_client_id"], 102.0, job_token=token)
+    assert core.gc_tick(106.0).updates == []  # 4 s idle: kept
+    out = core.gc_tick(107.0)
+    assert [u.iteration_id for u in out.updates if isinstance(u, GarbageCollectIteration)] \
+        == [named["OFF"]["iteration_id"]]  # the unfinished DYNAMIC one is kept (TF)
+
+
+def test_a_stimulus_that_raises_leaves_its_effects():
+    core, cluster = make()
+    ds = dataset(core)
+    join(core, cluster, "tcp://a:1")
+    view = read(core, ds, "DYNAMIC")
+    core.refusal = "journal failed"
+    token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
+    with pytest.raises(Exception, match="journal failed"):
+        core.get_split(view["iteration_id"], view["tasks"][0]["task_id"], 0, job_token=token)
+    assert core.take_effects().updates == []
+
+
+def test_restore_marks_workers_pending_and_revives_a_resumed_one():
+    """A new start replays the journal (the records of every outcome); the journal's workers
+    are pending until they heartbeat; one that kept its tasks is revived with them."""
+    from dask_dataservice.service.dispatcher.state import replay
+
+    core, cluster = make()
+    records = []
+    out = core.register_dataset("fp", b"p", b"s", 4, metadata={"cardinality": 4})
+    records += out.updates
+    records += join(core, cluster, "tcp://a:1").updates
+    out = core.get_or_create_job(out.reply["dataset_id"], "OFF")
+    records += out.updates
+    job = out.reply
+    records += core.get_or_create_iteration(job["job_id"], 100.0,
+                                            job_token=job["job_token"]).updates
+    assert [type(u) for u in records][-3:] == [CreateIteration, CreateTask,
+                                               AcquireIterationClient]
+    state = replay(records)
+    assert state == core.state
+    core2, cluster2 = make()
+    core2.restore(state)
+    assert core2.recovered_workers == {"tcp://a:1"}
+    out = core2.worker_heartbeat(cluster2.add("tcp://a:1"), 200.0, active_tasks=[4000],
+                                 resumed=True)
+    assert out.updates == [] and out.reply["new_tasks"] == [] and not core2.recovered_workers
+    # a fresh process at that address instead: its tasks are lost first
+    core3, cluster3 = make()
+    core3.restore(replay(records))
+    out = core3.worker_heartbeat(cluster3.add("tcp://a:1"), 200.0)
+    assert out.updates[0] == RemoveWorker(address="tcp://a:1")
+    assert isinstance(out.updates[1], RegisterWorker)
+
+
+def test_a_recovered_worker_removed_and_forgotten_registers_again():
+    """Found by the simulator (dynamic seeds 6670, 6757): after a restart a journal's worker
+    left (RemoveWorker) and, no task naming it any more, was forgotten; when it came back its
+    revival raised WorkerNotFoundError, and so did every heartbeat of it from then on."""
+    from dask_dataservice.service.dispatcher.state import replay
+
+    core, cluster = make()
+    records = list(join(core, cluster, "tcp://a:1").updates)
+    core2, cluster2 = make()
+    core2.restore(replay(records))
+    assert core2.recovered_workers == {"tcp://a:1"}
+    assert core2.worker_left("tcp://a:1").updates == [RemoveWorker(address="tcp://a:1")]
+    assert core2.state.list_workers(include_departed=True) == []  # forgotten
+    out = core2.worker_heartbeat(cluster2.add("tcp://a:1"), 200.0)
+    assert [type(u) for u in out.updates] == [RegisterWorker]
+    assert out.reply["status"] == "OK" and not core2.recovered_workers
