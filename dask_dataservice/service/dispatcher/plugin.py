@@ -157,6 +157,8 @@ class DispatcherPlugin(SchedulerPlugin):
         self.recovered_updates = 0
         #: Seconds the last start spent reading and replaying the journal.
         self.recovery_seconds = 0.0
+        #: Rounds of the periodic garbage collection run so far (tests wait on it).
+        self.gc_rounds = 0
         self._closed = False
 
     # Timeouts: set on a started plugin (tests do), they reach its core
@@ -568,3 +570,4 @@ class DispatcherPlugin(SchedulerPlugin):
             self._run(self._core.gc_tick, time.time())
         except Exception:  # noqa: BLE001 - a periodic callback must not die
             logger.exception("dataservice: garbage collection failed")
+        self.gc_rounds += 1

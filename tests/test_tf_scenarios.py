@@ -1,0 +1,184 @@
+"""TensorFlow's tf.data service scenarios, re-expressed in this package's API on real clusters.
+
+Each test names the TensorFlow test it re-expresses (``fault_tolerance_test.py`` and
+``data_service_ops_test.py`` under ``tensorflow/python/data/experimental/kernel_tests/service``)
+and asserts TensorFlow's semantics: which elements the reader sees, how many times, and what
+the dispatcher keeps. Clusters are in-process (``gen_cluster``) unless a worker must really
+restart (then Nanny processes). The blocking reader runs in a thread (``asyncio.to_thread``):
+the test's event loop is the client's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import socket
+
+import pytest
+from _helpers import distribute, poll
+from distributed import Nanny, Worker
+
+import dask_dataservice as dds
+from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.testing import gen_cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+#: TensorFlow's size for the restart and add-worker scenarios: ``2 * cpu_count() + 100``
+#: (more than a worker's prefetch, so the reader is mid-range when the cluster changes).
+NUM_ELEMENTS = 2 * (os.cpu_count() or 1) + 100
+
+
+async def take(it, n: int) -> list[int]:
+    """``n`` calls of ``next(it)`` in a thread (the loop stays free); the reader must not end
+    before."""
+    def body() -> list[int]:
+        out = []
+        for _ in range(n):
+            try:
+                out.append(int(next(it)))
+            except StopIteration:
+                raise AssertionError(f"the reader ended after {len(out)} of {n} elements") from None
+        return out
+
+    return await asyncio.to_thread(body)
+
+
+async def rest(it) -> list[int]:
+    """Everything ``it`` still yields, in a thread."""
+    return await asyncio.to_thread(lambda: [int(x) for x in it])
+
+
+def registered_workers(s) -> int:
+    return len(s.plugins[PLUGIN_NAME].state.list_workers())
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_add_worker_mid_job_OFF(c, s, a):
+    """Re-expresses fault_tolerance_test.testAddWorkerMidJob: under OFF ("parallel_epochs")
+    a worker added after half of ``range(n)`` was read produces its own full copy, so the
+    reader gets every element twice overall."""
+    n = NUM_ELEMENTS
+    ds = await distribute(dds.Dataset.range(n), "parallel_epochs", c)
+    it = await asyncio.to_thread(iter, ds)
+    results = await take(it, n // 2)
+    async with Worker(s.address, nthreads=1):
+        await poll(lambda: registered_workers(s) == 2, what="the new worker to register")
+        results += await rest(it)
+    assert collections.Counter(results) == collections.Counter({i: 2 for i in range(n)})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_same_port", [True, False])
+@pytest.mark.parametrize("fault_tolerant_mode", [False, True])
+def test_restart_worker(tmp_path, fault_tolerant_mode, use_same_port):
+    """Re-expresses fault_tolerance_test.testRestartWorker (both ``use_same_port`` and
+    ``fault_tolerant_mode`` values): the only data worker's process restarts (a Nanny restart:
+    a fresh process, with nothing of the old one's tasks) after half of ``range(n)`` was read.
+    The reader may still get what it had prefetched from the old process, then it gets the
+    restarted worker's own full copy, from 0."""
+    port = _free_port() if use_same_port else 0
+    config = {"distributed.scheduler.allowed-failures": 10}
+    if fault_tolerant_mode:
+        config.update({"dataservice.dispatcher.fault-tolerant-mode": True,
+                       "dataservice.dispatcher.work-dir": str(tmp_path)})
+
+    @gen_cluster(client=True, Worker=Nanny, timeout=60, config=config,
+                 nthreads=[("127.0.0.1", 1, {"worker_port": port} if port else {})])
+    async def run(c, s, a):
+        n = NUM_ELEMENTS
+        ds = await distribute(dds.Dataset.range(n), "parallel_epochs", c)
+        it = await asyncio.to_thread(iter, ds)
+        midpoint = n // 2
+        assert await take(it, midpoint) == list(range(midpoint))
+        old = a.worker_address
+        await a.restart()
+        await c.wait_for_workers(1)
+        assert (a.worker_address == old) is use_same_port
+        # elements prefetched from the old process may come first
+        prefetched = await asyncio.to_thread(
+            lambda: list(itertools.takewhile(lambda v: v != 0, (int(x) for x in it))))
+        assert prefetched == list(range(midpoint, midpoint + len(prefetched)))
+        # the dataset starts over now that the reader reads from the restarted worker
+        assert await take(it, n // 2 - 1) == list(range(1, n // 2))
+        await asyncio.to_thread(it.close)
+
+    run()
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_shared_job_name(c, s, a):
+    """Re-expresses data_service_ops_test.testSharedJobName: two datasets built the same way,
+    ``range(1000).shuffle(1000)``, read one named job; their consumers alternate ``next()``
+    for 200 rounds each, then each reads to its end: together they see every element
+    exactly once."""
+    n = 1000
+
+    def make_ds():
+        return dds.Dataset.range(n).shuffle(n)
+
+    ds1 = await distribute(make_ds(), "parallel_epochs", c, job_name="job_name")
+    ds2 = await distribute(make_ds(), "parallel_epochs", c, job_name="job_name")
+
+    def alternate():
+        it1, it2 = iter(ds1), iter(ds2)
+        results = []
+        for i in range(n // 5):
+            for name, it in (("first", it1), ("second", it2)):
+                x = next(it, None)
+                assert x is not None, f"the {name} consumer ended at its call {i + 1}"
+                results.append(int(x))
+        results += [int(x) for x in it1]
+        results += [int(x) for x in it2]
+        return results
+
+    results = await asyncio.to_thread(alternate)
+    assert sorted(results) == list(range(n))
+
+
+@gen_cluster(client=True, nthreads=[("", 1)],
+             config={"dataservice.dispatcher.job-gc-timeout": "20ms",
+                     "dataservice.dispatcher.gc-interval": "50ms"})
+async def test_dont_gc_jobs_with_visitation_guarantees(c, s, a):
+    """Re-expresses data_service_ops_test.testDontGcJobsWithVisitationGuarantees: with job
+    GC at 50 ms intervals and a 20 ms timeout, an OFF job's iteration with no client left is
+    collected, and a DYNAMIC one's is kept (it promises each element once: a consumer coming
+    back under its name goes on where it stopped). Each iterator takes one element (the
+    reader acquires its iteration on the first ``next()``; TensorFlow's at ``iter()``)."""
+    n = 1000
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(n))
+    ds1 = dds.from_dataset_id("parallel_epochs", c, dataset_id, job_name="test1")
+    ds2 = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="test2")
+    it1, it2 = await asyncio.to_thread(iter, ds1), await asyncio.to_thread(iter, ds2)
+    first = await take(it1, 1) + await take(it2, 1)
+    worker = a.extensions["dataservice"]
+    assert len(worker.tasks) == 2
+    await asyncio.to_thread(it1.close)
+    await asyncio.to_thread(it2.close)
+    plugin = s.plugins[PLUGIN_NAME]
+    off = plugin.state.job_by_name("test1")
+    dyn = plugin.state.job_by_name("test2")
+    # only the OFF job is collected
+    await poll(lambda: plugin.state.job(off.job_id).status == "garbage_collected",
+               what="the OFF job's GC")
+    await poll(lambda: len(worker.tasks) == 1, what="the OFF job's task to be dropped")
+    assert [t.iteration_id for t in worker.tasks.values()] == [
+        it.iteration_id for it in plugin.state.list_iterations() if it.job_id == dyn.job_id]
+    # ... and the DYNAMIC one is still there after more GC rounds: a consumer under its name
+    # gets the elements the first one did not receive, each once
+    rounds = plugin.gc_rounds
+    await poll(lambda: plugin.gc_rounds >= rounds + 3, what="three more GC rounds")
+    assert plugin.state.job(dyn.job_id).status == "live"
+    received = ds2.stats()["elements"]
+    again = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="test2")
+    rest_ = [int(x) for x in await asyncio.to_thread(list, again)]
+    assert len(rest_) == len(set(rest_)) == n - received
+    assert first[1] not in rest_
