@@ -101,7 +101,12 @@ def test_restart_worker(tmp_path, fault_tolerant_mode, use_same_port):
         assert await take(it, midpoint) == list(range(midpoint))
         old = a.worker_address
         await a.restart()
-        await c.wait_for_workers(1)
+        # the restarted worker registered with the dispatcher and has its task (TensorFlow's
+        # restart returns once the new server registered)
+        plugin = s.plugins[PLUGIN_NAME]
+        (iteration,) = plugin.state.list_iterations()
+        await poll(lambda: len(plugin.state.tasks_for_iteration(iteration.iteration_id)) == 2,
+                   timeout=30, what="the restarted worker's task")
         assert (a.worker_address == old) is use_same_port
         # elements prefetched from the old process may come first
         prefetched = await asyncio.to_thread(
@@ -170,15 +175,18 @@ async def test_dont_gc_jobs_with_visitation_guarantees(c, s, a):
     await poll(lambda: plugin.state.job(off.job_id).status == "garbage_collected",
                what="the OFF job's GC")
     await poll(lambda: len(worker.tasks) == 1, what="the OFF job's task to be dropped")
-    assert [t.iteration_id for t in worker.tasks.values()] == [
-        it.iteration_id for it in plugin.state.list_iterations() if it.job_id == dyn.job_id]
+    (dyn_iteration,) = [it for it in plugin.state.list_iterations() if it.job_id == dyn.job_id]
+    assert set(worker.tasks) == {
+        t.task_id for t in plugin.state.tasks_for_iteration(dyn_iteration.iteration_id)}
     # ... and the DYNAMIC one is still there after more GC rounds: a consumer under its name
-    # gets the elements the first one did not receive, each once
+    # goes on where the first one stopped (what that one took from the worker, its element
+    # and its read-ahead, is not served again: at most once), not over from the start
     rounds = plugin.gc_rounds
     await poll(lambda: plugin.gc_rounds >= rounds + 3, what="three more GC rounds")
     assert plugin.state.job(dyn.job_id).status == "live"
-    received = ds2.stats()["elements"]
     again = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="test2")
     rest_ = [int(x) for x in await asyncio.to_thread(list, again)]
-    assert len(rest_) == len(set(rest_)) == n - received
+    assert len(rest_) == len(set(rest_)) and set(rest_) <= set(range(n))
     assert first[1] not in rest_
+    assert len(rest_) >= n - 1 - 200  # the read-ahead of a shared job is small
+    assert plugin.state.job_by_name("test2").job_id == dyn.job_id

@@ -27,6 +27,8 @@ class FakeDispatcher:
         self.tasks = tasks
         self.finished = finished
         self.released: list[int] = []
+        #: Released clients that said they read to the end (every task's end of sequence).
+        self.read_to_end: list[int] = []
         #: Workers readers reported as unresponsive (``dataservice_suspect_worker``).
         self.suspected: list[str] = []
         self.heartbeats = 0
@@ -50,8 +52,11 @@ class FakeDispatcher:
         return {"status": "OK", "dropped": False}
 
     async def dataservice_release_iteration_client(self, iteration_client_id: int,
-                                                   job_token: str | None = None) -> dict[str, Any]:
+                                                   job_token: str | None = None,
+                                                   read_to_end: bool = False) -> dict[str, Any]:
         self.released.append(iteration_client_id)
+        if read_to_end:
+            self.read_to_end.append(iteration_client_id)
         return {"status": "OK"}
 
 

@@ -30,6 +30,8 @@ class Channel:
     The loop side awaits space (:meth:`put`); a consumer thread takes with :meth:`get` and
     wakes the loop (through a :class:`~dask_dataservice._async.LoopWaker`) only when the loop
     waits for space. A consumer on the loop itself (``async for``) uses :meth:`aget`.
+    :meth:`demanded` waits until the consumer took every batch and waits for the next one
+    (where TensorFlow's reader decides its end of sequence: at the consumer's next call).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
@@ -41,6 +43,11 @@ class Channel:
         self._items = asyncio.Event()  # for aget: set on every put
         self._lock = threading.Lock()
         self._want_space = False
+        self._demand = asyncio.Event()
+        self._demand_waker = LoopWaker(loop, self._demand.set)
+        self._want_demand = False
+        #: The consumer waits on an empty channel.
+        self._waiting = False
         #: Batches the consumer took so far.
         self.taken = 0
 
@@ -83,9 +90,35 @@ class Channel:
 
     def get(self, timeout: float | None = None) -> Any:
         """Take a batch (consumer thread); raises ``queue.Empty`` after ``timeout``."""
-        item = self._q.get(timeout=timeout)
+        try:
+            item = self._q.get_nowait()
+        except queue.Empty:
+            self._wait_begins()
+            try:
+                item = self._q.get(timeout=timeout)
+            finally:
+                self._waiting = False
         self._took()
         return item
+
+    def _wait_begins(self) -> None:
+        with self._lock:
+            self._waiting = True
+            wake = self._want_demand
+            self._want_demand = False
+        if wake:
+            self._demand_waker.wake()
+
+    async def demanded(self) -> None:
+        """Return once the consumer took every batch put so far and waits for the next (on
+        the loop; the only producer, so nothing it has not put yet can satisfy the wait)."""
+        while True:
+            with self._lock:
+                if self._size == 0 and self._waiting:
+                    return
+                self._want_demand = True
+                self._demand.clear()
+            await self._demand.wait()
 
     def get_nowait(self) -> Any:
         item = self._q.get_nowait()
@@ -99,7 +132,12 @@ class Channel:
                 item = self._q.get_nowait()
             except queue.Empty:
                 self._items.clear()
-                await self._items.wait()
+                self._waiting = True
+                self._demand.set()
+                try:
+                    await self._items.wait()
+                finally:
+                    self._waiting = False
                 continue
             with self._lock:
                 self._size -= 1

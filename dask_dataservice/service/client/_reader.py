@@ -134,8 +134,11 @@ class ServiceSource(Op):
 # ---------------------------------------------------------------------------------------
 
 #: Default of ``dataservice.client.shared-job-request-elements``: elements per request when
-#: consumers share a named job (a consumer holds at most about (2 + channel batches) x this).
-SHARED_JOB_REQUEST_ELEMENTS = 256
+#: consumers share a named job. A consumer that does not keep up holds at most about
+#: (1 in hand + channel batches + requests in flight) x this: 11 x 16 = 176 elements with the
+#: defaults, so a job of a thousand elements still reaches a consumer that starts a moment
+#: later (``data_service_ops_test.testSharedJobName``; at 256 the first consumer drained it).
+SHARED_JOB_REQUEST_ELEMENTS = 16
 #: Default of ``dataservice.client.cross-trainer-turn-elements``: under DYNAMIC, elements a
 #: cross-trainer-cache consumer takes from each task per turn.
 CROSS_TRAINER_TURN = 1024
@@ -209,7 +212,8 @@ class IterationReader:
         try:
             await self._read(view)
             if not self.stopped:
-                self._start_release()  # in flight while the consumer takes the end
+                # in flight while the consumer takes the end
+                self._start_release(read_to_end=not self.core.local_only)
                 self.channel.put_nowait(END)
         except asyncio.CancelledError:
             if not self.stopped:
@@ -236,7 +240,13 @@ class IterationReader:
                 await self._no_workers(loop.time() - no_workers_since)
             ended = core.all_ended
             if core.pass_over(view):
-                break
+                if not core.ends_at_demand(view):
+                    break
+                more = await self._more_after_demand()
+                if more is None:
+                    break
+                view = more
+                continue
             self.task_done.clear()
             if not ended:  # when every known task ended, the dispatcher already knows: ask now
                 try:
@@ -247,6 +257,26 @@ class IterationReader:
             self._update_tasks(view)
             if ended and not view["finished"]:
                 await asyncio.sleep(ask_again_after(view, self.heartbeat_interval))
+
+    async def _more_after_demand(self) -> dict[str, Any] | None:
+        """The end of an OFF pass (:meth:`.reader_core.ReaderCore.ends_at_demand`): keep the
+        heartbeats (and so the iteration client) going until the consumer took every element
+        and asks for the next, then one more heartbeat decides. Returns the new view if a task
+        was added meanwhile (a worker joined or restarted: it serves its own copy), None at the
+        consumer's end."""
+        while not self.stopped:
+            try:
+                await asyncio.wait_for(self.channel.demanded(), self.heartbeat_interval)
+                demanded = True
+            except TimeoutError:
+                demanded = False
+            view = await self._heartbeat()
+            self._update_tasks(view)
+            if not self.core.all_ended:
+                return view
+            if demanded:
+                return None
+        return None
 
     async def _no_workers(self, waited: float) -> None:
         """The iteration has had no task for ``waited`` seconds: warn, then fail, saying why."""
@@ -476,14 +506,16 @@ class IterationReader:
             if task not in keep and not task.done():
                 task.cancel()
 
-    def _start_release(self) -> None:
+    def _start_release(self, read_to_end: bool = False) -> None:
+        """Release the iteration client; ``read_to_end``: every task's end was read."""
         if self._release is None:
-            self._release = self.group.spawn(self._release_client)
+            self._release = self.group.spawn(self._release_client, read_to_end)
 
-    async def _release_client(self) -> None:
+    async def _release_client(self, read_to_end: bool = False) -> None:
+        extra = {"read_to_end": True} if read_to_end else {}  # older dispatchers: not sent
         try:
             await asyncio.wait_for(self.client.scheduler.dataservice_release_iteration_client(  # type: ignore[union-attr]
-                iteration_client_id=self.client_id, job_token=self.job_token), 10)
+                iteration_client_id=self.client_id, job_token=self.job_token, **extra), 10)
         except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
             logger.debug("dataservice: release failed: %r", e)
 

@@ -20,6 +20,9 @@ Stimuli and outcomes
 ``pass_over(view)``
     Whether the pass is over: every task read ended and the dispatcher says the iteration
     finished (a local reader: once every listed worker joined).
+``ends_at_demand(view)``
+    At the pass's end, whether it waits for the consumer's next call and asks the dispatcher
+    once more (OFF: a worker that joined or restarted meanwhile serves its copy).
 ``ask_again_after(view, interval)`` (a function)
     Every task ended but the dispatcher has not recorded the iteration finished: seconds
     before the next heartbeat.
@@ -238,6 +241,20 @@ class ReaderCore:
         once every listed worker has joined: one that joins later on this host is read too)."""
         return self.all_ended and bool(
             view["finished"] or (self.local_only and not view.get("pending_shards")))
+
+    def ends_at_demand(self, view: dict[str, Any]) -> bool:
+        """At the end of the pass (:meth:`pass_over`): whether it waits for the consumer's
+        call after its last element, and asks the dispatcher once more then.
+
+        Under OFF a worker that joins (or restarts) while the iteration is read serves its
+        own full copy (the dispatcher gives it a task while the iteration has consumers), as
+        in TensorFlow (``fault_tolerance_test.testAddWorkerMidJob``, ``testRestartWorker``),
+        whose reader decides its end at the consumer's next call. A reader here is usually
+        far ahead of its consumer (its tasks may have served everything before the consumer
+        read half of it), so it decides at the same point. Other modes end at once: a new
+        task of a finished DYNAMIC iteration has no split, a static job's tasks are fixed.
+        """
+        return view.get("processing_mode") == "OFF" and not self.local_only
 
     def no_workers(self, waited: float) -> str | None:
         return self.no_workers_tracker.state(waited)

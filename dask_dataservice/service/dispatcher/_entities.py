@@ -132,6 +132,9 @@ class Iteration:
     ``finished`` is derived from them by every mutator that changes them. Under static
     sharding ``num_shards`` is the length of the job's worker list and ``finished_shards`` the
     shard indices whose task finished; the iteration is finished only once every shard is.
+    ``finished`` means every task finished producing (its elements may still wait in the
+    workers' buffers); ``read_to_end`` that a consumer got every task's end of sequence
+    (``ReleaseIterationClient.read_to_end``), so nothing is left to read.
     After garbage collection the counts keep their last values, for the record.
     """
 
@@ -147,6 +150,7 @@ class Iteration:
     num_lost_tasks: int = 0
     num_shards: int = 0
     finished_shards: frozenset[int] = frozenset()
+    read_to_end: bool = False
 
     @property
     def status(self) -> str:

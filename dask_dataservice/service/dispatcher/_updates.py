@@ -440,14 +440,20 @@ class ReleaseIterationClient(_Record):
     time_micros : int
         Field 2. Dispatcher clock at release; becomes the iteration's
         ``last_client_released_micros``.
+    read_to_end : bool
+        Field 3 (default False). The consumer read the iteration to its end: every task
+        served it its end of sequence, so nothing is left on the workers for a consumer that
+        comes back (sets ``Iteration.read_to_end``; the GC of idle DYNAMIC iterations keeps
+        one until then). False in records written before the field existed.
 
     Notes
     -----
-    Next field: 3. Removed fields: none.
+    Next field: 4. Removed fields: none.
     """
 
     iteration_client_id: int  # 1
     time_micros: int  # 2
+    read_to_end: bool = False  # 3
 
 
 @dataclass(frozen=True, slots=True)

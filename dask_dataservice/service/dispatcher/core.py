@@ -414,9 +414,12 @@ class DispatcherCore:
 
     @_stimulus
     def release_iteration_client(self, iteration_client_id: int, now: float,
-                                 job_token: str | None = None) -> dict[str, Any]:
+                                 job_token: str | None = None,
+                                 read_to_end: bool = False) -> dict[str, Any]:
+        """A consumer stopped reading; ``read_to_end``: it got the end of every task (the GC
+        of an idle DYNAMIC iteration waits for that: :func:`._gc.collectable`)."""
         self._iteration_client(iteration_client_id, job_token, "releasing a consumer")
-        self._release_client(iteration_client_id, now)
+        self._release_client(iteration_client_id, now, read_to_end=read_to_end)
         return {"status": "OK"}
 
     # Data workers
@@ -644,10 +647,11 @@ class DispatcherCore:
                     self.state, it, self.config.gc_dynamic_sharding_jobs):
                 self._garbage_collect(it.iteration_id)
 
-    def _release_client(self, iteration_client_id: int, now: float) -> None:
+    def _release_client(self, iteration_client_id: int, now: float,
+                        read_to_end: bool = False) -> None:
         client = self.state.iteration_client(iteration_client_id)
         self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
-                                           time_micros=micros(now)))
+                                           time_micros=micros(now), read_to_end=read_to_end))
         self.client_seen.pop(iteration_client_id, None)
         iteration = self.state.iteration(client.iteration_id)
         job = self.state.job(iteration.job_id)

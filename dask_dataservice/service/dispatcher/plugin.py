@@ -473,9 +473,11 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @_durable
     def release_iteration_client(self, iteration_client_id: int,
-                                 job_token: str | None = None) -> dict[str, Any]:
+                                 job_token: str | None = None,
+                                 read_to_end: bool = False) -> dict[str, Any]:
+        """A consumer stopped reading; ``read_to_end``: it got the end of every task."""
         return self._run(self._core.release_iteration_client, iteration_client_id,
-                         time.time(), job_token=job_token)
+                         time.time(), job_token=job_token, read_to_end=bool(read_to_end))
 
     # Handlers: data workers
     ########################

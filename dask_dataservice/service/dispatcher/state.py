@@ -634,6 +634,7 @@ class DispatcherState(StateQueries, StateChecks):
         iteration = self._iterations[client.iteration_id]
         iteration.num_clients -= 1
         iteration.last_client_released_micros = u.time_micros
+        iteration.read_to_end = iteration.read_to_end or u.read_to_end
 
     def _client_heartbeat(self, u: ClientHeartbeat) -> None:
         self._iteration_clients[u.iteration_client_id].last_seen_micros = u.time_micros

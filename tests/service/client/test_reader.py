@@ -46,7 +46,7 @@ async def test_reader_reads_every_task_then_ends():
     out = await _drain(channel)
     assert sorted(out) == sorted([*range(25), *range(100, 107)])
     await reader.close()
-    assert dispatcher.released == [70]
+    assert dispatcher.released == dispatcher.read_to_end == [70]
     assert not reader.group.tasks
 
 

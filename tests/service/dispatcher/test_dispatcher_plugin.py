@@ -238,8 +238,10 @@ async def test_explicit_dataset_ids():
 
 @gen_test()
 async def test_named_dynamic_jobs_are_kept_while_readable():
-    """2.4: an idle named DYNAMIC iteration is not collected while unfinished (TF keeps it);
-    other named iterations are collected after job-gc-timeout, and so is a finished one."""
+    """2.4: an idle named DYNAMIC iteration is not collected while it can be read (TF keeps
+    it: data_service_ops_test.testDontGcJobsWithVisitationGuarantees); other named iterations
+    are collected after job-gc-timeout, and so is a DYNAMIC one a consumer read to its end.
+    Its task finishing is not enough: the elements may still wait in the worker's buffer."""
     from dask_dataservice.service.dispatcher.state import FinishTask, RegisterWorker
 
     async with dispatcher(job_gc_timeout=0.0, gc_interval=3600) as (plugin, s):
@@ -262,14 +264,25 @@ async def test_named_dynamic_jobs_are_kept_while_readable():
         dynamic = views["DYNAMIC"]["iteration_id"]
         assert not plugin.state.iteration(dynamic).garbage_collected
         assert plugin.state.iteration(views["OFF"]["iteration_id"]).garbage_collected
-        # once every split was read (its task finished), the idle DYNAMIC iteration goes too
         plugin._apply(RegisterWorker(address="tcp://fake:1", host="fake", nthreads=1))
         task_id = plugin.state.next_task_id()
         plugin._apply(CreateTask(task_id=task_id, iteration_id=dynamic,
                                  worker_address="tcp://fake:1"))
         plugin._gc()
         assert not plugin.state.iteration(dynamic).garbage_collected  # still running
+        # its task finished producing: its elements may still be buffered, unread
         plugin._apply(FinishTask(task_id=task_id))
+        plugin._gc()
+        assert not plugin.state.iteration(dynamic).garbage_collected
+        # once a consumer read it to its end, the idle DYNAMIC iteration goes too
+        job_id = plugin.state.iteration(dynamic).job_id
+        token = plugin.state.job(job_id).token
+        again = ok(await plugin.get_or_create_iteration(job_id=job_id, job_token=token))
+        assert again["iteration_id"] == dynamic
+        ok(await plugin.release_iteration_client(
+            iteration_client_id=again["iteration_client_id"], job_token=token,
+            read_to_end=True))
+        assert plugin.state.iteration(dynamic).read_to_end
         plugin._gc()
         assert plugin.state.iteration(dynamic).garbage_collected
 

@@ -1076,7 +1076,7 @@ EXAMPLES = [
     ProduceSplit(2000, 1, 6, 4000, True),
     AckSplits(4000, 1, 5),
     AcquireIterationClient(3000, 2000, 1_700_000_000_000_000),
-    ReleaseIterationClient(3000, 1_700_000_000_000_001),
+    ReleaseIterationClient(3000, 1_700_000_000_000_001, True),
     ClientHeartbeat(3000, 1_700_000_000_000_002),
     GarbageCollectIteration(2000),
     ProduceSplits(2000, 1, 2, 4, 4000, True),
@@ -1097,6 +1097,22 @@ def test_encode_decode_round_trip(update):
     assert type(decoded) is type(update) and decoded == update
 
 
+def test_read_to_end_is_kept_by_the_iteration_and_its_snapshot():
+    """``ReleaseIterationClient.read_to_end`` marks the iteration (the GC of idle DYNAMIC
+    iterations waits for it); a later release without it does not clear it."""
+    state = DispatcherState()
+    iteration_id, _ = dynamic_iteration(state)
+    first, second = acquire_client(state, iteration_id), acquire_client(state, iteration_id)
+    state.apply(ReleaseIterationClient(first, 1))
+    assert not state.iteration(iteration_id).read_to_end
+    state.apply(ReleaseIterationClient(second, 2, read_to_end=True))
+    assert state.iteration(iteration_id).read_to_end
+    again = acquire_client(state, iteration_id, 3)
+    state.apply(ReleaseIterationClient(again, 4))
+    assert state.iteration(iteration_id).read_to_end
+    assert decode_state(encode_state(state)).iteration(iteration_id).read_to_end
+
+
 def test_decode_fills_defaults_for_fields_older_records_lack():
     data = msgpack.packb(
         [
@@ -1108,6 +1124,9 @@ def test_decode_fills_defaults_for_fields_older_records_lack():
     data = msgpack.packb(["CreateTask", {"task_id": 4000, "iteration_id": 2000,
                                          "worker_address": W1}])
     assert decode_update(data) == CreateTask(4000, 2000, W1, None)
+    data = msgpack.packb(["ReleaseIterationClient",
+                          {"iteration_client_id": 3000, "time_micros": 7}])
+    assert decode_update(data) == ReleaseIterationClient(3000, 7, read_to_end=False)
 
 
 @pytest.mark.parametrize(
