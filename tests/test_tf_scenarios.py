@@ -190,3 +190,90 @@ async def test_dont_gc_jobs_with_visitation_guarantees(c, s, a):
     assert first[1] not in rest_
     assert len(rest_) >= n - 1 - 200  # the read-ahead of a shared job is small
     assert plugin.state.job_by_name("test2").job_id == dyn.job_id
+
+
+GC_CONFIG = {"dataservice.dispatcher.job-gc-timeout": "20ms",
+             "dataservice.dispatcher.gc-interval": "50ms"}
+
+
+@pytest.mark.parametrize("job_name", [None, "test"])
+def test_gc_unused_job(job_name):
+    """Re-expresses data_service_ops_test.testGcUnusedJob (both ``job_name`` values): once
+    its only iterator is gone, the job's task is dropped from the worker."""
+
+    @gen_cluster(client=True, nthreads=[("", 1)], config=GC_CONFIG)
+    async def run(c, s, a):
+        ds = await distribute(dds.Dataset.range(100), "parallel_epochs", c, job_name=job_name)
+        it = await asyncio.to_thread(iter, ds)
+        assert await take(it, 1) == [0]
+        worker = a.extensions["dataservice"]
+        assert len(worker.tasks) == 1
+        await asyncio.to_thread(it.close)
+        await poll(lambda: not worker.tasks, what="the task to be dropped")
+
+    run()
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config=GC_CONFIG)
+async def test_dont_gc_used_job(c, s, a):
+    """Re-expresses data_service_ops_test.testDontGcUsedJob: of two named jobs whose first
+    iterators are gone, only the one with no iterator left is collected (a second iterator of
+    ``test2`` keeps its task)."""
+    n = 1000
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(n))
+
+    def named(job_name):
+        return dds.from_dataset_id("parallel_epochs", c, dataset_id, job_name=job_name)
+
+    it1, it2, it3 = [await asyncio.to_thread(iter, named(j)) for j in ("test1", "test2", "test2")]
+    for it in (it1, it2, it3):  # each acquires its iteration at its first element
+        await take(it, 1)
+    worker = a.extensions["dataservice"]
+    assert len(worker.tasks) == 2
+    await asyncio.to_thread(it1.close)
+    await asyncio.to_thread(it2.close)
+    plugin = s.plugins[PLUGIN_NAME]
+    test1, test2 = plugin.state.job_by_name("test1"), plugin.state.job_by_name("test2")
+    await poll(lambda: plugin.state.job(test1.job_id).status == "garbage_collected",
+               what="job test1's GC")
+    await poll(lambda: len(worker.tasks) == 1, what="job test1's task to be dropped")
+    rounds = plugin.gc_rounds
+    await poll(lambda: plugin.gc_rounds >= rounds + 3, what="three more GC rounds")
+    assert len(worker.tasks) == 1
+    assert plugin.state.job(test2.job_id).status == "live"
+    await asyncio.to_thread(it3.close)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_shared_job_name_multi_iteration(c, s, a):
+    """Re-expresses data_service_ops_test.testSharedJobNameMultiIteration: two datasets on
+    one named job; the second's first pass joins the iteration the first read whole (it gets
+    nothing), its second pass reads the next iteration whole, and the first's second pass
+    joins that one (nothing)."""
+    n = 10
+    ds1 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
+    ds2 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
+    assert await rest(ds1) == list(range(n))
+    assert await rest(ds2) == []
+    assert await rest(ds2) == list(range(n))
+    assert await rest(ds1) == []
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_shared_job_name_repeat(c, s, a):
+    """Re-expresses data_service_ops_test.testSharedJobNameRepeat: two datasets on one named
+    job, each repeated 3 times; the first consumer takes 60 elements, then the second 60, then
+    each reads to its end: together every element of the 3 repetitions, each once."""
+    n, repetitions = 100, 3
+    ds1 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
+    ds2 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
+
+    def body():
+        it1, it2 = iter(ds1.repeat(repetitions)), iter(ds2.repeat(repetitions))
+        results = [int(next(it1)) for _ in range(n * repetitions // 5)]
+        results += [int(next(it2)) for _ in range(n * repetitions // 5)]
+        return results + [int(x) for x in it1] + [int(x) for x in it2]
+
+    results = await asyncio.to_thread(body)
+    assert collections.Counter(results) == collections.Counter(
+        {i: repetitions for i in range(n)})
