@@ -277,3 +277,41 @@ async def test_shared_job_name_repeat(c, s, a):
     results = await asyncio.to_thread(body)
     assert collections.Counter(results) == collections.Counter(
         {i: repetitions for i in range(n)})
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 5, timeout=60)
+async def test_remove_more_workers_than_max_outstanding_requests(c, s, *workers):
+    """Re-expresses fault_tolerance_test.testRemoveMoreWorkersThanMaxOutstandingRequests: an
+    effectively infinite OFF read over 5 workers with ``max_outstanding_requests=1``; once
+    every worker produced its 0, 4 of them stop, and the read goes on (1,000 more elements,
+    no hang)."""
+    ds = await distribute(dds.Dataset.range(2**55), "parallel_epochs", c,
+                          max_outstanding_requests=1)
+    it = await asyncio.to_thread(iter, ds)
+
+    def zeros_from_every_worker():
+        zeros = 0
+        while zeros < len(workers):
+            zeros += int(next(it)) == 0
+
+    await asyncio.to_thread(zeros_from_every_worker)
+    for w in workers[:-1]:
+        await w.close()
+    assert len(await take(it, 1000)) == 1000
+    await asyncio.to_thread(it.close)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3, config=GC_CONFIG)
+async def test_gc_and_recreate(c, s, *workers):
+    """Re-expresses data_service_ops_test.testGcAndRecreate: three times, a named job is read
+    for 50 elements and dropped; its tasks leave every worker before the name is used again."""
+    job_ids = []
+    for _ in range(3):
+        ds = await distribute(dds.Dataset.range(1000), "parallel_epochs", c, job_name="test")
+        it = await asyncio.to_thread(iter, ds)
+        assert len(await take(it, 50)) == 50
+        job_ids.append(s.plugins[PLUGIN_NAME].state.job_by_name("test").job_id)
+        await asyncio.to_thread(it.close)
+        await poll(lambda: not any(w.extensions["dataservice"].tasks for w in workers),
+                   what="the tasks to leave every worker")
+    assert len(set(job_ids)) == 3  # each time a new job under the name
