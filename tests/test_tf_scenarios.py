@@ -21,7 +21,7 @@ from _helpers import distribute, poll
 from distributed import Nanny, Worker
 
 import dask_dataservice as dds
-from dask_dataservice.service._dispatcher_plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.timeout(60)
