@@ -70,6 +70,26 @@ def test_new_tasks_start_once_and_lost_ones_stop():
     assert c.reading == {1: False, 2: False, 3: True}
 
 
+def test_an_off_pass_ends_at_the_consumers_next_call():
+    """fault_tolerance_test.testAddWorkerMidJob / testRestartWorker: at the end of an OFF pass
+    the reader waits for its consumer's next call and asks again (a worker added or restarted
+    meanwhile serves its copy); other modes, and a local reader of a static job, end at once."""
+    c = core(target="ANY")
+    v = view((1, A, "active"), finished=True, mode="OFF")
+    c.on_view(v)
+    c.task_ended(1)
+    assert c.pass_over(v) and c.ends_at_demand(v)
+    # a task added meanwhile (the new worker's copy): the pass goes on
+    assert c.on_view(view((1, A, "finished"), (2, B, "active"), mode="OFF")) == ViewChanges(
+        start=((2, B),))
+    assert not c.all_ended
+    for mode in ("DYNAMIC", "FILE", "DATA"):
+        assert not core(target="ANY").ends_at_demand(view(finished=True, mode=mode))
+    local = core()
+    local.on_view(view((1, A, "active"), finished=True, mode="FILE"))
+    assert local.local_only and not local.ends_at_demand(view(finished=True, mode="OFF"))
+
+
 def test_the_pass_is_over_when_every_task_ended_and_the_dispatcher_says_so():
     c = core()
     v = view((1, A, "active"), (2, B, "active"))
