@@ -24,7 +24,7 @@ import dask_dataservice as dds
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.testing import gen_cluster
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 #: TensorFlow's size for the restart and add-worker scenarios: ``2 * cpu_count() + 100``
 #: (more than a worker's prefetch, so the reader is mid-range when the cluster changes).
@@ -77,6 +77,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("use_same_port", [True, False])
 @pytest.mark.parametrize("fault_tolerant_mode", [False, True])
 def test_restart_worker(tmp_path, fault_tolerant_mode, use_same_port):
