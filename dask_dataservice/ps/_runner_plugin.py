@@ -14,6 +14,12 @@ Theory of operation
   generation in this worker's batches are skipped (the coordinator cancels them). The
   record is dropped as soon as a batch of a newer generation arrives, and at most
   ``_MAX_POISONED`` coordinators are remembered.
+- The coordinator may take back the later half of the functions of a batch that have not
+  started (``ps_withdraw``, when another training worker is idle and nothing is queued), so a
+  function never waits behind a long one while a worker is free (as in TensorFlow, where a
+  worker takes a function only when it is free). The answer says from which index on the
+  functions are given back; the runner checks before each function, under the same lock,
+  and stops there: each function runs here or is given back, never both.
 - The plugin also holds this worker's per-worker dataset iterators, created on first use.
 
 Everything the plugin starts is owned: the runner thread (an owned executor), the channels'
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -77,12 +84,21 @@ class TrainingWorkerPlugin(WorkerPlugin):
         self._max_bytes = config.get_bytes("ps.unacked-bytes")
         self._max_messages = int(config.get("ps.unacked-messages"))
         self._connect_timeout = config.get_seconds("ps.connect-timeout")
-        self.stats = {"closures": 0, "batches": 0}
+        self.stats = {"closures": 0, "batches": 0, "withdrawn": 0}
+        #: By ``(coordinator uid, batch id)``, for the batches received and not answered:
+        #: their sizes, the index of the function running, and where a batch was cut
+        #: (``ps_withdraw``); ``_batch_lock`` orders a function's start and a withdraw.
+        self._sizes: dict[tuple[int, int], int] = {}
+        self._running: dict[tuple[int, int], int] = {}
+        self._cut: dict[tuple[int, int], int] = {}
+        self._batch_lock = threading.Lock()
         worker.handlers["ps_run_closures"] = self.run_closures
+        worker.handlers["ps_withdraw"] = self.withdraw
         worker.extensions[RUNNER_NAME] = self
 
     async def teardown(self, worker: Worker) -> None:
         worker.handlers.pop("ps_run_closures", None)
+        worker.handlers.pop("ps_withdraw", None)
         worker.extensions.pop(RUNNER_NAME, None)
         for channel in self.channels.values():
             channel.close()
@@ -99,10 +115,42 @@ class TrainingWorkerPlugin(WorkerPlugin):
     # -- handlers ----------------------------------------------------------------------------
     @handler
     async def run_closures(self, payload: bytes, coordinator: int, generation: int,
-                           worker_index: int | None = None) -> ClosuresReply:
-        results = await run_in_executor_with_context(
-            self._runner, self._run_batch, payload, coordinator, generation, worker_index)
+                           worker_index: int | None = None, batch: int | None = None,
+                           size: int = 0) -> ClosuresReply:
+        key = None if batch is None else (coordinator, batch)
+        if key is not None:
+            with self._batch_lock:
+                self._sizes[key] = size
+        cut = None
+        try:
+            results = await run_in_executor_with_context(
+                self._runner, self._run_batch, payload, coordinator, generation, worker_index,
+                key)
+        finally:
+            if key is not None:
+                with self._batch_lock:
+                    self._sizes.pop(key, None)
+                    self._running.pop(key, None)
+                    cut = self._cut.pop(key, None)
+        if cut is not None:  # the functions from there on were given back: none ran here
+            return {"status": "OK", "results": results, "cut": cut}
         return {"status": "OK", "results": results}
+
+    @handler
+    async def withdraw(self, coordinator: int, batch: int) -> dict[str, Any]:
+        """Give back the later half of the functions of a batch that have not started:
+        ``{"from": index}`` (the runner stops there), or ``{"from": None}`` when none wait
+        (or no such batch is here)."""
+        key = (coordinator, batch)
+        with self._batch_lock:
+            size = self._sizes.get(key)
+            start = self._running.get(key, -1) + 1  # the first function not started
+            if size is None or key in self._cut or start >= size:
+                return {"status": "OK", "from": None}
+            cut = start + (size - start) // 2  # keep half of what waits, give the rest
+            self._cut[key] = cut
+            self.stats["withdrawn"] += size - cut
+        return {"status": "OK", "from": cut}
 
     # -- methods for the runner thread -------------------------------------------------------
     async def _connect(self, address: str) -> Any:
@@ -178,7 +226,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
             self.poisoned.popitem(last=False)
 
     def _run_batch(self, payload: bytes, coordinator: int, generation: int,
-                   worker_index: int | None) -> list[Any]:
+                   worker_index: int | None, key: tuple[int, int] | None) -> list[Any]:
         from distributed.worker import _worker_cvar
 
         _worker_cvar.set(self.worker)
@@ -196,6 +244,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
             for index, (fn_id, fn, args, kwargs) in enumerate(closures):
                 if self._poisoned(coordinator, generation):
                     break  # an earlier closure of this generation failed: cancel the rest
+                if key is not None and not self._may_start(key, index):
+                    break  # given back (ps_withdraw): the coordinator runs the rest elsewhere
                 _routing._thread.fn = _routing.FunctionContext(fn_id, worker_index)
                 if pipeline is not None:
                     pipeline.current = index
@@ -219,6 +269,15 @@ class TrainingWorkerPlugin(WorkerPlugin):
         finally:
             _routing._thread.pipeline = None
         return results
+
+    def _may_start(self, key: tuple[int, int], index: int) -> bool:
+        """Whether function ``index`` of batch ``key`` may run (it was not given back)."""
+        with self._batch_lock:
+            cut = self._cut.get(key)
+            if cut is not None and index >= cut:
+                return False
+            self._running[key] = index
+            return True
 
     def iterator(self, handle: PerWorkerIterator) -> CountingIterator:
         it = self._iterators.get(handle.uid)
