@@ -62,6 +62,9 @@ RUNNER_NAME = "dataservice-ps-runner"
 #: Coordinators whose failed generation a worker remembers (oldest forgotten first).
 _MAX_POISONED = 64
 
+#: Batches a worker remembers having answered (a withdraw of one of them gets "none").
+_MAX_ANSWERED = 1024
+
 
 class TrainingWorkerPlugin(WorkerPlugin):
     """Runs batches of scheduled functions on a training worker (``ps_run_closures``)."""
@@ -92,6 +95,9 @@ class TrainingWorkerPlugin(WorkerPlugin):
         self._running: dict[tuple[int, int], int] = {}
         self._cut: dict[tuple[int, int], int] = {}
         self._batch_lock = threading.Lock()
+        #: Withdraws waiting for their batch to arrive, and the batches answered lately.
+        self._arrivals: dict[tuple[int, int], asyncio.Event] = {}
+        self._answered: OrderedDict[tuple[int, int], None] = OrderedDict()
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.handlers["ps_withdraw"] = self.withdraw
         worker.extensions[RUNNER_NAME] = self
@@ -121,6 +127,9 @@ class TrainingWorkerPlugin(WorkerPlugin):
         if key is not None:
             with self._batch_lock:
                 self._sizes[key] = size
+            arrived = self._arrivals.pop(key, None)
+            if arrived is not None:
+                arrived.set()  # a withdraw that came first waits for it
         cut = None
         try:
             results = await run_in_executor_with_context(
@@ -132,6 +141,9 @@ class TrainingWorkerPlugin(WorkerPlugin):
                     self._sizes.pop(key, None)
                     self._running.pop(key, None)
                     cut = self._cut.pop(key, None)
+                self._answered[key] = None
+                while len(self._answered) > _MAX_ANSWERED:
+                    self._answered.popitem(last=False)
         if cut is not None:  # the functions from there on were given back: none ran here
             return {"status": "OK", "results": results, "cut": cut}
         return {"status": "OK", "results": results}
@@ -140,8 +152,17 @@ class TrainingWorkerPlugin(WorkerPlugin):
     async def withdraw(self, coordinator: int, batch: int) -> dict[str, Any]:
         """Give back the later half of the functions of a batch that have not started:
         ``{"from": index}`` (the runner stops there), or ``{"from": None}`` when none wait
-        (or no such batch is here)."""
+        (or no such batch is here). A batch not arrived yet (its message travels on another
+        connection) is waited for, up to the liveness timeout, unless it was answered."""
         key = (coordinator, batch)
+        if key not in self._sizes and key not in self._answered:
+            arrived = self._arrivals.setdefault(key, asyncio.Event())
+            try:
+                await asyncio.wait_for(arrived.wait(), _routing.liveness())
+            except TimeoutError:
+                return {"status": "OK", "from": None}
+            finally:
+                self._arrivals.pop(key, None)
         with self._batch_lock:
             size = self._sizes.get(key)
             start = self._running.get(key, -1) + 1  # the first function not started

@@ -540,6 +540,9 @@ class ClusterCoordinator:
         batch_id = next(self._batch_ids)
         sent = self._sent.setdefault(addr, {})
         sent[batch_id] = batch
+        if sum(map(len, sent.values())) > 1 and any(
+                not self._held.get(a) for a in self._feeders if a != addr):
+            self._have_work.set()  # an idle worker may take part of it over (_take_over)
         try:
             reply = await rpc.ps_run_closures(
                 payload=payload, coordinator=self._uid, generation=generation,
