@@ -17,8 +17,9 @@ Theory of operation
 - The coordinator may take back the later half of the functions of a batch that have not
   started (``ps_withdraw``, when another training worker is idle and nothing is queued), so a
   function never waits behind a long one while a worker is free (as in TensorFlow, where a
-  worker takes a function only when it is free). The answer says from which index on the
-  functions are given back; the runner checks before each function, under the same lock,
+  worker takes a function only when it is free). The worker picks the batch with most
+  functions waiting (the newest sent may have arrived first); the answer says which batch,
+  and from which index on its functions are given back; the runner checks before each function, under the same lock,
   and stops there: each function runs here or is given back, never both.
 - The plugin also holds this worker's per-worker dataset iterators, created on first use.
 
@@ -32,6 +33,7 @@ import asyncio
 import logging
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -95,8 +97,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
         self._running: dict[tuple[int, int], int] = {}
         self._cut: dict[tuple[int, int], int] = {}
         self._batch_lock = threading.Lock()
-        #: Withdraws waiting for their batch to arrive, and the batches answered lately.
-        self._arrivals: dict[tuple[int, int], asyncio.Event] = {}
+        #: Set (and replaced) when a batch arrives; the batches answered lately.
+        self._arrived = asyncio.Event()
         self._answered: OrderedDict[tuple[int, int], None] = OrderedDict()
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.handlers["ps_withdraw"] = self.withdraw
@@ -127,9 +129,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
         if key is not None:
             with self._batch_lock:
                 self._sizes[key] = size
-            arrived = self._arrivals.pop(key, None)
-            if arrived is not None:
-                arrived.set()  # a withdraw that came first waits for it
+            self._arrived.set()  # withdraws that came first wait for their batch
+            self._arrived = asyncio.Event()
         cut = None
         try:
             results = await run_in_executor_with_context(
@@ -149,29 +150,46 @@ class TrainingWorkerPlugin(WorkerPlugin):
         return {"status": "OK", "results": results}
 
     @handler
-    async def withdraw(self, coordinator: int, batch: int) -> dict[str, Any]:
-        """Give back the later half of the functions of a batch that have not started:
-        ``{"from": index}`` (the runner stops there), or ``{"from": None}`` when none wait
-        (or no such batch is here). A batch not arrived yet (its message travels on another
-        connection) is waited for, up to the liveness timeout, unless it was answered."""
-        key = (coordinator, batch)
-        if key not in self._sizes and key not in self._answered:
-            arrived = self._arrivals.setdefault(key, asyncio.Event())
+    async def withdraw(self, coordinator: int, batches: list[int]) -> dict[str, Any]:
+        """Give back the later half of the functions not started of the batch, among
+        ``batches`` (those the coordinator sent here and has no answer for), that has the
+        most of them: ``{"batch": id, "from": index}`` (the runner stops there), or
+        ``{"from": None}`` when none waits. Batches not arrived yet (each travels on its
+        own connection, so the newest sent may arrive first) are waited for, up to the
+        liveness timeout, unless this worker answered them already."""
+        keys = [(coordinator, b) for b in batches]
+        deadline = time.monotonic() + _routing.liveness()
+        while True:
+            arrived = self._arrived
+            picked = self._pick(keys)
+            missing = [k for k in keys if k not in self._sizes and k not in self._answered]
+            if picked is not None or not missing or time.monotonic() >= deadline:
+                break
             try:
-                await asyncio.wait_for(arrived.wait(), _routing.liveness())
+                await asyncio.wait_for(arrived.wait(), deadline - time.monotonic())
             except TimeoutError:
-                return {"status": "OK", "from": None}
-            finally:
-                self._arrivals.pop(key, None)
+                pass
+        if picked is None:
+            return {"status": "OK", "from": None}
+        return {"status": "OK", "batch": picked[0][1], "from": picked[1]}
+
+    def _pick(self, keys: list[tuple[int, int]]) -> tuple[tuple[int, int], int] | None:
+        """Cut the batch of ``keys`` with the most functions not started (see withdraw)."""
         with self._batch_lock:
-            size = self._sizes.get(key)
-            start = self._running.get(key, -1) + 1  # the first function not started
-            if size is None or key in self._cut or start >= size:
-                return {"status": "OK", "from": None}
-            cut = start + (size - start) // 2  # keep half of what waits, give the rest
-            self._cut[key] = cut
-            self.stats["withdrawn"] += size - cut
-        return {"status": "OK", "from": cut}
+            best, most = None, 0
+            for key in keys:
+                size = self._sizes.get(key)
+                if size is None or key in self._cut:
+                    continue
+                left = size - (self._running.get(key, -1) + 1)  # functions not started
+                if left > most:
+                    best, most = key, left
+            if best is None:
+                return None
+            cut = self._sizes[best] - most + most // 2  # keep half of what waits
+            self._cut[best] = cut
+            self.stats["withdrawn"] += self._sizes[best] - cut
+            return best, cut
 
     # -- methods for the runner thread -------------------------------------------------------
     async def _connect(self, address: str) -> Any:

@@ -21,7 +21,8 @@ not become tasks. Instead:
   TensorFlow). Updates carry the closure's id and a per-run sequence number, and a PS
   applies each at most once, so a re-run does not repeat an update that already landed.
 - A feeder whose worker holds nothing and finds the queue empty takes over the later half
-  of the functions not started of the newest batch of the worker with most functions sent (``ps_withdraw``,
+  of the functions not started of a batch (the one with most of them) of the worker with
+  most functions sent (``ps_withdraw``,
   one request at a time) and sends them to its own worker, so a function never waits
   behind a long one while a worker is free (TensorFlow's workers take a function only when
   they are free; here up to ``batches-in-flight`` batches of several functions wait at a
@@ -480,27 +481,27 @@ class ClusterCoordinator:
                 self._held[addr] -= 1
 
     async def _take_over(self, addr: str) -> list[_Closure]:
-        """Worker ``addr`` is idle and nothing is queued: the functions not started of the
-        newest batch of the worker with most functions sent, given back by that worker."""
+        """Worker ``addr`` is idle and nothing is queued: functions not started of a batch of
+        the worker with most functions sent, given back by that worker (``ps_withdraw``)."""
         victims = [(sum(map(len, sent.values())), other) for other, sent in self._sent.items()
                    if other != addr and other in self._feeders
                    and (len(sent) > 1 or sum(map(len, sent.values())) > 1)]
         if self._stealing or not victims:
             return []
         _, victim = max(victims)
-        batch_id, batch = next(reversed(self._sent[victim].items()))
         self._stealing = True
         try:
             reply = await asyncio.wait_for(self._client.rpc(victim).ps_withdraw(
-                coordinator=self._uid, batch=batch_id), self._liveness)
-            cut = reply.get("from")
+                coordinator=self._uid, batches=list(self._sent[victim])), 2 * self._liveness)
+            batch_id, cut = reply.get("batch"), reply.get("from")
         except Exception as e:  # noqa: BLE001 - the victim's own feeder sees it fail
-            logger.debug("taking over batch %d of %s failed: %s", batch_id, victim, e)
+            logger.debug("taking work over from %s failed: %s", victim, e)
             return []
         finally:
             self._stealing = False
-        if cut is None or batch_id not in self._sent.get(victim, {}):
-            return []  # nothing left to give, or answered meanwhile (then cut is None)
+        batch = self._sent.get(victim, {}).get(batch_id) if cut is not None else None
+        if batch is None:
+            return []  # nothing to give, or answered meanwhile (its reply re-queues the rest)
         self._cut[batch_id] = cut
         self.stats["withdrawn"] += len(batch) - cut
         with self._cond:  # a failure meanwhile cancels them, as if they were still queued
