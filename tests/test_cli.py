@@ -373,7 +373,7 @@ def test_a_stop_signal_while_the_supervisor_restarts_its_worker_reaches_the_new_
     ended one. The new child must get the signal (before, it was passed to nobody: the
     supervisor then waited on a worker that never stopped, and a test's SIGTERM timed out).
     The signal is sent from inside the second start, before the new child exists."""
-    import dask_dataservice.service.supervise as supervise_module
+    import dask_dataservice.service.worker.supervise as supervise_module
 
     runs = tmp_path / "runs"
     child = (  # run 1 ends at once (its scheduler went away); run 2 waits to be stopped
