@@ -14,6 +14,13 @@ Theory of operation
   generation in this worker's batches are skipped (the coordinator cancels them). The
   record is dropped as soon as a batch of a newer generation arrives, and at most
   ``_MAX_POISONED`` coordinators are remembered.
+- The coordinator may take back the later half of the functions of a batch that have not
+  started (``ps_withdraw``, when another training worker is idle and nothing is queued), so a
+  function never waits behind a long one while a worker is free (as in TensorFlow, where a
+  worker takes a function only when it is free). The worker picks the batch with most
+  functions waiting (the newest sent may have arrived first); the answer says which batch,
+  and from which index on its functions are given back; the runner checks before each function, under the same lock,
+  and stops there: each function runs here or is given back, never both.
 - The plugin also holds this worker's per-worker dataset iterators, created on first use.
 
 Everything the plugin starts is owned: the runner thread (an owned executor), the channels'
@@ -25,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -55,6 +64,9 @@ RUNNER_NAME = "dataservice-ps-runner"
 #: Coordinators whose failed generation a worker remembers (oldest forgotten first).
 _MAX_POISONED = 64
 
+#: Batches a worker remembers having answered (a withdraw of one of them gets "none").
+_MAX_ANSWERED = 1024
+
 
 class TrainingWorkerPlugin(WorkerPlugin):
     """Runs batches of scheduled functions on a training worker (``ps_run_closures``)."""
@@ -77,12 +89,24 @@ class TrainingWorkerPlugin(WorkerPlugin):
         self._max_bytes = config.get_bytes("ps.unacked-bytes")
         self._max_messages = int(config.get("ps.unacked-messages"))
         self._connect_timeout = config.get_seconds("ps.connect-timeout")
-        self.stats = {"closures": 0, "batches": 0}
+        self.stats = {"closures": 0, "batches": 0, "withdrawn": 0}
+        #: By ``(coordinator uid, batch id)``, for the batches received and not answered:
+        #: their sizes, the index of the function running, and where a batch was cut
+        #: (``ps_withdraw``); ``_batch_lock`` orders a function's start and a withdraw.
+        self._sizes: dict[tuple[int, int], int] = {}
+        self._running: dict[tuple[int, int], int] = {}
+        self._cut: dict[tuple[int, int], int] = {}
+        self._batch_lock = threading.Lock()
+        #: Set (and replaced) when a batch arrives; the batches answered lately.
+        self._arrived = asyncio.Event()
+        self._answered: OrderedDict[tuple[int, int], None] = OrderedDict()
         worker.handlers["ps_run_closures"] = self.run_closures
+        worker.handlers["ps_withdraw"] = self.withdraw
         worker.extensions[RUNNER_NAME] = self
 
     async def teardown(self, worker: Worker) -> None:
         worker.handlers.pop("ps_run_closures", None)
+        worker.handlers.pop("ps_withdraw", None)
         worker.extensions.pop(RUNNER_NAME, None)
         for channel in self.channels.values():
             channel.close()
@@ -99,10 +123,73 @@ class TrainingWorkerPlugin(WorkerPlugin):
     # -- handlers ----------------------------------------------------------------------------
     @handler
     async def run_closures(self, payload: bytes, coordinator: int, generation: int,
-                           worker_index: int | None = None) -> ClosuresReply:
-        results = await run_in_executor_with_context(
-            self._runner, self._run_batch, payload, coordinator, generation, worker_index)
+                           worker_index: int | None = None, batch: int | None = None,
+                           size: int = 0) -> ClosuresReply:
+        key = None if batch is None else (coordinator, batch)
+        if key is not None:
+            with self._batch_lock:
+                self._sizes[key] = size
+            self._arrived.set()  # withdraws that came first wait for their batch
+            self._arrived = asyncio.Event()
+        cut = None
+        try:
+            results = await run_in_executor_with_context(
+                self._runner, self._run_batch, payload, coordinator, generation, worker_index,
+                key)
+        finally:
+            if key is not None:
+                with self._batch_lock:
+                    self._sizes.pop(key, None)
+                    self._running.pop(key, None)
+                    cut = self._cut.pop(key, None)
+                self._answered[key] = None
+                while len(self._answered) > _MAX_ANSWERED:
+                    self._answered.popitem(last=False)
+        if cut is not None:  # the functions from there on were given back: none ran here
+            return {"status": "OK", "results": results, "cut": cut}
         return {"status": "OK", "results": results}
+
+    @handler
+    async def withdraw(self, coordinator: int, batches: list[int]) -> dict[str, Any]:
+        """Give back the later half of the functions not started of the batch, among
+        ``batches`` (those the coordinator sent here and has no answer for), that has the
+        most of them: ``{"batch": id, "from": index}`` (the runner stops there), or
+        ``{"from": None}`` when none waits. Batches not arrived yet (each travels on its
+        own connection, so the newest sent may arrive first) are waited for, up to the
+        liveness timeout, unless this worker answered them already."""
+        keys = [(coordinator, b) for b in batches]
+        deadline = time.monotonic() + _routing.liveness()
+        while True:
+            arrived = self._arrived
+            picked = self._pick(keys)
+            missing = [k for k in keys if k not in self._sizes and k not in self._answered]
+            if picked is not None or not missing or time.monotonic() >= deadline:
+                break
+            try:
+                await asyncio.wait_for(arrived.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                pass
+        if picked is None:
+            return {"status": "OK", "from": None}
+        return {"status": "OK", "batch": picked[0][1], "from": picked[1]}
+
+    def _pick(self, keys: list[tuple[int, int]]) -> tuple[tuple[int, int], int] | None:
+        """Cut the batch of ``keys`` with the most functions not started (see withdraw)."""
+        with self._batch_lock:
+            best, most = None, 0
+            for key in keys:
+                size = self._sizes.get(key)
+                if size is None or key in self._cut:
+                    continue
+                left = size - (self._running.get(key, -1) + 1)  # functions not started
+                if left > most:
+                    best, most = key, left
+            if best is None:
+                return None
+            cut = self._sizes[best] - most + most // 2  # keep half of what waits
+            self._cut[best] = cut
+            self.stats["withdrawn"] += self._sizes[best] - cut
+            return best, cut
 
     # -- methods for the runner thread -------------------------------------------------------
     async def _connect(self, address: str) -> Any:
@@ -178,7 +265,7 @@ class TrainingWorkerPlugin(WorkerPlugin):
             self.poisoned.popitem(last=False)
 
     def _run_batch(self, payload: bytes, coordinator: int, generation: int,
-                   worker_index: int | None) -> list[Any]:
+                   worker_index: int | None, key: tuple[int, int] | None) -> list[Any]:
         from distributed.worker import _worker_cvar
 
         _worker_cvar.set(self.worker)
@@ -196,6 +283,8 @@ class TrainingWorkerPlugin(WorkerPlugin):
             for index, (fn_id, fn, args, kwargs) in enumerate(closures):
                 if self._poisoned(coordinator, generation):
                     break  # an earlier closure of this generation failed: cancel the rest
+                if key is not None and not self._may_start(key, index):
+                    break  # given back (ps_withdraw): the coordinator runs the rest elsewhere
                 _routing._thread.fn = _routing.FunctionContext(fn_id, worker_index)
                 if pipeline is not None:
                     pipeline.current = index
@@ -219,6 +308,15 @@ class TrainingWorkerPlugin(WorkerPlugin):
         finally:
             _routing._thread.pipeline = None
         return results
+
+    def _may_start(self, key: tuple[int, int], index: int) -> bool:
+        """Whether function ``index`` of batch ``key`` may run (it was not given back)."""
+        with self._batch_lock:
+            cut = self._cut.get(key)
+            if cut is not None and index >= cut:
+                return False
+            self._running[key] = index
+            return True
 
     def iterator(self, handle: PerWorkerIterator) -> CountingIterator:
         it = self._iterators.get(handle.uid)

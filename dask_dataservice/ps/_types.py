@@ -101,6 +101,8 @@ class ClosuresReply(TypedDict):
     status: str
     #: ``[(ok, pickled result or error)]``, one per closure that ran (a failure stops the batch).
     results: list[Any]
+    #: The index from which the functions were given back (``ps_withdraw``): none of those ran.
+    cut: NotRequired[int]
 
 
 # -- arrays on the wire ---------------------------------------------------------------------

@@ -20,6 +20,13 @@ not become tasks. Instead:
   the batch go back to the front of the queue and run on another worker (at-least-once, as
   TensorFlow). Updates carry the closure's id and a per-run sequence number, and a PS
   applies each at most once, so a re-run does not repeat an update that already landed.
+- A feeder whose worker holds nothing and finds the queue empty takes over the later half
+  of the functions not started of a batch (the one with most of them) of the worker with
+  most functions sent (``ps_withdraw``,
+  one request at a time) and sends them to its own worker, so a function never waits
+  behind a long one while a worker is free (TensorFlow's workers take a function only when
+  they are free; here up to ``batches-in-flight`` batches of several functions wait at a
+  worker). The busy worker stops its batch there and answers for the functions before it.
 - A closure that raises stops the rest of its batch, cancels everything still queued, and
   its error is raised by the next ``join()``, ``done()`` or ``schedule()`` (then cleared),
   as in TensorFlow. Closures of the failed generation that were running elsewhere and
@@ -178,6 +185,15 @@ class ClusterCoordinator:
         self._closing = False
         self._fatal: BaseException | None = None
         self._feeders: dict[str, list[asyncio.Task[Any]]] = {}
+        #: ``{worker: batches its feeders hold}``; ``{worker: {batch id: batch}}`` of the
+        #: batches sent and not answered (in sending order); ``{batch id: index}``: where
+        #: another worker took a batch over (see ``_take_over``: of the worker's answer and
+        #: the withdraw's answer, the one that arrives second leaves the rest to the first).
+        self._held: dict[str, int] = {}
+        self._sent: dict[str, dict[int, list[_Closure]]] = {}
+        self._cut: dict[int, int] = {}
+        self._batch_ids = itertools.count(1)
+        self._stealing = False
         #: Workers whose request failed, while the scheduler still lists them.
         self._dead: set[str] = set()
         #: ``{worker name: index}``: TensorFlow's worker index (stable across restarts).
@@ -193,7 +209,7 @@ class ClusterCoordinator:
         #: Counters: closures finished, re-queued after a worker loss, batches sent.
         self.stats = {"finished": 0, "requeued": 0, "batches": 0, "workers_lost": 0,
                       "workers_silent": 0, "workers_back": 0, "reconnects": 0,
-                      "ps_silent": 0, "ps_back": 0}
+                      "ps_silent": 0, "ps_back": 0, "withdrawn": 0}
         _routing.run_sync(self._client.loop, self._start)
         strategy._cluster_coordinator = self
         self._started = True
@@ -452,52 +468,116 @@ class ClusterCoordinator:
             if not batch:
                 self._have_work.clear()
                 batch = self._take()
+                if not batch and not self._held.get(addr):
+                    batch = await self._take_over(addr)
                 if not batch:
                     await self._have_work.wait()
                     continue
-            if self._ps_down or self._ps_silent:
-                err = ParameterServerUnavailableError(
-                    f"parameter servers {sorted(self._ps_down)} left the cluster") \
-                    if self._ps_down else self._silent_ps_error()
-                self._finish(batch, [(False, cloudpickle.dumps(err))])
-                continue
-            generation = batch[0].generation
-            loop = asyncio.get_running_loop()
+            self._held[addr] = self._held.get(addr, 0) + 1
             try:
-                payload = await loop.run_in_executor(None, _pickle_batch, batch)
+                if not await self._send(addr, rpc, worker_index, batch):
+                    return
+            finally:
+                self._held[addr] -= 1
+
+    async def _take_over(self, addr: str) -> list[_Closure]:
+        """Worker ``addr`` is idle and nothing is queued: functions not started of a batch of
+        the worker with most functions sent, given back by that worker (``ps_withdraw``)."""
+        victims = [(sum(map(len, sent.values())), other) for other, sent in self._sent.items()
+                   if other != addr and other in self._feeders
+                   and (len(sent) > 1 or sum(map(len, sent.values())) > 1)]
+        if self._stealing or not victims:
+            return []
+        _, victim = max(victims)
+        self._stealing = True
+        try:
+            reply = await asyncio.wait_for(self._client.rpc(victim).ps_withdraw(
+                coordinator=self._uid, batches=list(self._sent[victim])), 2 * self._liveness)
+            batch_id, cut = reply.get("batch"), reply.get("from")
+        except Exception as e:  # noqa: BLE001 - the victim's own feeder sees it fail
+            logger.debug("taking work over from %s failed: %s", victim, e)
+            return []
+        finally:
+            self._stealing = False
+        batch = self._sent.get(victim, {}).get(batch_id) if cut is not None else None
+        if batch is None:
+            return []  # nothing to give, or answered meanwhile (its reply re-queues the rest)
+        self._cut[batch_id] = cut
+        self.stats["withdrawn"] += len(batch) - cut
+        with self._cond:  # a failure meanwhile cancels them, as if they were still queued
+            live = [c for c in batch[cut:] if c.generation == self._generation]
+            for c in batch[cut:]:
+                if c not in live:
+                    self._settle_locked(c, _CANCELLED, ClosureCancelledError(
+                        "cancelled: an earlier scheduled function failed"))
+            self._cond.notify_all()
+        return live
+
+    async def _send(self, addr: str, rpc: Any, worker_index: int,
+                    batch: list[_Closure]) -> bool:
+        """Run ``batch`` on worker ``addr``; settle, re-queue or cancel its closures.
+        False when the worker is lost (its feeders stop)."""
+        if self._ps_down or self._ps_silent:
+            err = ParameterServerUnavailableError(
+                f"parameter servers {sorted(self._ps_down)} left the cluster") \
+                if self._ps_down else self._silent_ps_error()
+            self._finish(batch, [(False, cloudpickle.dumps(err))])
+            return True
+        generation = batch[0].generation
+        loop = asyncio.get_running_loop()
+        try:
+            payload = await loop.run_in_executor(None, _pickle_batch, batch)
+        except asyncio.CancelledError:
+            self._requeue(batch)
+            raise
+        except Exception:  # noqa: BLE001 - a closure that does not pickle fails alone
+            try:
+                await self._fail_unpicklable(batch)
             except asyncio.CancelledError:
                 self._requeue(batch)
                 raise
-            except Exception:  # noqa: BLE001 - a closure that does not pickle fails alone
-                try:
-                    await self._fail_unpicklable(batch)
-                except asyncio.CancelledError:
-                    self._requeue(batch)
-                    raise
-                continue
-            self.stats["batches"] += 1
-            try:
-                reply = await rpc.ps_run_closures(
-                    payload=payload, coordinator=self._uid, generation=generation,
-                    worker_index=worker_index)
-            except asyncio.CancelledError:
-                self._requeue(batch)
-                raise
-            except Exception as e:  # noqa: BLE001 - the worker is gone (or going)
-                logger.info("training worker %s lost (%s: %s); re-queueing %d functions",
-                            addr, type(e).__name__, e, len(batch))
-                self.stats["workers_lost"] += 1
-                self._requeue(batch)
-                self._dead.add(addr)
-                for t in self._feeders.pop(addr, []):
-                    if t is not asyncio.current_task():
-                        t.cancel()
-                return
-            try:
-                results = _routing.check(reply, Call(addr, "ps_run_closures", {}))["results"]
-            except Exception as err:  # noqa: BLE001 - e.g. no runner plugin there
-                results = [(False, cloudpickle.dumps(err))]
-            self._finish(batch, results)
+            return True
+        self.stats["batches"] += 1
+        batch_id = next(self._batch_ids)
+        sent = self._sent.setdefault(addr, {})
+        sent[batch_id] = batch
+        if sum(map(len, sent.values())) > 1 and any(
+                not self._held.get(a) for a in self._feeders if a != addr):
+            self._have_work.set()  # an idle worker may take part of it over (_take_over)
+        try:
+            reply = await rpc.ps_run_closures(
+                payload=payload, coordinator=self._uid, generation=generation,
+                worker_index=worker_index, batch=batch_id, size=len(batch))
+        except asyncio.CancelledError:
+            self._requeue(batch[:self._cut.pop(batch_id, len(batch))])
+            raise
+        except Exception as e:  # noqa: BLE001 - the worker is gone (or going)
+            batch = batch[:self._cut.pop(batch_id, len(batch))]  # the rest runs elsewhere
+            logger.info("training worker %s lost (%s: %s); re-queueing %d functions",
+                        addr, type(e).__name__, e, len(batch))
+            self.stats["workers_lost"] += 1
+            self._requeue(batch)
+            self._dead.add(addr)
+            for t in self._feeders.pop(addr, []):
+                if t is not asyncio.current_task():
+                    t.cancel()
+            return False
+        finally:
+            sent.pop(batch_id, None)
+        try:
+            checked = _routing.check(reply, Call(addr, "ps_run_closures", {}))
+            results = checked["results"]
+        except Exception as err:  # noqa: BLE001 - e.g. no runner plugin there
+            checked, results = {}, [(False, cloudpickle.dumps(err))]
+        taken = self._cut.pop(batch_id, None)
+        cut = checked.get("cut")
+        if taken is not None:
+            batch = batch[:taken]  # another worker runs the rest
+        elif cut is not None:  # given back, but the taker did not get the answer: re-queue
+            self._requeue(batch[cut:])
+            batch = batch[:cut]
+        self._finish(batch, results)
+        return True
 
     def _requeue(self, batch: list[_Closure]) -> None:
         with self._cond:

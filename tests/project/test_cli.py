@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -368,6 +369,38 @@ def test_supervisor_ends_at_once_on_a_usage_error(tmp_path):
                      announce=messages.append) == 2
     assert runs.read_text() == "xx"
     assert len(messages) == 2 and "restart 1" in messages[-1]
+
+
+@pytest.mark.process
+def test_a_stop_signal_while_the_supervisor_restarts_its_worker_reaches_the_new_one(
+        tmp_path, monkeypatch):
+    """SIGTERM lands while the supervisor starts the next child: its handler still sees the
+    ended one. The new child must get the signal (before, it was passed to nobody: the
+    supervisor then waited on a worker that never stopped, and a test's SIGTERM timed out).
+    The signal is sent from inside the second start, before the new child exists."""
+    import dask_dataservice.service.worker.supervise as supervise_module
+
+    runs = tmp_path / "runs"
+    child = (  # run 1 ends at once (its scheduler went away); run 2 waits to be stopped
+        "import pathlib, sys, time; p = pathlib.Path(sys.argv[1]); "
+        "n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); "
+        "sys.exit(0) if n == 0 else (time.sleep(20), sys.exit(7))")
+    real_popen = subprocess.Popen
+    starts = []
+
+    def popen(*args, **kwargs):
+        starts.append(1)
+        if len(starts) == 2:  # the restart: stop now, before the child exists
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(supervise_module.subprocess, "Popen", popen)
+    began = time.monotonic()
+    rc = supervise([sys.executable, "-c", child, str(runs)], announce=lambda m: None)
+    assert rc == -signal.SIGTERM, f"the new child was not stopped (exit code {rc})"
+    assert time.monotonic() - began < 15
+    assert len(starts) == 2  # (the second child may be stopped before it counts its run)
+    assert runs.read_text() in ("x", "xx")
 
 
 @pytest.mark.process

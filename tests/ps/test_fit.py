@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -153,5 +156,56 @@ async def test_fit_on_a_data_service_job(s, p0, w0):
                       verbose=False)
         assert history.history == {"examples": [4.0]}
         np.testing.assert_array_equal(seen.numpy(), np.ones(40, "i8"))
+
+    await in_thread(s, body)
+
+
+#: Shared by the in-process workers of the next test (its step pickles by reference).
+AT_BARRIER = threading.Barrier(2, timeout=20)
+FIT_COORDINATOR: list = []
+
+
+def _step_that_fails_after_an_earlier_one_started(iterator):
+    """Two steps meet; the later-scheduled one fails at once, the earlier one returns only
+    after the coordinator recorded that failure (so it is cancelled by it)."""
+    from dask_dataservice.ps import _routing
+
+    me = _routing._thread.fn.fn_id
+    ids = FIT_IDS
+    ids.append(me)
+    AT_BARRIER.wait()  # both run now, on the two workers
+    if me == max(ids):
+        raise KeyError("boom in the later step")
+    coord = FIT_COORDINATOR[0]
+    deadline = time.monotonic() + 20
+    while coord._generation == 0:  # the failure was recorded: this step is now cancelled
+        assert time.monotonic() < deadline, "the failure never reached the coordinator"
+        time.sleep(0.005)
+    return 1.0
+
+
+FIT_IDS: list = []
+
+
+@gen_cluster(client=False, nthreads=[PS, WK, WK])
+async def test_fit_raises_the_failed_steps_error_when_a_later_step_fails_first(s, p0, w0, w1):
+    """Step 1 fails while step 0 still runs: fit fetches step 0 first, which is cancelled,
+    and must raise step 1's error (the one join() holds), not ClosureCancelledError (a CI run
+    saw it; before the fix this ordering raised ClosureCancelledError every time)."""
+    AT_BARRIER.reset()
+    FIT_IDS.clear()
+    FIT_COORDINATOR.clear()
+
+    def body(c):
+        strategy, _ = _strategy_and_counter(c)
+        FIT_COORDINATOR.append(dds.ClusterCoordinator(strategy))
+        data = DatasetCreator(lambda ctx: dds.Dataset.range(5).repeat())
+        with pytest.raises(KeyError, match="boom in the later step"):
+            fit(strategy, _step_that_fails_after_an_earlier_one_started, data,
+                steps_per_epoch=2, verbose=False)
+        assert len(FIT_IDS) == 2
+        # the coordinator is usable afterwards: the error was cleared
+        history = fit(strategy, lambda it: 0.5, data, steps_per_epoch=2, verbose=False)
+        assert history.history == {"loss": [0.5]}
 
     await in_thread(s, body)

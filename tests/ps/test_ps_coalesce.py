@@ -241,10 +241,17 @@ def _reference():
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("coalesce", ["8 MiB", 0])
-@gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60)
+@gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60,
+             config={"dataservice.ps.batches-in-flight": 1})
 async def test_sharded_training_on_one_request_per_server(s, p0, p1, w0, coalesce):
     """4 shards on 2 PSs, one worker running the steps in order: every gather reads the
-    updates of the steps before it, and both paths give numpy's values bit for bit."""
+    updates of the steps before it, and both paths give numpy's values bit for bit.
+
+    One batch in flight: the steps run in schedule order only then. With two, the worker's
+    two batches are pickled on two threads and sent on two connections, and either may start
+    first (scheduled functions have no promised order, as in TensorFlow): a fresh-clone CI
+    run saw step 0 read rows that a later batch had already updated (58.02 where 68.0 was
+    due), and delaying the pickling of step 0's batch reproduces it every time."""
     def body(c):
         strategy = dds.ParameterServerStrategy(
             c, variable_partitioner=dds.partitioners.FixedShardsPartitioner(4))

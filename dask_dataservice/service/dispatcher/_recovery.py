@@ -47,8 +47,8 @@ from ..._async import owned_executor, shutdown_executor
 from .state import DispatcherState
 
 if TYPE_CHECKING:
-    from .plugin import DispatcherPlugin
     from .journal import JournalWriter
+    from .plugin import DispatcherPlugin
 
 logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 

@@ -28,8 +28,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from . import _locality, _split_order
-from ._deadlines import WorkerDeadlines
 from ...errors import (
     DataServiceError,
     DatasetNotFoundError,
@@ -38,7 +36,6 @@ from ...errors import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
-from ._gc import collectable
 from ..protocol._job_checks import (
     check_job_token,
     check_mode,
@@ -47,6 +44,9 @@ from ..protocol._job_checks import (
     shard_index,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
+from . import _locality, _split_order
+from ._deadlines import WorkerDeadlines
+from ._gc import collectable
 from ._views import ViewCache, build_view
 from .state import (
     AckSplits,
@@ -66,8 +66,8 @@ from .state import (
 )
 
 if TYPE_CHECKING:
-    from ._entities import Dataset, Iteration, IterationClient, Job, Task
     from ..protocol._messages import IterationView, TaskChanges, TaskDef
+    from ._entities import Dataset, Iteration, IterationClient, Job, Task
 
 logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 

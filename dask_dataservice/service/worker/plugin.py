@@ -54,6 +54,8 @@ from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
 from ._split_provider import DispatcherSplitProvider
+from ._worker_key import WorkerKey
+from ._worker_util import TurnFutures, offload_bytes, serialized_batch
 from .core import (
     CancelTask,
     Effect,
@@ -68,8 +70,6 @@ from .core import (
     may_linger,
     unknown_task_reply,
 )
-from ._worker_key import WorkerKey
-from ._worker_util import TurnFutures, offload_bytes, serialized_batch
 
 if TYPE_CHECKING:
     from distributed import Worker

@@ -21,7 +21,9 @@ cannot turn into a busy loop).
 
 SIGTERM or SIGINT to the supervisor is passed to the child (which runs in its own process
 group, so that Ctrl-C on a terminal reaches it once); the supervisor returns the child's exit
-code once it has ended. On Linux the child also gets SIGTERM when the supervisor dies in any
+code once it has ended. A signal that arrives while a new child is being started (the handler
+still sees the old, ended one) is passed to the new child once it is known: exactly once, as
+the signals wait while the supervisor records the new child. On Linux the child also gets SIGTERM when the supervisor dies in any
 other way (SIGKILL, a crash): a ``dask worker`` never outlives its supervisor, which would leave
 it retrying a scheduler forever, or joining whatever scheduler takes that port next. :class:`~.servers.WorkerSupervisor` is the in-process
 counterpart, for ``WorkerServer``.
@@ -29,6 +31,7 @@ counterpart, for ``WorkerServer``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -36,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["supervise"]
 
@@ -63,6 +66,19 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait (and ``forward`` with them) until the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
               announce: Callable[[str], None] | None = None) -> int:
     """Run ``cmd`` and run it again each time it ends (module docstring), until SIGTERM/SIGINT.
@@ -76,9 +92,11 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
 
     stop = threading.Event()
     child: list[subprocess.Popen[bytes]] = []
+    received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
         stop.set()
+        received[:] = [signum]
         if child and child[0].poll() is None:
             child[0].send_signal(signum)
 
@@ -89,10 +107,14 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str] | None = None, *,
             started = time.monotonic()
             # its own process group: Ctrl-C on a terminal reaches the supervisor only, which
             # passes it on once (a second signal would cut the worker's graceful close short)
-            child[:] = [subprocess.Popen(
+            proc = subprocess.Popen(
                 list(cmd), env=None if env is None else dict(env), process_group=0,
                 preexec_fn=(functools.partial(_die_with_parent, os.getpid())
-                            if sys.platform.startswith("linux") else None))]
+                            if sys.platform.startswith("linux") else None))
+            with _signals_held():
+                child[:] = [proc]
+                if stop.is_set():  # it came while the child started: `forward` saw the old one
+                    proc.send_signal(received[0])
             starts += 1
             announce(f"started `dask worker` (pid {child[0].pid})" if starts == 1 else
                      f"the worker ended; started a new one (pid {child[0].pid}, restart "

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
 from ...service.dispatcher._state_codec import encode_state, restore
+from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
 from ...service.dispatcher.state import DispatcherState, encode_update
 
 __all__ = ["DISPATCHER", "Host", "Network", "SimDispatcher", "World"]
