@@ -17,11 +17,9 @@ import dask_dataservice as dds
 from dask_dataservice.ps._runner_plugin import RUNNER_NAME
 from dask_dataservice.ps.coordinator import ClosureCancelledError
 from dask_dataservice.testing import gen_cluster
-
-pytestmark = pytest.mark.cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 
