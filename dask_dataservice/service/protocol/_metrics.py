@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Container, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -183,19 +183,17 @@ class ReadStats:
             }
 
 
-def count_served(plugin: Any, task_id: int, items: list[Any]) -> None:
+def count_served(stats: dict[str, int], by_task: dict[int, list[int]],
+                 live: Container[int], task_id: int, items: list[Any]) -> None:
     """A data worker served ``items`` of task ``task_id``: count elements and bytes, for the
-    worker (``plugin.stats``) and per task (``plugin.served_by_task``, live tasks only)."""
+    worker (``stats``) and per task (``by_task``, ``{task_id: [elements, bytes]}``; tasks not
+    in ``live`` are forgotten once it grows past a bound)."""
     nbytes = sum(map(element_size, items))
-    stats = plugin.stats
     stats["elements_served"] = stats.get("elements_served", 0) + len(items)
     stats["bytes_served"] = stats.get("bytes_served", 0) + nbytes
-    by_task: dict[int, list[int]] | None = getattr(plugin, "served_by_task", None)
-    if by_task is None:
-        by_task = plugin.served_by_task = {}
     counts = by_task.setdefault(task_id, [0, 0])
     counts[0] += len(items)
     counts[1] += nbytes
-    if len(by_task) > 4 * (len(plugin.tasks) + 16):  # forget tasks that are gone
-        for tid in [t for t in by_task if t not in plugin.tasks]:
+    if len(by_task) > 4 * (len(live) + 16):  # forget tasks that are gone
+        for tid in [t for t in by_task if t not in live]:
             del by_task[tid]

@@ -259,6 +259,8 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
                       "batches_compressed": 0, "requests_replayed": 0}
+        #: ``{task_id: [elements, bytes]}`` served per task (the dashboard's figures).
+        self.served_by_task: dict[int, list[int]] = {}
         self._task_arrived = asyncio.Event()
         #: ``{task_id: RoundBuffer}`` of coordinated-read tasks.
         self._rounds: dict[int, RoundBuffer] = {}
@@ -455,7 +457,8 @@ class DataWorkerPlugin(WorkerPlugin):
                 await buf.wait(remaining)
         if items:
             self.stats["batches_served"] += 1
-            count_served(self, runner.task_id, items)  # issue 14: dashboard (service/protocol/_metrics.py)
+            count_served(self.stats, self.served_by_task, self.tasks, runner.task_id,
+                         items)  # issue 14: dashboard (service/protocol/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
             codec = choose_codec(self._compression.get(runner.dataset_id), codecs)  # issue 16
