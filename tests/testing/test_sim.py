@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from dask_dataservice.service.client import reader_core
+from dask_dataservice.service.dispatcher import core as dispatcher_core
 from dask_dataservice.service.dispatcher.core import DispatcherCore
 from dask_dataservice.testing.sim import (
     WORKLOADS,
@@ -82,18 +84,19 @@ def _no_hand_out_when_revived(self, address, *, revived=False):  # before 9b8eb4
 
 
 _HAND_OUT = DispatcherCore._hand_out
+_ReaderCore = reader_core.ReaderCore
 
 
 #: Past dispatcher fixes, reintroduced one at a time: the seeds that catch each one.
 PAST_BUGS = [
     # a retried split request whose reply was lost got new splits; the lost reply's stayed
     # in flight on a live task and were never read (the undelivered tail, issue 11 s1)
-    ("undelivered", lambda s, i, t, r, n: None, "dynamic", 33, "were lost, but their splits"),
+    ("undelivered", lambda s, i, t, r, n: None, "dynamic", 99, "were lost, but their splits"),
     ("undelivered", lambda s, i, t, r, n: None, "named", 9, "were lost, but their splits"),
     # a worker added or restarted mid-read of an OFF iteration whose tasks had finished got
     # no task: its copy was missing (DispatcherCore._serves)
-    ("DispatcherCore._serves", staticmethod(_running_only), "off", 81, "has no task"),
-    ("DispatcherCore._serves", staticmethod(_running_only), "named-off", 122, "has no task"),
+    ("DispatcherCore._serves", staticmethod(_running_only), "off", 130, "has no task"),
+    ("DispatcherCore._serves", staticmethod(_running_only), "named-off", 37, "has no task"),
     # 533ed4f: a task asking for up to 1,024 splits took nearly all of them while others were
     # active (a worker killed then held none)
     ("fair_share", _all_to_one, "dynamic", 8, "took 13 of the 13 splits left"),
@@ -102,18 +105,24 @@ PAST_BUGS = [
     # created while it was away (a reader that started during the outage waited forever)
     ("DispatcherCore._hand_out", _no_hand_out_when_revived, "dynamic", 84, "no end within"),
     ("DispatcherCore._hand_out", _no_hand_out_when_revived, "off", 267, "no end within"),
+    # the reader core (issue 21): a task finished, then its worker restarted before this
+    # reader got its end of sequence; the restarted worker says "unknown" for ever and a
+    # reader that ends only a LOST task's read on "unknown" polled it for ever
+    ("reader_core:ReaderCore.is_gone", _ReaderCore.is_lost, "named", 157, "no end within"),
+    ("reader_core:ReaderCore.is_gone", _ReaderCore.is_lost, "static-file", 347,
+     "no end within"),
 ]
 
 
 @pytest.mark.parametrize(("target", "old", "workload", "seed", "message"), PAST_BUGS)
 def test_the_simulator_finds_past_bugs(monkeypatch, target, old, workload, seed, message):
-    """Each past fix, reverted in the real core, makes its seed fail (and only then)."""
-    from dask_dataservice.service.dispatcher import core as _dispatcher_core
-
+    """Each past fix, reverted in the real core, makes its seed fail (and only then).
+    ``target``: ``[module:]Owner.name`` (module: the dispatcher core unless named)."""
     assert run_seed(seed, workload).failure is None
-    owner, _, name = target.rpartition(".")
-    monkeypatch.setattr(getattr(_dispatcher_core, owner) if owner else _dispatcher_core,
-                        name, old)
+    module_name, _, path = target.rpartition(":")
+    module = {"": dispatcher_core, "reader_core": reader_core}[module_name]
+    owner, _, name = path.rpartition(".")
+    monkeypatch.setattr(getattr(module, owner) if owner else module, name, old)
     failure = run_seed(seed, workload).failure
     assert failure is not None and message in failure, failure
 

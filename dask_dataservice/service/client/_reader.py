@@ -411,7 +411,7 @@ class IterationReader:
                     requests.clear()
                     read.resend(head_seq)
                     continue
-                outcome = read.on_reply(head_seq, resp, loop.time(), core.is_lost(task_id))
+                outcome = read.on_reply(head_seq, resp, loop.time(), core.is_gone(task_id))
                 kind = outcome.kind
                 if kind == "elements":
                     items = resp["elements"].items

@@ -34,9 +34,10 @@ Stimuli and outcomes
 ``to_send(size, linger)``
     The requests to send now: :class:`Request` (``seq``, ``ack``, ``linger``: the head request
     answers at once, the ones queued behind it may linger).
-``on_reply(seq, reply, now, lost)``
+``on_reply(seq, reply, now, gone)``
     The head request's reply. Answers a :class:`ReplyOutcome`: ``elements`` to hand over,
-    ``done`` (end of sequence, worker closing, or unknown to a lost task's worker), ``error``
+    ``done`` (end of sequence, worker closing, or unknown to the worker of a task that is
+    lost or finished: ``gone``, see ``ReaderCore.is_gone``), ``error``
     (a reply that is not OK: the I/O raises it), or ``stall`` (``"warn"`` / ``"fail"``: a long
     poll brought nothing for that long).
 ``on_failure(now, lost)``
@@ -193,6 +194,9 @@ class ReaderCore:
         self.reading: dict[int, bool] = {}
         #: Tasks the dispatcher said are lost.
         self.lost: set[int] = set()
+        #: Tasks the dispatcher said finished (their input ended; their worker may still
+        #: hold elements of them).
+        self.finished: set[int] = set()
         self.no_workers_tracker = no_workers
 
     def on_view(self, view: dict[str, Any]) -> ViewChanges:
@@ -204,6 +208,8 @@ class ReaderCore:
         cancel: list[int] = []
         for task in tasks:
             task_id = task["task_id"]
+            if task["status"] == "finished":
+                self.finished.add(task_id)
             if task["status"] == "lost":
                 if task_id in self.lost:
                     continue
@@ -226,6 +232,12 @@ class ReaderCore:
 
     def is_lost(self, task_id: int) -> bool:
         return task_id in self.lost
+
+    def is_gone(self, task_id: int) -> bool:
+        """Whether a worker that says it does not know task ``task_id`` never will: the task
+        is lost, or it finished (its worker left or restarted after its input ended, before
+        this reader got its end of sequence: what it still held is gone, at most once)."""
+        return task_id in self.lost or task_id in self.finished
 
     @property
     def has_tasks(self) -> bool:
@@ -339,7 +351,9 @@ class TaskRead:
         return self.pending[0]
 
     def on_reply(self, seq: int, reply: dict[str, Any] | None, now: float,
-                 lost: bool) -> ReplyOutcome:
+                 gone: bool) -> ReplyOutcome:
+        """The head request's reply; ``gone``: :meth:`ReaderCore.is_gone` (a worker that does
+        not know the task then never will)."""
         assert self.pending and self.pending[0] == seq, "replies are taken in order"
         self.pending.popleft()
         self.retry.answered(seq)
@@ -353,8 +367,10 @@ class TaskRead:
             return _ELEMENTS
         if reply.get("end_of_sequence"):
             return ReplyOutcome("done", "end")
-        if reply.get("unknown") and lost:
-            return ReplyOutcome("done", "lost")  # its worker left (and came back without it)
+        if reply.get("unknown") and gone:
+            # lost or finished, and its worker (restarted, or another at its address) does
+            # not know it: it never will (polling on would never end)
+            return ReplyOutcome("done", "lost")
         waited = now - self.last_element
         return ReplyOutcome("nothing", stall=self.stalls.state(waited), waited=waited)
 

@@ -13,12 +13,14 @@ Elements: split ``s`` of a DYNAMIC or static dataset is the elements
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...service.client.reader_core import ReaderCore, TaskRead, Tracker
 from ...service.protocol._sharding import ShardingPolicy
 from ._world import DISPATCHER, Host, Network, World
 
@@ -29,6 +31,11 @@ __all__ = ["Consumer", "DataWorker"]
 
 #: Seconds an actor waits for a reply before it asks again.
 RPC_TIMEOUT = 0.5
+#: A reader's ``client.dispatcher-timeout`` (virtual seconds of failed requests to one
+#: worker before it gives the task up).
+RETRY_TIMEOUT = 10.0
+#: The readers' ``target_workers`` (the default).
+TARGET_WORKERS = "AUTO"
 
 
 class _Rpc:
@@ -208,9 +215,11 @@ class DataWorker:
             self.run.net.send(self.address, src, ("reply", rid, self._fetch(src, kw)))
 
     def _fetch(self, consumer: str, kw: dict[str, Any]) -> dict[str, Any]:
+        """A ``get_elements`` request, answered in the data worker's wire format."""
         t = self.tasks.get(kw["task_id"])
         if t is None:
-            return {"status": "unknown"}
+            return {"status": "OK", "elements": None, "end_of_sequence": False,
+                    "unknown": True}
         seq = kw["seq"]
         last = t.sent.get(consumer)
         if last is not None and last[0] == seq:
@@ -218,15 +227,21 @@ class DataWorker:
         elif last is not None and seq != last[0] + 1:
             return {"status": "error", "error": f"request {seq} after {last[0]}"}
         else:
-            n = min(len(t.buffer), self.run.params.fetch)
+            n = min(len(t.buffer), kw["max_elements"])
             batch = [t.buffer.popleft() for _ in range(n)]
             t.sent[consumer] = (seq, batch)
         end = not batch and t.produced and not t.buffer
-        return {"status": "OK", "elements": batch, "end": end}
+        return {"status": "OK", "elements": batch or None, "end_of_sequence": end}
 
 
 class Consumer:
-    """STAND-IN reader of one job (see the module docstring)."""
+    """A reader of one job, built on the REAL reader core: :class:`ReaderCore` decides which
+    tasks to read, when a task's read is over and when the pass is over; one
+    :class:`TaskRead` per task decides each request (``seq``, ``ack``), what a reply means
+    (elements, end of sequence, a worker that will never know the task) and what a failed
+    request does (back off and send again from its ``seq``, or give up). This actor only
+    delivers views, replies, failures (an RPC timeout) and timer events, and collects the
+    elements, as :mod:`dask_dataservice.service.client._reader` does with coroutines."""
 
     def __init__(self, run: Run, name: str, job: dict[str, Any]) -> None:
         self.run = run
@@ -239,9 +254,9 @@ class Consumer:
         self.received: list[Any] = []
         self.client: dict[str, Any] | None = None
         self.view: dict[str, Any] | None = None
-        self.ended: set[int] = set()
-        self.seq: dict[int, int] = {}
-        self.fetching: set[int] = set()
+        self.core: ReaderCore | None = None
+        #: ``{task_id: its request pipeline}`` of the tasks being read.
+        self.reads: dict[int, TaskRead] = {}
         self.done_at: float | None = None
         self.released = False
         self.iteration_id: int | None = None
@@ -260,19 +275,32 @@ class Consumer:
             self.token = r["job"]["job_token"]
             self.client = r["iteration"]
             self.iteration_id = r["iteration"]["iteration_id"]
+            self.core = ReaderCore(self.iteration_id, TARGET_WORKERS, self.name,
+                                   Tracker(None, None))
             self._view(r["iteration"])
             self.heartbeat()
-            self.fetch_loop()
 
         self.rpc.call(DISPATCHER, "start_read", {"job": self.job}, reply, self.start, "start")
 
     def _view(self, view: dict[str, Any]) -> None:
-        if view.get("unchanged"):
+        if view.get("unchanged") or self.done_at is not None:
             return
-        if view.get("garbage_collected") and self.done_at is None:
+        if view.get("garbage_collected"):
             self.run.fail(f"{self.name}: its iteration was garbage collected mid-read")
+            return
+        assert self.core is not None
         self.view = view
         self.version = view.get("view_version")
+        changes = self.core.on_view(view)
+        for task_id in changes.cancel:  # its worker left: what it buffered is gone
+            self.reads.pop(task_id, None)
+            self.core.task_ended(task_id)
+        for task_id, address in changes.start:
+            read = TaskRead(task_id, address, 1, RETRY_TIMEOUT, Tracker(None, None),
+                            self.world.now)
+            self.reads[task_id] = read
+            self._send(read)
+        self._check_done()
 
     def heartbeat(self) -> None:
         if self.done_at is not None:
@@ -286,7 +314,6 @@ class Consumer:
                 self.run.fail(f"{self.name}: client heartbeat refused: {r}")
                 return
             self._view(r)
-            self._check_done()
 
         self.rpc.call(DISPATCHER, "client_heartbeat",
                       {"iteration_client_id": self.client["iteration_client_id"],
@@ -294,55 +321,66 @@ class Consumer:
                       reply, lambda: None, "heartbeat")
         self.world.on(self.name, self.run.params.client_heartbeat, self.heartbeat)
 
-    def fetch_loop(self) -> None:
-        if self.done_at is not None or self.view is None:
+    def _current(self, read: TaskRead) -> bool:
+        return self.done_at is None and self.reads.get(read.task_id) is read
+
+    def _send(self, read: TaskRead) -> None:
+        if not self._current(read):
             return
-        for info in self.view["tasks"]:
-            tid = info["task_id"]
-            if info["status"] == "lost" or tid in self.ended or tid in self.fetching:
-                continue
-            self._fetch(tid, info["worker_address"])
+        assert self.core is not None
+        for r in read.to_send(self.run.params.fetch, 0.0):
+            self.rpc.call(read.address, "fetch",
+                          {"task_id": read.task_id, "seq": r.seq, "ack": r.ack,
+                           "max_elements": r.max_elements},
+                          functools.partial(self._reply, read, r.seq),
+                          functools.partial(self._failed, read, r.seq),
+                          f"fetch-{read.task_id}")
+
+    def _reply(self, read: TaskRead, seq: int, reply: Any) -> None:
+        if not self._current(read):
+            return
+        assert self.core is not None
+        outcome = read.on_reply(seq, reply, self.world.now, self.core.is_gone(read.task_id))
+        if outcome.kind == "elements":
+            for element in reply["elements"]:
+                self.run.received(self, read.task_id, element)
+            self._send(read)
+        elif outcome.kind == "done":
+            self._ended(read)
+        elif outcome.kind == "error":
+            self.run.fail(f"{self.name}: fetch from {read.address}: {reply}")
+        else:  # nothing yet: the next request after a moment (the long poll's wait)
+            self.world.on(self.name, self.run.params.fetch_interval,
+                          functools.partial(self._send, read))
+
+    def _failed(self, read: TaskRead, seq: int) -> None:
+        if not self._current(read):
+            return
+        assert self.core is not None
+        decision = read.on_failure(self.world.now, self.core.is_lost(read.task_id))
+        if decision.give_up:
+            self.world.log(f"{self.name} gave up on task {read.task_id} ({decision.why})")
+            self._ended(read)
+            return
+
+        def again() -> None:
+            if self._current(read) and not self.core.is_lost(read.task_id):  # type: ignore
+                read.resend(seq)
+                self._send(read)
+
+        self.world.on(self.name, decision.delay, again)
+
+    def _ended(self, read: TaskRead) -> None:
+        assert self.core is not None
+        del self.reads[read.task_id]
+        self.core.task_ended(read.task_id)
         self._check_done()
-        self.world.on(self.name, self.run.params.fetch_interval, self.fetch_loop)
-
-    def _finished_in_view(self, task_id: int) -> bool:
-        return self.view is not None and any(
-            t["task_id"] == task_id and t["status"] == "finished" for t in self.view["tasks"])
-
-    def _fetch(self, task_id: int, address: str) -> None:
-        self.fetching.add(task_id)
-        seq = self.seq.get(task_id, 0)
-
-        def reply(r: Any) -> None:
-            self.fetching.discard(task_id)
-            if r.get("status") == "unknown":
-                # not started there yet, or dropped: the view says which. A task the view
-                # says finished whose worker no longer has it (it left, or restarted): ended
-                if self._finished_in_view(task_id):
-                    self.ended.add(task_id)
-                return
-            if r.get("status") != "OK":
-                self.run.fail(f"{self.name}: fetch from {address}: {r}")
-                return
-            self.seq[task_id] = seq + 1
-            for element in r["elements"]:
-                self.run.received(self, task_id, element)
-            if r["end"]:
-                self.ended.add(task_id)
-
-        def timeout() -> None:
-            self.fetching.discard(task_id)
-            if self._finished_in_view(task_id) and not self.run.workers[address].host.alive:
-                self.ended.add(task_id)  # finished, and its worker is gone
-
-        self.rpc.call(address, "fetch", {"task_id": task_id, "seq": seq}, reply, timeout,
-                      f"fetch-{task_id}")
 
     def _check_done(self) -> None:
         view = self.view
-        if self.done_at is not None or view is None or not view.get("finished"):
+        if self.done_at is not None or view is None or self.core is None:
             return
-        if any(t["status"] != "lost" and t["task_id"] not in self.ended for t in view["tasks"]):
+        if not self.core.pass_over(view):
             return
         self.done_at = self.world.now
         assert self.iteration_id is not None

@@ -175,6 +175,27 @@ def test_replies_end_a_task_or_report_a_stall():
     assert r.on_reply(r.head, {"status": "error", "exception": "x"}, 61.0, False).kind == "error"
 
 
+def test_a_finished_task_its_worker_does_not_know_is_over():
+    """The hang the simulator points at: a task's input ended (the dispatcher says
+    "finished"), then its worker restarted (or another took its address) before this reader
+    got the end of sequence. The worker says it does not know the task; it never will, so
+    the read of that task is over (what it held is gone: at most once), rather than polling
+    "unknown" for ever (``client.stall-timeout`` is null by default)."""
+    c = core()
+    c.on_view(view((1, A, "active"), (2, B, "active")))
+    assert not c.is_gone(1) and not c.is_gone(2)
+    c.on_view(view((1, A, "finished"), (2, B, "active")))
+    assert c.is_gone(1) and not c.is_lost(1) and not c.is_gone(2)
+    r = read()
+    r.to_send(8, 0.0)
+    out = r.on_reply(r.head, {"status": "OK", "elements": None, "unknown": True}, 1.0,
+                     c.is_gone(1))
+    assert (out.kind, out.why) == ("done", "lost")
+    r.to_send(8, 0.0)  # a task not finished yet: not started there yet, poll again
+    assert r.on_reply(r.head, {"status": "OK", "unknown": True}, 1.0, c.is_gone(2)).kind \
+        == "nothing"
+
+
 def test_a_failed_request_is_sent_again_from_its_seq_with_backoff():
     r = read(depth=3)
     r.to_send(8, 0.0)  # 0, 1, 2
