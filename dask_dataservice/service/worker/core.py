@@ -38,6 +38,9 @@ Stimuli (methods) and what they return
     :class:`Turn`: the replies it acknowledged (to forget), whether a kept reply answers it
     (``replay``), whether to keep its reply until acknowledged, and whether it must wait for
     its turn (an earlier request of the same consumer has not run yet).
+``keep_reply(key, seq, has_elements)``
+    Request ``seq``'s reply is computed: whether to keep it (only a reply with elements; one
+    without is computed afresh when the request is sent again).
 ``turn_done(key, seq)``
     Request ``seq`` ran (or failed, or was cancelled): the next one may run. Returns the
     ``seq`` to wake, or None.
@@ -341,6 +344,19 @@ class WorkerCore:
             turns.waiting.discard(seq)
         if kept:
             turns.kept.discard(seq)
+
+    def keep_reply(self, key: tuple[int, int | None], seq: int, has_elements: bool) -> bool:
+        """Request ``seq``'s reply is computed: whether to keep it until acknowledged. Only a
+        reply with elements is kept (losing it loses them); one without ("unknown", "nothing
+        yet", end of sequence) is computed afresh for a request sent again: kept, it would be
+        stale (the task arrived or finished since, and a reader told "unknown" for a finished
+        task ends its read: the task's elements would be lost)."""
+        if has_elements:
+            return True
+        turns = self._turns.get(key)
+        if turns is not None:
+            turns.kept.discard(seq)
+        return False
 
     def replies_kept(self, key: tuple[int, int | None]) -> int:
         turns = self._turns.get(key)

@@ -399,7 +399,9 @@ class DataWorkerPlugin(WorkerPlugin):
         finally:
             turns.done(key, seq)
         if kept is not None:
-            kept.set_result(reply)
+            kept.set_result(reply)  # a replay under way gets it; later ones only if kept
+            if not self.core.keep_reply(key, seq, reply.get("elements") is not None):
+                turns.forget(key, (seq,))
         return reply
 
     async def _runner(self, task_id: int, timeout: float) -> TaskRunner | None:

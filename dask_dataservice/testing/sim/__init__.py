@@ -1,13 +1,17 @@
 """A deterministic simulator of the data service (issue 21), in the manner of FoundationDB's
 simulation and TigerBeetle's VOPR.
 
-The REAL dispatcher core (:class:`~dask_dataservice.service.dispatcher.core.DispatcherCore`)
-of one dispatcher, N data workers and M consumers run on a virtual clock over a simulated
+The REAL cores of one dispatcher
+(:class:`~dask_dataservice.service.dispatcher.core.DispatcherCore`), N data workers
+(:class:`~dask_dataservice.service.worker.core.WorkerCore` and ``SplitFlow``) and M
+consumers (:class:`~dask_dataservice.service.client.reader_core.ReaderCore` and ``TaskRead``)
+run on a virtual clock over a simulated
 network that delays, reorders, duplicates and drops messages and partitions hosts. Faults come
 from a seeded :class:`random.Random`: kill -9 of the dispatcher (volatile state lost, the
 journal's bytes kept and replayed through the real record codec and recovery code), freeze
-and thaw, kill and restart, join and leave of workers. The data workers and consumers are
-protocol-following STAND-INS (:mod:`._actors`) until the real worker and reader cores exist.
+and thaw, kill and restart, join and leave of workers. The actors (:mod:`._worker`,
+:mod:`._actors`) only do what the plugins' and the reader's I/O does: deliver messages and
+timer events to the cores and carry out their effects.
 
 Run: ``python -m dask_dataservice.testing.sim --seed 1234 --workload dynamic`` (one seed,
 with its trace), ``--seeds 2000`` (many; a failure prints its replay command and its shrunk

@@ -1,33 +1,24 @@
-"""The simulated data workers and consumers.
+"""The simulated consumers (and the request/response helper the actors share).
 
-STAND-INS: these are small actors that follow the wire protocol of the data workers and the
-readers (the same requests and pushes the dispatcher plugin receives), written for the
-simulation. They are to be replaced by the real sans-I/O cores of the data worker (task /
-turn / ack logic) and of the reader (request / retry / end-of-sequence) once those exist;
-the dispatcher they drive is already the real :class:`DispatcherCore`.
-
-Elements: split ``s`` of a DYNAMIC or static dataset is the elements
-``s * per_split .. s * per_split + per_split - 1``; an OFF task's elements are
-``(task_id, i)`` for ``i`` in ``range(num_elements)``, so each worker's copy is told apart.
+:class:`Consumer` is built on the REAL reader core (:mod:`...service.client.reader_core`);
+the data worker, built on the real worker core, is in :mod:`._worker`; the dispatcher they
+drive is the real :class:`DispatcherCore` (:mod:`._world`).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...service.client.reader_core import ReaderCore, TaskRead, Tracker
-from ...service.protocol._sharding import ShardingPolicy
 from ._world import DISPATCHER, Host, Network, World
 
 if TYPE_CHECKING:
     from ._scenario import Run
 
-__all__ = ["Consumer", "DataWorker"]
+__all__ = ["Consumer"]
 
 #: Seconds an actor waits for a reply before it asks again.
 RPC_TIMEOUT = 0.5
@@ -74,164 +65,6 @@ class _Rpc:
     def reset(self) -> None:
         self._waiting.clear()
         self._latest.clear()
-
-
-@dataclass
-class _Task:
-    task: dict[str, Any]
-    buffer: deque[Any] = field(default_factory=deque)
-    produced: bool = False  # every element of its share is in the buffer (or delivered)
-    received: int = 0  # DYNAMIC: splits received this repetition
-    asking: bool = False
-    retry: bool = False
-    finished: bool = False  # the dispatcher was told (or is being told)
-    told: bool = False
-    #: ``{consumer: (seq, batch)}``: the last batch each consumer was sent (a retry of the
-    #: same request gets it again).
-    sent: dict[str, tuple[int, list[Any]]] = field(default_factory=dict)
-    off_next: int = 0
-
-
-class DataWorker:
-    """STAND-IN data worker (see the module docstring)."""
-
-    def __init__(self, run: Run, address: str) -> None:
-        self.run = run
-        self.world = run.world
-        self.address = address
-        self.host = self.world.hosts.setdefault(address, Host(address))
-        self.host.deliver = self._deliver
-        self.rpc = _Rpc(self.world, run.net, self.host)
-        self.left = False
-        self.fresh()
-
-    def fresh(self) -> None:
-        """A new process: nothing kept."""
-        self.tasks: dict[int, _Task] = {}
-        self.answered = False
-        self.rpc.reset()
-        self.world.on(self.address, self.world.rng.uniform(0, 0.05), self.heartbeat)
-        self.world.on(self.address, 0.01, self.produce)
-
-    # Dispatcher side
-    def heartbeat(self) -> None:
-        active = sorted(t for t, r in self.tasks.items() if not r.told)
-        done = sorted(t for t, r in self.tasks.items() if r.told)
-        self.rpc.call(DISPATCHER, "worker_heartbeat",
-                      {"active_tasks": active, "finished_tasks": done,
-                       "resumed": self.answered},
-                      self._heartbeat_reply, lambda: None, "heartbeat")
-        self.world.on(self.address, self.run.params.worker_heartbeat, self.heartbeat)
-
-    def _heartbeat_reply(self, reply: Any) -> None:
-        if reply.get("status") != "OK":
-            self.run.fail(f"{self.address}: worker heartbeat refused: {reply}")
-            return
-        self.answered = True
-        self._changes(reply)
-
-    def _changes(self, changes: dict[str, Any]) -> None:
-        for task_id in changes.get("cancelled", ()):
-            self.tasks.pop(task_id, None)
-        for task in changes.get("new_tasks", ()):
-            if task["task_id"] not in self.tasks:
-                self.tasks[task["task_id"]] = _Task(task)
-
-    def produce(self) -> None:
-        """Fill each task's buffer a little (its pipeline running)."""
-        params = self.run.params
-        for task_id, t in list(self.tasks.items()):
-            mode = ShardingPolicy(t.task["processing_mode"])
-            if t.produced:
-                self._maybe_finish(task_id, t)
-                continue
-            if len(t.buffer) >= params.buffer:
-                continue
-            if mode == ShardingPolicy.DYNAMIC:
-                if not t.asking:
-                    self._ask(task_id, t)
-            elif mode == ShardingPolicy.OFF:
-                stop = min(t.off_next + params.per_split, params.num_elements)
-                t.buffer.extend((task_id, i) for i in range(t.off_next, stop))
-                t.off_next = stop
-                t.produced = stop >= params.num_elements
-            else:  # static sharding: this worker's shard
-                index, shards = t.task["worker_index"], t.task["num_workers"]
-                if mode == ShardingPolicy.DATA:
-                    t.buffer.extend(e for e in range(params.num_elements) if e % shards == index)
-                else:  # FILE: the splits (files) of this shard
-                    for s in range(index, params.num_splits, shards):
-                        t.buffer.extend(self.run.split_elements(s))
-                t.produced = True
-        self.world.on(self.address, params.produce_interval, self.produce)
-
-    def _ask(self, task_id: int, t: _Task) -> None:
-        t.asking = True
-        task = t.task
-        kwargs = {"iteration_id": task["iteration_id"], "task_id": task_id, "repetition": 0,
-                  "count": self.run.params.split_batch, "job_token": task["job_token"],
-                  "received": t.received if t.retry else None}
-
-        def reply(r: Any) -> None:
-            t.asking = t.retry = False
-            if r.get("status") != "OK":
-                self.run.note(f"{self.address} get_split of task {task_id}: {r}")
-                return
-            for s in r["split_indices"]:
-                t.buffer.extend(self.run.split_elements(s))
-            t.received += len(r["split_indices"])
-            t.produced = bool(r["end_of_splits"])
-
-        def timeout() -> None:
-            t.asking, t.retry = False, True
-
-        self.rpc.call(DISPATCHER, "get_split", kwargs, reply, timeout, f"split-{task_id}")
-
-    def _maybe_finish(self, task_id: int, t: _Task) -> None:
-        if t.buffer or t.finished or any(b for _, b in t.sent.values()):
-            return
-        t.finished = True
-
-        def reply(r: Any) -> None:
-            t.told = True
-
-        def timeout() -> None:
-            t.finished = False  # ask again
-
-        self.rpc.call(DISPATCHER, "finish_task",
-                      {"task_id": task_id, "job_token": t.task["job_token"]},
-                      reply, timeout, f"finish-{task_id}")
-
-    # Consumer side
-    def _deliver(self, src: str, msg: Any) -> None:
-        kind = msg[0]
-        if kind == "reply":
-            self.rpc.reply(msg[1], msg[2])
-        elif kind == "push":
-            self._changes(msg[1])
-        elif kind == "rpc":
-            _, rid, name, kw = msg
-            assert name == "fetch"
-            self.run.net.send(self.address, src, ("reply", rid, self._fetch(src, kw)))
-
-    def _fetch(self, consumer: str, kw: dict[str, Any]) -> dict[str, Any]:
-        """A ``get_elements`` request, answered in the data worker's wire format."""
-        t = self.tasks.get(kw["task_id"])
-        if t is None:
-            return {"status": "OK", "elements": None, "end_of_sequence": False,
-                    "unknown": True}
-        seq = kw["seq"]
-        last = t.sent.get(consumer)
-        if last is not None and last[0] == seq:
-            batch = last[1]  # a retry: the same elements again (never new ones)
-        elif last is not None and seq != last[0] + 1:
-            return {"status": "error", "error": f"request {seq} after {last[0]}"}
-        else:
-            n = min(len(t.buffer), kw["max_elements"])
-            batch = [t.buffer.popleft() for _ in range(n)]
-            t.sent[consumer] = (seq, batch)
-        end = not batch and t.produced and not t.buffer
-        return {"status": "OK", "elements": batch or None, "end_of_sequence": end}
 
 
 class Consumer:
@@ -283,7 +116,10 @@ class Consumer:
         self.rpc.call(DISPATCHER, "start_read", {"job": self.job}, reply, self.start, "start")
 
     def _view(self, view: dict[str, Any]) -> None:
-        if view.get("unchanged") or self.done_at is not None:
+        if self.done_at is not None:
+            return
+        if view.get("unchanged"):  # the view it has is current
+            self._check_done()
             return
         if view.get("garbage_collected"):
             self.run.fail(f"{self.name}: its iteration was garbage collected mid-read")
@@ -302,7 +138,11 @@ class Consumer:
             self._send(read)
         self._check_done()
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, periodic: bool = True) -> None:
+        """A client heartbeat (its reply is a view); ``periodic=False``: the extra one a
+        reader sends when its last task ended (it decides on a fresh view, never on the one
+        it had: the dispatcher may have added a task meanwhile, as for a restarted OFF
+        worker)."""
         if self.done_at is not None:
             return  # ended: a reader stops its heartbeats (and releases its client)
         assert self.client is not None
@@ -318,8 +158,9 @@ class Consumer:
         self.rpc.call(DISPATCHER, "client_heartbeat",
                       {"iteration_client_id": self.client["iteration_client_id"],
                        "job_token": self.token, "view_version": getattr(self, "version", None)},
-                      reply, lambda: None, "heartbeat")
-        self.world.on(self.name, self.run.params.client_heartbeat, self.heartbeat)
+                      reply, lambda: None, "heartbeat" if periodic else "ask")
+        if periodic:
+            self.world.on(self.name, self.run.params.client_heartbeat, self.heartbeat)
 
     def _current(self, read: TaskRead) -> bool:
         return self.done_at is None and self.reads.get(read.task_id) is read
@@ -327,11 +168,12 @@ class Consumer:
     def _send(self, read: TaskRead) -> None:
         if not self._current(read):
             return
-        assert self.core is not None
+        assert self.core is not None and self.client is not None
         for r in read.to_send(self.run.params.fetch, 0.0):
             self.rpc.call(read.address, "fetch",
                           {"task_id": read.task_id, "seq": r.seq, "ack": r.ack,
-                           "max_elements": r.max_elements},
+                           "max_elements": r.max_elements,
+                           "consumer": self.client["iteration_client_id"]},
                           functools.partial(self._reply, read, r.seq),
                           functools.partial(self._failed, read, r.seq),
                           f"fetch-{read.task_id}")
@@ -374,7 +216,8 @@ class Consumer:
         assert self.core is not None
         del self.reads[read.task_id]
         self.core.task_ended(read.task_id)
-        self._check_done()
+        if self.core.all_ended:  # ask now (the reader's loop: a fresh view decides)
+            self.heartbeat(periodic=False)
 
     def _check_done(self) -> None:
         view = self.view

@@ -8,8 +8,11 @@ first broken invariant, with the virtual time). The invariants:
   within each task's copy), checked at every delivery;
 - without faults, every element exactly once (DYNAMIC, static) and no task lost; with
   faults, what is missing lies in the splits the dispatcher recorded as lost with a dead
-  worker (at most once);
-- OFF: every task that finished delivered its worker's full copy, and every worker the
+  worker, or in splits a worker had been handed when it was killed or left (a worker reports
+  a task finished when its input ended: what its buffer still held dies with it; at most
+  once);
+- OFF: every task that finished on a worker never killed delivered its full copy, and every
+  worker the
   dispatcher has registered when a consumer ends has a task of the iteration (joined and
   restarted workers included);
 - every consumer ends within ``horizon`` virtual seconds (no hang, shared jobs included);
@@ -28,7 +31,8 @@ from typing import Any
 
 from ...service.dispatcher.core import CoreConfig, WorkerInfo
 from ...service.dispatcher.state import DispatcherState
-from ._actors import Consumer, DataWorker
+from ._actors import Consumer
+from ._worker import DataWorker
 from ._world import DISPATCHER, Network, SimDispatcher, SimFailure, World
 
 __all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
@@ -162,6 +166,12 @@ class Run:
         self.seen_static: set[tuple[int, Any]] = set()
         self.static_count: dict[Any, int] = {}
         self.consumers: list[Consumer] = []
+        #: The splits handed to each worker, and the tasks and splits of workers when they
+        #: were killed or left: what a dead worker held (in its buffer, also of a task it had
+        #: finished: its finish goes out when its input ends) may be lost.
+        self.splits_of: dict[str, set[int]] = {}
+        self.dead_tasks: set[int] = set()
+        self.dead_splits: set[int] = set()
         self._register()
         name = "shared" if p.workload.startswith("named") else None
         for i in range(p.n_consumers):
@@ -176,6 +186,9 @@ class Run:
     def split_elements(self, split: int) -> range:
         n = self.params.per_split
         return range(split * n, split * n + n)
+
+    def handed(self, address: str, splits: list[int]) -> None:
+        self.splits_of.setdefault(address, set()).update(splits)
 
     def note(self, text: str) -> None:
         self.world.log(text)
@@ -266,6 +279,8 @@ class Run:
                     x.host.alive and not x.left for x in self.workers.values()) < 2:
                 return  # the last worker stays: with none, a read waits (a warning) forever
             w.left = kind == "leave_worker"
+            self.dead_tasks |= set(w.runners)
+            self.dead_splits |= self.splits_of.pop(w.address, set())
             w.host.alive = False
             w.host.incarnation += 1
             w.host.frozen = False
@@ -380,6 +395,7 @@ class Run:
         lost: set[int] = set()
         for c in self.consumers:
             lost |= c.final_state.lost
+        lost |= self.dead_splits  # buffered on a dead worker (finished tasks too)
         beyond = sorted(e for e in missing if e // p.per_split not in lost)
         if beyond:
             raise SimFailure(f"elements {beyond[:10]} were lost, but their splits were not "
@@ -388,7 +404,8 @@ class Run:
     def _check_off(self, c: Consumer, end: Ending) -> None:
         n = self.params.num_elements
         for task_id, address, status in end.tasks:
-            if status == "finished":
+            # a finished task's worker that died may have held the end of its copy
+            if status == "finished" and task_id not in self.dead_tasks:
                 got = {e[1] for e in self.seen if e[0] == task_id}
                 if len(got) != n:
                     raise SimFailure(
