@@ -156,6 +156,22 @@ def test_kept_replies_replay_until_acknowledged():
     assert not core.turn(key, 2, 1).replay
 
 
+def test_only_replies_with_elements_are_kept():
+    """A reply without elements ("unknown" before the task arrived, "nothing yet") is not
+    kept: sent again, the request is computed afresh. Kept, an "unknown" replayed after the
+    task finished made the reader end a task whose worker holds its elements (found by the
+    simulator: dynamic seed 487, drops only)."""
+    core = WorkerCore()
+    key = (1, 10)
+    assert core.turn(key, 0, -1).keep
+    assert not core.keep_reply(key, 0, has_elements=False)
+    core.turn_done(key, 0)
+    assert not core.turn(key, 0, -1).replay  # computed afresh
+    assert core.keep_reply(key, 0, has_elements=True)
+    core.turn_done(key, 0)
+    assert core.turn(key, 0, -1).replay and core.replies_kept(key) == 1
+
+
 def test_cancelling_a_task_drops_its_turns():
     core = WorkerCore()
     core.tasks_changed([task(1), task(2)])
