@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import AsyncIterator, Container, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -184,7 +184,7 @@ class ReadStats:
 
 
 def count_served(stats: dict[str, int], by_task: dict[int, list[int]],
-                 live: Container[int], task_id: int, items: list[Any]) -> None:
+                 live: Collection[int], task_id: int, items: list[Any]) -> None:
     """A data worker served ``items`` of task ``task_id``: count elements and bytes, for the
     worker (``stats``) and per task (``by_task``, ``{task_id: [elements, bytes]}``; tasks not
     in ``live`` are forgotten once it grows past a bound)."""

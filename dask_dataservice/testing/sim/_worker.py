@@ -105,7 +105,7 @@ class DataWorker:
     def _execute(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, StartTask):
-                task = dict(effect.task)
+                task: dict[str, Any] = dict(effect.task)
                 runner = _Runner(task)
                 if ShardingPolicy(task["processing_mode"]) == ShardingPolicy.DYNAMIC:
                     runner.flow = SplitFlow(self.run.params.split_batch)
