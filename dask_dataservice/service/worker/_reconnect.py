@@ -57,7 +57,9 @@ class ReconnectingWorker(Worker):
         #: How many times this worker registered again after losing its scheduler.
         self.reconnects = 0
         self._reconnecting: asyncio.Task[Any] | None = None
-        self._reregistering = False
+        #: Plugins this worker ran when it lost its scheduler, whose first push by the new
+        #: scheduler is a re-send, not a change (:meth:`plugin_add`).
+        self._plugins_to_keep: set[str] = set()
         self.stream_handlers["close"] = self._close_from_scheduler
 
     async def _close_from_scheduler(self, reason: str = "scheduler-close", **kwargs: Any) -> None:
@@ -98,11 +100,8 @@ class ReconnectingWorker(Worker):
                 return False
             self.batched_stream.abort()
             self.batched_stream = BatchedSend(interval="2ms", loop=self.loop)
-            self._reregistering = True
-            try:
-                await self._register_with_scheduler()
-            finally:
-                self._reregistering = False
+            self._plugins_to_keep = set(self.plugins)
+            await self._register_with_scheduler()
         except asyncio.CancelledError:
             return False
         except Exception as e:  # noqa: BLE001 - close as a Dask worker would
@@ -121,10 +120,22 @@ class ReconnectingWorker(Worker):
 
     async def plugin_add(self, plugin: Any, name: str | None = None,
                          catch_errors: bool = True) -> Any:
-        """Registering again, keep the plugins this worker runs (the new scheduler sends its
-        plugins, which Dask would tear down and set up afresh: the data worker's tasks and
-        buffers would go with them)."""
-        if self._reregistering and name is not None and name in self.plugins:
+        """Keep the plugins this worker runs when the new scheduler sends them again.
+
+        Dask would tear a plugin of the same name down and set up the one sent afresh: the
+        data worker's tasks and buffers would go with it. The new scheduler sends each of its
+        worker plugins once: in the registration's reply if it had it by then, else by a
+        broadcast when it gets it. Its dispatcher registers the data-worker plugin only once
+        the scheduler listens, so a worker quick to come back registers first and gets the
+        broadcast later (then its tasks were torn down and served again from 0: duplicates,
+        ``tests/service/worker/test_reconnect.py``). So the first push of each plugin the
+        worker ran when it lost its scheduler is taken as the re-send it is; any later one
+        (a user's new version) replaces the plugin as Dask does.
+        """
+        if name is not None and name in self._plugins_to_keep and name in self.plugins:
+            self._plugins_to_keep.discard(name)
+            logger.info("dataservice: worker %s keeps its running plugin %r (the restarted "
+                        "scheduler sent it again)", self.address, name)
             return {"status": "OK"}
         return await super().plugin_add(plugin, name=name, catch_errors=catch_errors)
 
