@@ -50,7 +50,11 @@ FIGURES = (
 )
 #: Fields that never identify a record (figures, timings, free text, run lists).
 NOT_KEYS = {"what", "metric", "target", "target_met", "noisy", "baseline", "runs_values",
-            "cpu_s", "note", "notes"}
+            "cpu_s", "note", "notes", "local"}
+#: Prefixes and suffixes of measured fields beside the figure (a machine's load, CPU time,
+#: other rates): they vary from run to run and never identify a record.
+NOT_KEY_PREFIXES = ("load", "cpu_")
+NOT_KEY_SUFFIXES = ("_per_s", "_s", "_ms", "_us", "_mib", "_seconds")
 
 
 def load() -> str:
@@ -76,7 +80,8 @@ def key_of(rec: dict) -> tuple | None:
         return None
     parts = []
     for k, v in sorted(rec.items()):
-        if k in NOT_KEYS or k in FIGURES:
+        if (k in NOT_KEYS or k in FIGURES or k.startswith(NOT_KEY_PREFIXES)
+                or k.endswith(NOT_KEY_SUFFIXES)):
             continue
         if isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool) and v < 10_000):
             parts.append((k, v))
