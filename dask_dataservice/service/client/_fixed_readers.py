@@ -21,7 +21,7 @@ from ...errors import DataServiceError
 from ..protocol._messages import raise_for_status
 from . import _reader
 from ._reader import CROSS_TRAINER_TURN, IterationReader
-from .reader_core import fixed_tasks, join_rounds, join_turns, task_lost
+from .reader_core import fixed_tasks, join_rounds, join_turns, task_lost, turn_reply
 
 logger = logging.getLogger("dask_dataservice.service.client._reader")
 
@@ -147,15 +147,23 @@ class CrossTrainerReader(_FixedTasksReader):
             resp = await self._answer(task_id, address, rpc.dataservice_get_elements(
                 task_id=task_id, max_elements=k - len(out), max_bytes=self.max_bytes,
                 wait=self.long_poll, trainer_id=self.trainer_id, job_token=self.job_token))
-            if resp is None or resp.get("closing"):
+            kind = turn_reply(resp)
+            if kind == "closing":
                 raise DataServiceError(f"cross-trainer cache: the worker of task {task_id} "
                                        f"({address}) is shutting down")
             batch = raise_for_status(resp, "element request").get("elements")
-            if batch is not None:
+            if kind == "elements":
                 out.extend(batch.items)
-            elif resp.get("end_of_sequence"):
+            elif kind == "end":
                 raise DataServiceError("the cross-trainer cache needs an infinite dataset, and "
                                        f"task {task_id} ended")
+            elif kind == "unknown" and task_lost(await self._heartbeat(), task_id):
+                # its worker never got the task, or restarted without it: it would answer
+                # "unknown" for ever (found by the simulator, cross-trainer seed 7)
+                raise DataServiceError(
+                    f"cross-trainer cache: the worker of task {task_id} ({address}) does not "
+                    "run it and the dispatcher lost it; the cross-trainer cache needs every "
+                    "task of the job, so this read ends")
         return out
 
 

@@ -52,7 +52,8 @@ Stimuli and outcomes
 
 Readers over a fixed task list (coordinated reads, the cross-trainer cache under DYNAMIC):
 :func:`fixed_tasks` (the active tasks when the read starts, by id), :func:`task_lost` (the
-read then ends with an error: every round or turn needs every task), :func:`join_rounds` /
+read then ends with an error: every round or turn needs every task), :func:`turn_reply`
+(what a reply to a cross-trainer turn's request means), :func:`join_rounds` /
 :func:`join_turns` (how the parts of one round or turn are put together).
 
 :class:`RequestSize` (elements per request of a shared job): grows while the consumer keeps
@@ -86,6 +87,7 @@ __all__ = [
     "join_turns",
     "select_tasks",
     "task_lost",
+    "turn_reply",
 ]
 
 _STATIC_NAMES = {"FILE", "DATA", "FILE_OR_DATA", "HINT"}
@@ -428,6 +430,24 @@ def fixed_tasks(view: dict[str, Any]) -> list[tuple[int, str]]:
 def task_lost(view: dict[str, Any], task_id: int) -> bool:
     """Whether ``view`` says task ``task_id`` is lost (a fixed-list read cannot go on)."""
     return any(t["task_id"] == task_id and t["status"] == "lost" for t in view["tasks"])
+
+
+def turn_reply(reply: dict[str, Any] | None) -> str:
+    """What one reply to a cross-trainer turn's request means (the turn reader asks a task
+    until it gave its part): ``"closing"`` (the worker shuts down), ``"error"`` (not OK),
+    ``"elements"``, ``"end"`` (end of sequence: the endless job ended, the read fails),
+    ``"unknown"`` (the worker does not know the task: the reader asks the dispatcher and
+    fails if the task is lost, since a worker that never got the task, or restarted without
+    it, answers so for ever), else ``"nothing"`` (ask again)."""
+    if reply is None or reply.get("closing"):
+        return "closing"
+    if reply.get("status") != "OK":
+        return "error"
+    if reply.get("elements") is not None:
+        return "elements"
+    if reply.get("end_of_sequence"):
+        return "end"
+    return "unknown" if reply.get("unknown") else "nothing"
 
 
 def join_rounds(parts: list[list[Any]]) -> list[Any]:

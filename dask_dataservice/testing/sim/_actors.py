@@ -42,17 +42,21 @@ class _Rpc:
         self._latest: dict[str, int] = {}
 
     def call(self, dst: str, name: str, kwargs: dict[str, Any], on_reply: Callable[[Any], None],
-             on_timeout: Callable[[], None], slot: str) -> None:
+             on_timeout: Callable[[], None], slot: str,
+             timeout: float | None = RPC_TIMEOUT) -> None:
+        """Send a request; ``timeout=None``: wait for its reply for ever (a comm)."""
         rid = next(self._ids)
         self._waiting[rid] = (slot, on_reply)
         self._latest[slot] = rid
         self.net.send(self.host.name, dst, ("rpc", rid, name, kwargs))
+        if timeout is None:
+            return
 
-        def timeout() -> None:
+        def expired() -> None:
             if self._waiting.pop(rid, None) is not None and self._latest.get(slot) == rid:
                 on_timeout()
 
-        self.world.on(self.host.name, RPC_TIMEOUT, timeout)
+        self.world.on(self.host.name, timeout, expired)
 
     def reply(self, rid: int, value: Any) -> None:
         entry = self._waiting.pop(rid, None)
@@ -94,6 +98,11 @@ class Consumer:
         self.released = False
         self.iteration_id: int | None = None
         self.final_state: Any = None
+        #: Named jobs read several times (``Params.epochs``): the repetition of the job this
+        #: pass reads, and each pass's iteration and ending.
+        self.epoch = 0
+        self.endings: list[tuple[int, Any]] = []
+        self._pass = 0
         self.world.on(name, 0.0, self.start)
 
     def _deliver(self, src: str, msg: Any) -> None:
@@ -113,7 +122,8 @@ class Consumer:
             self._view(r["iteration"])
             self.heartbeat()
 
-        self.rpc.call(DISPATCHER, "start_read", {"job": self.job}, reply, self.start, "start")
+        self.rpc.call(DISPATCHER, "start_read", {"job": self.job, "repetition": self.epoch},
+                      reply, self.start, "start")
 
     def _view(self, view: dict[str, Any]) -> None:
         if self.done_at is not None:
@@ -138,17 +148,19 @@ class Consumer:
             self._send(read)
         self._check_done()
 
-    def heartbeat(self, periodic: bool = True) -> None:
+    def heartbeat(self, periodic: bool = True, of_pass: int | None = None) -> None:
         """A client heartbeat (its reply is a view); ``periodic=False``: the extra one a
         reader sends when its last task ended (it decides on a fresh view, never on the one
         it had: the dispatcher may have added a task meanwhile, as for a restarted OFF
         worker)."""
-        if self.done_at is not None:
+        if self.done_at is not None or of_pass not in (None, self._pass):
             return  # ended: a reader stops its heartbeats (and releases its client)
         assert self.client is not None
 
+        sent_in = self._pass
+
         def reply(r: Any) -> None:
-            if self.done_at is not None:
+            if self.done_at is not None or self._pass != sent_in:
                 return  # sent before the read ended: the answer does not matter any more
             if r.get("status") != "OK":
                 self.run.fail(f"{self.name}: client heartbeat refused: {r}")
@@ -160,7 +172,8 @@ class Consumer:
                        "job_token": self.token, "view_version": getattr(self, "version", None)},
                       reply, lambda: None, "heartbeat" if periodic else "ask")
         if periodic:
-            self.world.on(self.name, self.run.params.client_heartbeat, self.heartbeat)
+            self.world.on(self.name, self.run.params.client_heartbeat,
+                          functools.partial(self.heartbeat, True, self._pass))
 
     def _current(self, read: TaskRead) -> bool:
         return self.done_at is None and self.reads.get(read.task_id) is read
@@ -228,6 +241,7 @@ class Consumer:
         self.done_at = self.world.now
         assert self.iteration_id is not None
         self.final_state = self.run.seen_by(self.iteration_id)
+        self.endings.append((self.iteration_id, self.final_state))
         self.run.consumer_done(self)
         self.release()
 
@@ -236,8 +250,20 @@ class Consumer:
 
         def reply(r: Any) -> None:
             # OK, or the client is already gone (a retried release whose reply was lost)
+            if self.epoch + 1 < self.run.params.epochs:
+                self._next_pass()
+                return
             self.released = True
 
         self.rpc.call(DISPATCHER, "release_iteration_client",
                       {"iteration_client_id": self.client["iteration_client_id"],
                        "job_token": self.token}, reply, self.release, "release")
+
+    def _next_pass(self) -> None:
+        """The next ``iter()`` of a named job: its next repetition (a new iteration)."""
+        self.epoch += 1
+        self._pass += 1
+        self.client = self.view = self.core = self.iteration_id = None
+        self.reads = {}
+        self.done_at = None
+        self.start()

@@ -15,7 +15,20 @@ first broken invariant, with the virtual time). The invariants:
   worker the
   dispatcher has registered when a consumer ends has a task of the iteration (joined and
   restarted workers included);
+- a DYNAMIC split reaches at most one task, once (``Run.handed``);
+- repetitions (``repeat``: a dataset ``.repeat(k)`` read by a named job over ``epochs``
+  passes): each element of each repetition of each pass, as above;
+- coordinated reads (``coordinated``): consumer ``c``'s ``j``-th element is element ``c`` of
+  the round the fixed task list and ``rounds_per_request`` put at ``j`` (every consumer reads
+  the same round of the same task at the same place: rounds stay coordinated), and without
+  faults every consumer reads all its rounds;
+- the cross-trainer cache (``cross-trainer``): each trainer takes each task's elements in
+  window order; it skips only elements the window evicted, and then to the window's first
+  one; a window evicts no element no trainer read yet; each turn's part comes from its task
+  in task order; without faults every trainer reads all its turns, and trainers that never
+  skipped read the same sequence;
 - every consumer ends within ``horizon`` virtual seconds (no hang, shared jobs included);
+  a fixed-list read that ends with an error does so only after a fault;
 - ``DispatcherState.validate_state()`` after every stimulus of the dispatcher, and the
   journal's replay equals the live state at every kill, restart, and at the end.
 """
@@ -32,13 +45,21 @@ from typing import Any
 from ...service.dispatcher.core import CoreConfig, WorkerInfo
 from ...service.dispatcher.state import DispatcherState
 from ._actors import Consumer
+from ._fixed import FixedReader
 from ._worker import DataWorker
 from ._world import DISPATCHER, Network, SimDispatcher, SimFailure, World
 
 __all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
 
 #: Workload names (``--workload``).
-WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file")
+WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file", "repeat",
+             "coordinated", "cross-trainer")
+
+#: Workloads read by fixed-list readers (:mod:`._fixed`).
+FIXED = ("coordinated", "cross-trainer")
+
+#: A dataset's endless cardinality (``data._base.INFINITE``).
+INFINITE = -1
 
 #: Fault kinds.
 FAULTS = ("kill_dispatcher", "freeze_dispatcher", "kill_worker", "freeze_worker",
@@ -70,6 +91,25 @@ class Params:
     client_timeout: float = 10.0
     snapshot_every: int = 0
     horizon: float = 40.0
+    #: The dataset's ``.repeat(k)`` (0: endless), and how many passes each consumer reads
+    #: (repetitions of a named job).
+    repeat: int = 1
+    epochs: int = 1
+    #: Fixed-list reads: turns each consumer reads, when it starts, and how long consumer
+    #: ``i`` takes to use a turn (``i * think`` seconds: some consumers are slower).
+    turns: int = 3
+    start_delay: float = 0.0
+    think: float = 0.0
+    #: Coordinated reads: ``client.rounds-per-request``, the rounds consumers may run ahead
+    #: (``Rounds.max_ahead``) and ``worker.coordinated-read-timeout``.
+    rounds_per_request: int = 1
+    max_ahead: int = 64
+    round_timeout: float = 5.0
+    #: The cross-trainer cache: ``client.cross-trainer-turn-elements``, the window (in
+    #: elements) and the production lookahead (``TrainerCursors``).
+    turn_elements: int = 4
+    window: int = 32
+    lookahead: int = 256
 
     @property
     def num_elements(self) -> int:
@@ -78,7 +118,13 @@ class Params:
     @property
     def mode(self) -> str:
         return {"dynamic": "DYNAMIC", "named": "DYNAMIC", "off": "OFF", "named-off": "OFF",
-                "static-data": "DATA", "static-file": "FILE"}[self.workload]
+                "static-data": "DATA", "static-file": "FILE", "repeat": "DYNAMIC",
+                "coordinated": "OFF", "cross-trainer": "DYNAMIC"}[self.workload]
+
+    @property
+    def named(self) -> bool:
+        return self.workload.startswith("named") or self.workload in FIXED or (
+            self.workload == "repeat" and (self.n_consumers > 1 or self.epochs > 1))
 
 
 @dataclass
@@ -87,7 +133,8 @@ class Ending:
 
     tasks: list[tuple[int, str, str]]
     workers: list[str]
-    lost: set[int]
+    #: ``(iteration_id, repetition, split)`` lost with departed workers.
+    lost: set[tuple[int, int, int]]
 
 
 @dataclass
@@ -117,9 +164,28 @@ def generate(seed: int, workload: str) -> Params:
     p.buffer = rng.choice((2, 8, 64))
     p.fetch = rng.choice((1, 4, 16))
     p.snapshot_every = rng.choice((0, 0, 5, 20))
+    if workload == "repeat":
+        p.repeat = rng.randint(2, 3)
+        p.epochs = rng.randint(1, 2)
+        p.n_consumers = rng.randint(1, 3)
+        p.num_splits = rng.randint(2, 8)
+    elif workload in FIXED:
+        p.repeat = 0  # coordinated reads and the cross-trainer cache need an endless job
+        p.n_consumers = rng.randint(2, 3)
+        p.n_workers = rng.randint(1, 3)
+        p.turns = rng.randint(2, 16)
+        p.start_delay = 0.3  # after the workers registered (the task list is fixed)
+        p.rounds_per_request = rng.choice((1, 2, 4))
+        p.max_ahead = rng.choice((4, 64))
+        p.turn_elements = rng.choice((1, 4, 8))
+        p.window = rng.choice((16, 24, 48))
+        p.lookahead = rng.choice((4, 16, 256))
+        p.think = rng.choice((0.0, 0.02, 0.1))
     if rng.random() < 0.3:
         return p  # no faults: exactly once
-    if rng.random() < 0.3:
+    if workload in FIXED:
+        pass  # their requests have no retry: a lost reply fails the read (a broken comm)
+    elif rng.random() < 0.3:
         p.drop = rng.choice((0.01, 0.05))
         p.dup = rng.choice((0.0, 0.1))
     kinds = list(FAULTS)
@@ -153,7 +219,8 @@ class Run:
         static = p.mode in ("DATA", "FILE")
         addresses = [worker_address(i) for i in range(p.n_workers)]
         self.config = CoreConfig(
-            job_gc_timeout=5.0, client_timeout=p.client_timeout, worker_timeout=p.worker_timeout,
+            # a later pass of a named job may start long after another consumer finished it
+            job_gc_timeout=5.0 if p.epochs == 1 else 1000.0, client_timeout=p.client_timeout, worker_timeout=p.worker_timeout,
             worker_addresses=tuple(addresses) if static else None, excluded_resources=("ps",))
         self.dispatcher = SimDispatcher(self.world, self.net, self.config,
                                         snapshot_every=p.snapshot_every)
@@ -165,18 +232,28 @@ class Run:
         self.seen: set[Any] = set()
         self.seen_static: set[tuple[int, Any]] = set()
         self.static_count: dict[Any, int] = {}
-        self.consumers: list[Consumer] = []
         #: The splits handed to each worker, and the tasks and splits of workers when they
         #: were killed or left: what a dead worker held (in its buffer, also of a task it had
         #: finished: its finish goes out when its input ends) may be lost.
-        self.splits_of: dict[str, set[int]] = {}
+        self.splits_of: dict[str, set[tuple[int, int, int]]] = {}
         self.dead_tasks: set[int] = set()
-        self.dead_splits: set[int] = set()
+        self.dead_splits: set[tuple[int, int, int]] = set()
+        #: ``{(iteration_id, repetition, split): task_id}`` of every split a task received.
+        self.split_owner: dict[tuple[int, int, int], int] = {}
+        #: Fixed-list readers: the task list of each one that started reading.
+        self.fixed_lists: dict[str, list[tuple[int, str]]] = {}
         self._register()
-        name = "shared" if p.workload.startswith("named") else None
+        name = "shared" if p.named else None
+        self.consumers: list[Consumer | FixedReader] = []
         for i in range(p.n_consumers):
-            job = {"dataset_id": self.dataset_id, "processing_mode": p.mode, "job_name": name}
-            self.consumers.append(Consumer(self, f"c{i}", job))
+            job: dict[str, Any] = {"dataset_id": self.dataset_id, "processing_mode": p.mode,
+                                   "job_name": name}
+            if p.workload == "coordinated":
+                job["num_consumers"] = p.n_consumers
+            if p.workload == "cross-trainer":
+                job["cross_trainer_cache"] = True
+            self.consumers.append(FixedReader(self, f"c{i}", job, i) if p.workload in FIXED
+                                  else Consumer(self, f"c{i}", job))
         self._schedule_gc()
         for fault in p.faults:
             t, kind, target, duration = fault
@@ -187,8 +264,18 @@ class Run:
         n = self.params.per_split
         return range(split * n, split * n + n)
 
-    def handed(self, address: str, splits: list[int]) -> None:
-        self.splits_of.setdefault(address, set()).update(splits)
+    def handed(self, address: str, iteration_id: int, task_id: int, repetition: int,
+               splits: list[int]) -> None:
+        """A DYNAMIC task received ``splits`` of ``repetition``: each split of a repetition
+        reaches one task, once."""
+        keys = [(iteration_id, repetition, s) for s in splits]
+        for key in keys:
+            other = self.split_owner.get(key)
+            if other is not None:
+                self.fail(f"split {key[2]} of repetition {repetition} of iteration "
+                          f"{iteration_id} reached task {task_id}, and task {other} before")
+            self.split_owner[key] = task_id
+        self.splits_of.setdefault(address, set()).update(keys)
 
     def note(self, text: str) -> None:
         self.world.log(text)
@@ -198,6 +285,8 @@ class Run:
             self.failure = f"t={self.world.now:.3f}: {text}"
 
     def received(self, consumer: Consumer, task_id: int, element: Any) -> None:
+        if self.params.workload == "repeat":  # each pass (iteration) reads every repetition
+            element = (consumer.iteration_id, element)
         if self.params.mode in ("DATA", "FILE"):
             # a restarted worker produces its shard again (TF's static sharding); within one
             # task's shard, at most once
@@ -212,6 +301,65 @@ class Run:
             self.fail(f"{consumer.name} got {what} twice (from task {task_id})")
         self.seen.add(element)
         consumer.received.append(element)
+
+    def started_fixed(self, reader: FixedReader) -> None:
+        """A fixed-list reader has its task list: without faults, every consumer of the job
+        walks the same one (else its rounds or turns cannot line up)."""
+        self.fixed_lists[reader.name] = reader.tasks
+        if not self._faults() and any(t != reader.tasks for t in self.fixed_lists.values()):
+            self.fail(f"{reader.name} reads the tasks {reader.tasks}, other consumers of the "
+                      f"job {self.fixed_lists}")
+
+    def received_fixed(self, reader: FixedReader, element: Any) -> None:
+        """Coordinated reads: the ``j``-th element is element ``index`` of the round that
+        ``j`` falls in (turn ``u``, offset ``q`` of its ``k`` rounds, task ``t`` of the list:
+        ``join_rounds``). The cross-trainer cache: turn after turn, ``K`` elements of each
+        task in task order (``join_turns``)."""
+        p = self.params
+        j = len(reader.received)
+        tasks = reader.tasks
+        if p.workload == "coordinated":
+            k = p.rounds_per_request
+            u, rest = divmod(j, k * len(tasks))
+            q, t = divmod(rest, len(tasks))
+            rnd = u * k + q
+            expected = (tasks[t][0], rnd * p.n_consumers + reader.index)
+            if element != expected:
+                self.fail(f"rounds not coordinated: {reader.name} (consumer {reader.index} of "
+                          f"{p.n_consumers}) got {element} as its element {j}, which is "
+                          f"round {rnd} of task {tasks[t][0]}: {expected} was due")
+        else:
+            t = (j // p.turn_elements) % len(tasks)
+            if element[0] != tasks[t][0]:
+                self.fail(f"cross-trainer turns: {reader.name}'s element {j} {element} is "
+                          f"from task {element[0]}; its turn is task {tasks[t][0]}'s")
+        reader.received.append(element)
+
+    def took_window(self, reader: FixedReader, task_id: int, items: list[Any],
+                    base: int) -> bool:
+        """A trainer got ``items`` (``(task_id, position, value)``) of a task's window whose
+        first cached position was ``base`` when they were taken: in window order, and what it
+        skipped (from its last position) had been evicted; it then resumes at ``base``."""
+        first = items[0][1]
+        prev = reader.positions.get(task_id)
+        why = None
+        if any(x[0] != task_id or x[1] != first + i for i, x in enumerate(items)):
+            why = f"not in window order: {[x[:2] for x in items]}"
+        elif prev is None and first != base:
+            why = f"its first element is position {first}, the window's first was {base}"
+        elif prev is not None and first != prev + 1:
+            if first <= prev:
+                why = f"position {first} after {prev} (twice, or back)"
+            elif not prev + 1 < base == first:
+                why = (f"it skipped positions {prev + 1}..{first - 1}, but the window "
+                       f"started at {base}")
+        if why is not None:
+            self.fail(f"cross-trainer cache: {reader.name} on task {task_id}: {why}")
+            return False
+        if first != (0 if prev is None else prev + 1):
+            reader.skipped = True
+        reader.positions[task_id] = items[-1][1]
+        return True
 
     def consumer_done(self, consumer: Consumer) -> None:
         self.world.log(f"{consumer.name} ended with {len(consumer.received)} of its own")
@@ -229,7 +377,7 @@ class Run:
             tasks=[(t.task_id, t.worker_address, t.status)
                    for t in state.tasks_for_iteration(iteration_id)],
             workers=[w.address for w in state.list_workers()],
-            lost={index for _, index in state.lost_splits(iteration_id)})
+            lost={(iteration_id, rep, index) for rep, index in state.lost_splits(iteration_id)})
 
     # Setup
     def _add_worker(self, address: str) -> None:
@@ -241,7 +389,8 @@ class Run:
         p = self.params
         d = self.dispatcher
         assert d.core is not None
-        metadata: dict[str, Any] = {"cardinality": p.num_elements}
+        metadata: dict[str, Any] = {"cardinality": p.num_elements * p.repeat
+                                    if p.repeat else INFINITE}
         if p.mode == "FILE":
             metadata["file_based"] = True
         reply = d._run(d.core.register_dataset, "fp", b"pipeline", b"splits", p.num_splits,
@@ -364,19 +513,25 @@ class Run:
                for it in state.list_iterations()}
         return f"iterations {its}"
 
+    def _faults(self) -> bool:
+        return bool(self.params.faults) or self.params.drop > 0
+
     def _final_checks(self) -> None:
         p = self.params
         d = self.dispatcher
         if d.core is not None:
             d.check_replay(d.durable + d.pending, "at the end")
-        faults = bool(p.faults) or p.drop > 0
+        faults = self._faults()
         for c in self.consumers:
-            end = c.final_state
-            assert end is not None
-            if not faults and any(status == "lost" for _, _, status in end.tasks):
-                raise SimFailure(f"{c.name}: a task was lost without a fault: {end.tasks}")
-            if p.mode == "OFF":
-                self._check_off(c, end)
+            endings = c.endings if isinstance(c, Consumer) else [(c.iteration_id, c.final_state)]
+            for _, end in endings:
+                if not faults and any(status == "lost" for _, _, status in end.tasks):
+                    raise SimFailure(f"{c.name}: a task was lost without a fault: {end.tasks}")
+                if p.mode == "OFF" and isinstance(c, Consumer):
+                    self._check_off(c, end)
+        if p.workload in FIXED:
+            self._check_fixed(faults)
+            return
         if p.mode == "OFF":
             return
         if p.mode in ("DATA", "FILE"):
@@ -384,7 +539,14 @@ class Run:
             twice = sorted(e for e, n in self.static_count.items() if n > 1)
             if twice and not faults:
                 raise SimFailure(f"exactly once broken without faults: {twice[:10]} twice")
-        missing = set(range(p.num_elements)) - self.seen
+        iterations = sorted({it for c in self.consumers if isinstance(c, Consumer)
+                             for it, _ in c.endings})
+        if p.workload == "repeat":  # (pass's iteration, (repetition, element))
+            expected: set[Any] = {(it, (rep, e)) for it in iterations for rep in range(p.repeat)
+                                  for e in range(p.num_elements)}
+        else:
+            expected = set(range(p.num_elements))
+        missing = expected - self.seen
         if not missing:
             return
         if not faults:
@@ -392,14 +554,40 @@ class Run:
                              f"{sorted(missing)[:10]} never delivered")
         if p.mode != "DYNAMIC":
             return  # a lost shard is not handed out split by split: at most once holds
-        lost: set[int] = set()
+        lost: set[tuple[int, int, int]] = set()
         for c in self.consumers:
-            lost |= c.final_state.lost
+            assert isinstance(c, Consumer)
+            for _, end in c.endings:
+                lost |= end.lost
         lost |= self.dead_splits  # buffered on a dead worker (finished tasks too)
-        beyond = sorted(e for e in missing if e // p.per_split not in lost)
+        if p.workload == "repeat":
+            beyond = sorted(m for m in missing
+                            if (m[0], m[1][0], m[1][1] // p.per_split) not in lost)
+        else:
+            beyond = sorted(e for e in missing
+                            if not any((it, 0, e // p.per_split) in lost for it in iterations))
         if beyond:
             raise SimFailure(f"elements {beyond[:10]} were lost, but their splits were not "
-                             f"in flight on a dead worker (lost splits {sorted(lost)})")
+                             f"in flight on a dead worker (lost splits {sorted(lost)[:20]})")
+
+    def _check_fixed(self, faults: bool) -> None:
+        """Fixed-list reads: without faults every consumer read all its rounds or turns (and
+        trainers that never skipped read the same sequence); an error only after a fault,
+        and never "out of step" (a consumer asked for a round it had read)."""
+        readers = [c for c in self.consumers if isinstance(c, FixedReader)]
+        for c in readers:
+            if c.error is not None and (not faults or "out of step" in c.error):
+                raise SimFailure(f"{c.name} ended with an error"
+                                 f"{'' if faults else ' without a fault'}: {c.error}")
+            if c.error is None and len(c.received) != c.target:
+                raise SimFailure(f"{c.name} read {len(c.received)} elements of {c.target}")
+        if self.params.workload != "cross-trainer" or faults:
+            return
+        whole = [c for c in readers if not c.skipped]
+        for c in whole[1:]:
+            if c.received != whole[0].received:
+                raise SimFailure(f"cross-trainer cache: {c.name} and {whole[0].name} never "
+                                 "skipped, but read different sequences")
 
     def _check_off(self, c: Consumer, end: Ending) -> None:
         n = self.params.num_elements

@@ -11,8 +11,21 @@ carries out its effects, and produces elements deterministically:
 
 - split ``s`` (DYNAMIC, static FILE) is the elements ``s * per_split .. s * per_split +
   per_split - 1``; static DATA is the elements ``e`` with ``e % num_workers == index``;
-- an OFF task's elements are ``(task_id, i)`` for ``i`` in ``range(num_elements)``, so each
-  worker's copy is told apart.
+  under a dataset ``.repeat(k)`` (``Params.repeat``) an element of repetition ``r`` is
+  ``(r, e)``, and the task's pipeline starts the next repetition (``SplitFlow.reset``, then
+  ``ack_splits`` of the repetition it answers) when one ended;
+- an OFF task's elements are ``(task_id, i)`` for ``i`` in ``range(num_elements)`` (an endless
+  job: every ``i``), so each worker's copy is told apart.
+
+Coordinated reads (a job with ``num_consumers``): ``get_rounds`` forms and hands out rounds
+with the core's :class:`~dask_dataservice.service.worker.core.Rounds`, waiting as the
+plugin's ``RoundBuffer`` does (for a round to form, for laggards, up to
+``Params.round_timeout``). The cross-trainer cache: a task's buffer is a window of
+``Params.window`` elements whose per-trainer cursors, eviction bookkeeping and production
+demand are the core's :class:`~dask_dataservice.service.worker.core.TrainerCursors`, as in
+the plugin's ``CrossTrainerWindow``; each element there is ``(task_id, position, value)``
+(``position``: its place in the task's stream) and each reply says the window's first
+position (``base``), so the consumer checks what a trainer skipped was evicted.
 
 Where it differs from the plugin: a dataset "loads" at once (``task_started`` on the start
 effect); a request waiting for its turn (an earlier one of the same consumer never came)
@@ -21,6 +34,7 @@ gives up at once instead of after the long poll plus 10 s.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,11 +43,13 @@ from ...service.protocol._sharding import ShardingPolicy
 from ...service.worker.core import (
     CancelTask,
     Effect,
+    Rounds,
     SendFinishTask,
     ShowEnd,
     SplitFlow,
     StartTask,
     TaskPhase,
+    TrainerCursors,
     WorkerCore,
     empty_reply,
     unknown_task_reply,
@@ -44,6 +60,11 @@ if TYPE_CHECKING:
     from ._scenario import Run
 
 __all__ = ["DataWorker"]
+
+#: Elements the window's producer hands over at once (``CrossTrainerWindow.chunk_size``).
+WINDOW_CHUNK = 8
+#: Seconds ``get_rounds`` waits for a task that has not arrived (the plugin's ``_runner``).
+ROUNDS_TASK_WAIT = 10.0
 
 
 @dataclass
@@ -59,6 +80,34 @@ class _Runner:
     end_visible: bool = False
     off_next: int = 0
     static_done: bool = False
+    #: Coordinated reads: the round logic (made by the first ``get_rounds``) and the round
+    #: being formed.
+    rounds: Rounds | None = None
+    forming: list[Any] = field(default_factory=list)
+    #: The cross-trainer cache: the trainers' cursors, the pipeline's elements not yet in
+    #: the window, elements put in the window and evicted from it, and the harness's own
+    #: lead (one past the furthest position any trainer took).
+    cursors: TrainerCursors | None = None
+    staged: deque[Any] = field(default_factory=deque)
+    produced: int = 0
+    evicted: int = 0
+    lead: int = 0
+
+
+@dataclass
+class _RoundsCall:
+    """A ``get_rounds`` request under way (the plugin's handler awaiting its rounds)."""
+
+    src: str
+    rid: int
+    kw: dict[str, Any]
+    arrived: float
+    next_round: int
+    out: list[Any] = field(default_factory=list)
+    #: When the current round's wait for laggards gives up.
+    deadline: float | None = None
+    #: The runner it started on (a cancelled task ends it with an error).
+    runner: _Runner | None = None
 
 
 class DataWorker:
@@ -82,6 +131,8 @@ class DataWorker:
         self.runners: dict[int, _Runner] = {}
         #: ``{(task_id, consumer, seq): reply}`` kept until acknowledged (``core.turn``).
         self.kept: dict[tuple[int, int, int], Any] = {}
+        #: ``get_rounds`` requests waiting (for their task, a round, or laggards).
+        self.round_calls: list[_RoundsCall] = []
         self.rpc.reset()
         self.world.on(self.address, self.world.rng.uniform(0, 0.05), self.heartbeat)
         self.world.on(self.address, 0.01, self.produce)
@@ -109,6 +160,8 @@ class DataWorker:
                 runner = _Runner(task)
                 if ShardingPolicy(task["processing_mode"]) == ShardingPolicy.DYNAMIC:
                     runner.flow = SplitFlow(self.run.params.split_batch)
+                if task.get("cross_trainer_cache"):
+                    runner.cursors = TrainerCursors(self.run.params.lookahead)
                 self.runners[task["task_id"]] = runner
                 self.core.task_started(task["task_id"])  # its dataset "loads" at once
             elif isinstance(effect, CancelTask):
@@ -138,16 +191,21 @@ class DataWorker:
         for task_id, r in list(self.runners.items()):
             if self.core.phase(task_id) != TaskPhase.RUNNING:
                 continue
+            if r.cursors is not None:
+                self._produce_window(task_id, r)
+                continue
             if len(r.buffer) >= params.buffer:
                 continue
             mode = ShardingPolicy(r.task["processing_mode"])
             if r.flow is not None:
-                self._produce_dynamic(task_id, r)
+                self._produce_dynamic(task_id, r, r.buffer, params.buffer)
             elif mode == ShardingPolicy.OFF:
-                stop = min(r.off_next + params.per_split, params.num_elements)
+                end = params.num_elements if params.repeat else None  # 0: endless
+                stop = r.off_next + params.per_split
+                stop = stop if end is None else min(stop, end)
                 r.buffer.extend((task_id, i) for i in range(r.off_next, stop))
                 r.off_next = stop
-                if stop >= params.num_elements:
+                if end is not None and stop >= end:
                     self._execute(self.core.input_ended(task_id, False))
             else:  # static sharding: this worker's shard
                 index, shards = r.task["worker_index"], r.task["num_workers"]
@@ -157,17 +215,28 @@ class DataWorker:
                     for s in range(index, params.num_splits, shards):
                         r.buffer.extend(self.run.split_elements(s))
                 self._execute(self.core.input_ended(task_id, False))
+        if self.round_calls:
+            self._serve_rounds()
         self.world.on(self.address, params.produce_interval, self.produce)
 
-    def _produce_dynamic(self, task_id: int, r: _Runner) -> None:
+    def _produce_dynamic(self, task_id: int, r: _Runner, into: deque[Any], cap: int) -> None:
         flow = r.flow
         assert flow is not None
-        cap = self.run.params.buffer
-        while flow.has_local() and len(r.buffer) < cap:
-            r.buffer.extend(self.run.split_elements(flow.next_index()))
+        repeat = self.run.params.repeat
+        while flow.has_local() and len(into) < cap:
+            elements = self.run.split_elements(flow.next_index())
+            into.extend(elements if repeat == 1 else ((flow.repetition, e) for e in elements))
         if flow.has_local():
             return
-        if flow.ended:
+        if flow.ended and (repeat == 0 or flow.repetition + 1 < repeat):
+            # the dataset's repeat(): the next repetition asks the dispatcher afresh
+            # (data/ops.py Repeat.iterate -> the split provider's reset)
+            ack = flow.reset()
+            if ack is not None:
+                self._ack(r, ack)
+            r.asking = False
+            self._ask(task_id, r)
+        elif flow.ended:
             self._execute(self.core.input_ended(task_id, False))
         elif not r.asking:
             self._ask(task_id, r)
@@ -195,7 +264,7 @@ class DataWorker:
                 self.run.note(f"{self.address} get_split of task {task_id}: {resp}")
                 return
             indices = list(resp["split_indices"])
-            self.run.handed(self.address, indices)
+            self.run.handed(self.address, task["iteration_id"], task_id, req.repetition, indices)
             if flow.on_reply(indices, bool(resp["end_of_splits"])):
                 self._ask(task_id, r)  # ask ahead
 
@@ -204,6 +273,41 @@ class DataWorker:
                 r.asking = False  # asked again (with ``received``) by the next production
 
         self.rpc.call(DISPATCHER, "get_split", kwargs, reply, timeout, f"split-{task_id}")
+
+    def _ack(self, r: _Runner, repetition: int) -> None:
+        """``ack_splits`` (the plugin's ``_ack_splits``: one try, only bookkeeping is lost)."""
+        task = r.task
+        self.rpc.call(DISPATCHER, "ack_splits",
+                      {"task_id": task["task_id"], "repetition": repetition,
+                       "job_token": task["job_token"]},
+                      lambda _: None, lambda: None, f"ack-{task['task_id']}-{repetition}")
+
+    def _produce_window(self, task_id: int, r: _Runner) -> None:
+        """The cross-trainer window's producer: chunks while the core says there is demand;
+        a full window evicts its oldest elements (``CrossTrainerWindow.put_many``)."""
+        cursors = r.cursors
+        assert cursors is not None and r.flow is not None  # DYNAMIC (the endless repeat)
+        cap = self.run.params.window
+        window = r.buffer
+        while cursors.has_demand(len(window), len(window), cap, WINDOW_CHUNK):
+            if len(r.staged) < WINDOW_CHUNK:
+                self._produce_dynamic(task_id, r, r.staged, WINDOW_CHUNK)
+            if not r.staged:
+                return  # the pipeline waits for splits
+            for _ in range(min(WINDOW_CHUNK, len(r.staged))):
+                window.append((task_id, r.produced, r.staged.popleft()))
+                r.produced += 1
+            evicted = 0
+            while len(window) > cap and len(window) > 1:
+                _, position, _ = window.popleft()
+                if position >= r.lead:
+                    self.run.fail(f"{self.address}: the window of task {task_id} evicted "
+                                  f"position {position}, which no trainer had read (the "
+                                  f"furthest read is {r.lead - 1})")
+                evicted += 1
+            if evicted:
+                cursors.evicted(evicted)
+                r.evicted += evicted
 
     # The consumer side ------------------------------------------------------------------------
     def _deliver(self, src: str, msg: Any) -> None:
@@ -215,6 +319,11 @@ class DataWorker:
                                                   msg[1].get("cancelled", ())))
         elif kind == "rpc":
             _, rid, name, kw = msg
+            if name == "get_rounds":
+                self.round_calls.append(_RoundsCall(src, rid, kw, self.world.now,
+                                                    kw["first_round"]))
+                self._serve_rounds()
+                return
             assert name == "fetch"
             reply = self._get_elements(src, kw)
             if reply is not None:
@@ -222,6 +331,8 @@ class DataWorker:
 
     def _get_elements(self, consumer: str, kw: dict[str, Any]) -> dict[str, Any] | None:
         """``get_elements`` with ``(consumer, seq, ack)``, as the plugin's handler."""
+        if kw.get("seq") is None:  # the cross-trainer turn reader numbers no request
+            return self._take(kw["task_id"], kw["max_elements"], kw.get("trainer_id"))
         task_id, seq, client = kw["task_id"], kw["seq"], kw["consumer"]
         key = (task_id, client)
         turn = self.core.turn(key, seq, kw["ack"])
@@ -237,14 +348,92 @@ class DataWorker:
             self.kept[(task_id, client, seq)] = reply
         return reply
 
-    def _take(self, task_id: int, n: int) -> dict[str, Any]:
+    def _take(self, task_id: int, n: int, trainer_id: str | None = None) -> dict[str, Any]:
         r = self.runners.get(task_id)
         if r is None:
             return unknown_task_reply(task_id, task_id in self.core.finished,
                                       self.core.knows(task_id))
-        if r.buffer:
+        if r.cursors is not None:  # CrossTrainerWindow.take
+            start = r.cursors.start(trainer_id)
+            items = list(itertools.islice(r.buffer, start, start + n))
+            r.cursors.took(trainer_id, start, len(items))
+            if items:
+                r.lead = max(r.lead, items[-1][1] + 1)
+                return {"status": "OK", "elements": items, "base": r.evicted}
+        elif r.buffer:
             items = [r.buffer.popleft() for _ in range(min(n, len(r.buffer)))]
             return {"status": "OK", "elements": items}
         reply = empty_reply(r.end_visible, None, False)
         assert isinstance(reply, dict)
         return reply
+
+    # Coordinated reads ------------------------------------------------------------------------
+    def _serve_rounds(self) -> None:
+        """Run the waiting ``get_rounds`` requests as far as they go (the handler's awaits:
+        for its task, for a round to form, for laggards); answer those that are done."""
+        progressed = True
+        while progressed:
+            progressed = False
+            for call in list(self.round_calls):
+                before = len(call.out)
+                reply = self._rounds_step(call)
+                if reply is not None:
+                    self.round_calls.remove(call)
+                    self.run.net.send(self.address, call.src, ("reply", call.rid, reply))
+                if reply is not None or len(call.out) > before:
+                    progressed = True  # a round moved on: the others may go on
+
+    def _rounds_step(self, call: _RoundsCall) -> dict[str, Any] | None:
+        """``get_rounds`` (the plugin's handler and ``RoundBuffer.get``) until it waits;
+        its reply once done."""
+        kw = call.kw
+        task_id, consumer = kw["task_id"], kw["consumer_index"]
+        r = self.runners.get(task_id)
+        now = self.world.now
+        if r is None or (call.runner is not None and r is not call.runner):
+            if call.runner is not None:
+                return _error("DataServiceError: coordinated read: the task was cancelled")
+            if task_id in self.core.finished or now - call.arrived >= ROUNDS_TASK_WAIT:
+                return _error(f"DataServiceError: task {task_id} does not run on "
+                              f"{self.address}")
+            return None
+        call.runner = r
+        if r.rounds is None:
+            r.rounds = Rounds(kw["num_consumers"], self.run.params.max_ahead)
+        rounds = r.rounds
+        if not 0 <= consumer < rounds.n:
+            return _error(f"ValueError: consumer_index must be in [0, {rounds.n}), got "
+                          f"{consumer}")
+        stop = kw["first_round"] + kw["count"]
+        while call.next_round < stop:
+            rnd = call.next_round
+            why = rounds.out_of_step(rnd, consumer)
+            if why is not None:
+                return _error(f"DataServiceError: {why}")
+            if rounds.too_far_ahead(rnd):
+                if call.deadline is None:
+                    call.deadline = now + self.run.params.round_timeout
+                if now >= call.deadline:
+                    return _error(
+                        f"TimeoutError: coordinated read: consumers {rounds.laggards()} have "
+                        f"not read round {rounds.oldest} (consumer {consumer} cannot go on)")
+                return None
+            call.deadline = None
+            while rounds.must_form(rnd):  # RoundBuffer._form_next
+                while r.buffer and len(r.forming) < rounds.n:
+                    r.forming.append(r.buffer.popleft())
+                if len(r.forming) < rounds.n:
+                    if r.end_visible:
+                        return _error("DataServiceError: coordinated reads need an infinite "
+                                      "dataset, and this one ended")
+                    return None
+                rounds.formed(r.forming)
+                r.forming = []
+            element, _ = rounds.take(rnd, consumer)
+            call.out.append(element)
+            call.next_round += 1
+        return {"status": "OK", "elements": call.out}
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"status": "error", "error": text}
