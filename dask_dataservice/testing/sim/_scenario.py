@@ -27,6 +27,9 @@ first broken invariant, with the virtual time). The invariants:
   one; a window evicts no element no trainer read yet; each turn's part comes from its task
   in task order; without faults every trainer reads all its turns, and trainers that never
   skipped read the same sequence;
+- locality (``locality``: a dataset from a persisted collection, split ``i``'s partition on
+  worker ``i % n``, gone with its worker): a task gets a split its worker does not hold only
+  once no split it holds is left (checked at every ``get_split``), and exactly once as above;
 - every consumer ends within ``horizon`` virtual seconds (no hang, shared jobs included);
   a fixed-list read that ends with an error does so only after a fault;
 - ``DispatcherState.validate_state()`` after every stimulus of the dispatcher, and the
@@ -42,6 +45,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...service.dispatcher._locality import LOCALITY_KEY
 from ...service.dispatcher.core import CoreConfig, WorkerInfo
 from ...service.dispatcher.state import DispatcherState
 from ._actors import Consumer
@@ -53,13 +57,20 @@ __all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
 
 #: Workload names (``--workload``).
 WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file", "repeat",
-             "coordinated", "cross-trainer")
+             "coordinated", "cross-trainer", "locality")
 
 #: Workloads read by fixed-list readers (:mod:`._fixed`).
 FIXED = ("coordinated", "cross-trainer")
 
 #: A dataset's endless cardinality (``data._base.INFINITE``).
 INFINITE = -1
+
+#: Faults the ``locality`` workload does not draw, nor message losses: each can lose a
+#: ``get_split`` reply, and a lost reply that ended a repetition of an explicit (locality)
+#: split order loses its splits on a live worker (``dispatcher.core.undelivered`` cannot map
+#: the positions of an ended repetition back to splits; a known bug, pinned by
+#: ``tests/testing/test_sim.py::test_locality_loses_the_splits_of_a_lost_last_reply``).
+LOCALITY_KNOWN_LOSS = ("kill_dispatcher", "freeze_dispatcher", "partition")
 
 #: Fault kinds.
 FAULTS = ("kill_dispatcher", "freeze_dispatcher", "kill_worker", "freeze_worker",
@@ -119,12 +130,13 @@ class Params:
     def mode(self) -> str:
         return {"dynamic": "DYNAMIC", "named": "DYNAMIC", "off": "OFF", "named-off": "OFF",
                 "static-data": "DATA", "static-file": "FILE", "repeat": "DYNAMIC",
-                "coordinated": "OFF", "cross-trainer": "DYNAMIC"}[self.workload]
+                "coordinated": "OFF", "cross-trainer": "DYNAMIC",
+                "locality": "DYNAMIC"}[self.workload]
 
     @property
     def named(self) -> bool:
         return self.workload.startswith("named") or self.workload in FIXED or (
-            self.workload == "repeat" and (self.n_consumers > 1 or self.epochs > 1))
+            self.workload in ("repeat", "locality") and (self.n_consumers > 1 or self.epochs > 1))
 
 
 @dataclass
@@ -169,6 +181,8 @@ def generate(seed: int, workload: str) -> Params:
         p.epochs = rng.randint(1, 2)
         p.n_consumers = rng.randint(1, 3)
         p.num_splits = rng.randint(2, 8)
+    elif workload == "locality":  # a persisted collection: split i's partition on worker i % n
+        p.n_consumers = rng.randint(1, 2)
     elif workload in FIXED:
         p.repeat = 0  # coordinated reads and the cross-trainer cache need an endless job
         p.n_consumers = rng.randint(2, 3)
@@ -183,8 +197,10 @@ def generate(seed: int, workload: str) -> Params:
         p.think = rng.choice((0.0, 0.02, 0.1))
     if rng.random() < 0.3:
         return p  # no faults: exactly once
-    if workload in FIXED:
-        pass  # their requests have no retry: a lost reply fails the read (a broken comm)
+    if workload in FIXED + ("locality",):
+        # fixed-list requests have no retry: a lost reply fails the read (a broken comm);
+        # locality: see LOCALITY_KNOWN_LOSS
+        pass
     elif rng.random() < 0.3:
         p.drop = rng.choice((0.01, 0.05))
         p.dup = rng.choice((0.0, 0.1))
@@ -194,6 +210,9 @@ def generate(seed: int, workload: str) -> Params:
         # leaves its shard unread (the read waits for it, as in TF)
         kinds.remove("join_worker")
         kinds.remove("leave_worker")
+    if workload == "locality":
+        for kind in LOCALITY_KNOWN_LOSS:
+            kinds.remove(kind)
     for _ in range(rng.randint(1, 4)):
         kind = rng.choice(kinds)
         p.faults.append([round(rng.uniform(0.0, 1.5), 4), kind, rng.randrange(8),
@@ -377,7 +396,9 @@ class Run:
             tasks=[(t.task_id, t.worker_address, t.status)
                    for t in state.tasks_for_iteration(iteration_id)],
             workers=[w.address for w in state.list_workers()],
-            lost={(iteration_id, rep, index) for rep, index in state.lost_splits(iteration_id)})
+            lost={(iteration_id, rep, self.dispatcher.positions.get(
+                (iteration_id, rep, index), index))
+                for rep, index in state.lost_splits(iteration_id)})
 
     # Setup
     def _add_worker(self, address: str) -> None:
@@ -393,6 +414,10 @@ class Run:
                                     if p.repeat else INFINITE}
         if p.mode == "FILE":
             metadata["file_based"] = True
+        if p.workload == "locality":  # Dataset.from_dask of a persisted collection
+            metadata[LOCALITY_KEY] = [[["part", i]] for i in range(p.num_splits)]
+            self.dispatcher.key_holders = {("part", i): {worker_address(i % p.n_workers)}
+                                           for i in range(p.num_splits)}
         reply = d._run(d.core.register_dataset, "fp", b"pipeline", b"splits", p.num_splits,
                        metadata=metadata)
         d._flush(d.host.incarnation)  # registered before any consumer starts
@@ -428,6 +453,8 @@ class Run:
                     x.host.alive and not x.left for x in self.workers.values()) < 2:
                 return  # the last worker stays: with none, a read waits (a warning) forever
             w.left = kind == "leave_worker"
+            for holders in d.key_holders.values():  # its partitions are gone with it
+                holders.discard(w.address)
             self.dead_tasks |= set(w.runners)
             self.dead_splits |= self.splits_of.pop(w.address, set())
             w.host.alive = False

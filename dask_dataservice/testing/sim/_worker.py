@@ -429,6 +429,10 @@ class DataWorker:
                     return None
                 rounds.formed(r.forming)
                 r.forming = []
+                if rounds.next_form - rounds.oldest > rounds.max_ahead:
+                    self.run.fail(f"{self.address}: task {task_id} holds rounds "
+                                  f"{rounds.oldest}..{rounds.next_form - 1}, more than "
+                                  f"max_ahead={rounds.max_ahead} past the oldest unread")
             element, _ = rounds.take(rnd, consumer)
             call.out.append(element)
             call.next_round += 1

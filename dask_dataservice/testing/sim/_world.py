@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...service.dispatcher import _split_order
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
 from ...service.dispatcher._state_codec import encode_state, restore
 from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
@@ -168,6 +169,11 @@ class SimDispatcher:
         self._tokens = random.Random(world.rng.random())
         self.errors: list[str] = []
         self.check_every_step = True
+        #: ``{Dask key: addresses holding it}`` (the scheduler's ``who_has``; set by the
+        #: scenario of a dataset from a persisted collection).
+        self.key_holders: dict[Any, set[str]] = {}
+        #: ``{(iteration_id, repetition, position): split}`` of an explicit split order.
+        self.positions: dict[tuple[int, int, int], int] = {}
         self.start()
 
     # ClusterView
@@ -175,7 +181,8 @@ class SimDispatcher:
         return self.connected.get(address)
 
     def holders(self, key: Any) -> list[str]:
-        return []  # no Dask collection in the simulation (locality: a hook for later)
+        """The workers holding Dask key ``key`` (the ``locality`` workload's partitions)."""
+        return sorted(self.key_holders.get(key, ()))
 
     # Lifecycle
     def start(self) -> None:
@@ -309,14 +316,14 @@ class SimDispatcher:
                              active_tasks=kw["active_tasks"],
                              finished_tasks=kw["finished_tasks"], resumed=kw["resumed"])
         if name == "get_split":
-            return self._get_split(core, kw)
+            return self._get_split(core, src, kw)
         if name == "finish_task":
             return self._run(core.finish_task, **kw)
         if name == "ack_splits":
             return self._run(core.ack_splits, **kw)
         raise ValueError(f"unknown request {name!r}")
 
-    def _get_split(self, core: DispatcherCore, kw: dict[str, Any]) -> Any:
+    def _get_split(self, core: DispatcherCore, src: str, kw: dict[str, Any]) -> Any:
         """``get_split``, checking that DYNAMIC spreads its splits: with other active tasks, no
         task takes more than half of what is left at once (533ed4f: one worker took nearly
         all 256 splits, so a worker killed then held none)."""
@@ -327,13 +334,43 @@ class SimDispatcher:
             active = it.num_tasks - it.num_finished_tasks - it.num_lost_tasks
         except Exception:  # noqa: BLE001 - the core answers the error
             active = 0
+        local_left = self._local_left(src, kw) if self.key_holders else set()
         reply = self._run(core.get_split, **kw)
+        if self.key_holders and kw.get("received") is None and "split_indices" in reply:
+            # the explicit order: which split each position handed out (lost splits are
+            # positions, see service/dispatcher/_split_order.py)
+            for k, split in enumerate(reply["split_indices"]):
+                self.positions[(kw["iteration_id"], kw["repetition"], index + k)] = split
+        strays = sorted(set(reply.get("split_indices", ())) - local_left) if local_left else []
+        if strays:
+            raise SimFailure(f"locality: task {kw['task_id']} of {src} got splits {strays}, "
+                             f"which its worker does not hold, while it holds "
+                             f"{sorted(local_left)} not handed out yet")
         left = num_splits - index if active else 0
         got = len(reply.get("split_indices", ())) if kw.get("received") is None else 0
-        if active >= 2 and got > max(1, left // 2):
+        if active >= 2 and got > max(1, left // 2) and not self.key_holders:
+            # (a locality hint hands a worker all its own splits, and the orphans it asks for)
             raise SimFailure(f"DYNAMIC: task {kw['task_id']} took {got} of the {left} splits "
                              f"left while {active} tasks were active")
         return reply
+
+    def _local_left(self, address: str, kw: dict[str, Any]) -> set[int]:
+        """The splits of the current repetition not handed out yet whose partition
+        ``address`` holds (a first request; a retry may be answered what it never got)."""
+        assert self.core is not None
+        state = self.core.state
+        if kw.get("received") is not None:
+            return set()
+        try:
+            rep, index, num_splits = state.split_position(kw["iteration_id"])
+        except Exception:  # noqa: BLE001 - the core answers the error
+            return set()
+        if rep != kw["repetition"]:
+            return set()
+        order = _split_order.taken(state, kw["iteration_id"])
+        taken = set(order) if order else set(range(index))
+        return {i for i in range(num_splits)
+                if i not in taken and address in self.key_holders.get(("part", i), ())}
 
     #: ``{address: WorkerInfo}`` of every worker process of the world (set by the scenario).
     world_workers: dict[str, WorkerInfo] = {}

@@ -241,6 +241,7 @@ from dask_dataservice.service.client.reader_core import (  # noqa: E402
     join_rounds,
     join_turns,
     task_lost,
+    turn_reply,
 )
 
 
@@ -256,6 +257,21 @@ def test_parts_are_joined_round_by_round_or_turn_by_turn():
     with pytest.raises(ValueError):
         join_rounds([[0, 2], [1]])  # every task answers every round
     assert join_turns([[0, 1], [10, 11]]) == [0, 1, 10, 11]
+
+
+def test_a_cross_trainer_turn_asks_the_dispatcher_about_an_unknown_task():
+    """A reply to a cross-trainer turn's request: an "unknown" task is told apart from
+    "nothing yet" (the reader then asks the dispatcher, and ends once the task is lost: its
+    worker never got it, or restarted without it, and would answer so for ever; found by the
+    simulator, cross-trainer seed 7)."""
+    unknown = {"status": "OK", "elements": None, "end_of_sequence": False, "unknown": True}
+    assert turn_reply(unknown) == "unknown"
+    assert turn_reply({**unknown, "unknown": False}) == "nothing"
+    assert turn_reply({"status": "OK", "elements": None, "end_of_sequence": True}) == "end"
+    assert turn_reply({"status": "OK", "elements": [1], "end_of_sequence": False}) == "elements"
+    assert turn_reply({"status": "error", "error": "x"}) == "error"
+    assert turn_reply(None) == "closing"
+    assert turn_reply({"status": "OK", "closing": True}) == "closing"
 
 
 def test_the_core_imports_no_dask_no_asyncio_no_threads():
