@@ -152,7 +152,7 @@ class CrossTrainerReader(_FixedTasksReader):
                 raise DataServiceError(f"cross-trainer cache: the worker of task {task_id} "
                                        f"({address}) is shutting down")
             batch = raise_for_status(resp, "element request").get("elements")
-            if kind == "elements":
+            if batch is not None:  # kind "elements"
                 out.extend(batch.items)
             elif kind == "end":
                 raise DataServiceError("the cross-trainer cache needs an infinite dataset, and "
