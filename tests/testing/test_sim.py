@@ -46,7 +46,7 @@ def test_simulator_seeds():
 
 
 def test_a_seed_replays_bit_for_bit():
-    for workload in ("dynamic", "named"):
+    for workload in ("dynamic", "named", "repeat", "coordinated", "cross-trainer", "locality"):
         seed = next(s for s in range(100) if generate(s, workload).faults)
         a, b = run_seed(seed, workload), run_seed(seed, workload)
         assert a.trace == b.trace and a.steps == b.steps and a.virtual_time == b.virtual_time
