@@ -25,8 +25,10 @@ first broken invariant, with the virtual time). The invariants:
 - the cross-trainer cache (``cross-trainer``): each trainer takes each task's elements in
   window order; it skips only elements the window evicted, and then to the window's first
   one; a window evicts no element no trainer read yet; each turn's part comes from its task
-  in task order; without faults every trainer reads all its turns, and trainers that never
-  skipped read the same sequence;
+  in task order; without faults every trainer reads all its turns, trainers that never
+  skipped read the same sequence, and no task holds splits of a repetition more than 3
+  before its current one (the endless repeat's acknowledgements keep the in-flight set
+  small);
 - locality (``locality``: a dataset from a persisted collection, split ``i``'s partition on
   worker ``i % n``, gone with its worker): a task gets a split its worker does not hold only
   once no split it holds is left (checked at every ``get_split``), and exactly once as above;
@@ -45,6 +47,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import TaskNotFoundError
 from ...service.dispatcher._locality import LOCALITY_KEY
 from ...service.dispatcher.core import CoreConfig, WorkerInfo
 from ...service.dispatcher.state import DispatcherState
@@ -610,6 +613,19 @@ class Run:
                 raise SimFailure(f"{c.name} read {len(c.received)} elements of {c.target}")
         if self.params.workload != "cross-trainer" or faults:
             return
+        # an endless repeat() acknowledges what left the pipeline (SplitFlow.reset ->
+        # ack_splits): the dispatcher's in-flight set does not grow repetition after repetition
+        state = self.dispatcher_state()
+        for w in self.workers.values():
+            for task_id, r in w.runners.items():
+                try:
+                    first = state.first_split_held(task_id) if r.flow is not None else None
+                except TaskNotFoundError:
+                    continue  # collected
+                if first is not None and r.flow is not None and \
+                        first[0] < r.flow.repetition - 3:
+                    raise SimFailure(f"task {task_id} still holds splits of repetition "
+                                     f"{first[0]} at repetition {r.flow.repetition}")
         whole = [c for c in readers if not c.skipped]
         for c in whole[1:]:
             if c.received != whole[0].received:
