@@ -103,6 +103,13 @@ class Consumer:
         self.epoch = 0
         self.endings: list[tuple[int, Any]] = []
         self._pass = 0
+        #: A trainer of a cross-trainer cache read with this (plain) reader: its id, the
+        #: elements it reads of the endless job, its last position in each task's window
+        #: and whether it ever skipped (``Run.took_window``).
+        self.trainer_id: str | None = None
+        self.target: int | None = None
+        self.positions: dict[int, int] = {}
+        self.skipped = False
         self.world.on(name, 0.0, self.start)
 
     def _deliver(self, src: str, msg: Any) -> None:
@@ -186,7 +193,8 @@ class Consumer:
             self.rpc.call(read.address, "fetch",
                           {"task_id": read.task_id, "seq": r.seq, "ack": r.ack,
                            "max_elements": r.max_elements,
-                           "consumer": self.client["iteration_client_id"]},
+                           "consumer": self.client["iteration_client_id"],
+                           "trainer_id": self.trainer_id},
                           functools.partial(self._reply, read, r.seq),
                           functools.partial(self._failed, read, r.seq),
                           f"fetch-{read.task_id}")
@@ -197,8 +205,14 @@ class Consumer:
         assert self.core is not None
         outcome = read.on_reply(seq, reply, self.world.now, self.core.is_gone(read.task_id))
         if outcome.kind == "elements":
+            if self.trainer_id is not None and not self.run.took_window(
+                    self, read.task_id, reply["elements"], reply["base"]):
+                return
             for element in reply["elements"]:
                 self.run.received(self, read.task_id, element)
+            if self.target is not None and len(self.received) >= self.target:
+                self._pass_over()  # an endless job: the consumer stops after its elements
+                return
             self._send(read)
         elif outcome.kind == "done":
             self._ended(read)
@@ -238,6 +252,9 @@ class Consumer:
             return
         if not self.core.pass_over(view):
             return
+        self._pass_over()
+
+    def _pass_over(self) -> None:
         self.done_at = self.world.now
         assert self.iteration_id is not None
         self.final_state = self.run.seen_by(self.iteration_id)

@@ -22,7 +22,8 @@ first broken invariant, with the virtual time). The invariants:
   the round the fixed task list and ``rounds_per_request`` put at ``j`` (every consumer reads
   the same round of the same task at the same place: rounds stay coordinated), and without
   faults every consumer reads all its rounds;
-- the cross-trainer cache (``cross-trainer``): each trainer takes each task's elements in
+- the cross-trainer cache (``cross-trainer``: the turn reader under DYNAMIC;
+  ``cross-trainer-off``: the plain reader with a trainer id under OFF): each trainer takes each task's elements in
   window order; it skips only elements the window evicted, and then to the window's first
   one; a window evicts no element no trainer read yet; each turn's part comes from its task
   in task order; without faults every trainer reads all its turns, trainers that never
@@ -60,7 +61,7 @@ __all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
 
 #: Workload names (``--workload``).
 WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file", "repeat",
-             "coordinated", "cross-trainer", "locality")
+             "coordinated", "cross-trainer", "cross-trainer-off", "locality")
 
 #: Workloads read by fixed-list readers (:mod:`._fixed`).
 FIXED = ("coordinated", "cross-trainer")
@@ -133,12 +134,12 @@ class Params:
     def mode(self) -> str:
         return {"dynamic": "DYNAMIC", "named": "DYNAMIC", "off": "OFF", "named-off": "OFF",
                 "static-data": "DATA", "static-file": "FILE", "repeat": "DYNAMIC",
-                "coordinated": "OFF", "cross-trainer": "DYNAMIC",
+                "coordinated": "OFF", "cross-trainer": "DYNAMIC", "cross-trainer-off": "OFF",
                 "locality": "DYNAMIC"}[self.workload]
 
     @property
     def named(self) -> bool:
-        return self.workload.startswith("named") or self.workload in FIXED or (
+        return self.workload.startswith(("named", "cross-trainer")) or self.workload in FIXED or (
             self.workload in ("repeat", "locality") and (self.n_consumers > 1 or self.epochs > 1))
 
 
@@ -186,7 +187,7 @@ def generate(seed: int, workload: str) -> Params:
         p.num_splits = rng.randint(2, 8)
     elif workload == "locality":  # a persisted collection: split i's partition on worker i % n
         p.n_consumers = rng.randint(1, 2)
-    elif workload in FIXED:
+    elif workload in FIXED + ("cross-trainer-off",):
         p.repeat = 0  # coordinated reads and the cross-trainer cache need an endless job
         p.n_consumers = rng.randint(2, 3)
         p.n_workers = rng.randint(1, 3)
@@ -272,10 +273,15 @@ class Run:
                                    "job_name": name}
             if p.workload == "coordinated":
                 job["num_consumers"] = p.n_consumers
-            if p.workload == "cross-trainer":
+            if p.workload.startswith("cross-trainer"):
                 job["cross_trainer_cache"] = True
-            self.consumers.append(FixedReader(self, f"c{i}", job, i) if p.workload in FIXED
-                                  else Consumer(self, f"c{i}", job))
+            consumer = FixedReader(self, f"c{i}", job, i) if p.workload in FIXED \
+                else Consumer(self, f"c{i}", job)
+            if p.workload == "cross-trainer-off":  # the plain reader, with a trainer id
+                assert isinstance(consumer, Consumer)
+                consumer.trainer_id = f"trainer{i}"
+                consumer.target = p.turns * p.turn_elements * p.n_workers
+            self.consumers.append(consumer)
         self._schedule_gc()
         for fault in p.faults:
             t, kind, target, duration = fault
@@ -309,6 +315,8 @@ class Run:
     def received(self, consumer: Consumer, task_id: int, element: Any) -> None:
         if self.params.workload == "repeat":  # each pass (iteration) reads every repetition
             element = (consumer.iteration_id, element)
+        elif self.params.workload == "cross-trainer-off":  # every trainer reads every element
+            element = (consumer.name, element[0], element[1])
         if self.params.mode in ("DATA", "FILE"):
             # a restarted worker produces its shard again (TF's static sharding); within one
             # task's shard, at most once
@@ -357,7 +365,7 @@ class Run:
                           f"from task {element[0]}; its turn is task {tasks[t][0]}'s")
         reader.received.append(element)
 
-    def took_window(self, reader: FixedReader, task_id: int, items: list[Any],
+    def took_window(self, reader: FixedReader | Consumer, task_id: int, items: list[Any],
                     base: int) -> bool:
         """A trainer got ``items`` (``(task_id, position, value)``) of a task's window whose
         first cached position was ``base`` when they were taken: in window order, and what it
@@ -557,7 +565,7 @@ class Run:
             for _, end in endings:
                 if not faults and any(status == "lost" for _, _, status in end.tasks):
                     raise SimFailure(f"{c.name}: a task was lost without a fault: {end.tasks}")
-                if p.mode == "OFF" and isinstance(c, Consumer):
+                if p.mode == "OFF" and isinstance(c, Consumer) and p.repeat:
                     self._check_off(c, end)
         if p.workload in FIXED:
             self._check_fixed(faults)

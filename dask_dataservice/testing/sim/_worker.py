@@ -286,12 +286,17 @@ class DataWorker:
         """The cross-trainer window's producer: chunks while the core says there is demand;
         a full window evicts its oldest elements (``CrossTrainerWindow.put_many``)."""
         cursors = r.cursors
-        assert cursors is not None and r.flow is not None  # DYNAMIC (the endless repeat)
+        assert cursors is not None
         cap = self.run.params.window
         window = r.buffer
-        while cursors.has_demand(len(window), len(window), cap, WINDOW_CHUNK):
-            if len(r.staged) < WINDOW_CHUNK:
+        chunks = cap // WINDOW_CHUNK + 1  # a thread's pace: at most a window per tick
+        while chunks and cursors.has_demand(len(window), len(window), cap, WINDOW_CHUNK):
+            chunks -= 1
+            if len(r.staged) < WINDOW_CHUNK and r.flow is not None:  # the endless repeat
                 self._produce_dynamic(task_id, r, r.staged, WINDOW_CHUNK)
+            elif len(r.staged) < WINDOW_CHUNK:  # OFF: the endless copy
+                r.staged.extend((task_id, i) for i in range(r.off_next, r.off_next + 8))
+                r.off_next += 8
             if not r.staged:
                 return  # the pipeline waits for splits
             for _ in range(min(WINDOW_CHUNK, len(r.staged))):
@@ -342,7 +347,7 @@ class DataWorker:
             return self.kept.get((task_id, client, seq))
         if turn.wait:  # the earlier request never came: give up waiting for it at once
             self.core.turn_abandoned(key, seq, waiting=True)
-        reply = self._take(task_id, kw["max_elements"])
+        reply = self._take(task_id, kw["max_elements"], kw.get("trainer_id"))
         self.core.turn_done(key, seq)
         if turn.keep and self.core.keep_reply(key, seq, reply.get("elements") is not None):
             self.kept[(task_id, client, seq)] = reply
