@@ -23,7 +23,8 @@ plugin's ``RoundBuffer`` does (for a round to form, for laggards, up to
 ``Params.round_timeout``). The cross-trainer cache: a task's buffer is a window of
 ``Params.window`` elements whose per-trainer cursors, eviction bookkeeping and production
 demand are the core's :class:`~dask_dataservice.service.worker.core.TrainerCursors`, as in
-the plugin's ``CrossTrainerWindow``; each element there is ``(task_id, position, value)``
+the plugin's ``CrossTrainerWindow`` (its producer: DYNAMIC splits of the endless repeat, or
+an OFF task's endless copy, a chunk at a time, at most a window per tick); each element there is ``(task_id, position, value)``
 (``position``: its place in the task's stream) and each reply says the window's first
 position (``base``), so the consumer checks what a trainer skipped was evicted.
 
