@@ -149,6 +149,8 @@ class Ending:
 
     tasks: list[tuple[int, str, str]]
     workers: list[str]
+    #: Workers that registered once the iteration was over (no task owed: OFF).
+    joined_after: set[str]
     #: ``(iteration_id, repetition, split)`` lost with departed workers.
     lost: set[tuple[int, int, int]]
 
@@ -407,6 +409,8 @@ class Run:
             tasks=[(t.task_id, t.worker_address, t.status)
                    for t in state.tasks_for_iteration(iteration_id)],
             workers=[w.address for w in state.list_workers()],
+            joined_after={w for w, over in self.dispatcher.joined_after.items()
+                          if iteration_id in over},
             lost={(iteration_id, rep, self.dispatcher.positions.get(
                 (iteration_id, rep, index), index))
                 for rep, index in state.lost_splits(iteration_id)})
@@ -652,7 +656,10 @@ class Run:
                         f"consumers with {len(got)} of {n} elements")
         with_task = {address for _, address, _ in end.tasks}
         for w in end.workers:
-            if w not in with_task:
+            # a worker that registered once the iteration was over (every task finished,
+            # no consumer) is owed no copy; a consumer that joins that named job later
+            # reads what is left (seeds 1607, 3082, 3609, 4864 of named-off)
+            if w not in with_task and w not in end.joined_after:
                 raise SimFailure(f"OFF: worker {w} is registered but has no task of the "
                                  f"iteration when {c.name} ended ({end.tasks})")
 

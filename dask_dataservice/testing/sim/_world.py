@@ -163,6 +163,10 @@ class SimDispatcher:
         #: Workers the current scheduler incarnation knows (they connected to it).
         self.connected: dict[str, WorkerInfo] = {}
         self.core: DispatcherCore | None = None
+        #: ``{worker address: iterations}`` that were over when the worker (last)
+        #: registered: every task finished and no consumer left (an OFF worker that joins
+        #: then is owed no copy; TensorFlow's dispatcher gives a finished job no new task).
+        self.joined_after: dict[str, set[int]] = {}
         self.host = world.hosts.setdefault(DISPATCHER, Host(DISPATCHER))
         self.host.deliver = self._deliver
         self.restarts = 0
@@ -236,6 +240,8 @@ class SimDispatcher:
     def _commit(self, out: Outcome[Any]) -> None:
         for update in out.updates:
             self.pending.append(encode_update(update))
+            if type(update).__name__ == "RegisterWorker":
+                self._note_registration(update.address)  # type: ignore[attr-defined]
         if self.pending and not self._flush_scheduled:
             self._flush_scheduled = True
             inc = self.host.incarnation
@@ -258,6 +264,18 @@ class SimDispatcher:
         held, self._held = self._held, []
         for fn in held:
             fn()
+
+    def _note_registration(self, address: str) -> None:
+        """Which iterations were over (facts of the state, not the core's rule) when
+        ``address`` registered: all its tasks finished and no consumer registered."""
+        assert self.core is not None
+        state = self.core.state
+        over = set()
+        for it in state.list_iterations():
+            tasks = state.tasks_for_iteration(it.iteration_id)
+            if tasks and it.num_clients == 0 and all(t.status != "active" for t in tasks):
+                over.add(it.iteration_id)
+        self.joined_after[address] = over
 
     def _when_durable(self, fn: Callable[[], None]) -> None:
         if self.pending:
