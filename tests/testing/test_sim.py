@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dask_dataservice.service.client import reader_core
+from dask_dataservice.service.dispatcher import _split_order
 from dask_dataservice.service.dispatcher import core as dispatcher_core
 from dask_dataservice.service.dispatcher.core import DispatcherCore
 from dask_dataservice.service.worker import core as worker_core
@@ -139,6 +140,13 @@ PAST_BUGS = [
     # partitioned from the dispatcher, which then dropped it) answers "unknown"; the reader
     # asked it again for ever, though the dispatcher had declared the task lost
     ("reader_core:turn_reply", _unknown_is_nothing, "cross-trainer", 7, "no end within"),
+    # the locality hand-out (issue 21): a lost get_split reply that ended a repetition of an
+    # explicit split order was asked again once the order was forgotten: its splits were
+    # lost on a live worker (the last ended repetition's order is kept now)
+    ("split_order:ended_split_at", lambda s, i, r, p: None, "locality", 6,
+     "were lost, but their splits"),
+    ("split_order:ended_split_at", lambda s, i, r, p: None, "locality", 19,
+     "were lost, but their splits"),
 ]
 
 
@@ -149,7 +157,7 @@ def test_the_simulator_finds_past_bugs(monkeypatch, target, old, workload, seed,
     assert run_seed(seed, workload).failure is None
     module_name, _, path = target.rpartition(":")
     module = {"": dispatcher_core, "reader_core": reader_core,
-              "worker_core": worker_core}[module_name]
+              "worker_core": worker_core, "split_order": _split_order}[module_name]
     owner, _, name = path.rpartition(".")
     monkeypatch.setattr(getattr(module, owner) if owner else module, name, old)
     failure = run_seed(seed, workload).failure
@@ -201,17 +209,13 @@ def test_shared_job_name():
     assert sorted(e for c in run.consumers for e in c.received) == list(range(100))
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: a lost get_split reply that ended a "
-                   "repetition of an explicit (locality) split order loses its splits")
-def test_locality_loses_the_splits_of_a_lost_last_reply():
+def test_locality_a_lost_reply_that_ended_a_repetition_is_answered_again():
     """A dataset with a locality hint (a persisted Dask collection), no fault but 5 % of
     messages lost: task 4000's ``get_split`` reply handing out split 3 and the end of the
     repetition is lost; its retry (``received=1``) reaches a dispatcher whose cursor has
-    moved to the next repetition, and ``dispatcher.core.undelivered`` cannot map the
-    positions of an ended repetition of an explicit order back to splits, so it answers
-    none: split 3's elements are lost on a live worker (at most once broken). The locality
-    workload draws no message losses, dispatcher kills or freezes, or partitions until this
-    is fixed (``_scenario.LOCALITY_KNOWN_LOSS``); this pin fails once it is."""
+    moved to the next repetition. ``dispatcher.core.undelivered`` maps the positions back to
+    splits with the last ended repetition's explicit order (``_split_order.ended_split_at``);
+    before, it answered none and split 3's elements were lost on a live worker."""
     params = Params(workload="locality", num_splits=4, per_split=4, n_workers=4,
                     n_consumers=2, drop=0.05, buffer=2, fetch=16, split_batch=1)
     result = run_scenario(259, params)

@@ -10,7 +10,11 @@ positions: the cursor, the splits in flight and the lost splits (so their accoun
 acknowledgements and the end of a repetition work as before). This module keeps, per
 iteration, the split indices handed out so far in the current repetition (an insertion-ordered
 set: position ``p`` handed out split ``order[p]``), which the dispatcher consults to pick the
-next splits and which maps a position back to its split.
+next splits and which maps a position back to its split. It also keeps the order of the
+iteration's last *ended* repetition (``ended_split_at``): a worker whose ``get_split`` reply
+ended a repetition and was lost asks again for that repetition, and its splits are found from
+their positions (before, they were forgotten with the order and so lost on a live worker; found
+by the simulator's locality workload).
 
 Rules (the state's): pure functions over :class:`~.state.DispatcherState`'s
 ``_split_orders``; no I/O, no Dask. ``check`` raises :class:`IllegalUpdateError` and changes
@@ -28,7 +32,8 @@ if TYPE_CHECKING:
     from ._updates import ProduceSplits
     from .state import DispatcherState
 
-__all__ = ["check", "decode", "encode", "record", "split_at", "taken", "validate"]
+__all__ = ["check", "decode", "decode_ended", "encode", "encode_ended", "ended_split_at",
+           "record", "split_at", "taken", "validate"]
 
 
 def check(state: DispatcherState, u: ProduceSplits) -> None:
@@ -67,7 +72,11 @@ def record(state: DispatcherState, u: ProduceSplits) -> None:
         for i in u.indices:
             order[int(i)] = None
     if u.end_of_splits:
-        state._split_orders.pop(u.iteration_id, None)
+        ended = state._split_orders.pop(u.iteration_id, None)
+        if ended:
+            state._ended_split_orders[u.iteration_id] = (u.repetition, list(ended))
+        else:  # a repetition in index order: positions are splits
+            state._ended_split_orders.pop(u.iteration_id, None)
 
 
 def taken(state: DispatcherState, iteration_id: int) -> dict[int, None]:
@@ -84,6 +93,19 @@ def split_at(state: DispatcherState, iteration_id: int, position: int) -> int:
     return list(order)[position]
 
 
+def ended_split_at(state: DispatcherState, iteration_id: int, repetition: int,
+                   positions: list[int]) -> list[int] | None:
+    """The splits handed out at ``positions`` of ``repetition``, the iteration's last ended
+    one, in an explicit order; None when that order is not kept (an older repetition)."""
+    ended = state._ended_split_orders.get(iteration_id)
+    if ended is None or ended[0] != repetition:
+        return None
+    order = ended[1]
+    if any(p >= len(order) for p in positions):
+        return None
+    return [order[p] for p in positions]
+
+
 def validate(state: DispatcherState) -> None:
     """Invariants: an order belongs to a DYNAMIC iteration, is as long as its cursor's
     position and holds distinct splits in range."""
@@ -97,6 +119,16 @@ def validate(state: DispatcherState) -> None:
                 f"at {cursor.next_index}")
         if not all(0 <= i < cursor.num_splits for i in order):
             raise AssertionError(f"split order of iteration {iteration_id} out of range")
+    for iteration_id, (repetition, ended) in state._ended_split_orders.items():
+        cursor = state._split_cursors.get(iteration_id)
+        if cursor is None:
+            raise AssertionError(
+                f"ended split order of iteration {iteration_id}, which has no cursor")
+        if repetition >= cursor.repetition or not ended or len(set(ended)) != len(ended) \
+                or not all(0 <= i < cursor.num_splits for i in ended):
+            raise AssertionError(
+                f"ended split order of iteration {iteration_id} (repetition {repetition}) is "
+                f"not a past repetition's distinct splits in range")
 
 
 def encode(state: DispatcherState) -> list[list[Any]]:
@@ -108,3 +140,14 @@ def decode(state: DispatcherState, rows: list[list[Any]]) -> None:
     """Restore :func:`encode`'s rows (a snapshot without them has none)."""
     for iteration_id, order in rows:
         state._split_orders[iteration_id] = dict.fromkeys(order)
+
+
+def encode_ended(state: DispatcherState) -> list[list[Any]]:
+    """``[[iteration_id, repetition, [split, ...]], ...]`` for a snapshot."""
+    return [[i, rep, list(order)] for i, (rep, order) in state._ended_split_orders.items()]
+
+
+def decode_ended(state: DispatcherState, rows: list[list[Any]]) -> None:
+    """Restore :func:`encode_ended`'s rows (a snapshot without them has none)."""
+    for iteration_id, repetition, order in rows:
+        state._ended_split_orders[iteration_id] = (int(repetition), [int(i) for i in order])

@@ -17,7 +17,8 @@ Snapshot payload (msgpack map, version 1)::
      "iteration_clients": [...], "split_cursors": [...],
      "lost_splits": [[iteration_id, [repetition, start, stop, ...]], ...],     # runs
      "splits_in_flight": [[task_id, [repetition, start, stop, ...]], ...],   # runs
-     "split_orders": [[iteration_id, [split, ...]], ...]}   # explicit orders (locality); optional
+     "split_orders": [[iteration_id, [split, ...]], ...],   # explicit orders (locality); optional
+     "ended_split_orders": [[iteration_id, repetition, [split, ...]], ...]}  # the last ended one; optional
 
 Only the primary maps are stored, in their insertion order; the secondary indexes (by
 fingerprint, by name, by key, by worker, by iteration) are rebuilt from them, so a snapshot
@@ -105,6 +106,7 @@ def encode_state(state: DispatcherState) -> bytes:
     payload["splits_in_flight"] = [[t, _flatten(runs)]
                                    for t, runs in state._splits_in_flight.items()]
     payload["split_orders"] = _split_order.encode(state)  # locality; absent from older ones
+    payload["ended_split_orders"] = _split_order.encode_ended(state)  # absent from older ones
     data: bytes = msgpack.packb(payload, use_bin_type=True)
     return data
 
@@ -195,6 +197,7 @@ def _build(payload: dict[str, Any]) -> DispatcherState:
     for task_id, flat in payload["splits_in_flight"]:
         state._splits_in_flight[task_id] = deque(_runs(flat))
     _split_order.decode(state, payload.get("split_orders", []))
+    _split_order.decode_ended(state, payload.get("ended_split_orders", []))
     return state
 
 

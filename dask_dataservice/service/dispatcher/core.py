@@ -778,10 +778,14 @@ def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetit
     else:
         job = state.job(state.iteration(iteration_id).job_id)
         if state.dataset(job.dataset_id).metadata.get(_locality.LOCALITY_KEY):
-            # the explicit order of an ended repetition is forgotten: positions cannot be
-            # mapped back to splits (they stay in flight, as before)
-            return None
-        indices = tail
+            # an explicit order: the last ended repetition's is kept; an older one's is
+            # forgotten (its positions cannot be mapped back: they stay in flight)
+            ended = _split_order.ended_split_at(state, iteration_id, repetition, tail)
+            if ended is None:
+                return None
+            indices = ended
+        else:
+            indices = tail
     logger.info("dataservice: task %s never got %d splits of repetition %d handed to it (a "
                 "reply lost with the previous dispatcher): handing them out again",
                 task_id, len(tail), repetition)

@@ -287,6 +287,10 @@ class DispatcherState(StateQueries, StateChecks):
         #: ``{iteration_id: {split: None}}``: splits handed out in an explicit order this
         #: repetition (locality-aware hand-out; see :mod:`._split_order`).
         self._split_orders: dict[int, dict[int, None]] = {}
+        #: ``{iteration_id: (repetition, [split at each position])}``: the explicit order of
+        #: the iteration's last ended repetition (a lost reply that ended it is answered
+        #: again from it; see :mod:`._split_order`).
+        self._ended_split_orders: dict[int, tuple[int, list[int]]] = {}
         #: ``{iteration_client_id: IterationClient}``, the acquired clients.
         self._iteration_clients: dict[int, IterationClient] = {}
 
@@ -461,6 +465,8 @@ class DispatcherState(StateQueries, StateChecks):
             "tasks_by_iteration": {k: list(v) for k, v in self._tasks_by_iteration.items()},
             "splits_in_flight": {k: list(v) for k, v in self._splits_in_flight.items()},
             "split_orders": {k: list(v) for k, v in self._split_orders.items()},
+            "ended_split_orders": {k: [rep, list(v)]
+                                   for k, (rep, v) in self._ended_split_orders.items()},
             "iteration_clients": {
                 k: dataclasses.asdict(v) for k, v in self._iteration_clients.items()
             },
@@ -641,6 +647,7 @@ class DispatcherState(StateQueries, StateChecks):
 
     def _garbage_collect_iteration(self, u: GarbageCollectIteration) -> None:
         self._split_orders.pop(u.iteration_id, None)
+        self._ended_split_orders.pop(u.iteration_id, None)
         for task_id in self._tasks_by_iteration.pop(u.iteration_id):
             task = self._tasks.pop(task_id)
             if task.status == "active":

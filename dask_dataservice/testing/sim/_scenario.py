@@ -69,12 +69,6 @@ FIXED = ("coordinated", "cross-trainer")
 #: A dataset's endless cardinality (``data._base.INFINITE``).
 INFINITE = -1
 
-#: Faults the ``locality`` workload does not draw, nor message losses: each can lose a
-#: ``get_split`` reply, and a lost reply that ended a repetition of an explicit (locality)
-#: split order loses its splits on a live worker (``dispatcher.core.undelivered`` cannot map
-#: the positions of an ended repetition back to splits; a known bug, pinned by
-#: ``tests/testing/test_sim.py::test_locality_loses_the_splits_of_a_lost_last_reply``).
-LOCALITY_KNOWN_LOSS = ("kill_dispatcher", "freeze_dispatcher", "partition")
 
 #: Fault kinds.
 FAULTS = ("kill_dispatcher", "freeze_dispatcher", "kill_worker", "freeze_worker",
@@ -203,9 +197,8 @@ def generate(seed: int, workload: str) -> Params:
         p.think = rng.choice((0.0, 0.02, 0.1))
     if rng.random() < 0.3:
         return p  # no faults: exactly once
-    if workload in FIXED + ("locality",):
-        # fixed-list requests have no retry: a lost reply fails the read (a broken comm);
-        # locality: see LOCALITY_KNOWN_LOSS
+    if workload in FIXED:
+        # fixed-list requests have no retry: a lost reply fails the read (a broken comm)
         pass
     elif rng.random() < 0.3:
         p.drop = rng.choice((0.01, 0.05))
@@ -216,9 +209,6 @@ def generate(seed: int, workload: str) -> Params:
         # leaves its shard unread (the read waits for it, as in TF)
         kinds.remove("join_worker")
         kinds.remove("leave_worker")
-    if workload == "locality":
-        for kind in LOCALITY_KNOWN_LOSS:
-            kinds.remove(kind)
     for _ in range(rng.randint(1, 4)):
         kind = rng.choice(kinds)
         p.faults.append([round(rng.uniform(0.0, 1.5), 4), kind, rng.randrange(8),

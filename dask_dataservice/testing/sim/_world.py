@@ -19,6 +19,7 @@ from typing import Any
 from ...service.dispatcher import _split_order
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
 from ...service.dispatcher._state_codec import encode_state, restore
+from ...service.dispatcher._updates import RegisterWorker
 from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
 from ...service.dispatcher.state import DispatcherState, encode_update
 
@@ -240,8 +241,8 @@ class SimDispatcher:
     def _commit(self, out: Outcome[Any]) -> None:
         for update in out.updates:
             self.pending.append(encode_update(update))
-            if type(update).__name__ == "RegisterWorker":
-                self._note_registration(update.address)  # type: ignore[attr-defined]
+            if isinstance(update, RegisterWorker):
+                self._note_registration(update.address)
         if self.pending and not self._flush_scheduled:
             self._flush_scheduled = True
             inc = self.host.incarnation
