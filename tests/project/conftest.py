@@ -19,8 +19,8 @@ MYPY_TEST = "test_package_and_a_users_snippets_pass_mypy_strict"
 
 @pytest.hookimpl(trylast=True)  # after ``-m``/``-k`` deselected: only a selected test starts it
 def pytest_collection_modifyitems(session, config, items):
-    if config.option.collectonly:
-        return
+    if config.option.collectonly or hasattr(config, "workerinput"):
+        return  # under pytest-xdist every worker collects every test: the one that runs it starts it
     if any(getattr(item, "originalname", item.name) == MYPY_TEST for item in items):
         session_run()
 
