@@ -9,6 +9,10 @@ Dask, zarr and numpy from the registry again would add a minute without testing 
 code (the dependency list itself is checked from the wheel's metadata). A ``.pth`` path line does
 not process the project venv's own ``.pth`` files, so its editable install stays out of the way;
 the test asserts the package is imported from the fresh venv.
+
+A user's typed snippet is checked with ``mypy --strict`` in tests/project/test_typing.py, in
+the same mypy run as the package (the wheel's ``py.typed``, which makes the installed package
+typed for that run's checker, is asserted here, in the wheel and in the fresh venv).
 """
 
 from __future__ import annotations
@@ -163,100 +167,6 @@ def test_wheel_installed_in_fresh_venv(venv, tmp_path):
     assert _run(python, "-c", check, cwd=tmp_path).strip() == "ok"
     out = _run(venv / "bin" / "dask-dataservice", "--version", cwd=tmp_path)
     assert out.strip() == f"dask-dataservice {PYPROJECT['project']['version']}"
-
-
-TYPED_SNIPPET = """
-from __future__ import annotations
-
-import numpy as np
-from distributed import Client
-
-import dask_dataservice as dds
-
-
-def train(client: Client) -> float:
-    ds = dds.Dataset.range(8).map(lambda x: x * 2).batch(4)
-    dataset_id = dds.register_dataset(client, ds)
-    read = dds.from_dataset_id(dds.ShardingPolicy.DYNAMIC, client, dataset_id)
-    shared = ds.apply(dds.distribute("distributed_epoch", client, job_name="train"))
-    total = 0
-    for batch in read:
-        total += int(np.sum(batch))
-    for batch in shared:
-        total += int(np.sum(batch))
-
-    strategy = dds.ParameterServerStrategy(client)
-    coordinator = dds.ClusterCoordinator(strategy)
-    with strategy.scope():
-        w = dds.Variable(np.zeros(4), name="w")
-
-    def step(x: np.ndarray) -> float:
-        w.assign_add(x)
-        return float(np.sum(w.read_value()))
-
-    per_worker = coordinator.create_per_worker_dataset(
-        strategy.distribute_datasets_from_function(lambda ctx: dds.Dataset.range(4))
-    )
-    per_worker_iterator = iter(per_worker)
-
-    def reduced(x: np.ndarray) -> float:
-        return float(strategy.reduce("SUM", strategy.run(np.square, args=(x,)), axis=0))
-
-    remote = coordinator.schedule(step, args=(np.ones(4),))
-    summed = coordinator.schedule(reduced, args=[np.ones(4)])
-    first = coordinator.schedule(next, args=(per_worker_iterator,))
-    coordinator.join()
-    values = coordinator.fetch([remote, summed, first])
-    return float(remote.fetch()) + total + len(values)
-"""
-
-#: the same names misused: proves the checker sees real types, not ``Any``
-MISTYPED_SNIPPET = """
-import dask_dataservice as dds
-
-dds.register_dataset(None, 5)
-dds.ClusterCoordinator(5)
-
-
-def length(coordinator: dds.ClusterCoordinator) -> str:
-    return coordinator.schedule(len, args=("ab",)).fetch()
-"""
-
-
-def _mypy(venv: Path, tmp_path: Path, name: str, code: str) -> subprocess.CompletedProcess:
-    (tmp_path / name).write_text(code)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--cache-dir",
-            str(tmp_path / ".mypy_cache"),
-            "--python-executable",
-            str(venv / "bin" / "python"),
-            name,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-@pytest.mark.process
-@pytest.mark.slow
-@pytest.mark.timeout(1300)  # two cold mypy runs over distributed and numpy: minutes under load
-def test_typed_user_snippet_checks_clean(venv, tmp_path):
-    """mypy --strict on a user's snippet against the installed wheel (its py.typed)."""
-    good = _mypy(venv, tmp_path, "snippet.py", TYPED_SNIPPET)
-    assert good.returncode == 0, good.stdout + good.stderr
-    bad = _mypy(venv, tmp_path, "mistyped.py", MISTYPED_SNIPPET)
-    assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert 'Argument 2 to "register_dataset" has incompatible type "int"' in bad.stdout
-    assert 'Argument 1 to "ClusterCoordinator" has incompatible type "int"' in bad.stdout
-    # RemoteValue carries the scheduled function's result type
-    assert 'Incompatible return value type (got "int", expected "str")' in bad.stdout
 
 
 def test_type_checking_imports_match_lazy_names():

@@ -7,6 +7,11 @@ timeout (``client.request-timeout``, then the dispatcher's probe). Either way th
 dropped with the accounting of a dead worker: the read ends, no element twice, and every
 missing element belongs to a split the victim held. Woken up (SIGCONT), it gets its old task
 cancelled and serves nothing of it.
+
+This is the real-process test of a frozen worker, detected the consumer's way (request
+timeout, then the probe). The heartbeat-deadline way, with the same checks, is the
+simulator's: ``test_frozen_worker_dropped_by_heartbeat_deadline`` in tests/testing/test_sim.py
+(and its seeds' ``freeze_worker`` faults).
 """
 
 from __future__ import annotations
@@ -29,12 +34,8 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(120), pytest.mark.slow]
 
 N = 20_000
 
-#: The two ways a frozen worker is noticed, each alone (the other set out of reach).
+#: How a frozen worker is noticed, alone (the dispatcher's heartbeat deadline out of reach).
 DETECTIONS = {
-    "dispatcher-heartbeat-deadline": {
-        "dataservice.dispatcher.worker-timeout": "3s",
-        "dataservice.client.request-timeout": "300s",
-    },
     "consumer-request-timeout": {
         "dataservice.dispatcher.worker-timeout": "300s",
         "dataservice.client.request-timeout": "2s",
@@ -114,7 +115,5 @@ def _frozen_worker_test(detection: str):
     return test
 
 
-test_frozen_worker_dropped_by_heartbeat_deadline = _frozen_worker_test(
-    "dispatcher-heartbeat-deadline")
 test_frozen_worker_dropped_after_consumer_request_timeout = _frozen_worker_test(
     "consumer-request-timeout")

@@ -220,3 +220,71 @@ def test_locality_a_lost_reply_that_ended_a_repetition_is_answered_again():
                     n_consumers=2, drop=0.05, buffer=2, fetch=16, split_batch=1)
     result = run_scenario(259, params)
     assert result.failure is None, result.failure
+def _kill_dispatcher_mid_read(params, at):
+    """Run ``params`` with the dispatcher killed at virtual time ``at`` (its journal kept,
+    folded into a snapshot every 8 records) and restarted 0.5 s later; check the kill landed
+    mid-read and the restart replayed the journal."""
+    from dask_dataservice.testing.sim._scenario import Run
+
+    params.faults = [[at, "kill_dispatcher", 0, 0.5]]
+    params.snapshot_every = 8
+    run = Run(1, params)
+    seen_at_kill: list[int] = []
+    run.world.at(at, lambda: seen_at_kill.append(len(run.seen)))
+    result = run.run()
+    assert result.failure is None, result.failure
+    assert run.dispatcher.restarts == 1 and run.dispatcher.snapshot is not None
+    assert 0 < seen_at_kill[0] < params.num_elements, seen_at_kill
+    return run
+
+
+def test_kill_dispatcher_mid_epoch_dynamic():
+    """The scheduler killed (kill -9) mid-epoch of a DYNAMIC read and restarted from its
+    journal: the one reader (one request in flight) gets every element of range(200) exactly
+    once, as without the kill (real-process test: tests/service/test_invisible_restart.py's
+    test_sigkill_scheduler_readers_lose_nothing)."""
+    run = _kill_dispatcher_mid_read(Params(workload="dynamic", num_splits=40, per_split=5,
+                                           n_workers=2, fetch=1, buffer=8), 0.3)
+    assert sorted(run.consumers[0].received) == list(range(200))
+
+
+def test_kill_dispatcher_named_job_two_consumers():
+    """Two consumers of one named DYNAMIC job, the scheduler killed mid-epoch and restarted
+    from its journal: between them every element of range(200) exactly once, both read on,
+    and the job is still one job (real-process test: test_invisible_restart.py's
+    test_sigkill_scheduler_named_job_two_consumers_lose_nothing)."""
+    run = _kill_dispatcher_mid_read(Params(workload="named", num_splits=40, per_split=5,
+                                           n_workers=2, n_consumers=2, fetch=1, buffer=8), 0.3)
+    got = [e for c in run.consumers for e in c.received]
+    assert sorted(got) == list(range(200))
+    assert all(c.received for c in run.consumers)
+    assert len(run.dispatcher.core.state.list_jobs()) == 1
+
+
+def test_frozen_worker_dropped_by_heartbeat_deadline():
+    """A data worker frozen (SIGSTOP) mid-read for longer than the dispatcher's heartbeat
+    deadline (3 s > ``worker_timeout`` 2 s) of a DYNAMIC read of range(1000) over two workers:
+    the dispatcher drops it, the read ends on the other worker with no element twice, and
+    every missing element is of a split recorded lost; thawed, the victim has its old task
+    cancelled, not served (the real-process test of a frozen worker, detected through the
+    consumer's request timeout and the dispatcher's probe, which this simulator does not
+    model, is tests/service/test_frozen_workers.py)."""
+    from dask_dataservice.testing.sim._scenario import Run, worker_address
+
+    params = Params(workload="dynamic", num_splits=100, per_split=10, n_workers=2, fetch=1,
+                    buffer=8, faults=[[0.3, "freeze_worker", 0, 3.0]])
+    run = Run(1, params)
+    victim = worker_address(0)
+    held: list[int] = []
+    run.world.at(0.3, lambda: held.extend(
+        t.task_id for t in run.dispatcher.core.state.tasks_for_worker(victim)))
+    result = run.run()
+    assert result.failure is None, result.failure
+    assert result.virtual_time > 0.3 + 3.0, "the read went on after the thaw"
+    (old_task,) = held
+    state = run.dispatcher_state()
+    (iteration,) = state.list_iterations()
+    lost = {i for _, i in state.lost_splits(iteration.iteration_id)}
+    missing = set(range(1000)) - run.seen
+    assert missing and {e // 10 for e in missing} <= lost
+    assert old_task not in run.workers[victim].runners
