@@ -288,8 +288,12 @@ def _step(emb, sgd, seed):
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("fast", [True, False])
-@gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60)
+@gen_cluster(client=False, nthreads=[PS, PS, WK], timeout=60,
+             config={"dataservice.ps.batches-in-flight": 1})
 async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0, fast):
+    """Ten steps on one worker, compared with numpy step after step. One batch in flight:
+    only then do the steps run in schedule order (two batches travel on two connections and
+    either may start first; a CI run saw step 0's gather read a later step's update)."""
     def body(c):
         strategy = dds.ParameterServerStrategy(
             c, variable_partitioner=dds.partitioners.FixedShardsPartitioner(3))
