@@ -133,9 +133,14 @@ def test_register_dataset_rides_out_a_dispatcher_restart():
     second = None
     result: dict = {}
     try:
+        # the client waits 40 s for its scheduler to come back (Client(timeout=): with the
+        # 1 s the test gives connection attempts, the client closed itself before the second
+        # dispatcher was up in a fresh-clone CI run), while its requests' connection attempts
+        # give up after 1 s (its pool's timeout), so the registration retries
         with dask.config.set({"distributed.comm.timeouts.connect": "1s",
                               "dataservice.client.dispatcher-timeout": "40s"}), \
-                Client(first.target, set_as_default=False) as client:
+                Client(first.target, set_as_default=False, timeout="40s") as client:
+            client.rpc.timeout = 1
             first_id = dds.register_dataset(client, dds.Dataset.range(7))
             first.stop()
 
