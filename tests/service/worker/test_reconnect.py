@@ -16,7 +16,10 @@ and gets it afterwards. Real scheduler and worker, in one process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from distributed import Scheduler
@@ -49,8 +52,13 @@ async def _register(scheduler: Scheduler, idempotent: bool = True) -> None:
                                            idempotent=idempotent)
 
 
-@gen_test(timeout=60)
-async def test_the_plugin_sent_after_registering_again_does_not_replace_the_running_one():
+@contextlib.asynccontextmanager
+async def _restarted_under(plugin_before_listening: bool
+                           ) -> AsyncIterator[tuple[ReconnectingWorker, Any, Scheduler]]:
+    """A worker running the data-worker plugin whose scheduler is replaced by a second one at
+    the same address; yields (worker, its running plugin, the second scheduler) once the
+    worker registered with the second. The second has the plugin before it listens (the
+    registration reply carries it) or not (the order of a restarted dispatcher's start)."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     first = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
@@ -59,41 +67,35 @@ async def test_the_plugin_sent_after_registering_again_does_not_replace_the_runn
         await _until(lambda: PLUGIN_NAME in w.plugins, "the data-worker plugin")
         running = w.plugins[PLUGIN_NAME]
         assert w.extensions["dataservice"] is running
-
         await first.close()  # the worker waits for a scheduler at the same address
-        second = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
+        second = Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
+        if plugin_before_listening:
+            second.worker_plugins[PLUGIN_NAME] = dumps(DataWorkerPlugin())
+        await second
         try:
             await _until(lambda: w.reconnects == 1, "the worker to register again")
-            assert PLUGIN_NAME not in second.worker_plugins  # the order under test
-            await _register(second)  # the broadcast of the restarted dispatcher's start
-            assert w.plugins[PLUGIN_NAME] is running, "the running plugin was replaced"
-            assert w.extensions["dataservice"] is running
-
-            # a later push is a change (a user's new version): Dask's behaviour again
-            await _register(second, idempotent=False)
-            assert w.plugins[PLUGIN_NAME] is not running
+            yield w, running, second
         finally:
             await second.close()
 
 
 @gen_test(timeout=60)
+async def test_the_plugin_sent_after_registering_again_does_not_replace_the_running_one():
+    async with _restarted_under(plugin_before_listening=False) as (w, running, second):
+        assert PLUGIN_NAME not in second.worker_plugins  # the order under test
+        await _register(second)  # the broadcast of the restarted dispatcher's start
+        assert w.plugins[PLUGIN_NAME] is running, "the running plugin was replaced"
+        assert w.extensions["dataservice"] is running
+
+        # a later push is a change (a user's new version): Dask's behaviour again
+        await _register(second, idempotent=False)
+        assert w.plugins[PLUGIN_NAME] is not running
+
+
+@gen_test(timeout=60)
 async def test_a_plugin_the_restarted_scheduler_has_at_registration_is_kept_too():
     """The other order: the registration reply carries the plugin (the case handled before)."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    first = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
-    await _register(first)
-    async with ReconnectingWorker(address, nthreads=1, host="127.0.0.1") as w:
-        await _until(lambda: PLUGIN_NAME in w.plugins, "the data-worker plugin")
-        running = w.plugins[PLUGIN_NAME]
-        await first.close()
-        second = Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
-        second.worker_plugins[PLUGIN_NAME] = dumps(DataWorkerPlugin())  # before it listens
-        await second
-        try:
-            await _until(lambda: w.reconnects == 1, "the worker to register again")
-            assert w.plugins[PLUGIN_NAME] is running
-            await _register(second)  # idempotent: the scheduler has it, nothing is sent
-            assert w.plugins[PLUGIN_NAME] is running
-        finally:
-            await second.close()
+    async with _restarted_under(plugin_before_listening=True) as (w, running, second):
+        assert w.plugins[PLUGIN_NAME] is running
+        await _register(second)  # idempotent: the scheduler has it, nothing is sent
+        assert w.plugins[PLUGIN_NAME] is running
