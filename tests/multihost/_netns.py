@@ -139,6 +139,7 @@ class Proc:
                 self._buffer += chunk
         line, self._buffer = self._buffer.split("\n", 1)
         reply: dict[str, Any] = json.loads(line)
+        reply.pop("seconds", None)  # how long the agent took: for a reader of its stderr log
         if "error" in reply:
             raise AssertionError(f"{self.name}: {reply['error']}\nstderr:\n"
                                  f"{self.stderr()[-4000:]}")
