@@ -321,3 +321,14 @@ def _tls_args(tls: dict[str, str] | None) -> list[str]:
     if not tls:
         return []
     return ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
+
+
+def poll(predicate: Any, timeout: float, what: str) -> Any:
+    """Wait for ``predicate()`` to return something true (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.1)
