@@ -14,6 +14,7 @@ Run by the tests of tests/multihost/ (see _netns.Network.agent); not a test modu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -28,6 +29,25 @@ from distributed.security import Security
 import dask_dataservice as dds
 
 STATE: dict[str, Any] = {"reads": {}}
+
+
+class _Log(logging.Handler):
+    """The package's log records (INFO and up), for ``op_log``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+LOG = _Log()
+
+
+def op_log(client: Client, contains: str) -> dict[str, Any]:
+    """The log lines of the package in this process that contain ``contains``."""
+    return {"lines": [line for line in LOG.lines if contains in line]}
 
 
 def _client(address: str) -> Client:
@@ -57,7 +77,7 @@ def _dataset(kind: str, n: int, size: int = 0, slow_host: str = "", delay: float
             import os
             import time
 
-            if os.environ.get("DDS_HOST") == slow_host:
+            if slow_host in ("*", os.environ.get("DDS_HOST")):
                 time.sleep(delay)
             return i
 
@@ -233,6 +253,7 @@ def op_train(client: Client, steps: int, start: int = 0) -> dict[str, Any]:
         error = None
     except Exception as e:  # noqa: BLE001 - reported to the test
         error = f"{type(e).__name__}: {e}"
+    STATE.setdefault("scheduled", []).extend(rvs)
     results = [rv.fetch() if rv.done() and not _failed(rv) else None for rv in rvs]
     return {"join_error": error, "results": results, "stats": dict(coord.stats)}
 
@@ -243,6 +264,11 @@ def _failed(rv: Any) -> bool:
     except Exception:  # noqa: BLE001
         return True
     return False
+
+
+def op_all_done(client: Client) -> dict[str, Any]:
+    """Whether every function scheduled so far has finished (or failed)."""
+    return {"done": all(rv.done() for rv in STATE.get("scheduled", []))}
 
 
 def op_values(client: Client) -> dict[str, Any]:
@@ -266,6 +292,9 @@ def op_shutdown(client: Client) -> dict[str, Any]:
 
 
 def main() -> None:
+    package = logging.getLogger("dask_dataservice")
+    package.addHandler(LOG)
+    package.setLevel(logging.INFO)
     client = _client(sys.argv[1])
     print(json.dumps({"ready": client.scheduler.address}), flush=True)
     for line in sys.stdin:

@@ -93,6 +93,8 @@ class Host:
     #: The link's end in the bridge's namespace (traffic *to* the host leaves through it).
     port: str
     blocked: dict[int, int] = field(default_factory=dict)  # port -> filter priority
+    #: The dropping ``htb`` class exists on :attr:`port` (not with :meth:`Network.rate`).
+    drops: bool = False
 
 
 class Proc:
@@ -201,10 +203,12 @@ class Network:
             _tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                 "burst", "256kb", "latency", "100ms")
 
-    def block(self, host: Host, port: int) -> None:
-        """Drop every TCP packet sent to ``port`` of ``host`` (see the module docstring)."""
+    def _drop(self, host: Host, addr: tuple[str, str], port: tuple[str, int], key: int) -> None:
+        """A ``u32`` filter sending the matching TCP packets *to* ``host`` to the class that
+        drops them."""
         dev = host.port
-        if not host.blocked:
+        if not host.drops:
+            host.drops = True
             _tc(self.bridge_ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb",
                 "default", "1", "r2q", "1000")
             _tc(self.bridge_ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1",
@@ -213,13 +217,22 @@ class Network:
                 "htb", "rate", "1mbit")
             _tc(self.bridge_ns, "qdisc", "add", "dev", dev, "parent", "1:2", "handle", "20:",
                 "pfifo", "limit", "0")
-        prio = host.blocked[port] = 10 + len(host.blocked)
+        prio = host.blocked[key] = 10 + max(host.blocked.values(), default=0)
         _tc(self.bridge_ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip",
-            "prio", str(prio), "u32", "match", "ip", "dst", f"{host.addr}/32",
-            "match", "ip", "protocol", "6", "0xff", "match", "ip", "dport", str(port), "0xffff",
-            "flowid", "1:2")
+            "prio", str(prio), "u32", "match", "ip", *addr, "match", "ip", "protocol", "6",
+            "0xff", "match", "ip", port[0], str(port[1]), "0xffff", "flowid", "1:2")
+
+    def block_replies(self, host: Host, source: Host, port: int) -> None:
+        """Drop every TCP packet that ``source`` sends ``host`` from its ``port`` (the
+        replies of a server there: connections to it time out, requests still arrive)."""
+        self._drop(host, ("src", f"{source.addr}/32"), ("sport", port), key=-port)
+
+    def block(self, host: Host, port: int) -> None:
+        """Drop every TCP packet sent to ``port`` of ``host`` (see the module docstring)."""
+        self._drop(host, ("dst", f"{host.addr}/32"), ("dport", port), key=port)
 
     def unblock(self, host: Host, port: int) -> None:
+        """Undo :meth:`block` (``port``) or :meth:`block_replies` (``-port``)."""
         prio = host.blocked.pop(port)
         _tc(self.bridge_ns, "filter", "del", "dev", host.port, "parent", "1:", "prio",
             str(prio))
