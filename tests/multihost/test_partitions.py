@@ -102,7 +102,10 @@ def test_data_worker_partitioned_mid_split_then_back(net):
         agent.call("worker_tasks", worker=victim)), 30, "the victim to cancel its old task")
     reply = agent.call("get_elements", worker=victim, task_id=old_task)
     assert reply["elements"] is None and reply["end_of_sequence"], reply
-    _off_read(agent, workers)  # and it serves the next read
+    # and, registered again (a job made before that would not know it), it serves the next read
+    poll(lambda: (lambda s: s["workers"] == workers and s["dropped"] == [])(
+        agent.call("dispatcher")), 30, "the victim to register again")
+    _off_read(agent, workers)
 
 
 def test_scheduler_partitioned_mid_read_then_back(net):
