@@ -7,7 +7,8 @@
 - ``target_workers`` by host (``data_service_ops_test.testTargetWorkers``-style, TF's
   ``LOCAL``/``AUTO``/``ANY``): a consumer in the namespace of one data worker reads ``LOCAL``
   from that worker only; two such consumers of one named DYNAMIC job see every element once
-  between them, each from its own host; ``AUTO`` reads every worker (here under OFF); ``LOCAL`` on
+  between them, each from its own host; ``AUTO`` reads every worker under OFF, and only the
+  local one under a static policy (DATA: each host's consumer gets its worker's shard); ``LOCAL`` on
   a host without a data worker is a clear error naming the hosts.
 """
 
@@ -127,3 +128,31 @@ def test_local_target_workers_read_their_own_host(net):
     assert out["read_error"] == (
         f"DataServiceError: target_workers='LOCAL', but no data worker of this job runs on "
         f"this host ({c}); its workers are on {sorted([w1.addr, w2.addr])}"), out
+
+
+def test_auto_target_workers_read_locally_under_static_sharding(net):
+    """``target_workers="AUTO"`` under a static policy (DATA, over the fixed worker list
+    ``w1,w2``) reads only the worker on the consumer's host: each host's consumer gets exactly
+    its worker's shard (every 2nd element), from that worker (TF: AUTO is LOCAL for static
+    sharding)."""
+    s = net.host("sched")
+    address = net.scheduler(s, "--worker-addresses", "w1,w2")
+    hosts = {name: net.host(name) for name in ("w1", "w2")}
+    for name, host in hosts.items():
+        net.worker(host, address, name, env={"DDS_HOST": name})
+    consumers = {name: net.agent(host, address, f"consumer on {name}")
+                 for name, host in hosts.items()}
+    c1 = consumers["w1"]
+    c1.call("workers", n=2)
+    want = sorted(f"tcp://{h.addr}:9000" for h in hosts.values())
+    poll(lambda: c1.call("dispatcher")["workers"] == want, 30,
+         "both data workers to register with the dispatcher")
+    n = 3000
+    dataset_id = c1.call("register", kind="range", n=n)["dataset_id"]
+    for index, (name, agent) in enumerate(consumers.items()):
+        agent.call("read", name="static", dataset_id=dataset_id, mode="DATA",
+                   target_workers="AUTO")
+        out = agent.call("result", name="static")
+        assert out["read_error"] is None, out["read_error"]
+        assert sorted(out["elements"]) == list(range(index, n, 2)), name
+        assert out["workers"] == {f"tcp://{hosts[name].addr}:9000": len(range(index, n, 2))}
