@@ -50,14 +50,20 @@ AGENT = str(Path(__file__).resolve().parent / "_agent.py")
 _COUNTER = itertools.count()
 
 
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    if check and done.returncode:
+        raise RuntimeError(f"`{' '.join(argv)}` failed ({done.returncode}): "
+                           f"{done.stderr.strip()}")
+    return done
+
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check,
-                          timeout=20)
+    return _run(["ip", *args], check)
 
 
 def _tc(ns: str, *args: str) -> None:
-    subprocess.run(["tc", "-n", ns, *args], capture_output=True, text=True, check=True,
-                   timeout=20)
+    _run(["tc", "-n", ns, *args])
 
 
 def unavailable() -> str | None:
@@ -167,9 +173,13 @@ class Network:
         self._namespaces: list[str] = []
         self._tmp = tempfile.TemporaryDirectory(prefix=f"{self.prefix}-")
         self.tmp = Path(self._tmp.name)
-        self._add_ns(self.bridge_ns)
-        _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        try:
+            self._add_ns(self.bridge_ns)
+            _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        except BaseException:
+            self.close()  # nothing half-made stays behind
+            raise
 
     def _add_ns(self, ns: str) -> None:
         _ip("netns", "add", ns)
