@@ -24,6 +24,7 @@ from .data import (
 from .data import _adapters as _data_adapters
 from .data import dask_source as _dask_source
 from .errors import (
+    CheckpointCorruptedError,
     CheckpointMismatchError,
     ClosureCancelledError,
     DaskPartitionLostError,
@@ -151,6 +152,7 @@ __all__ = [
     "__version__",
     "dask_setup",
     # every public error type (dask_dataservice.errors.__all__)
+    "CheckpointCorruptedError",
     "CheckpointMismatchError",
     "ClosureCancelledError",
     "DaskPartitionLostError",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CheckpointCorruptedError",
     "CheckpointMismatchError",
     "ClosureCancelledError",
     "DaskPartitionLostError",
@@ -198,6 +199,11 @@ class ShapeMismatchError(ParameterServerError, ValueError):
 
 class CheckpointMismatchError(ParameterServerError, ValueError):
     """A checkpoint does not fit the objects it is restored into."""
+
+
+class CheckpointCorruptedError(CheckpointMismatchError):
+    """A checkpoint's file is damaged (truncated, unreadable): the message names the file and
+    the variable whose shard it holds."""
 
 
 class InputExhaustedError(ParameterServerError):

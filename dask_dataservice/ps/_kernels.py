@@ -29,20 +29,24 @@ import numpy as np
 from ..errors import ShapeMismatchError
 from ._types import SCATTER_KINDS, UPDATE_KINDS, ShardInfo
 
-__all__ = ["apply_dense", "apply_sparse", "cast_value", "dedupe_rows", "initial_value",
-           "new_slots", "put_rows", "scatter_rows", "take_rows", "update_dense"]
+__all__ = ["apply_dense", "apply_sparse", "cast_value", "check_hyperparameter", "check_optimizer",
+           "dedupe_rows", "initial_value", "new_slots", "put_rows", "scatter_rows", "take_rows",
+           "update_dense"]
 
 
 def cast_value(value: Any, dtype: Any, what: str) -> np.ndarray:
     """``value`` as an array of ``dtype``, refusing casts that would change it silently.
 
-    TensorFlow raises on a dtype mismatch; numpy casts ``0.7`` to int 0 and ``1e30`` to the
-    smallest int64. Here a cast is done when it keeps the value: the same kind or a wider one
-    (an int into a float, a float64 into a float32, as gradients are), floats that are whole
-    numbers into ints, ints that fit into narrower ints. Anything else raises ``TypeError``
-    (a fraction, a complex into a real, a non-bool into a bool) or ``ValueError`` (out of
-    range), naming ``what`` (e.g. ``"assign_add to variable 'v'"``) and both dtypes.
-    Non-numeric dtypes (strings, objects) are left to numpy.
+    TensorFlow raises on a dtype mismatch; numpy casts ``0.7`` to int 0, ``1e30`` to the
+    smallest int64 and ``1e39`` to a float32 ``inf``. Here a cast is done when it keeps the
+    value: the same kind or a wider one (an int into a float, a float64 into a float32, as
+    gradients are), floats that are whole numbers into ints, ints that fit into narrower
+    ints. Anything else raises ``TypeError`` (a fraction, a complex into a real, a non-bool
+    into a bool) or ``ValueError`` (out of range: for an int dtype, outside its range; for a
+    float or complex dtype, a finite value that the cast makes ``inf``, as TensorFlow's
+    conversion of a Python float refuses), naming ``what`` (e.g. ``"assign_add to variable
+    'v'"``) and both dtypes. ``inf`` and ``nan`` stay what they are (TensorFlow keeps them
+    too). Non-numeric dtypes (strings, objects) are left to numpy.
     """
     dtype = np.dtype(dtype) if dtype is not None else None
     arr = np.asarray(value)
@@ -52,7 +56,15 @@ def cast_value(value: Any, dtype: Any, what: str) -> np.ndarray:
     if src.kind not in "biufc" or dtype.kind not in "biufc":
         return np.asarray(value, dtype=dtype)
     if np.can_cast(src, dtype, "same_kind") and not (src.kind in "iu" and dtype.kind in "iu"):
-        return arr.astype(dtype)  # the same kind or a wider one (f8 -> f4, i8 -> f4, ...)
+        # the same kind or a wider one (f8 -> f4, i8 -> f4, ...); a narrowing one may
+        # overflow to inf, which the cast itself reports (no extra pass over the values)
+        if dtype.kind in "iu" or np.can_cast(src, dtype, "safe"):
+            return arr.astype(dtype)
+        try:
+            with np.errstate(over="raise"):
+                return arr.astype(dtype)
+        except FloatingPointError:
+            return _overflowed(arr, dtype, what)
     prefix = f"{what}: a value of dtype {src} cannot become {dtype} without changing it"
     if dtype.kind == "b" or src.kind == "c":
         raise TypeError(f"{prefix} (TensorFlow refuses dtype mismatches too)")
@@ -74,33 +86,56 @@ def cast_value(value: Any, dtype: Any, what: str) -> np.ndarray:
             raise ValueError(f"{prefix}: {(lo if out_lo else hi).item()!r} is out of range "
                              f"[{info.min}, {info.max}]")
     return arr.astype(dtype)
-    if src.kind == "f" and dtype.kind == "c":
-        return arr.astype(dtype)
-    if src.kind == "c" and dtype.kind == "c":
-        return arr.astype(dtype)
-    prefix = f"{what}: a value of dtype {src} cannot become {dtype} without changing it"
-    if dtype.kind == "b":
-        raise TypeError(f"{prefix} (TensorFlow refuses dtype mismatches too): "
-                        "pass booleans")
-    if src.kind == "c":
-        raise TypeError(f"{prefix}: a complex value does not fit a real variable")
-    # into an int: whole numbers in range only
-    if src.kind == "f":
-        if arr.size and not bool(np.all(np.isfinite(arr))):
-            raise ValueError(f"{prefix}: it holds inf or nan")
-        if arr.size and not bool(np.all(arr == np.trunc(arr))):
-            bad = arr[arr != np.trunc(arr)].flat[0]
-            raise TypeError(f"{prefix}: {bad!r} is not a whole number (TensorFlow refuses "
-                            "dtype mismatches too); round or cast it first")
-    info = np.iinfo(dtype)
-    if arr.size:
-        lo, hi = arr.min(), arr.max()
-        if (src.kind == "f" and (lo < float(info.min) or hi >= -2.0 * float(info.min) - 1
-                                 if info.min else lo < 0 or hi >= 2.0 ** info.bits)) or \
-                (src.kind != "f" and (int(lo) < info.min or int(hi) > info.max)):
-            bad = lo if (lo < 0 and (info.min == 0 or lo < info.min)) else hi
-            raise ValueError(f"{prefix}: {bad!r} is out of range [{info.min}, {info.max}]")
-    return arr.astype(dtype)
+
+
+def _overflowed(arr: np.ndarray, dtype: np.dtype[Any], what: str) -> np.ndarray:
+    """``arr`` cast to ``dtype`` after the cast reported an overflow (only then are the
+    values looked at): a ValueError if a finite value became ``inf``."""
+    with np.errstate(over="ignore"):
+        out = arr.astype(dtype)
+    bad = ~np.isfinite(out) & np.isfinite(arr)
+    if not bool(bad.any()):
+        return out
+    value = arr[bad].flat[0].item()
+    fmax = float(np.finfo(dtype).max)
+    raise ValueError(
+        f"{what}: a value of dtype {arr.dtype} cannot become {dtype} without changing it: "
+        f"{value!r} is out of its finite range [{-fmax!r}, {fmax!r}] (the cast would make it "
+        "inf; TensorFlow refuses such a conversion too)")
+
+
+def check_hyperparameter(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite, non-negative number; else a ValueError (a
+    ``nan`` or ``inf`` learning rate would turn every variable it updates into ``nan``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite, non-negative number, got {value!r}")
+    return float(value)
+
+
+def check_optimizer(config: dict[str, Any]) -> None:
+    """ValueError unless ``config`` (an optimizer's ``get_config()``, as a parameter server
+    receives it from any client) has a known kind and hyperparameters in range."""
+    kind = config.get("kind")
+    if kind not in _OPTIMIZER_KINDS:
+        raise ValueError(f"unknown optimizer kind {kind!r}; expected one of {_OPTIMIZER_KINDS}")
+    who = f"optimizer {config.get('name', kind)!r}"
+    check_hyperparameter(f"{who}: learning_rate", config.get("learning_rate"))
+    for name in ("epsilon", "initial_accumulator_value"):
+        if name in config:
+            check_hyperparameter(f"{who}: {name}", config[name])
+    for name, closed in (("momentum", True), ("beta_1", False), ("beta_2", False)):
+        value = config.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or not (
+                0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):
+            raise ValueError(f"{who}: {name} must be in [0, 1{']' if closed else ')'}, "
+                             f"got {value!r}")
+
+
+#: The optimizer kinds :func:`new_slots` and :func:`apply_dense` know.
+_OPTIMIZER_KINDS = ("sgd", "adagrad", "adam")
 
 
 def new_slots(config: dict[str, Any], value: np.ndarray) -> dict[str, np.ndarray]:

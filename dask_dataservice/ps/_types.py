@@ -112,6 +112,8 @@ def wire(x: Any) -> Any:
     """``x`` as it should travel: inline for tiny numeric arrays, else a serialized frame."""
     x = np.asarray(x)
     if x.nbytes <= INLINE_BYTES and x.dtype.kind in "biuf":
+        if x.size == 0:  # a list keeps no shape of an empty array, e.g. (0, 4)
+            return {"__a": [], "dtype": x.dtype.str, "shape": list(x.shape)}
         return {"__a": x.tolist(), "dtype": x.dtype.str}
     if not x.flags.c_contiguous:
         x = x.copy(order="C")
@@ -121,6 +123,8 @@ def wire(x: Any) -> Any:
 def unwire(x: Any) -> Any:
     """An array sent with :func:`wire` back as an ndarray (other values unchanged)."""
     if type(x) is dict and "__a" in x:
+        if "shape" in x:
+            return np.zeros(x["shape"], dtype=x["dtype"])  # empty (see wire)
         return np.asarray(x["__a"], dtype=x["dtype"])
     return x
 

@@ -135,7 +135,7 @@ class Checkpoint:
                     per_ps.setdefault(v.ps_address, []).append({"key": v.key, "group": group})
         for group, v in local:
             zarr.create_array(store, name=f"{group}/value", data=v.read_value(),
-                              chunks=v.shape, overwrite=True, compressors=None)
+                              chunks=_store.chunk_shape(v.shape), overwrite=True, compressors=None)
         replies = _routing.call_many(
             [Call(a, "ps_save", {"path": path, "items": items}) for a, items in per_ps.items()],
             *client)

@@ -27,7 +27,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._kernels import apply_dense, apply_sparse, dedupe_rows, put_rows, take_rows
+from ._kernels import (
+    apply_dense,
+    apply_sparse,
+    check_hyperparameter,
+    dedupe_rows,
+    put_rows,
+    take_rows,
+)
 from ._types import IndexedSlices
 from .variables import apply_gradients
 
@@ -49,9 +56,7 @@ class Optimizer:
     slot_names: tuple[str, ...] = ()
 
     def __init__(self, learning_rate: float, name: str | None = None) -> None:
-        if not isinstance(learning_rate, int | float) or learning_rate < 0:
-            raise ValueError(f"learning_rate must be a non-negative number, got {learning_rate!r}")
-        self.learning_rate = float(learning_rate)
+        self.learning_rate = check_hyperparameter("learning_rate", learning_rate)
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"an optimizer's name must be a non-empty str, got {name!r}")
         self.name = name if name is not None else type(self).__name__
@@ -104,10 +109,9 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
         super().__init__(learning_rate, name)
-        if initial_accumulator_value < 0:
-            raise ValueError("initial_accumulator_value must be non-negative")
-        self.initial_accumulator_value = float(initial_accumulator_value)
-        self.epsilon = float(epsilon)
+        self.initial_accumulator_value = check_hyperparameter(
+            "initial_accumulator_value", initial_accumulator_value)
+        self.epsilon = check_hyperparameter("epsilon", epsilon)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
@@ -126,7 +130,8 @@ class Adam(Optimizer):
         for label, b in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"{label} must be in [0, 1), got {b!r}")
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.beta_1, self.beta_2 = float(beta_1), float(beta_2)
+        self.epsilon = check_hyperparameter("epsilon", epsilon)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,

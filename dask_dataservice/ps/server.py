@@ -373,6 +373,7 @@ class ParameterServerPlugin(WorkerPlugin):
                     seq: int | None = None) -> UpdateReply:
         """Apply one optimizer step to shard ``key``: dense ``grad``, or rows ``ids``."""
         shard = self._shard(key)
+        _kernels.check_optimizer(optimizer)
         if ids is not None:
             ids = _check_ids(shard, ids)
             grad = _as_value(shard, grad, (ids.size, *shard.value.shape[1:]))
@@ -395,6 +396,7 @@ class ParameterServerPlugin(WorkerPlugin):
         ``keys[i]``, one shard after the other. ``applied`` says, per shard, whether it was
         applied (False: a repeat of ``(fn_id, seq)`` on that shard)."""
         parts = self._parts(keys, counts, ids)
+        _kernels.check_optimizer(optimizer)
         rows = np.asarray(unwire(grad))
         if not parts or rows.ndim == 0 or rows.shape[0] != parts[-1][2]:
             raise ShapeMismatchError(f"ps_apply_parts: a gradient of shape {rows.shape} for "

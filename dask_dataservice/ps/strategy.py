@@ -402,7 +402,9 @@ class ParameterServerStrategy:
             with self._lock:
                 self._variables.append(var)
             return var
-        if self._variable_partitioner is not None and len(shape) > 0:
+        # a variable without rows has nothing to split: one shard of zero rows, whatever the
+        # partitioner (TensorFlow's partitioners answer 0 shards and the strategy refuses)
+        if self._variable_partitioner is not None and len(shape) > 0 and shape[0] > 0:
             num = check_partitions(self._variable_partitioner(shape=shape, dtype=dtype))
         if num == 1:
             var = self._create_shards(name, [0, shape[0]] if shape else None, shape, dtype,

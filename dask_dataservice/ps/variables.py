@@ -117,14 +117,16 @@ class _Handle:
         asking each distinct row once, and reassembles the rows in the order of ``ids``."""
         shards, offsets = self._parts()
         client, uid = self._client_uid()
-        return _gather(shards, offsets, self._shape, self._dtype, ids, client, uid)
+        return _gather(self._name, shards, offsets, self._shape, self._dtype, ids, client,
+                       uid)
 
     sparse_read = gather
 
     def _scatter(self, kind: str, ids: Any, updates: Any) -> Self:
         shards, offsets = self._parts()
         client, uid = self._client_uid()
-        _scatter(shards, offsets, self._shape, self._dtype, kind, ids, updates, client, uid)
+        _scatter(self._name, shards, offsets, self._shape, self._dtype, kind, ids, updates,
+                 client, uid)
         return self
 
     def scatter_add(self, ids: Any, updates: Any = None) -> Self:
@@ -492,8 +494,18 @@ def _flat_ids(ids: Any, rows: int, name: str) -> tuple[np.ndarray, tuple[Any, ..
     if ids.dtype.kind not in "iu":
         if ids.size == 0:
             ids = ids.astype(np.int64)
+        elif ids.dtype == object and all(isinstance(i, int | np.integer) for i in ids.flat):
+            # Python ints, some beyond 64 bits: out of range (a row index is below 2**63)
+            bad = next((int(i) for i in ids.flat if not 0 <= int(i) < rows), None)
+            if bad is not None:
+                raise IndexError(f"id {bad} is out of range [0, {rows}) for variable {name!r}")
+            ids = ids.astype(np.int64)
         else:
             raise TypeError(f"ids must be integers, got dtype {ids.dtype}")
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) >= rows:
+        # before the cast to int64 below, which would wrap ids >= 2**63 to negative ones
+        bad = ids[ids >= rows].flat[0]
+        raise IndexError(f"id {int(bad)} is out of range [0, {rows}) for variable {name!r}")
     flat = ids.reshape(-1).astype(np.int64, copy=False)
     if flat.size and (flat.min() < 0 or flat.max() >= rows):
         bad = flat[(flat < 0) | (flat >= rows)][0]
@@ -627,9 +639,8 @@ _COMBINE = {"add": np.add, "sub": np.add, "update": None, "mul": np.multiply,
             "div": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _gather(variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
+def _gather(name: str, variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
             dtype: np.dtype[Any], ids: Any, client: Client | None, uid: str | None) -> np.ndarray:
-    name = variables[0].name
     flat, ids_shape = _flat_ids(ids, offsets[-1] if shape else 0, name)
     row_shape = tuple(shape[1:])
     plan = _plan(flat, offsets)
@@ -680,14 +691,13 @@ def _gather_call(variables: list[Variable], address: str, group: list[_Part]) ->
         "ids": wire(np.concatenate([local for _, _, _, local in group]))})
 
 
-def _scatter(variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
+def _scatter(name: str, variables: list[Variable], offsets: list[int], shape: tuple[int, ...],
              dtype: np.dtype[Any], kind: str, ids: Any, updates: Any, client: Client | None,
              uid: str | None) -> None:
     if updates is None:
         if not isinstance(ids, IndexedSlices):
             raise TypeError("scatter_* takes (ids, updates) or one IndexedSlices")
         ids, updates = ids.indices, ids.values
-    name = variables[0].name
     flat, _ = _flat_ids(ids, offsets[-1] if shape else 0, name)
     row_shape = tuple(shape[1:])
     upd = _kernels.cast_value(updates, dtype, f"scatter_{kind} to variable {name!r}")
@@ -729,9 +739,15 @@ def apply_gradients(config: dict[str, Any], grads_and_vars: list[Any]) -> None:
         tag = _routing.tag()
         if isinstance(grad, IndexedSlices):
             flat, _ = _flat_ids(grad.indices, offsets[-1], var.name)
-            rows = np.broadcast_to(_kernels.cast_value(
-                grad.values, var.dtype, f"the gradient of variable {var.name!r}"),
-                                   (flat.size, *var.shape[1:]))
+            values = _kernels.cast_value(grad.values, var.dtype,
+                                         f"the gradient of variable {var.name!r}")
+            try:
+                rows = np.broadcast_to(values, (flat.size, *var.shape[1:]))
+            except ValueError:
+                raise ShapeMismatchError(
+                    f"an IndexedSlices gradient with values of shape {values.shape} does not "
+                    f"fit {flat.size} rows of variable {var.name!r} of shape {var.shape} (its "
+                    f"values need shape {(flat.size, *var.shape[1:])})") from None
             plan = _plan(flat, offsets)
             summed = plan.combine(rows, np.add)  # duplicate ids: gradients add up
             for address, group in _by_server(shards, plan.parts):
@@ -750,8 +766,8 @@ def apply_gradients(config: dict[str, Any], grads_and_vars: list[Any]) -> None:
         else:
             g = _kernels.cast_value(grad, var.dtype, f"the gradient of variable {var.name!r}")
             if g.shape != tuple(var.shape):
-                raise ValueError(f"gradient of shape {g.shape} does not fit variable "
-                                 f"{var.name!r} of shape {var.shape}")
+                raise ShapeMismatchError(f"gradient of shape {g.shape} does not fit variable "
+                                         f"{var.name!r} of shape {var.shape}")
             for v, a, b in zip(shards, offsets, offsets[1:], strict=False):
                 part = g if len(shards) == 1 else g[a:b]
                 calls.append(Call(_ps_address(v._address), "ps_apply", {"key": v._key, "optimizer": config,
