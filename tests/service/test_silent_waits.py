@@ -212,9 +212,12 @@ def test_register_dataset_against_a_dispatcher_that_stays_away_says_so():
 
     server = dds.DispatchServer()
     try:
+        # the client keeps trying to reconnect for longer than the registration waits
+        # (Client(timeout=)); a client that gave up first would be a closed client, whose
+        # error says so (tests/service/client/test_dead_scheduler.py)
         with dask.config.set({"distributed.comm.timeouts.connect": "500ms",
                               "dataservice.client.dispatcher-timeout": "1s"}), \
-                Client(server.target, set_as_default=False) as client:
+                Client(server.target, set_as_default=False, timeout="30s") as client:
             dds.register_dataset(client, dds.Dataset.range(3))
             server.stop()
             with pytest.raises(DataServiceError, match="dataset registration: the data service "

@@ -71,7 +71,7 @@ def client_for(service: Any) -> Client:
     """A connected client for ``service`` (a Client, or an address: reuse or connect)."""
     if isinstance(service, Client):
         if not _usable(service):
-            raise DataServiceError("the distributed.Client given as service is closed")
+            raise _closed(service, "the distributed.Client given as service")
         address = service_address(service)
         with _CLIENTS_LOCK:
             if not _usable(_CLIENTS.get(address)):
@@ -201,25 +201,95 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs: Any) -> 
     """``client.scheduler.<op>(**kwargs)``, checked, riding out a restarting dispatcher.
 
     A dispatcher that is shutting down or restarting answers "closing", or its comm closes
-    under the call (``CommClosedError``): the call is retried, with a backoff of 50 ms
-    doubling to 1 s, for up to ``dataservice.client.dispatcher-timeout``. Only for calls
-    that are idempotent at the dispatcher (registration is, by fingerprint).
+    under the call (``CommClosedError``), or its port refuses connections: the call is
+    retried, with a backoff of 50 ms doubling to 1 s, for up to
+    ``dataservice.client.dispatcher-timeout``. Only for calls that are idempotent at the
+    dispatcher (registration is, by fingerprint). A scheduler that does not come back is a
+    :class:`DataServiceError` naming its address after that timeout (each connection attempt
+    is bounded by it, not by distributed's longer connect timeout), at once when the client
+    has given up on it (a closed client).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.get_seconds("client.dispatcher-timeout")
     delay = 0.05
     while True:
         try:
+            # a connection first, within what is left (and the pool's own timeout, so a
+            # restart is retried), then the call on it
+            await _reach(client, what, min(deadline - loop.time(), _pool_timeout(client)))
             return raise_for_status(await getattr(client.scheduler, op)(**kwargs), what)
         except OSError as e:  # CommClosedError, DispatcherUnavailableError, refused
             remaining = deadline - loop.time()
-            if remaining <= 0 or client.status in ("closed", "closing"):
+            if client.status in ("closed", "closing"):
+                raise _closed(client, what) from e
+            if remaining <= 0:
                 raise DataServiceError(
                     f"{what}: the data service at {service_address(client)} did not come back "
                     f"within dataservice.client.dispatcher-timeout: {e!r}") from e
             logger.info("dataservice: %s failed (%r); retrying", what, e)
             await asyncio.sleep(min(delay, remaining))
             delay = min(2 * delay, 1.0)
+
+
+def _closed(client: Client, what: str) -> DataServiceError:
+    """The error for a request through a closed client (it may have closed itself: it does
+    when it cannot reconnect to its scheduler within its ``timeout``)."""
+    address = _known_address(client)
+    where = f"the data service at {address}" if address else "the data service"
+    return DataServiceError(
+        f"{what}: {where} cannot be reached: the distributed.Client is closed (a client "
+        "closes itself when it cannot reconnect to its scheduler within its timeout)")
+
+
+def _known_address(client: Client) -> str | None:
+    """The scheduler address of ``client``, also once it is closed (then it has no
+    ``scheduler`` any more: the address it was given, or the one it last knew)."""
+    if client.scheduler is not None:
+        return service_address(client)
+    start = getattr(client, "_start_arg", None)
+    if isinstance(start, str):
+        return normalize_address(start)
+    identity = getattr(client, "_scheduler_identity", None) or {}
+    found = identity.get("address")
+    return str(found) if found else None
+
+
+def _pool_timeout(client: Client) -> float:
+    timeout = getattr(client.rpc, "timeout", None)
+    return float(timeout) if timeout else float("inf")
+
+
+async def _reach(client: Client, what: str, timeout: float) -> None:
+    """Make sure ``client`` has a connection to its scheduler, trying for at most ``timeout``
+    seconds (an OSError if none), and leave it in the client's pool for the next call.
+
+    distributed's own calls try for ``distributed.comm.timeouts.connect`` (30 s) whatever
+    the caller's deadline, and raise ``CommClosedError`` when the client gives up; here the
+    caller's deadline bounds the wait, and a closed client is a :class:`DataServiceError`.
+    """
+    if client.status in ("closed", "closing"):
+        raise _closed(client, what)
+    address = service_address(client)
+    pool = client.rpc
+    try:
+        comm = await pool.connect(address, timeout=max(timeout, 0.001))
+    except RuntimeError as e:  # "ConnectionPool is closed": the client closed meanwhile
+        raise _closed(client, what) from e
+    pool.reuse(address, comm)
+
+
+async def _reach_or_fail(client: Client, what: str) -> None:
+    """:func:`_reach` within ``dataservice.client.dispatcher-timeout``; a
+    :class:`DataServiceError` naming the scheduler's address if it cannot be reached."""
+    timeout = config.get_seconds("client.dispatcher-timeout")
+    try:
+        await _reach(client, what, timeout)
+    except OSError as e:
+        if client.status in ("closed", "closing"):
+            raise _closed(client, what) from e
+        raise DataServiceError(
+            f"{what}: the data service at {service_address(client)} cannot be reached "
+            f"(tried for dataservice.client.dispatcher-timeout, {timeout:g} s): {e}") from e
 
 
 def _plugins() -> tuple[Any, ...]:
@@ -232,10 +302,24 @@ def _check_worker_replies(responses: dict[str, Any] | None) -> None:
 
 
 async def _install_async(client: Client) -> None:
-    """Install both plugins with an asynchronous client (``await``)."""
+    """Install both plugins, on the client's loop (any client: there it is asynchronous).
+
+    The scheduler is reached first, within ``dataservice.client.dispatcher-timeout``; a
+    scheduler that cannot be reached, or a connection lost during the installation, is a
+    :class:`DataServiceError` naming its address (not distributed's ``OSError`` after its
+    30 s connect timeout). The installation itself is not retried (a scheduler plugin
+    registered twice would replace the dispatcher)."""
+    what = "plugin installation"
+    await _reach_or_fail(client, what)
     dispatcher, worker = _plugins()
-    await client.register_plugin(dispatcher)
-    _check_worker_replies(await client.register_plugin(worker))
+    try:
+        await client.register_plugin(dispatcher)
+        _check_worker_replies(await client.register_plugin(worker))
+    except OSError as e:
+        if client.status in ("closed", "closing"):
+            raise _closed(client, what) from e
+        raise DataServiceError(f"{what}: lost the connection to the data service at "
+                               f"{service_address(client)}: {e!r}") from e
     _INSTALLED[client] = True
 
 
@@ -250,13 +334,7 @@ def install(service: Client | str) -> Awaitable[None] | None:
     if client.asynchronous and on_loop_thread(client):
         return _install_async(client)
     check_can_block(client, "install()")
-    if client.asynchronous:  # another thread than the client's loop: wait for it there
-        run_blocking(client, _install_async, client)
-        return None
-    dispatcher, worker = _plugins()
-    client.register_plugin(dispatcher)
-    _check_worker_replies(client.register_plugin(worker))
-    _INSTALLED[client] = True
+    run_blocking(client, _install_async, client)  # on the client's loop, wait for it here
     return None
 
 
