@@ -224,7 +224,7 @@ async def call_dispatcher(client: Client, op: str, what: str, **kwargs: Any) -> 
                 raise _closed(client, what) from e
             if remaining <= 0:
                 raise DataServiceError(
-                    f"{what}: the data service at {service_address(client)} did not come back "
+                    f"{what}: the data service at {_known_address(client)} did not come back "
                     f"within dataservice.client.dispatcher-timeout: {e!r}") from e
             logger.info("dataservice: %s failed (%r); retrying", what, e)
             await asyncio.sleep(min(delay, remaining))
@@ -267,7 +267,7 @@ async def _reach(client: Client, what: str, timeout: float) -> None:
     the caller's deadline, and raise ``CommClosedError`` when the client gives up; here the
     caller's deadline bounds the wait, and a closed client is a :class:`DataServiceError`.
     """
-    if client.status in ("closed", "closing"):
+    if client.status in ("closed", "closing") or client.scheduler is None:
         raise _closed(client, what)
     address = service_address(client)
     pool = client.rpc
@@ -288,7 +288,7 @@ async def _reach_or_fail(client: Client, what: str) -> None:
         if client.status in ("closed", "closing"):
             raise _closed(client, what) from e
         raise DataServiceError(
-            f"{what}: the data service at {service_address(client)} cannot be reached "
+            f"{what}: the data service at {_known_address(client)} cannot be reached "
             f"(tried for dataservice.client.dispatcher-timeout, {timeout:g} s): {e}") from e
 
 
@@ -319,7 +319,7 @@ async def _install_async(client: Client) -> None:
         if client.status in ("closed", "closing"):
             raise _closed(client, what) from e
         raise DataServiceError(f"{what}: lost the connection to the data service at "
-                               f"{service_address(client)}: {e!r}") from e
+                               f"{_known_address(client)}: {e!r}") from e
     _INSTALLED[client] = True
 
 
