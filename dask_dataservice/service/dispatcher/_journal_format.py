@@ -46,8 +46,10 @@ __all__ = [
 
 #: First 8 bytes of every segment.
 MAGIC = b"DDSJRNL\x00"
-#: Format version written in (and required of) every segment header.
-FORMAT_VERSION = 1
+#: Format version written in every segment and snapshot header: 2 since the journal keeps a
+#: manifest (:mod:`._journal_lineage`); files of version 1 (no manifest) are read as well.
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 #: Largest payload a record can hold (the length field is a u32).
 MAX_RECORD_SIZE = 0xFFFF_FFFF
 
@@ -359,11 +361,12 @@ def _scan_segment(
                 if zero:
                     what = "segment header and everything after it are zero bytes"
                 torn = damaged(0, what, zero)
-            elif version != FORMAT_VERSION:
+            elif version not in _READABLE_VERSIONS:
                 raise JournalCorruptedError(
                     path,
                     8,
-                    f"unsupported journal format version {version} (this is {FORMAT_VERSION})",
+                    f"unsupported journal format version {version} (this reads versions "
+                    f"{_READABLE_VERSIONS[0]} to {_READABLE_VERSIONS[-1]})",
                 )
         offset = _SEGMENT_HEADER.size
         while torn is None and offset < size:
@@ -460,8 +463,11 @@ def scan_journal(
     The directory is listed when iteration starts. The repair happens when the iteration
     reaches the torn record; stopping early leaves the file as it is.
     """
+    from ._journal_lineage import verify
+
+    manifest = verify(work_dir)
     snapshots = list_snapshots(work_dir)
-    return _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair)
+    return _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair, manifest)
 
 
 def _segments_after(work_dir: str | os.PathLike[str],
@@ -491,12 +497,18 @@ def _segments_after(work_dir: str | os.PathLike[str],
 
 
 def _scan_segments(work_dir: str | os.PathLike[str], snapshot: tuple[int, Path] | None,
-                   repair: bool) -> Iterator[JournalRecord]:
+                   repair: bool, manifest: Any = None) -> Iterator[JournalRecord]:
+    from ._journal_lineage import check_closed
+
     segments = _segments_after(work_dir, snapshot)
-    for i, (_, path) in enumerate(segments):
+    for i, (number, path) in enumerate(segments):
         is_last = i == len(segments) - 1
         next_path = None if is_last else segments[i + 1][1]
+        if is_last:  # a cleanly closed segment has no torn tail to cut: check it first
+            check_closed(manifest, number, path)
         yield from _scan_segment(path, is_last=is_last, repair=repair, next_path=next_path)
+        if not is_last:  # after its records: damage in one is reported at its offset
+            check_closed(manifest, number, path)
 
 
 def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
@@ -550,6 +562,9 @@ class JournalContents(NamedTuple):
     snapshot: Snapshot | None
     #: The records of the segments it does not cover, in journal order (lazily read).
     records: Iterator[JournalRecord]
+    #: The manifest's id high-water mark (``()`` without a manifest): replay's next ids
+    #: start at least there.
+    high_water: tuple[int, ...] = ()
 
 
 def snapshot_path(work_dir: str | os.PathLike[str], base: int) -> Path:
@@ -609,9 +624,10 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         raise JournalCorruptedError(path, 0, f"bad magic {magic!r} (expected {SNAPSHOT_MAGIC!r})")
     if header_crc != _masked_crc(data[:20]):
         raise JournalCorruptedError(path, 0, "snapshot header checksum mismatch")
-    if version != FORMAT_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise JournalCorruptedError(
-            path, 8, f"unsupported snapshot format version {version} (this is {FORMAT_VERSION})")
+            path, 8, f"unsupported snapshot format version {version} (this reads versions "
+            f"{_READABLE_VERSIONS[0]} to {_READABLE_VERSIONS[-1]})")
     m = _SNAPSHOT_RE.fullmatch(path.name)
     if m is not None and int(m.group(1)) != base:
         raise JournalCorruptedError(path, 12, f"snapshot base {base} disagrees with its name")
@@ -726,9 +742,15 @@ def load_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Jo
     Raises
     ------
     JournalCorruptedError
-        A damaged snapshot, a missing segment; while iterating ``records``, damaged records.
+        A damaged snapshot, a file missing, truncated or replaced by an older copy (see
+        :mod:`._journal_lineage`); while iterating ``records``, damaged records.
     """
+    from ._journal_lineage import verify
+
+    manifest = verify(work_dir)  # no file missing, truncated or replaced unseen
     snapshots = list_snapshots(work_dir)
     snapshot = read_snapshot(snapshots[-1][1]) if snapshots else None
     return JournalContents(
-        snapshot, _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair))
+        snapshot, _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair,
+                                 manifest),
+        tuple(manifest.high_water) if manifest is not None else ())

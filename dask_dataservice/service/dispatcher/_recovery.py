@@ -30,8 +30,9 @@ nor handed to anyone else.
 
 The decisions (which workers are pending, reviving one, the missing tail of a split request,
 the joining worker's hand-out) are the core's (:mod:`.core`, ``restore``,
-``_revive``, ``undelivered``); this module is the start's I/O: reading the journal and the
-lineage file off the scheduler's loop.
+``_revive``, ``undelivered``); this module is the start's I/O: reading the journal (and its
+manifest, which keeps the work_dir's lineage: :mod:`._journal_lineage`) off the scheduler's
+loop.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 
-__all__ = ["lineage", "recover"]
+__all__ = ["recover"]
 
 
 async def recover(plugin: DispatcherPlugin) -> None:
@@ -63,7 +64,7 @@ async def recover(plugin: DispatcherPlugin) -> None:
     / ``snapshot-bytes``); a long replayed tail is folded at once, in the background, so the
     next restart does not replay it again.
     """
-    from ._state_codec import compact, restore
+    from ._state_codec import compact, next_ids, restore
     from .journal import JournalWriter, load_journal
 
     assert plugin.work_dir is not None and plugin.core is not None
@@ -74,11 +75,15 @@ async def recover(plugin: DispatcherPlugin) -> None:
 
     def replay() -> tuple[DispatcherState, int, JournalWriter, str]:
         contents = load_journal(work_dir)
-        state, n = restore(contents.snapshot, contents.records)
+        state, n = restore(*contents)
+        # The manifest keeps the work_dir's lineage and the ids in use (``state`` is the
+        # object the core goes on changing).
         writer = JournalWriter.open(work_dir, compact=compact,
                                     snapshot_records=snapshot_records,
-                                    snapshot_bytes=snapshot_bytes)
-        return state, n, writer, lineage(work_dir, core.lineage)
+                                    snapshot_bytes=snapshot_bytes, lineage=core.lineage,
+                                    counters=lambda: next_ids(state))
+        assert writer.lineage is not None
+        return state, n, writer, writer.lineage
 
     loop = asyncio.get_running_loop()
     # file I/O and the replay stay off the scheduler's loop, in a thread owned here
@@ -103,29 +108,3 @@ async def recover(plugin: DispatcherPlugin) -> None:
         len(state.list_datasets()), len(state.list_jobs()),
         len(core.recovered_workers),
     )
-
-
-#: The file of a work dir that names the lineage of its journal's ids.
-LINEAGE_FILE = "lineage"
-
-
-def lineage(work_dir: str, fresh: str) -> str:
-    """The lineage of the journal in ``work_dir``: read from its file, or ``fresh`` written
-    there (atomically: write, fsync, rename; mode 0600) on the first start. Blocking I/O."""
-    path = os.path.join(work_dir, LINEAGE_FILE)
-    try:
-        with open(path) as f:
-            found = f.read().strip()
-        if found:
-            return found
-    except FileNotFoundError:
-        pass
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, fresh.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return fresh

@@ -34,6 +34,7 @@ compaction thread and on the dispatcher's recovery thread, never on the event lo
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -47,7 +48,8 @@ from ._journal_format import JournalCorruptedError, JournalRecord, Snapshot
 from ._updates import decode_update
 from .state import DispatcherState
 
-__all__ = ["SNAPSHOT_VERSION", "compact", "decode_state", "encode_state", "restore"]
+__all__ = ["SNAPSHOT_VERSION", "compact", "decode_state", "encode_state", "next_ids",
+           "restore"]
 
 #: Version of the snapshot payload written by :func:`encode_state`.
 SNAPSHOT_VERSION = 1
@@ -201,8 +203,21 @@ def _build(payload: dict[str, Any]) -> DispatcherState:
     return state
 
 
-def restore(snapshot: Snapshot | None, records: Iterable[JournalRecord]) -> tuple[
-        DispatcherState, int]:
+def next_ids(state: DispatcherState) -> list[int]:
+    """The next free id of each namespace (the journal manifest's high-water mark)."""
+    return [state._next_dataset_id, state._next_iteration_id,
+            state._next_iteration_client_id, state._next_task_id, state._next_job_id]
+
+
+def _raise_ids(state: DispatcherState, high_water: tuple[int, ...]) -> None:
+    (state._next_dataset_id, state._next_iteration_id, state._next_iteration_client_id,
+     state._next_task_id, state._next_job_id) = [
+        max(a, b) for a, b in itertools.zip_longest(next_ids(state), high_water[:5],
+                                                    fillvalue=0)]
+
+
+def restore(snapshot: Snapshot | None, records: Iterable[JournalRecord],
+            high_water: tuple[int, ...] = ()) -> tuple[DispatcherState, int]:
     """Replay a journal: its snapshot (if any), then every record after it.
 
     Parameters
@@ -211,6 +226,10 @@ def restore(snapshot: Snapshot | None, records: Iterable[JournalRecord]) -> tupl
         The newest snapshot (:func:`~dask_dataservice.service.dispatcher.journal.load_journal`).
     records : iterable of JournalRecord
         The records after it, in journal order.
+    high_water : tuple of int
+        The journal manifest's next ids (dataset, iteration, iteration client, task, job):
+        the replayed state's next ids are raised to them, so that no id is handed out twice
+        in a work_dir's life.
 
     Returns
     -------
@@ -245,6 +264,7 @@ def restore(snapshot: Snapshot | None, records: Iterable[JournalRecord]) -> tupl
                 + (f" and the snapshot {snapshot.path.name}" if snapshot is not None else ""),
             ) from e
         applied += 1
+    _raise_ids(state, high_water)
     return state, applied
 
 

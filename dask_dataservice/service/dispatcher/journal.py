@@ -171,12 +171,23 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._journal_lineage import (
+    Manifest,
+    check_closed,
+    file_crc,
+    fresh_lineage,
+    legacy_lineage,
+    snapshot_crc,
+    verify,
+    write_manifest,
+)
 from ._journal_format import (
     FORMAT_VERSION,
     MAGIC,
@@ -313,9 +324,20 @@ class JournalWriter:
 
     def __init__(self, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
                  compact: Compactor | None = None, snapshot_records: int | None = None,
-                 snapshot_bytes: int | None = None) -> None:
+                 snapshot_bytes: int | None = None, lineage: str | None = None,
+                 counters: Callable[[], list[int]] | None = None) -> None:
         #: The journal directory.
         self.work_dir = Path(work_dir)
+        #: The work_dir's identity: its manifest's, else ``lineage`` (else a fresh one) on
+        #: the first start (set by :meth:`start`).
+        self.lineage = lineage
+        # The manifest (:mod:`._journal_lineage`), written under its lock by the I/O thread
+        # (rotation), the compaction thread and close; ``counters()`` reports the ids in use.
+        self._counters = counters
+        self._manifest: Manifest | None = None
+        self._manifest_lock = threading.Lock()
+        self._size = 0  # of the current segment, and its running CRC-32 (I/O thread)
+        self._crc = 0
         #: This writer's segment file (``None`` until started).
         self.path: Path | None = None
         #: This writer's segment number (``None`` until started).
@@ -393,6 +415,8 @@ class JournalWriter:
             raise JournalError(f"journal writer for {self.work_dir} was already started")
         self._started = True
         _make_dirs(self.work_dir)
+        # Nothing is created or deleted before the work_dir holds what its manifest names.
+        manifest = verify(self.work_dir)
         # Leftovers of a crash during a compaction: a partial snapshot, covered segments. The
         # covered ones are deleted only once the newest snapshot, which replaces them, has
         # been checked whole (read only then: a clean restart does not read it twice).
@@ -400,29 +424,62 @@ class JournalWriter:
         _, replaced = covered_files(self.work_dir)
         if replaced:
             read_snapshot(snapshots[-1][1])
-        self.metrics.files_deleted += len(remove_covered(self.work_dir))
         segments = _segments_after(self.work_dir, snapshots[-1] if snapshots else None)
+        if segments:
+            check_closed(manifest, *segments[-1])  # before a repair could cut it
         if segments and self._repair_tail:
             for _ in _scan_segment(segments[-1][1], is_last=True, repair=True, next_path=None):
                 pass
         number = segments[-1][0] + 1 if segments else 0
+        if manifest is None:
+            manifest = Manifest(lineage=legacy_lineage(self.work_dir) or self.lineage
+                                or fresh_lineage(), segment=number)
+        if segments:
+            manifest.closed[segments[-1][0]] = file_crc(segments[-1][1])
+        if snapshots:
+            base = snapshots[-1][0]
+            manifest.snapshot = (base, snapshot_crc(snapshots[-1][1]))
+            manifest.closed = {k: v for k, v in manifest.closed.items() if k >= base}
+        self.lineage = manifest.lineage
+        self._manifest = manifest
         self._fd, self.path = self._new_segment(number)
         self.segment = number
+        self.metrics.files_deleted += len(remove_covered(self.work_dir))
         self._io = ThreadPoolExecutor(1, thread_name_prefix="dds-journal")
         if self._compact is not None:
             self._compactor = ThreadPoolExecutor(1, thread_name_prefix="dds-journal-compact")
             if snapshots:
                 self.metrics.last_snapshot_bytes = snapshots[-1][1].stat().st_size
 
-    def _new_segment(self, number: int) -> tuple[int, Path]:
+    def _write_manifest(self, change: Callable[[Manifest], None]) -> None:
+        """Change the manifest and write it, atomically (any thread)."""
+        with self._manifest_lock:
+            manifest = self._manifest
+            assert manifest is not None  # started
+            change(manifest)
+            if self._counters is not None:
+                manifest.raise_high_water(list(self._counters()))
+            write_manifest(self.work_dir, manifest)
+
+    def _new_segment(self, number: int,
+                     closing: tuple[int, int, int] | None = None) -> tuple[int, Path]:
         """Create segment ``number`` with its header, durably (file and directory entry)."""
         path = segment_path(self.work_dir, number)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         fd = os.open(path, flags, 0o600)
         try:
-            _write_all(fd, _segment_header())
+            header = _segment_header()
+            _write_all(fd, header)
             _sync(fd)
             _sync_dir(self.work_dir)
+            self._size, self._crc = len(header), zlib.crc32(header)
+
+            def newest(m: Manifest) -> None:
+                m.segment = number
+                if closing is not None:  # the segment rotated away from: (number, size, crc)
+                    m.closed[closing[0]] = closing[1:]
+
+            self._write_manifest(newest)  # before any record goes into the segment
         except BaseException:
             os.close(fd)
             raise
@@ -471,6 +528,21 @@ class JournalWriter:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+                if self._failure is None and self.segment is not None:
+                    self._close_manifest(self.segment)
+
+    def _close_manifest(self, segment: int) -> None:
+        """Name the closed segment's size and checksum: a later cut or older copy shows."""
+        closed = (self._size, self._crc & 0xFFFF_FFFF)
+
+        def close(m: Manifest) -> None:
+            m.closed[segment] = closed
+
+        try:
+            self._write_manifest(close)
+        except OSError as e:  # the journal is whole; only the check of this segment is lost
+            logger.warning("journal %s: writing the manifest at close failed: %r",
+                           self.work_dir, e)
 
     async def aclose(self) -> None:
         """Stop accepting records, wait until every queued record is durable, then :meth:`close`."""
@@ -684,6 +756,8 @@ class JournalWriter:
             if count > m.max_batch_records:
                 m.max_batch_records = count
             m.sync_thread_names.add(threading.current_thread().name)
+            self._size += len(data)
+            self._crc = zlib.crc32(data, self._crc)
             self._segment_records += count
             self._segment_bytes += len(data)
             if self._compactor is not None and self._segment_full():
@@ -711,7 +785,8 @@ class JournalWriter:
     def _rotate(self) -> None:
         """Switch to a new segment (on the I/O thread, under the file lock) and compact."""
         assert self.segment is not None  # started
-        fd, path = self._new_segment(self.segment + 1)
+        fd, path = self._new_segment(self.segment + 1,
+                                     closing=(self.segment, self._size, self._crc))
         os.close(self._fd)
         self._fd, self.path, self.segment = fd, path, self.segment + 1
         self._segment_records = self._segment_bytes = 0
@@ -762,7 +837,14 @@ class JournalWriter:
             payload = self._compact(previous, self._closed_records(covered))
             if self._stop_compaction.is_set():
                 return
-            write_snapshot(self.work_dir, base, payload)
+            path = write_snapshot(self.work_dir, base, payload)
+            crc = snapshot_crc(path)
+
+            def follow(m: Manifest) -> None:  # named before what it covers is deleted
+                m.snapshot = (base, crc)
+                m.closed = {k: v for k, v in m.closed.items() if k >= base}
+
+            self._write_manifest(follow)
             deleted = remove_covered(self.work_dir)
             m = self.metrics
             m.snapshots_written += 1

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dask_dataservice.errors import DataServiceError
+from dask_dataservice.service.dispatcher._journal_lineage import read_manifest, write_manifest
 from dask_dataservice.service.dispatcher.journal import (
     FORMAT_VERSION,
     MAGIC,
@@ -60,8 +61,10 @@ def payloads_for(n: int, prefix: str = "r", vary: bool = True) -> list[bytes]:
     return out
 
 
-def write_segment(work_dir: Path, payloads: list[bytes]) -> JournalWriter:
-    """One writer start that appends ``payloads`` with one group commit, then closes."""
+def write_segment(work_dir: Path, payloads: list[bytes], crash: bool = True) -> JournalWriter:
+    """One writer start that appends ``payloads`` with one group commit, then dies after its
+    last fsync (``crash``: its manifest never names the segment closed, so a torn tail at its
+    end is a crash's to cut) or closes cleanly."""
 
     async def run() -> JournalWriter:
         writer = JournalWriter.open(work_dir)
@@ -69,7 +72,17 @@ def write_segment(work_dir: Path, payloads: list[bytes]) -> JournalWriter:
         await writer.aclose()
         return writer
 
-    return asyncio.run(run())
+    writer = asyncio.run(run())
+    if crash:
+        forget_close(work_dir)
+    return writer
+
+
+def forget_close(work_dir: Path) -> None:
+    """The manifest as a process killed after its last fsync left it (before its close)."""
+    manifest = read_manifest(work_dir)
+    del manifest.closed[manifest.segment]
+    write_manifest(work_dir, manifest)
 
 
 def record_offsets(payloads: list[bytes]) -> list[int]:
@@ -191,27 +204,35 @@ def test_each_start_opens_a_new_segment(tmp_path):
 
 
 def test_segment_names_are_parsed_with_a_regex(tmp_path):
-    write_segment(tmp_path, [b"seven"])
-    (tmp_path / "journal_00000000").rename(tmp_path / "journal_7")
+    write_segment(tmp_path, [b"zero"])
+    (tmp_path / "journal_00000000").rename(tmp_path / "journal_0")
     for name in ("journal_8.tmp", "journal_x", "notes.txt", "journal_"):
         (tmp_path / name).write_bytes(b"not a segment")
     (tmp_path / "journal_9").mkdir()  # not a file: ignored
 
-    writer = write_segment(tmp_path, [b"eight"])
-    assert writer.path == segment_path(tmp_path, 8) == tmp_path / "journal_00000008"
-    assert read_quietly(tmp_path) == [b"seven", b"eight"]
+    writer = write_segment(tmp_path, [b"one"])
+    assert writer.path == segment_path(tmp_path, 1) == tmp_path / "journal_00000001"
+    assert read_quietly(tmp_path) == [b"zero", b"one"]
 
 
 def test_duplicate_segment_numbers_and_gaps_are_errors(tmp_path):
     write_segment(tmp_path, [b"a"])
     write_segment(tmp_path, [b"b"])
     (tmp_path / "journal_00000001").rename(tmp_path / "journal_3")
-    with pytest.raises(JournalCorruptedError, match="segment.*1..2 are missing") as info:
+    with pytest.raises(JournalCorruptedError, match="the file is missing: the manifest names "
+                       "it as the newest segment") as info:
         list(read_journal(tmp_path))
-    assert info.value.path == tmp_path / "journal_3"
+    assert info.value.path == tmp_path / "journal_00000001"
+    (tmp_path / "journal_3").rename(tmp_path / "journal_00000001")
+    write_segment(tmp_path, [b"c"])
+    (tmp_path / "journal_00000001").rename(tmp_path / "journal_1.tmp")  # a gap
+    with pytest.raises(JournalCorruptedError, match="the file is missing: the manifest names "
+                       r"segments 0..2") as info:
+        list(read_journal(tmp_path))
+    assert info.value.path == tmp_path / "journal_00000001"
 
-    (tmp_path / "journal_0003").write_bytes(b"")
-    with pytest.raises(JournalCorruptedError, match="journal_0003") as info:
+    (tmp_path / "journal_0002").write_bytes(b"")
+    with pytest.raises(JournalCorruptedError, match="journal_0002") as info:
         list_segments(tmp_path)
 
 
@@ -406,7 +427,7 @@ def test_bad_segment_header_in_the_last_segment_is_an_error(tmp_path):
     head = MAGIC + struct.pack("<I", FORMAT_VERSION + 1)
     path.write_bytes(head + struct.pack("<I", masked_crc(head)) + original[16:])
     _, error = read_until_error(tmp_path)
-    assert error.offset == 8 and "unsupported journal format version 2" in str(error)
+    assert error.offset == 8 and "unsupported journal format version 3" in str(error)
 
 
 @pytest.mark.pure

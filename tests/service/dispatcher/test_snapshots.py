@@ -21,6 +21,11 @@ import dask
 import pytest
 from distributed.utils_test import gen_test
 
+from dask_dataservice.service.dispatcher._journal_lineage import (
+    read_manifest,
+    snapshot_crc,
+    write_manifest,
+)
 from dask_dataservice.service.dispatcher._state_codec import (
     compact,
     decode_state,
@@ -85,15 +90,29 @@ def split_updates(state, n, num_splits=10):
     return out
 
 
-def write_segments(work_dir, per_segment):
-    """One segment per list of updates (each writer start is a new segment); the state."""
+def write_segments(work_dir, per_segment, crash=False):
+    """One segment per list of updates (each writer start is a new segment); the state.
+    ``crash``: the last writer dies after its last fsync instead of closing."""
     state = DispatcherState()
     for updates in per_segment:
         with JournalWriter.open(work_dir) as writer:
             for update in updates:
                 state.apply(update)
                 writer.append_sync(encode_update(update))
+    if crash:
+        manifest = read_manifest(work_dir)
+        del manifest.closed[manifest.segment]
+        write_manifest(work_dir, manifest)
     return state
+
+
+def name_snapshot(work_dir, base):
+    """What a writer does once a snapshot is renamed into place: its manifest names it (and
+    forgets the segments it covers), before anything it covers is deleted."""
+    manifest = read_manifest(work_dir)
+    manifest.snapshot = (base, snapshot_crc(snapshot_path(work_dir, base)))
+    manifest.closed = {k: v for k, v in manifest.closed.items() if k >= base}
+    write_manifest(work_dir, manifest)
 
 
 def replayed(work_dir):
@@ -248,6 +267,8 @@ def test_every_crash_point_of_a_compaction_replays_to_the_same_state(
     if older:
         write_snapshot(tmp_path, 1, compact(None, scan_segments(tmp_path, range(1))))
     write_snapshot(tmp_path, base, compact(None, scan_segments(tmp_path, range(base))))
+    if deleted:  # else the crash came before the manifest named the snapshot
+        name_snapshot(tmp_path, base)
     if tmp:
         partial = snapshot_path(tmp_path, 4).with_suffix(".tmp")
         partial.write_bytes(snapshot_path(tmp_path, base).read_bytes()[:50])
@@ -257,7 +278,8 @@ def test_every_crash_point_of_a_compaction_replays_to_the_same_state(
     # the next start cleans up, and the journal still replays the same
     JournalWriter.open(tmp_path).close()
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == [f"journal_{n:08d}" for n in range(base, 5)] + [f"snapshot_{base:08d}"]
+    assert names == ([f"journal_{n:08d}" for n in range(base, 5)] + ["manifest"]
+                     + [f"snapshot_{base:08d}"])
     assert replayed(tmp_path) == state
 
 
@@ -290,8 +312,10 @@ def test_a_damaged_snapshot_is_corruption_naming_it(tmp_path):
 def test_a_snapshot_without_its_base_segment_is_corruption(tmp_path):
     write_segments(tmp_path, [setup_updates(), []])
     write_snapshot(tmp_path, 1, compact(None, scan_segments(tmp_path, range(1))))
+    name_snapshot(tmp_path, 1)
     segment_path(tmp_path, 1).unlink()
-    with pytest.raises(JournalCorruptedError, match="segment 1 is missing"):
+    with pytest.raises(JournalCorruptedError, match="journal_00000001 is corrupted at byte "
+                       "offset 0: the file is missing: the manifest names it as the newest"):
         replayed(tmp_path)
 
 
@@ -327,14 +351,29 @@ def test_an_undecodable_record_is_corruption_with_file_and_offset(tmp_path):
 
 
 def test_a_journal_cut_at_a_record_boundary_is_a_shorter_journal(tmp_path):
-    """Nothing tells such a cut from a writer that appended less: no warning, the prefix's
-    state (what is promised: acknowledged records are durable; see docs/guarantees.md)."""
+    """After a crash, nothing tells such a cut of the last segment from a writer that
+    appended less: no warning, the prefix's state (what is promised: acknowledged records
+    are durable; see docs/guarantees.md). After a clean close, the manifest tells."""
     updates = setup_updates()
-    write_segments(tmp_path, [updates])
+    write_segments(tmp_path, [updates], crash=True)
     offsets = [r.offset for r in scan_journal(tmp_path)]
     path = segment_path(tmp_path, 0)
     os.truncate(path, offsets[3])
     assert replayed(tmp_path) == _applied(DispatcherState(), updates[:3])
+
+
+def test_a_cleanly_closed_segment_cut_at_a_record_boundary_is_corruption(tmp_path):
+    updates = setup_updates()
+    write_segments(tmp_path, [updates])
+    offsets = [r.offset for r in scan_journal(tmp_path)]
+    size = segment_path(tmp_path, 0).stat().st_size
+    os.truncate(segment_path(tmp_path, 0), offsets[3])
+    with pytest.raises(JournalCorruptedError) as e:
+        replayed(tmp_path)
+    assert str(e.value) == (
+        f"journal {segment_path(tmp_path, 0)} is corrupted at byte offset {offsets[3]}: the "
+        f"segment is {offsets[3]} bytes, but it held {size} bytes when its writer closed it "
+        "(truncated, or replaced by an older copy)")
 
 
 # -- a real process killed while it appends and compacts ---------------------------------------
