@@ -38,7 +38,7 @@ A segment is a 16-byte header followed by zero or more records::
 
     offset  size  field
     0       8     magic            b"DDSJRNL\\x00"
-    8       4     version          u32, currently 1
+    8       4     version          u32, currently 2 (1: written before the manifest)
     12      4     header_crc       u32, masked CRC-32 of bytes 0..11
 
 Each record is a 12-byte header followed by the payload::
@@ -106,7 +106,7 @@ A snapshot file (all integers little-endian)::
 
     offset  size  field
     0       8     magic            b"DDSSNAP\x00"
-    8       4     version          u32, currently 1 (the journal's FORMAT_VERSION)
+    8       4     version          u32, currently 2 (the journal's FORMAT_VERSION)
     12      8     base             u64, the first segment it does not cover (as in its name)
     20      4     header_crc       u32, masked CRC-32 of bytes 0..19
     24      12    record header    as a journal record's: length, length_crc, payload_crc
@@ -117,7 +117,8 @@ and nothing after the payload. It is written as ``snapshot_<base>.tmp``, fsync'd
 snapshots and ``.tmp`` files deleted (:func:`remove_covered`), oldest first. Every crash
 point leaves a journal that replays to the same state:
 
-- during the write: a ``.tmp`` file, ignored by readers and deleted by the next start;
+- during the write: a ``.tmp`` file, ignored by readers and deleted by the next start (once
+  the manifest shows the journal whole: a snapshot renamed to ``.tmp`` by hand is missing);
 - after the rename, before or during the deletions: the new snapshot and some or all of
   the segments and snapshots it covers, which replay ignores (and the next start deletes).
 
@@ -135,6 +136,15 @@ journal: nothing in the format tells it from one whose writer simply appended le
 no footer or record count), so the journal cannot tell that acknowledged records went
 missing through damage after the fact, e.g. a file truncated by hand or a disk that lost
 synced data. See ``docs/guarantees.md``.
+
+Manifest
+--------
+``work_dir/manifest`` names the files the directory must hold (the newest segment, the
+snapshot the segments follow, each closed segment's size and CRC-32) and the work_dir's
+lineage and id high-water mark, so that a file deleted, renamed, truncated at a record
+boundary or replaced by an older copy is :class:`JournalCorruptedError` naming it rather than
+a shorter journal; see :mod:`._journal_lineage`. :meth:`JournalWriter.start` checks it before
+it creates, repairs or deletes anything.
 
 Group commit
 ------------
@@ -172,22 +182,13 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._journal_lineage import (
-    Manifest,
-    check_closed,
-    file_crc,
-    fresh_lineage,
-    legacy_lineage,
-    snapshot_crc,
-    verify,
-    write_manifest,
-)
+from ._journal_compaction import Compactor, _Compacting
 from ._journal_format import (
     FORMAT_VERSION,
     MAGIC,
@@ -221,13 +222,19 @@ from ._journal_format import (
     snapshot_path,
     write_snapshot,
 )
+from ._journal_lineage import (
+    Manifest,
+    check_closed,
+    file_crc,
+    fresh_lineage,
+    legacy_lineage,
+    snapshot_crc,
+    verify,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
-#: ``compact(snapshot, records) -> payload``: the new snapshot's payload from the newest
-#: snapshot (or None) and the records of the segments it folds in (run on a thread of the
-#: writer's; raising leaves the journal as it was).
-Compactor = Callable[[Snapshot | None, Iterator[JournalRecord]], bytes]
 
 __all__ = [
     "FORMAT_VERSION",
@@ -299,7 +306,7 @@ class JournalWriterMetrics:
         return self.records_written / self.fsyncs if self.fsyncs else 0.0
 
 
-class JournalWriter:
+class JournalWriter(_Compacting):
     """Appends records to a new segment of a journal directory, durably, with group commit.
 
     Use :meth:`open` (or the constructor, then :meth:`start`). Each start creates a new
@@ -762,113 +769,3 @@ class JournalWriter:
             self._segment_bytes += len(data)
             if self._compactor is not None and self._segment_full():
                 self._rotate()
-
-    # -- snapshots --------------------------------------------------------------------------
-
-    def _segment_full(self) -> bool:
-        """Whether the current segment holds enough to be folded into a snapshot.
-
-        By records or bytes, but never before the segment holds a quarter of the last
-        snapshot's size (the byte threshold is at least that size): a large state is not
-        rewritten more often than the journal grows by a good part of it (write
-        amplification at most about 4 by records, 2 by bytes).
-        """
-        if self._segment_bytes < self.metrics.last_snapshot_bytes // 4:
-            return False
-        if self._snapshot_records and self._segment_records >= self._snapshot_records:
-            return True
-        if self._snapshot_bytes:
-            bound = max(self._snapshot_bytes, self.metrics.last_snapshot_bytes)
-            return self._segment_bytes >= bound
-        return False
-
-    def _rotate(self) -> None:
-        """Switch to a new segment (on the I/O thread, under the file lock) and compact."""
-        assert self.segment is not None  # started
-        fd, path = self._new_segment(self.segment + 1,
-                                     closing=(self.segment, self._size, self._crc))
-        os.close(self._fd)
-        self._fd, self.path, self.segment = fd, path, self.segment + 1
-        self._segment_records = self._segment_bytes = 0
-        self.metrics.rotations += 1
-        self._request_compaction(self.segment)
-
-    def request_snapshot(self) -> concurrent.futures.Future[None] | None:
-        """Fold every segment before the current one into a snapshot, in the background.
-
-        The dispatcher calls this after a recovery that replayed a long tail, so that the
-        next restart does not replay it again. Returns the compaction's future (None without
-        a ``compact`` callback, or when one is already queued, which covers the same).
-        """
-        if self._compactor is None or self.segment is None:
-            return None
-        return self._request_compaction(self.segment)
-
-    def _request_compaction(self, base: int) -> concurrent.futures.Future[None] | None:
-        with self._compaction_lock:
-            pending = self._compaction
-            if pending is not None and not pending.running() and not pending.done():
-                return None  # the queued one will read the directory when it runs
-            if self._compactor is None:  # shut down meanwhile
-                return None
-            try:
-                self._compaction = self._compactor.submit(self._compact_before, base)
-            except RuntimeError:  # shut down meanwhile
-                return None
-            return self._compaction
-
-    def _compact_before(self, base: int) -> None:
-        """Write a snapshot covering every segment before ``base``; delete what it covers.
-
-        Runs on the compaction thread. The snapshot is the old one plus the records of the
-        closed segments ``old base .. base - 1``, folded by the ``compact`` callback; it is
-        written atomically (:func:`write_snapshot`) before anything is deleted, so a crash
-        at any point leaves a journal that replays to the same state.
-        """
-        start = time.perf_counter()
-        try:
-            snapshots = list_snapshots(self.work_dir)
-            previous = read_snapshot(snapshots[-1][1]) if snapshots else None
-            if previous is not None and previous.base >= base:
-                return
-            covered = [(n, p) for n, p in _segments_after(
-                self.work_dir, snapshots[-1] if snapshots else None) if n < base]
-            assert self._compact is not None  # a compactor runs only with the callback
-            payload = self._compact(previous, self._closed_records(covered))
-            if self._stop_compaction.is_set():
-                return
-            path = write_snapshot(self.work_dir, base, payload)
-            crc = snapshot_crc(path)
-
-            def follow(m: Manifest) -> None:  # named before what it covers is deleted
-                m.snapshot = (base, crc)
-                m.closed = {k: v for k, v in m.closed.items() if k >= base}
-
-            self._write_manifest(follow)
-            deleted = remove_covered(self.work_dir)
-            m = self.metrics
-            m.snapshots_written += 1
-            m.last_snapshot_bytes = snapshot_path(self.work_dir, base).stat().st_size
-            m.files_deleted += len(deleted)
-        except _CompactionStopped:
-            pass
-        except Exception:  # noqa: BLE001 - the journal is still whole, only larger
-            self.metrics.compaction_errors += 1
-            logger.exception("journal %s: writing a snapshot before segment %d failed; the "
-                             "journal keeps its segments", self.work_dir, base)
-        finally:
-            self.metrics.compaction_seconds += time.perf_counter() - start
-
-    def _closed_records(self, segments: list[tuple[int, Path]]) -> Iterator[JournalRecord]:
-        for i, (_, path) in enumerate(segments):
-            next_path = (segments[i + 1][1] if i + 1 < len(segments)
-                         else segment_path(self.work_dir, segments[-1][0] + 1))
-            for record in _scan_segment(path, is_last=False, repair=False,
-                                        next_path=next_path):
-                if self._stop_compaction.is_set():
-                    raise _CompactionStopped
-                yield record
-
-
-class _CompactionStopped(Exception):
-    """The writer is closing: abandon the snapshot being made."""
