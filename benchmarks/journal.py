@@ -31,8 +31,13 @@ Latency is per record (per ``append`` for the async path), from the call to dura
 ``vs_unsynced`` is ``records_per_s / unsynced records_per_s``. After each journal run the
 records are read back and checked, outside the timing.
 
+And, with ``--files N`` (default 1,000,000; 0 skips it), ``register_files``: seconds to
+register ``Dataset.from_files`` of ``N`` paths (one split each) from an asynchronous client.
+``--only-dispatcher`` skips the raw journal measurements and the no-snapshot baseline.
+
 Run from the repository root: ``.venv/bin/python benchmarks/journal.py [-n 5000]
-[--payload 100] [--concurrency 1 16 256] [--splits 1000000] [--dir DIR]``. Point ``--dir`` at the disk the
+[--payload 100] [--concurrency 1 16 256] [--splits 1000000] [--files 1000000]
+[--only-dispatcher] [--dir DIR]``. Point ``--dir`` at the disk the
 dispatcher will use: on tmpfs fsync is free and the numbers mean nothing.
 """
 
@@ -169,6 +174,42 @@ async def _register(work_dir: Path) -> float:
             await plugin.close()
 
 
+def _read_file(path: str) -> list[str]:
+    return [path]
+
+
+async def _register_files(work_dir: Path, files: int) -> dict:
+    """Seconds to register ``Dataset.from_files`` of ``files`` paths (one split each) from an
+    asynchronous client: enumerating and pickling the splits, the dispatcher's ingest and its
+    journal record (issue 22 s5: 15 s for a million, 6-7 s in the package of 13df877)."""
+    import dask
+    from distributed import Client, Scheduler
+
+    import dask_dataservice as dds
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
+
+    paths = [f"/data/train/part-{i:07d}.tfrecord" for i in range(files)]
+    # a million 35-character paths took more than the default 64 MiB before their splits
+    # pickled compactly: raised so that both sides of a comparison can run
+    dask.config.set({"dataservice.dispatcher.max-pipeline-bytes": 2**28})
+    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
+    async with Scheduler(dashboard_address=":0", port=0) as s:
+        s.add_plugin(plugin)
+        await plugin.start(s)
+        try:
+            async with Client(s.address, asynchronous=True) as c:
+                await dds.register_dataset(c, dds.Dataset.range(1000))  # warm up the path
+                start = time.perf_counter()
+                await dds.register_dataset(c, dds.Dataset.from_files(paths, _read_file))
+                seconds = time.perf_counter() - start
+                return {"bench": "register_files", "files": files,
+                        "seconds": round(seconds, 3),
+                        "journal_bytes": plugin._journal.metrics.bytes_written,
+                        "load_average": os.getloadavg()[0]}
+        finally:
+            await plugin.close()
+
+
 async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
                     tasks: int) -> tuple[int, int, dict]:
     """A named DYNAMIC job over ``num_splits`` splits read for ``epochs`` repetitions by
@@ -275,6 +316,20 @@ def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool)
     ]
 
 
+def _raw_benches(scratch: Path, payloads: list[bytes], concurrency: list[int]) -> None:
+    baseline = bench_raw(scratch, payloads, sync=False)
+    print(json.dumps(baseline), flush=True)
+    unsynced = baseline["records_per_s"]
+    benches = [lambda: bench_raw(scratch, payloads, sync=True)]
+    benches.append(lambda: bench_append_sync(scratch / "journal-sync", payloads))
+    for c in concurrency:
+        benches.append(lambda c=c: bench_group_commit(scratch / f"journal-{c}", payloads, c))
+    for bench in benches:
+        result = bench()
+        result["vs_unsynced"] = round(result["records_per_s"] / unsynced, 4)
+        print(json.dumps(result), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=5000, help="records per measurement")
@@ -282,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--splits", type=int, default=1_000_000,
                         help="splits handed out before the restart measurement (0: skip it)")
+    parser.add_argument("--files", type=int, default=1_000_000,
+                        help="file splits to register (0: skip)")
+    parser.add_argument("--only-dispatcher", action="store_true",
+                        help="skip the raw journal measurements")
     parser.add_argument("--epochs", type=int, default=3,
                         help="repetitions of the --splits dataset read before the restart")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the scratch directory")
@@ -305,19 +364,14 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
-        baseline = bench_raw(scratch, payloads, sync=False)
-        print(json.dumps(baseline), flush=True)
-        unsynced = baseline["records_per_s"]
-        benches = [lambda: bench_raw(scratch, payloads, sync=True)]
-        benches.append(lambda: bench_append_sync(scratch / "journal-sync", payloads))
-        for c in args.concurrency:
-            benches.append(lambda c=c: bench_group_commit(scratch / f"journal-{c}", payloads, c))
-        for bench in benches:
-            result = bench()
-            result["vs_unsynced"] = round(result["records_per_s"] / unsynced, 4)
-            print(json.dumps(result), flush=True)
+        if not args.only_dispatcher:
+            _raw_benches(scratch, payloads, args.concurrency)
+        if args.files:
+            line = asyncio.run(_register_files(scratch / "files", args.files))
+            print(json.dumps(line), flush=True)
         if args.splits:
-            for snapshots in (False, True):
+            # --only-dispatcher: the default configuration (snapshots) only
+            for snapshots in (True,) if args.only_dispatcher else (False, True):
                 for line in bench_restart(scratch / f"dispatcher-{snapshots}", args.splits,
                                           args.epochs, snapshots):
                     print(json.dumps(line), flush=True)

@@ -17,7 +17,14 @@ import numpy as np
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
 from ._fs import expand
 from .ops import _close, check_int
-from .splits import FileSplit, IndexRange, SplitProvider, default_split_size, index_ranges
+from .splits import (
+    FileSplit,
+    FileSplits,
+    IndexRange,
+    SplitProvider,
+    default_split_size,
+    index_ranges,
+)
 from .structure import flatten
 
 __all__ = ["Source", "ListSource", "RangeSource", "TensorSlices", "ListFiles", "FromFiles", "FromZarr", "FromGenerator"]
@@ -289,7 +296,7 @@ class ListFiles(Source):
         return len(self.files)
 
     def splits(self, split_size: int | None = None) -> Sequence[Any]:
-        return [FileSplit(f) for f in self.files]
+        return FileSplits(self.files)
 
     def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
         files = list(self.files)
@@ -330,7 +337,7 @@ class FromFiles(Source):
         return (self.paths, self.reader)
 
     def splits(self, split_size: int | None = None) -> Sequence[Any]:
-        return [FileSplit(p) for p in self.paths]
+        return FileSplits(self.paths)
 
     def read_split(self, split: FileSplit) -> Iterator[Any]:
         # the reader's own cleanup (an open file) runs when the pipeline stops early
