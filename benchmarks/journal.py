@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import fs_type
 
@@ -211,12 +212,12 @@ async def _register_files(work_dir: Path, files: int) -> dict:
 
 
 async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
-                    tasks: int) -> tuple[int, int, dict]:
+                    tasks: int) -> tuple[int, int, str, Any]:
     """A named DYNAMIC job over ``num_splits`` splits read for ``epochs`` repetitions by
     ``tasks`` tasks asking concurrently (``get_split(count=64)``, acknowledging two
     repetitions back, as data workers do).
 
-    Returns ``(iteration_id, a task_id, the journal writer's metrics)``.
+    Returns ``(iteration_id, a task_id, the job's token, the journal writer's metrics)``.
     """
     from distributed import Scheduler
 
@@ -261,12 +262,13 @@ async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
             compaction = plugin._journal._compaction
             if compaction is not None:  # let the last snapshot land, as a running one would
                 await asyncio.wrap_future(compaction)
-            return iteration_id, task_ids[0], plugin._journal.metrics
+            return iteration_id, task_ids[0], token, plugin._journal.metrics
         finally:
             await plugin.close()
 
 
-async def _restart(work_dir: Path, iteration_id: int, task_id: int) -> tuple[float, int, float]:
+async def _restart(work_dir: Path, iteration_id: int, task_id: int,
+                   token: str) -> tuple[float, int, float]:
     """Seconds from a new scheduler + dispatcher start to the first get_split answered;
     records replayed; seconds of those spent reading and replaying the journal."""
     from distributed import Scheduler
@@ -280,7 +282,7 @@ async def _restart(work_dir: Path, iteration_id: int, task_id: int) -> tuple[flo
         await plugin.start(s)
         try:
             reply = await plugin.get_split(iteration_id=iteration_id, task_id=task_id,
-                                           repetition=0, count=1)
+                                           repetition=0, count=1, job_token=token)
             assert reply["status"] == "OK", reply
             return time.perf_counter() - start, plugin.recovered_updates, plugin.recovery_seconds
         finally:
@@ -296,12 +298,12 @@ def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool)
     with dask.config.set(settings):
         register_ms = asyncio.run(_register(work_dir / "register"))
         start = time.perf_counter()
-        iteration_id, task_id, metrics = asyncio.run(
+        iteration_id, task_id, token, metrics = asyncio.run(
             _hand_out(work_dir / "restart", num_splits, epochs, tasks=8))
         hand_out_s = time.perf_counter() - start
         journal_bytes = sum(p.stat().st_size for p in (work_dir / "restart").iterdir())
         restart_s, replayed, replay_s = asyncio.run(
-            _restart(work_dir / "restart", iteration_id, task_id))
+            _restart(work_dir / "restart", iteration_id, task_id, token))
     label = "snapshots" if snapshots else "no_snapshots (baseline)"
     return [
         {"bench": "register", "journal": label, "splits": 2**24,

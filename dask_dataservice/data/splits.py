@@ -30,6 +30,7 @@ __all__ = [
     "IndexRanges",
     "FileSplit",
     "FileSplits",
+    "PipelineSplits",
     "SplitProvider",
     "ListSplitProvider",
     "NotSplittableError",
@@ -180,6 +181,22 @@ class FileSplits(Sequence[FileSplit]):
 
     def __repr__(self) -> str:
         return f"FileSplits({len(self.paths)} files)"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSplits:
+    """Stands for ``dataset.splits(split_size)`` of the pipeline registered with it.
+
+    Registration sends it instead of splits the pickled pipeline already holds (the paths of
+    a file-based source), so that they travel, and are journaled, once; a data worker
+    resolves it after unpickling the pipeline.
+    """
+
+    split_size: int | None
+
+    def resolve(self, dataset: Any) -> Sequence[Any]:
+        splits: Sequence[Any] = dataset.splits(self.split_size)
+        return splits
 
 
 def index_ranges(n: int, split_size: int) -> IndexRanges:

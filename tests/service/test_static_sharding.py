@@ -59,6 +59,27 @@ async def test_file_sharding_gives_each_worker_its_files(c, s, a, b):
     assert {i: sorted(v) for i, v in groups.items()} == expect
 
 
+@gen_cluster(client=True, nthreads=TWO_NAMED)
+async def test_file_splits_travel_once_inside_the_pipeline(c, s, a, b):
+    """Issue 22 s5: a file-based source's splits are its paths, which the pipeline holds:
+    registration sends a reference (``PipelineSplits``) and each data worker makes them from
+    the pipeline, so DYNAMIC reads every file exactly once."""
+    import tempfile
+    from pathlib import Path
+
+    import cloudpickle
+
+    from dask_dataservice.data.splits import PipelineSplits
+
+    paths = _npy_files(Path(tempfile.mkdtemp()), n_files=9)
+    source = dds.Dataset.from_files(paths, readers.npy).map(lambda row: int(row))
+    out = await read(await distribute(source, "DYNAMIC", c))
+    assert sorted(out) == sorted(v for f in range(9) for v in np.arange(4) + 100 * f)
+    [dataset] = s.plugins[PLUGIN_NAME].state.list_datasets()
+    assert cloudpickle.loads(dataset.splits) == PipelineSplits(None)
+    assert dataset.num_splits == 9
+
+
 @gen_cluster(client=True, nthreads=TWO_NAMED, config=FIXED)
 async def test_data_sharding_keeps_every_nth_element(c, s, a, b):
     out = await read(await distribute(dds.Dataset.range(101).map(tag), "DATA", c))

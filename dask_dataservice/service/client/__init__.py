@@ -25,6 +25,7 @@ from distributed import Client
 from ...data import Dataset
 from ...data.dask_source import locality_metadata, pin_persisted
 from ...data.spec import check_element_spec
+from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
 from ..protocol._sharding import ShardingPolicy, parse_processing_mode
 from . import _connection, _fixed_readers  # noqa: F401 - _fixed_readers installs itself
@@ -116,8 +117,10 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     why_not = dataset.why_not_splittable()
     if why_not is None:
         splits_list = dataset.splits(split_size)
-        splits = cloudpickle.dumps(splits_list)
         num_splits = len(splits_list)
+        # a file-based source's splits are its paths, in the pipeline already: sent once
+        splits = cloudpickle.dumps(PipelineSplits(split_size) if isinstance(
+            splits_list, FileSplits) else splits_list)
     else:
         splits, num_splits = b"", -1
     if dataset_id is not None and (not isinstance(dataset_id, str) or not dataset_id):

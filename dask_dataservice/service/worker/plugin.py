@@ -42,7 +42,7 @@ from distributed.utils_comm import retry
 from ... import config
 from ..._async import TaskGroup, owned_executor, shutdown_executor
 from ..._rpc import error_message, handler
-from ...data.splits import ListSplitProvider
+from ...data.splits import ListSplitProvider, PipelineSplits
 from ...errors import DataServiceError
 from ..protocol._frames import choose_codec
 from ..protocol._job_checks import JobAccessDeniedError, check_job_token
@@ -774,4 +774,7 @@ def _ignore(**kwargs: Any) -> None:
 
 def _load_dataset(pipeline: bytes, splits: bytes | None) -> tuple[Any, list[Any] | None]:
     dataset = cloudpickle.loads(pipeline)
-    return dataset, (cloudpickle.loads(splits) if splits else None)
+    loaded = cloudpickle.loads(splits) if splits else None
+    if isinstance(loaded, PipelineSplits):  # the pipeline's own (its files): made here
+        loaded = loaded.resolve(dataset)
+    return dataset, loaded
