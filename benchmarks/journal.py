@@ -212,7 +212,7 @@ async def _register_files(work_dir: Path, files: int) -> dict:
 
 
 async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
-                    tasks: int) -> tuple[int, int, str, Any]:
+                    tasks: int, pipeline_bytes: int = 1000) -> tuple[int, int, str, Any]:
     """A named DYNAMIC job over ``num_splits`` splits read for ``epochs`` repetitions by
     ``tasks`` tasks asking concurrently (``get_split(count=64)``, acknowledging two
     repetitions back, as data workers do).
@@ -230,7 +230,8 @@ async def _hand_out(work_dir: Path, num_splits: int, epochs: int,
         await plugin.start(s)
         try:
             dataset_id = (await plugin.register_dataset(
-                fingerprint="bench", pipeline=b"p" * 1000, splits=b"s", num_splits=num_splits,
+                fingerprint="bench", pipeline=os.urandom(pipeline_bytes), splits=b"s",
+                num_splits=num_splits,
             ))["dataset_id"]
             job = await plugin.get_or_create_job(
                 dataset_id=dataset_id, processing_mode="DYNAMIC", job_name="bench")
@@ -289,7 +290,8 @@ async def _restart(work_dir: Path, iteration_id: int, task_id: int,
             await plugin.close()
 
 
-def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool) -> list[dict]:
+def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool,
+                  pipeline_bytes: int = 1000) -> list[dict]:
     """The dispatcher's journal with or without snapshots (see the module docstring)."""
     import dask
 
@@ -299,7 +301,8 @@ def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool)
         register_ms = asyncio.run(_register(work_dir / "register"))
         start = time.perf_counter()
         iteration_id, task_id, token, metrics = asyncio.run(
-            _hand_out(work_dir / "restart", num_splits, epochs, tasks=8))
+            _hand_out(work_dir / "restart", num_splits, epochs, tasks=8,
+                      pipeline_bytes=pipeline_bytes))
         hand_out_s = time.perf_counter() - start
         journal_bytes = sum(p.stat().st_size for p in (work_dir / "restart").iterdir())
         restart_s, replayed, replay_s = asyncio.run(
@@ -314,7 +317,8 @@ def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool)
          "hand_out_seconds": round(hand_out_s, 2), "snapshots": metrics.snapshots_written,
          "journal_bytes": journal_bytes, "records_replayed_after_snapshot": replayed,
          "replay_seconds": round(replay_s, 3),
-         "restart_to_serving_seconds": round(restart_s, 3), "load_average": os.getloadavg()[0]},
+         "restart_to_serving_seconds": round(restart_s, 3), "pipeline_bytes": pipeline_bytes,
+         "load_average": os.getloadavg()[0]},
     ]
 
 
@@ -341,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="splits handed out before the restart measurement (0: skip it)")
     parser.add_argument("--files", type=int, default=1_000_000,
                         help="file splits to register (0: skip)")
+    parser.add_argument("--pipeline-bytes", type=int, default=1000,
+                        help="size of the --splits dataset's pipeline (a million file paths "
+                             "pickle to about 31 MB): the state every snapshot holds")
     parser.add_argument("--only-dispatcher", action="store_true",
                         help="skip the raw journal measurements")
     parser.add_argument("--epochs", type=int, default=3,
@@ -375,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             # --only-dispatcher: the default configuration (snapshots) only
             for snapshots in (True,) if args.only_dispatcher else (False, True):
                 for line in bench_restart(scratch / f"dispatcher-{snapshots}", args.splits,
-                                          args.epochs, snapshots):
+                                          args.epochs, snapshots, args.pipeline_bytes):
                     print(json.dumps(line), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

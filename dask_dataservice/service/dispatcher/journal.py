@@ -345,6 +345,7 @@ class JournalWriter(_Compacting):
         self._manifest_lock = threading.Lock()
         self._size = 0  # of the current segment, and its running CRC-32 (I/O thread)
         self._crc = 0
+        self._named_closed = False  # the manifest names the segment closed (aclose)
         #: This writer's segment file (``None`` until started).
         self.path: Path | None = None
         #: This writer's segment number (``None`` until started).
@@ -535,7 +536,7 @@ class JournalWriter(_Compacting):
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
-                if self._failure is None and self.segment is not None:
+                if self._failure is None and self.segment is not None and not self._named_closed:
                     self._close_manifest(self.segment)
 
     def _close_manifest(self, segment: int) -> None:
@@ -547,6 +548,7 @@ class JournalWriter(_Compacting):
 
         try:
             self._write_manifest(close)
+            self._named_closed = True
         except OSError as e:  # the journal is whole; only the check of this segment is lost
             logger.warning("journal %s: writing the manifest at close failed: %r",
                            self.work_dir, e)
@@ -561,6 +563,10 @@ class JournalWriter(_Compacting):
         if compaction is not None and not compaction.done():
             self._stop_compaction.set()
             await asyncio.wait([asyncio.wrap_future(compaction)])
+        if self._io is not None and self._failure is None and self.segment is not None:
+            # the manifest's fsyncs on the I/O thread, not the loop (close() then skips them)
+            await asyncio.get_running_loop().run_in_executor(
+                self._io, self._close_manifest, self.segment)
         self.close()
 
     def __enter__(self) -> JournalWriter:
