@@ -205,6 +205,32 @@ def test_journal_bytes_stay_bounded_by_the_state_not_the_history(tmp_path):
     assert large < 2 * small, (small, large)
 
 
+def test_a_large_state_still_folds_after_twice_the_records(tmp_path):
+    """Issue 22 s5: a state of 2 MB (a big pipeline) was never folded by 1,000 small
+    records (a quarter of its size first), so a restart replayed them all; twice
+    ``snapshot_records`` fold it whatever its size."""
+    big = RegisterDataset(1000, "fp", os.urandom(2_000_000), b"splits", 10_000)
+    state = _applied(DispatcherState(), [big, *setup_updates()[1:]])
+    updates = [big, *setup_updates()[1:]] + split_updates(state, 700)
+
+    async def write():
+        async with JournalWriter(tmp_path, compact=compact, snapshot_records=50) as writer:
+            writer.start()
+            for update in updates[:1]:
+                await writer.append(encode_update(update))
+            await asyncio.wrap_future(writer.request_snapshot())  # the big snapshot first
+            for update in updates[1:]:
+                await writer.append(encode_update(update))
+            await compactions_done(writer)
+            return writer.metrics
+
+    metrics = asyncio.run(write())
+    assert replayed(tmp_path) == state
+    assert metrics.snapshots_written > 1
+    # the records after the newest snapshot: fewer than twice snapshot_records
+    assert len(list(scan_journal(tmp_path))) < 100
+
+
 @pytest.mark.component
 def test_a_long_replayed_tail_can_be_folded_at_once(tmp_path):
     state = write_segments(tmp_path, [setup_updates(), split_updates(
