@@ -1,7 +1,8 @@
 """The journal's on-disk format and its reader (see :mod:`.journal` for the specification).
 
 Constants, errors, record framing, segment files and the scanning reader that checks every
-CRC and cuts a torn tail; :mod:`.journal` adds the group-commit writer on top.
+CRC and cuts a torn tail; :mod:`._journal_lineage` adds the manifest's checks and the
+readers (``load_journal``, ...), :mod:`.journal` the group-commit writer on top.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import struct
 import sys
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
@@ -34,11 +35,8 @@ __all__ = [
     "encode_record",
     "list_segments",
     "list_snapshots",
-    "load_journal",
-    "read_journal",
     "read_snapshot",
     "remove_covered",
-    "scan_journal",
     "segment_path",
     "snapshot_path",
     "write_snapshot",
@@ -425,51 +423,6 @@ def _scan_segment(
         )
 
 
-def scan_journal(
-    work_dir: str | os.PathLike[str], *, repair: bool = True
-) -> Iterator[JournalRecord]:
-    """Yield every record after the newest snapshot, in order, with its file and offset.
-
-    Without a snapshot that is every record of every segment. :func:`load_journal` gives
-    the snapshot as well; replaying records without it is only right for a journal that
-    has none.
-
-    Parameters
-    ----------
-    work_dir : str or os.PathLike
-        The journal directory. A missing or empty directory is an empty journal.
-    repair : bool, default True
-        Truncate a torn tail off the last segment (and fsync it). With ``False`` the torn
-        record is skipped and warned about but the file is left as it is (for read-only tools).
-
-    Yields
-    ------
-    JournalRecord
-        ``(path, offset, payload)``.
-
-    Raises
-    ------
-    JournalCorruptedError
-        On damage a crash cannot explain (see the module docstring). Records before the
-        damage have already been yielded.
-
-    Warns
-    -----
-    JournalTornTailWarning
-        When the last segment ends in a torn record; the file name and offset are in the message.
-
-    Notes
-    -----
-    The directory is listed when iteration starts. The repair happens when the iteration
-    reaches the torn record; stopping early leaves the file as it is.
-    """
-    from ._journal_lineage import verify
-
-    manifest = verify(work_dir)
-    snapshots = list_snapshots(work_dir)
-    return _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair, manifest)
-
-
 def _segments_after(work_dir: str | os.PathLike[str],
                     snapshot: tuple[int, Path] | None) -> list[tuple[int, Path]]:
     """The segments a replay reads after ``snapshot`` (``(base, path)``): numbers ``base``,
@@ -497,47 +450,21 @@ def _segments_after(work_dir: str | os.PathLike[str],
 
 
 def _scan_segments(work_dir: str | os.PathLike[str], snapshot: tuple[int, Path] | None,
-                   repair: bool, manifest: Any = None) -> Iterator[JournalRecord]:
-    from ._journal_lineage import check_closed
-
+                   repair: bool, check: Callable[[int, Path], None] | None = None,
+                   ) -> Iterator[JournalRecord]:
+    """The records of the segments after ``snapshot``; ``check(number, path)`` (the
+    manifest's size and CRC of a closed segment) runs before the last segment is read (a
+    cleanly closed one has no torn tail to cut) and after each other one (damage in its
+    records is reported at its offset first)."""
     segments = _segments_after(work_dir, snapshot)
     for i, (number, path) in enumerate(segments):
         is_last = i == len(segments) - 1
         next_path = None if is_last else segments[i + 1][1]
-        if is_last:  # a cleanly closed segment has no torn tail to cut: check it first
-            check_closed(manifest, number, path)
+        if is_last and check is not None:
+            check(number, path)
         yield from _scan_segment(path, is_last=is_last, repair=repair, next_path=next_path)
-        if not is_last:  # after its records: damage in one is reported at its offset
-            check_closed(manifest, number, path)
-
-
-def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
-    """Yield the payload of every record after the newest snapshot (of every record, in a
-    journal without one), in the order they were appended.
-
-    Parameters
-    ----------
-    work_dir : str or os.PathLike
-        The journal directory. A missing or empty directory is an empty journal.
-    repair : bool, default True
-        Truncate a torn tail off the last segment; see :func:`scan_journal`.
-
-    Yields
-    ------
-    bytes
-
-    Raises
-    ------
-    JournalCorruptedError
-        On damage a crash cannot explain; the message names the file and byte offset.
-
-    Warns
-    -----
-    JournalTornTailWarning
-        When the last segment ends in a torn record.
-    """
-    for record in scan_journal(work_dir, repair=repair):
-        yield record.payload
+        if not is_last and check is not None:
+            check(number, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -718,39 +645,3 @@ def remove_covered(work_dir: str | os.PathLike[str]) -> list[Path]:
     if doomed:
         _sync_dir(Path(work_dir))
     return doomed
-
-
-def load_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> JournalContents:
-    """The journal as a replay needs it: the newest snapshot and the records after it.
-
-    Replaying ``records`` on top of the state ``snapshot.payload`` stands for gives the
-    journal's state. Segments and snapshots older than the newest snapshot (left by a crash
-    during a compaction) are ignored.
-
-    Parameters
-    ----------
-    work_dir : str or os.PathLike
-        The journal directory.
-    repair : bool, default True
-        See :func:`scan_journal`.
-
-    Returns
-    -------
-    JournalContents
-        ``(snapshot or None, records)``; ``records`` is read lazily.
-
-    Raises
-    ------
-    JournalCorruptedError
-        A damaged snapshot, a file missing, truncated or replaced by an older copy (see
-        :mod:`._journal_lineage`); while iterating ``records``, damaged records.
-    """
-    from ._journal_lineage import verify
-
-    manifest = verify(work_dir)  # no file missing, truncated or replaced unseen
-    snapshots = list_snapshots(work_dir)
-    snapshot = read_snapshot(snapshots[-1][1]) if snapshots else None
-    return JournalContents(
-        snapshot, _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair,
-                                 manifest),
-        tuple(manifest.high_water) if manifest is not None else ())

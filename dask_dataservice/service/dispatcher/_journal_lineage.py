@@ -41,26 +41,32 @@ import os
 import secrets
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ._journal_format import (
     _RECORD_HEADER,
     _SEGMENT_HEADER,
+    JournalContents,
     JournalCorruptedError,
+    JournalRecord,
     _masked_crc,
+    _scan_segments,
     _sync,
     _sync_dir,
     _write_all,
     encode_record,
     list_segments,
     list_snapshots,
+    read_snapshot,
     segment_path,
     snapshot_path,
 )
 
-__all__ = ["MANIFEST", "Manifest", "check_closed", "file_crc", "read_manifest", "verify",
-           "write_manifest"]
+__all__ = ["MANIFEST", "Manifest", "check_closed", "file_crc", "load_journal", "read_journal",
+           "read_manifest", "scan_journal", "verify", "write_manifest"]
 
 #: The manifest's file name in a work_dir.
 MANIFEST = "manifest"
@@ -266,3 +272,114 @@ def check_closed(manifest: Manifest | None, number: int, path: Path) -> None:
         raise JournalCorruptedError(
             path, 0, f"the segment's checksum is 0x{found_crc:08x}, but it was 0x{crc:08x} "
             "when its writer closed it (replaced by another copy)")
+
+
+# ------------------------------------------------------------------------------------------
+# Reading, checked against the manifest
+
+
+def scan_journal(
+    work_dir: str | os.PathLike[str], *, repair: bool = True
+) -> Iterator[JournalRecord]:
+    """Yield every record after the newest snapshot, in order, with its file and offset.
+
+    Without a snapshot that is every record of every segment. :func:`load_journal` gives
+    the snapshot as well; replaying records without it is only right for a journal that
+    has none.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing or empty directory is an empty journal.
+    repair : bool, default True
+        Truncate a torn tail off the last segment (and fsync it). With ``False`` the torn
+        record is skipped and warned about but the file is left as it is (for read-only tools).
+
+    Yields
+    ------
+    JournalRecord
+        ``(path, offset, payload)``.
+
+    Raises
+    ------
+    JournalCorruptedError
+        On damage a crash cannot explain (see the module docstring). Records before the
+        damage have already been yielded.
+
+    Warns
+    -----
+    JournalTornTailWarning
+        When the last segment ends in a torn record; the file name and offset are in the message.
+
+    Notes
+    -----
+    The directory is listed when iteration starts. The repair happens when the iteration
+    reaches the torn record; stopping early leaves the file as it is.
+    """
+    manifest = verify(work_dir)
+    snapshots = list_snapshots(work_dir)
+    return _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair,
+                          partial(check_closed, manifest))
+
+
+def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
+    """Yield the payload of every record after the newest snapshot (of every record, in a
+    journal without one), in the order they were appended.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory. A missing or empty directory is an empty journal.
+    repair : bool, default True
+        Truncate a torn tail off the last segment; see :func:`scan_journal`.
+
+    Yields
+    ------
+    bytes
+
+    Raises
+    ------
+    JournalCorruptedError
+        On damage a crash cannot explain; the message names the file and byte offset.
+
+    Warns
+    -----
+    JournalTornTailWarning
+        When the last segment ends in a torn record.
+    """
+    for record in scan_journal(work_dir, repair=repair):
+        yield record.payload
+
+
+def load_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> JournalContents:
+    """The journal as a replay needs it: the newest snapshot and the records after it.
+
+    Replaying ``records`` on top of the state ``snapshot.payload`` stands for gives the
+    journal's state. Segments and snapshots older than the newest snapshot (left by a crash
+    during a compaction) are ignored.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        The journal directory.
+    repair : bool, default True
+        See :func:`scan_journal`.
+
+    Returns
+    -------
+    JournalContents
+        ``(snapshot or None, records)``; ``records`` is read lazily.
+
+    Raises
+    ------
+    JournalCorruptedError
+        A damaged snapshot, a file missing, truncated or replaced by an older copy (see
+        :mod:`._journal_lineage`); while iterating ``records``, damaged records.
+    """
+    manifest = verify(work_dir)  # no file missing, truncated or replaced unseen
+    snapshots = list_snapshots(work_dir)
+    snapshot = read_snapshot(snapshots[-1][1]) if snapshots else None
+    return JournalContents(
+        snapshot, _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair,
+                                 partial(check_closed, manifest)),
+        tuple(manifest.high_water) if manifest is not None else ())

@@ -774,7 +774,7 @@ def _ignore(**kwargs: Any) -> None:
 
 def _load_dataset(pipeline: bytes, splits: bytes | None) -> tuple[Any, list[Any] | None]:
     dataset = cloudpickle.loads(pipeline)
-    loaded = cloudpickle.loads(splits) if splits else None
+    loaded: Any = cloudpickle.loads(splits) if splits else None
     if isinstance(loaded, PipelineSplits):  # the pipeline's own (its files): made here
         loaded = loaded.resolve(dataset)
     return dataset, loaded
