@@ -34,6 +34,9 @@ records are read back and checked, outside the timing.
 And, with ``--files N`` (default 1,000,000; 0 skips it), ``register_files``: seconds to
 register ``Dataset.from_files`` of ``N`` paths (one split each) from an asynchronous client.
 ``--only-dispatcher`` skips the raw journal measurements and the no-snapshot baseline.
+``--first-element``: with two real data workers, ``--files`` paths read ``--epochs`` times
+under DYNAMIC, then a new ``DispatchServer`` on the same work_dir, timed to the first element
+of a new read (``restart_to_first_element``).
 
 Run from the repository root: ``.venv/bin/python benchmarks/journal.py [-n 5000]
 [--payload 100] [--concurrency 1 16 256] [--splits 1000000] [--files 1000000]
@@ -322,6 +325,52 @@ def bench_restart(work_dir: Path, num_splits: int, epochs: int, snapshots: bool,
     ]
 
 
+def bench_first_element(files: int, epochs: int) -> dict:
+    """Real data workers (two ``WorkerServer``): read ``Dataset.from_files`` of ``files``
+    paths ``epochs`` times under DYNAMIC (``files * epochs`` splits handed out), stop the
+    fault-tolerant ``DispatchServer``, start a new one on the same port and work_dir, and
+    time it to the first element of a new read (issue 22 s5)."""
+    import socket
+
+    import dask
+
+    import dask_dataservice as dds
+
+    dask.config.set({"dataservice.dispatcher.max-pipeline-bytes": 2**28})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    work_dir = tempfile.mkdtemp(prefix="dds-journal-first-")
+    cfg = dds.DispatcherConfig(fault_tolerant_mode=True, work_dir=work_dir, port=port)
+    dispatcher = dds.DispatchServer(cfg)
+    workers = [dds.WorkerServer(dds.WorkerConfig(dispatcher_address=dispatcher.target))
+               for _ in range(2)]
+    try:
+        paths = [f"/data/train/part-{i:07d}.tfrecord" for i in range(files)]
+        ds = dds.Dataset.from_files(paths, _read_file).repeat(epochs).batch(4096)
+        start = time.perf_counter()
+        n = sum(len(b) for b in ds.apply(dds.distribute("distributed_epoch", dispatcher.target)))
+        read_s = time.perf_counter() - start
+        assert n == files * epochs, n
+        dispatcher.stop()
+        start = time.perf_counter()
+        dispatcher = dds.DispatchServer(cfg)
+        it = iter(dds.Dataset.range(10).apply(dds.distribute("distributed_epoch",
+                                                              dispatcher.target)))
+        first = next(it)
+        restart_s = time.perf_counter() - start
+        assert sorted([first, *it]) == list(range(10))
+    finally:
+        for w in workers:
+            w.stop()
+        dispatcher.stop()
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return {"bench": "restart_to_first_element", "files": files, "epochs": epochs,
+            "register_and_read_seconds": round(read_s, 2),
+            "restart_to_first_element_seconds": round(restart_s, 3),
+            "load_average": os.getloadavg()[0]}
+
+
 def _raw_benches(scratch: Path, payloads: list[bytes], concurrency: list[int]) -> None:
     baseline = bench_raw(scratch, payloads, sync=False)
     print(json.dumps(baseline), flush=True)
@@ -348,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-bytes", type=int, default=1000,
                         help="size of the --splits dataset's pipeline (a million file paths "
                              "pickle to about 31 MB): the state every snapshot holds")
+    parser.add_argument("--first-element", action="store_true",
+                        help="also: restart to the first element of a new read, with real "
+                             "data workers, after --files x --epochs splits")
     parser.add_argument("--only-dispatcher", action="store_true",
                         help="skip the raw journal measurements")
     parser.add_argument("--epochs", type=int, default=3,
@@ -378,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.files:
             line = asyncio.run(_register_files(scratch / "files", args.files))
             print(json.dumps(line), flush=True)
+        if args.first_element:
+            print(json.dumps(bench_first_element(args.files, args.epochs)), flush=True)
         if args.splits:
             # --only-dispatcher: the default configuration (snapshots) only
             for snapshots in (True,) if args.only_dispatcher else (False, True):
