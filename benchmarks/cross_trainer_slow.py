@@ -6,7 +6,7 @@ holds 8 of the 512-byte elements (issue 22, item 4: such a window stopped produc
 its trainer had read it, so the fast trainer stalled). ``slow``: ``none`` (the fast trainer
 alone) or ``blocked`` (a slow trainer read one element first and then stops consuming
 without releasing its read). A fast trainer that gets nothing for ``--seconds`` is reported
-with ``stalled: true``; the script then ends its process without closing the stuck read.
+with ``what: stalled ...``; the script then ends its process without closing the stuck read.
 
 Two data workers as processes, the trainers as threads of this process, loopback; every
 line has the machine's load (``uptime``'s 1-minute figure). Usage:
@@ -70,7 +70,9 @@ def measure(client, dataset_id, mode: str, job: str, slow: str, seconds: float) 
     stalled = not done.wait(max(2.0, seconds))
     if slow_it is not None and not stalled:
         slow_it.close()
-    return {"elements_per_s": round(got / dt), "elements": got, "stalled": stalled}
+    what = (f"stalled: {got} elements in {dt:.1f} s" if stalled or not got
+            else f"{got} elements in {dt:.1f} s")
+    return {"elements_per_s": round(got / dt), "what": what, "stalled": stalled}
 
 
 def main() -> None:
@@ -101,8 +103,8 @@ def main() -> None:
                 for slow in ("none", "blocked"):
                     job = f"{mode}-{slow}"
                     r = measure(client, dataset_id, mode, job, slow, args.seconds)
+                    stalled = stalled or r.pop("stalled")
                     emit(bench="X1 fast trainer", mode=mode, window=window, slow=slow, **r)
-                    stalled = stalled or r["stalled"]
                     if stalled:
                         break
                 if stalled:
