@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 
 import pytest
 from _helpers import poll
@@ -142,3 +143,66 @@ async def test_dynamic_trainers_see_the_same_elements(c, s, a, b):
     assert len(out1) == len(out2) == 200
     assert out1 == out2, "the second trainer reads what the first read, in the same order"
     assert len({x // 65536 for x in out1}) == 2, "both tasks' splits are in the sequence"
+
+
+def _rows(x):
+    import numpy as np
+
+    return np.full(64, x, dtype=np.int64)  # 512 bytes: a window of 4 KiB holds 8 of them
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["distributed_epoch", "parallel_epochs"])
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], timeout=90,
+             config={**GC, "dataservice.worker.cross-trainer-cache-bytes": 4096,
+                     "dataservice.client.cross-trainer-turn-elements": 64})
+async def test_fast_trainer_reads_on_while_a_slow_one_is_blocked(c, s, a, b, mode):
+    """cross_trainer_cache_test.testSlowClientSkipsData / testConcurrentReaders (issue 22,
+    item 4): a slow trainer never slows the others, under DYNAMIC and OFF. The slow trainer
+    reads one element, then stops consuming without releasing its read; the fast one must
+    read 3,000 elements (375 windows: the window holds 8) within a generous deadline, each
+    once per copy, in its stream's order, skipping nothing once it leads. (The stall fixed
+    here did not depend on the slow trainer: the fast one alone waited too.) Before, a trainer that had read the whole window got
+    no more production whenever 8 elements (a producer's chunk) were more than half the
+    window: the fast trainer stopped after its first 8 elements of each task, for ever."""
+    dataset_id = await register(c, dds.Dataset.range(10**9).map(_rows).repeat())
+    dispatcher = s.plugins["dataservice-dispatcher"]
+    await poll(lambda: len(dispatcher.state.list_workers()) == 2, what="both data workers")
+
+    def cached(trainer_id):
+        return dds.from_dataset_id(mode, c, dataset_id, job_name="blocked-slow",
+                                   cross_trainer_cache=dds.CrossTrainerCache(trainer_id))
+
+    slow_it = aiter(cached("slow"))
+    assert (await anext(slow_it)).shape == (64,)  # ... and then it reads no more
+    n = 3000
+    fast_it = aiter(cached("fast"))
+    values: list[int] = []
+    try:
+        async with asyncio.timeout(30):
+            while len(values) < n:
+                values.append(int((await anext(fast_it))[0]))
+    except TimeoutError:
+        produced_ = [r.buffer.produced for w in (a, b)
+                     for r in w.extensions["dataservice"].tasks.values() if r is not None]
+        pytest.fail(f"the fast trainer read {len(values)} of {n} elements in 30 s while the "
+                    f"slow one is blocked (the tasks produced {produced_})")
+    finally:
+        await fast_it.aclose()
+    if mode == "distributed_epoch":
+        # each element of the job once, each split's run in order; the fast trainer skips
+        # only while it is behind what the slow trainer's reader fetched ahead (that reader
+        # led the 8-element windows then), never once it leads
+        assert len(set(values)) == n, "no element twice"
+        slow_reach = max(r.buffer.positions.cursors["slow"] for w in (a, b)
+                         for r in w.extensions["dataservice"].tasks.values() if r is not None)
+        for split in {v // 65536 for v in values}:
+            run = [v for v in values if v // 65536 == split]
+            assert run == sorted(set(run)), "in order"
+            led = [v for v in run if v % 65536 >= slow_reach]
+            assert len(led) > 100 and led == list(range(led[0], led[0] + len(led))), \
+                "the fast trainer skipped while it led"
+    else:
+        # a copy per worker: each value at most twice
+        assert max(Counter(values).values()) <= 2
+    await slow_it.aclose()

@@ -105,6 +105,15 @@ def _unknown_is_nothing(reply):  # before turn_reply: "unknown" was asked again 
     return "nothing" if kind == "unknown" else kind
 
 
+def _bytes_bound_starves_the_lead(self, cached, cached_bytes, max_bytes, chunk):
+    # before issue 22 (item 4): a lead that had read the whole window got no production
+    # when a chunk's bytes were more than half the window
+    ahead = self.base + cached - self.lead()
+    if ahead >= self.lookahead:
+        return False
+    return not cached or (ahead + chunk) * cached_bytes / cached <= max_bytes / 2
+
+
 #: Past fixes (dispatcher, reader and worker cores), reintroduced one at a time: the seeds that catch each one.
 PAST_BUGS = [
     # a retried split request whose reply was lost got new splits; the lost reply's stayed
@@ -140,6 +149,13 @@ PAST_BUGS = [
     # partitioned from the dispatcher, which then dropped it) answers "unknown"; the reader
     # asked it again for ever, though the dispatcher had declared the task lost
     ("reader_core:turn_reply", _unknown_is_nothing, "cross-trainer", 7, "no end within"),
+    # the cross-trainer window (issue 22, item 4): a window holding at most one producer's
+    # chunk was never produced into again once its fastest trainer had read it all: every
+    # trainer waited for ever
+    ("worker_core:TrainerCursors.has_demand", _bytes_bound_starves_the_lead, "cross-trainer",
+     2, "asks the pipeline for nothing"),
+    ("worker_core:TrainerCursors.has_demand", _bytes_bound_starves_the_lead,
+     "cross-trainer-off", 4, "asks the pipeline for nothing"),
     # the locality hand-out (issue 21): a lost get_split reply that ended a repetition of an
     # explicit split order was asked again once the order was forgotten: its splits were
     # lost on a live worker (the last ended repetition's order is kept now)

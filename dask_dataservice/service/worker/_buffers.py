@@ -198,9 +198,11 @@ class CrossTrainerWindow(ElementBuffer):
                                          self.chunk_size)
 
     def _added(self) -> None:
-        # the window is full: evict the oldest elements (trainers behind them skip ahead)
+        # the window is full: evict the oldest elements (trainers behind them skip ahead),
+        # never one the fastest trainer has not read (it never skips)
         evicted = 0
-        while self._bytes > self._max_bytes and len(self._items) > 1:
+        evictable = self.positions.evictable()
+        while self._bytes > self._max_bytes and evicted < evictable:
             self._bytes -= self._sizes.popleft()
             self._items.popleft()
             evicted += 1

@@ -529,7 +529,10 @@ class TrainerCursors:
 
     A trainer whose cursor fell out of the window (evicted) skips ahead to ``base``; production
     follows the fastest trainer, at most ``lookahead`` elements (and half the window's bytes)
-    ahead of it.
+    ahead of it. The fastest trainer never waits for another, nor skips: once it has read
+    every cached element there is always demand (:meth:`has_demand`), and the window evicts
+    only elements it has read (:meth:`evictable`), so a window smaller than a producer's chunk
+    runs over its bound by at most that chunk instead of starving it (issue 22, item 4).
     """
 
     def __init__(self, lookahead: int) -> None:
@@ -539,19 +542,29 @@ class TrainerCursors:
         #: Elements trainers skipped because they fell out of the window.
         self.skipped = 0
 
+    def lead(self) -> int:
+        """The fastest trainer's position (``base`` before any trainer read)."""
+        return max(self.cursors.values(), default=self.base)
+
     def has_demand(self, cached: int, cached_bytes: int, max_bytes: int, chunk: int) -> bool:
         """Whether to produce now, with ``cached`` elements (``cached_bytes``) in the window:
         only for the fastest trainer, and never so far ahead of it that the window would evict
-        elements it has not read yet."""
-        lead = max(self.cursors.values(), default=self.base)
-        ahead = self.base + cached - lead
+        elements it has not read yet. A fastest trainer that read everything cached always
+        has demand, whatever the elements' size: before, a window holding fewer than two
+        chunks' bytes never produced again once it had been read, and its trainers waited
+        for ever."""
+        ahead = self.base + cached - self.lead()
+        if ahead <= 0:
+            return True
         if ahead >= self.lookahead:
             return False
-        if cached:
-            average = cached_bytes / cached
-            if (ahead + chunk) * average > max_bytes / 2:
-                return False
-        return True
+        average = cached_bytes / cached
+        return (ahead + chunk) * average <= max_bytes / 2
+
+    def evictable(self) -> int:
+        """How many of the oldest cached elements the window may evict: those the fastest
+        trainer has read (slower trainers skip them)."""
+        return max(0, self.lead() - self.base)
 
     def evicted(self, count: int) -> None:
         self.base += count

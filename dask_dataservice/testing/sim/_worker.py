@@ -304,7 +304,8 @@ class DataWorker:
                 window.append((task_id, r.produced, r.staged.popleft()))
                 r.produced += 1
             evicted = 0
-            while len(window) > cap and len(window) > 1:
+            evictable = cursors.evictable()  # what the fastest trainer read
+            while len(window) > cap and evicted < evictable:
                 _, position, _ = window.popleft()
                 if position >= r.lead:
                     self.run.fail(f"{self.address}: the window of task {task_id} evicted "
@@ -366,6 +367,16 @@ class DataWorker:
             if items:
                 r.lead = max(r.lead, items[-1][1] + 1)
                 return {"status": "OK", "elements": items, "base": r.evicted}
+            # no trainer waits for another, nor for nothing: one that read the whole window
+            # always gets production (issue 22, item 4: a window of fewer than two chunks
+            # never produced again once read, and every trainer waited for ever)
+            window = r.buffer
+            if not r.cursors.has_demand(len(window), len(window), self.run.params.window,
+                                        WINDOW_CHUNK):
+                self.run.fail(f"{self.address}: {trainer_id} read the whole window of task "
+                              f"{task_id} ({len(window)} elements from position "
+                              f"{r.cursors.base}) and waits, but the window asks the "
+                              "pipeline for nothing")
         elif r.buffer:
             items = [r.buffer.popleft() for _ in range(min(n, len(r.buffer)))]
             return {"status": "OK", "elements": items}

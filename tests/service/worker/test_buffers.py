@@ -23,6 +23,7 @@ from dask_dataservice.service.worker._buffers import (
 )
 from dask_dataservice.service.worker.core import FINISHED_MEMORY as _FINISHED_MEMORY
 from dask_dataservice.service.worker.core import Recent as _Recent
+from dask_dataservice.service.worker.core import TrainerCursors
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(30)]
 
@@ -156,9 +157,23 @@ async def test_cross_trainer_window_production_follows_the_fastest_trainer():
 async def test_cross_trainer_window_evicts_and_a_slow_trainer_skips_ahead():
     win = CrossTrainerWindow(asyncio.get_running_loop(), max_bytes=8 * 4, lookahead=1000)
     assert win.take(1, 100, "slow") == []
-    win.put_many(list(range(10)))  # 8 bytes each: only the last 4 stay
-    assert win.take(100, 1 << 20, "slow") == [6, 7, 8, 9]
-    assert win.skipped == 6
+    win.put_many(list(range(10)))  # 8 bytes each, none read yet: all stay (over the bound)
+    assert win.take(100, 1 << 20, "fast") == list(range(10))
+    win.put_many([10, 11])  # the fastest trainer read 0..9: the oldest go, 4 elements stay
+    assert win.take(100, 1 << 20, "slow") == [8, 9, 10, 11]
+    assert win.skipped == 8
+
+
+def test_cross_trainer_window_of_one_chunk_produces_for_its_lead():
+    """issue 22, item 4: a window smaller than two producer chunks (8 elements of 512 bytes
+    in 4 KiB) asks for production whenever its fastest trainer has read it all, and never
+    evicts what that trainer has not read (it used to stop producing for ever)."""
+    cursors = TrainerCursors(256)
+    assert cursors.has_demand(0, 0, 4096, 8)
+    cursors.took("fast", 0, 8)  # read the 8 cached elements of 512 bytes
+    assert cursors.has_demand(8, 8 * 512, 4096, 8)
+    assert cursors.evictable() == 8
+    assert not cursors.has_demand(16, 16 * 512, 4096, 8)  # 8 unread: wait for the lead
 
 
 @gen_test()
