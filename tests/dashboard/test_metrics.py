@@ -68,8 +68,8 @@ def test_read_stats_times_waits_and_the_consumers_work(monkeypatch):
 
     def produce():
         for x in range(3):
-            now[0] += 2.0  # the service takes 2 s per element
-            yield x
+            now[0] += 2.0  # the service takes 2 s per element (a batch of one)
+            yield [x]
 
     stats = ReadStats()
     for _ in stats.wrap(produce()):
@@ -83,20 +83,72 @@ def test_read_stats_times_waits_and_the_consumers_work(monkeypatch):
     assert snap["elements_per_second"] == pytest.approx(3 / 21)
 
 
+def test_read_stats_times_batches_and_counts_what_the_consumer_took(monkeypatch):
+    """Timed per batch (issue 22: no clock per element): a batch's wait is the service's, the
+    time until the next batch is asked for the consumer's; a consumer that stops inside a
+    batch counts the elements it took, the one it holds included."""
+    now = [0.0]
+    monkeypatch.setattr(_metrics.time, "perf_counter", lambda: now[0])
+
+    def produce():
+        for b in range(3):
+            now[0] += 3.0  # the service takes 3 s per batch of four
+            yield list(range(4 * b, 4 * b + 4))
+
+    stats = ReadStats()
+    it = stats.wrap(produce())
+    got = []
+    for _ in range(6):
+        got.append(next(it))
+        now[0] += 1.0  # the consumer works 1 s per element
+    assert got == [0, 1, 2, 3, 4, 5]
+    assert stats.snapshot()["elements"] == 4  # the first batch; the second is being read
+    it.close()  # in the second batch, holding its second element
+    snap = stats.snapshot()
+    assert snap["elements"] == 6 and snap["passes"] == 1
+    assert snap["wait_seconds"] == 6.0 and snap["compute_seconds"] == 6.0
+    assert snap["elapsed_seconds"] == 12.0 and snap["wait_fraction"] == 0.5
+    # the whole pass, again: every element counted, the final wait too
+    for _ in stats.wrap(produce()):
+        now[0] += 1.0
+    snap = stats.snapshot()
+    assert snap["elements"] == 6 + 12 and snap["passes"] == 2
+    assert snap["wait_seconds"] == 6.0 + 9.0 and snap["compute_seconds"] == 6.0 + 12.0
+
+
+def test_read_stats_awrap_counts_what_the_consumer_took():
+    async def produce():
+        for b in range(3):
+            yield list(range(4 * b, 4 * b + 4))
+
+    async def main():
+        stats = ReadStats()
+        assert [x async for x in stats.awrap(produce())] == list(range(12))
+        it = stats.awrap(produce())
+        assert [await anext(it) for _ in range(5)] == [0, 1, 2, 3, 4]
+        await it.aclose()
+        return stats.snapshot()
+
+    snap = asyncio.run(main())
+    assert snap["elements"] == 12 + 5 and snap["passes"] == 2
+
+
 def test_read_stats_closes_the_read_when_the_consumer_stops():
     closed = []
 
     def produce():
         try:
-            yield from range(100)
+            for b in range(100):
+                yield [2 * b, 2 * b + 1]
         finally:
             closed.append(True)
 
     stats = ReadStats()
     it = stats.wrap(produce())
-    assert [next(it), next(it)] == [0, 1]
+    assert [next(it), next(it), next(it)] == [0, 1, 2]
     it.close()
     assert closed == [True]
+    assert stats.snapshot()["elements"] == 3
     stats.received("tcp://a:1", 5, 40)
     stats.received("tcp://a:1", 2, 16)
     assert stats.snapshot()["workers"] == {"tcp://a:1": {"elements": 7, "bytes": 56,

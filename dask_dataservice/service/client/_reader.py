@@ -589,8 +589,10 @@ def reader_class(spec: ReadSpec) -> type[IterationReader]:
 
 
 def read(spec: ReadSpec, repetition: int, client: Client,
-         stats: ReadStats | None = None) -> Iterator[Any]:
-    """Generator: one pass over a job of the service (blocking; any thread but the loop's)."""
+         stats: ReadStats | None = None) -> Iterator[list[Any]]:
+    """Generator: one pass over a job of the service (blocking; any thread but the loop's),
+    batch by batch, as the workers' replies brought them (:meth:`ReadStats.wrap` hands out
+    the elements: the per-element path of a pass is that one ``yield from``)."""
     _connection.check_can_block(client, "iterating a distributed dataset")
     _connection.ensure_installed(client)
     reader = _connection.run_blocking(client, _start, client, spec, repetition, stats)
@@ -611,7 +613,7 @@ def read(spec: ReadSpec, repetition: int, client: Client,
                     ) from None
             if item is END:
                 return
-            yield from _batch(item)
+            yield _batch(item)
     finally:
         if reader.done.is_set():  # the end (or an error) came: the release is in flight
             _close_soon(client, reader)
@@ -620,8 +622,9 @@ def read(spec: ReadSpec, repetition: int, client: Client,
 
 
 async def aread(spec: ReadSpec, repetition: int, client: Client,
-                stats: ReadStats | None = None) -> AsyncIterator[Any]:
-    """Async generator: one pass, on an asynchronous client's loop (``async for``)."""
+                stats: ReadStats | None = None) -> AsyncIterator[list[Any]]:
+    """Async generator: one pass, on an asynchronous client's loop (``async for``), batch
+    by batch (:meth:`ReadStats.awrap` hands out the elements)."""
     if not (client.asynchronous and _connection.on_loop_thread(client)):
         raise RuntimeError(
             "`async for` reads with an asynchronous distributed.Client on the running event "
@@ -636,8 +639,7 @@ async def aread(spec: ReadSpec, repetition: int, client: Client,
             item = await reader.channel.aget()
             if item is END:
                 return
-            for x in _batch(item):
-                yield x
+            yield _batch(item)
     finally:
         await reader.close()
 

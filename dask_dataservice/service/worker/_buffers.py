@@ -66,6 +66,9 @@ class ElementBuffer:
         self.end_visible = False
         self.error: BaseException | None = None
         self.produced = 0
+        #: Bytes (:func:`element_size`) of what the last :meth:`take` returned (loop side):
+        #: the server counts a batch's bytes without sizing each element again.
+        self.taken_bytes = 0
 
     # -- producer thread ---------------------------------------------------------------
     def put_many(self, items: list[Any], sizes: list[Any] | None = None) -> None:
@@ -124,6 +127,7 @@ class ElementBuffer:
                 size = sizes.popleft()
                 out.append(items.popleft())
                 taken += size
+            self.taken_bytes = taken
             if out:
                 self._bytes -= taken
                 self._cond.notify()
@@ -221,6 +225,7 @@ class CrossTrainerWindow(ElementBuffer):
                 taken += sizes[i]
                 i += 1
             positions.took(trainer_id, start, len(out))
+            self.taken_bytes = taken
             if out:
                 self._cond.notify()  # the lead may have moved: there may be demand now
             elif not self.end_visible and not self._closed:

@@ -441,17 +441,17 @@ class DataWorkerPlugin(WorkerPlugin):
         if not items and not buf.end_visible and not runner.cancelled:
             await buf.wait(wait)
             items = take()
+        size = buf.taken_bytes  # issue 22: sized once, when produced (no pass per element)
         if may_linger(len(items), max_elements, linger, buf.lingers):
             # A request that is not at the head of its consumer's queue collects elements
             # of a slow pipeline for a moment, so that each costs less than a round trip.
             deadline = self.loop.time() + linger
-            size = sum(map(element_size, items))
             while len(items) < max_elements and size < max_bytes and not buf.end_visible \
                     and not runner.cancelled:
                 more = take(max_elements - len(items))
                 if more:
                     items.extend(more)
-                    size += sum(map(element_size, more))
+                    size += buf.taken_bytes
                     continue
                 remaining = deadline - self.loop.time()
                 if remaining <= 0:
@@ -460,11 +460,10 @@ class DataWorkerPlugin(WorkerPlugin):
         if items:
             self.stats["batches_served"] += 1
             count_served(self.stats, self.served_by_task, self.tasks, runner.task_id,
-                         items)  # issue 14: dashboard (service/protocol/_metrics.py)
+                         len(items), size)  # issue 14: dashboard (service/protocol/_metrics.py)
             # Serialized here (not by the comm) so that an element that cannot travel is a
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
             codec = choose_codec(self._compression.get(runner.dataset_id), codecs)  # issue 16
-            size = sum(map(element_size, items))
             if size > offload_bytes() or (codec is not None and size > 1 << 20):
                 elements = await offload(serialized_batch, runner, items, codec)
             else:

@@ -20,7 +20,13 @@ from ...service.dispatcher import _split_order
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
 from ...service.dispatcher._state_codec import encode_state, restore
 from ...service.dispatcher._updates import RegisterWorker
-from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
+from ...service.dispatcher.core import (
+    REPEAT_SHARE_FLOOR,
+    CoreConfig,
+    DispatcherCore,
+    Outcome,
+    WorkerInfo,
+)
 from ...service.dispatcher.state import DispatcherState, encode_update
 
 __all__ = ["DISPATCHER", "Host", "Network", "SimDispatcher", "World"]
@@ -345,7 +351,8 @@ class SimDispatcher:
     def _get_split(self, core: DispatcherCore, src: str, kw: dict[str, Any]) -> Any:
         """``get_split``, checking that DYNAMIC spreads its splits: with other active tasks, no
         task takes more than half of what is left at once (533ed4f: one worker took nearly
-        all 256 splits, so a worker killed then held none)."""
+        all 256 splits, so a worker killed then held none), past the first repetition more
+        than that or ``REPEAT_SHARE_FLOOR`` (issue 22)."""
         state = core.state
         try:
             it = state.iteration(kw["iteration_id"])
@@ -367,8 +374,10 @@ class SimDispatcher:
                              f"{sorted(local_left)} not handed out yet")
         left = num_splits - index if active else 0
         got = len(reply.get("split_indices", ())) if kw.get("received") is None else 0
-        if active >= 2 and got > max(1, left // 2) and not self.key_holders:
-            # (a locality hint hands a worker all its own splits, and the orphans it asks for)
+        floor = REPEAT_SHARE_FLOOR if kw.get("repetition", 0) >= 1 else 1
+        if active >= 2 and got > max(floor, left // 2) and not self.key_holders:
+            # (a locality hint hands a worker all its own splits, and the orphans it asks for;
+            # past the first repetition a task may take a floor of them: core.fair_share)
             raise SimFailure(f"DYNAMIC: task {kw['task_id']} took {got} of the {left} splits "
                              f"left while {active} tasks were active")
         return reply

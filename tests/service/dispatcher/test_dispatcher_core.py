@@ -79,6 +79,37 @@ def test_fair_share():
     assert fair_share(192, 2) == 48
     assert fair_share(3, 2) == 1
     assert fair_share(0, 0) == 0
+    # issue 22: past the first repetition at least REPEAT_SHARE_FLOOR (64) of what is left
+    assert fair_share(10, 2, repetition=1) == 10  # range(10).repeat(): a round trip each
+    assert fair_share(10, 2, repetition=0) == 2
+    assert fair_share(100, 2, repetition=1) == 64 and fair_share(512, 2, repetition=3) == 128
+    assert fair_share(10, 1, repetition=0) == 10
+
+
+def test_get_split_past_the_first_repetition_hands_out_a_floor():
+    """issue 22: ``range(10).repeat()`` under DYNAMIC with two workers took 8 round trips per
+    repetition of 10 one-element splits (2, 2, 1, 1, ...): from repetition 1 on a task takes
+    up to 64 of what is left, the first repetition keeps half a fair share."""
+    core, cluster = make()
+    ds = dataset(core, 10)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    view = read(core, ds, "DYNAMIC")
+    task_a, task_b = (next(t["task_id"] for t in view["tasks"] if t["worker_address"] == a)
+                      for a in ("tcp://a:1", "tcp://b:1"))
+    token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
+    it = view["iteration_id"]
+    sizes = []
+    while True:
+        reply = core.get_split(it, task_a, 0, count=1024, job_token=token).reply
+        sizes.append(len(reply["split_indices"]))
+        if reply["end_of_splits"]:
+            break
+    assert sizes == [2, 2, 1, 1, 1, 1, 1, 1] and sum(sizes) == 10
+    reply = core.get_split(it, task_a, 1, count=1024, job_token=token).reply
+    assert reply["split_indices"] == list(range(10)) and reply["end_of_splits"]
+    reply = core.get_split(it, task_b, 2, count=4, job_token=token).reply  # as asked
+    assert reply["split_indices"] == [0, 1, 2, 3] and not reply["end_of_splits"]
 
 
 def test_get_split_hands_a_greedy_task_half_a_fair_share():
