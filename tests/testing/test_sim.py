@@ -80,7 +80,7 @@ def _running_only(iteration, job):  # the hand-out before OFF workers joining mi
     return iteration.status == "running"
 
 
-def _all_to_one(left, active):  # the hand-out before 533ed4f: as many as asked
+def _all_to_one(left, active, repetition=0):  # the hand-out before 533ed4f: as many as asked
     return left
 
 
