@@ -200,7 +200,8 @@ class DistributedDataset(Dataset):
         consumer's own work between elements, local transformations included),
         ``wait_fraction``, and ``workers``: elements and batches received from each data
         worker (both for ``for`` and ``async for``; coordinated reads count no per-worker
-        figures).
+        figures). Kept per batch the reader received (no cost per element): while a pass
+        runs, ``elements`` lags by at most the batch being read.
         """
         snapshot: dict[str, Any] = self._service.stats.snapshot()
         return snapshot
