@@ -47,6 +47,7 @@ from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processi
 from . import _locality, _split_order
 from ._deadlines import WorkerDeadlines
 from ._gc import collectable
+from ._shares import fair_share
 from ._views import ViewCache, build_view
 from .state import (
     AckSplits,
@@ -748,32 +749,6 @@ class DispatcherCore:
             "num_consumers": job.num_consumers,
             "cross_trainer_cache": job.cross_trainer_cache, "job_token": job.token,
             "position": job.position})
-
-
-#: Past the first repetition, a task may take this many of the splits left (or all of them,
-#: if fewer) whatever its fair share: see :func:`fair_share`.
-REPEAT_SHARE_FLOOR = 64
-
-
-def fair_share(left: int, active: int, repetition: int = 0) -> int:
-    """How many of the ``left`` splits a task may take at once: all of them if it is the only
-    active task, else at most half of a fair share (``left / (2 x active)``, at least one):
-    big batches for fine splits, and the last splits still spread over the workers.
-
-    From ``repetition`` 1 on (the pipeline repeats its source: ``repeat()`` after a DYNAMIC
-    source), at least :data:`REPEAT_SHARE_FLOOR` of them (what a task took per request before
-    split batches grew, 13df877): the end of a repetition is not where the work runs out
-    (the next repetition's splits follow), and a repetition of a few tiny splits
-    (``range(10).repeat()``) would otherwise cost a round trip to the dispatcher per split
-    (issue 22: 4x fewer elements per second). The first repetition keeps the strict share.
-    """
-    active = max(1, active)
-    if active == 1:
-        return left
-    share = max(1, left // (2 * active))
-    if repetition >= 1:
-        share = max(share, min(left, REPEAT_SHARE_FLOOR))
-    return share
 
 
 def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetition: int,

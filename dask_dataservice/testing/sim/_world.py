@@ -18,15 +18,10 @@ from typing import Any
 
 from ...service.dispatcher import _split_order
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
+from ...service.dispatcher._shares import REPEAT_SHARE_FLOOR
 from ...service.dispatcher._state_codec import encode_state, restore
 from ...service.dispatcher._updates import RegisterWorker
-from ...service.dispatcher.core import (
-    REPEAT_SHARE_FLOOR,
-    CoreConfig,
-    DispatcherCore,
-    Outcome,
-    WorkerInfo,
-)
+from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
 from ...service.dispatcher.state import DispatcherState, encode_update
 
 __all__ = ["DISPATCHER", "Host", "Network", "SimDispatcher", "World"]
