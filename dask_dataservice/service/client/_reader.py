@@ -59,6 +59,12 @@ class ReadSpec:
     #: A job tracking input positions: ``CreateJob.position`` (issue 13, ``_positions``).
     position: str | None = None
 
+    @property
+    def dataset_label(self) -> str:
+        """The dataset's id without its secret (``"<id or name>:<secret>"``), for messages."""
+        key, sep, _ = str(self.dataset_id).rpartition(":")
+        return key if sep else str(self.dataset_id)
+
 
 class ServiceSource(Op):
     """A source op that streams elements of a registered dataset from the service."""
@@ -290,7 +296,7 @@ class IterationReader:
             why = raise_for_status(resp, "data worker query")["reason"]
         except Exception as e:  # noqa: BLE001 - the message says what it could
             why = f"the dispatcher could not say why ({e!r})"
-        what = (f"iteration {self.iteration_id} of dataset {self.spec.dataset_id} has had no "
+        what = (f"iteration {self.iteration_id} of dataset {self.spec.dataset_label} has had no "
                 f"data worker for {waited:.0f}s: {why}")
         if state == "fail":
             raise DataServiceError(
@@ -484,7 +490,7 @@ class IterationReader:
                  waited: float) -> None:
         """Task ``task_id`` has given no element for ``waited`` seconds (a hung pipeline?)."""
         what = (f"task {task_id} of iteration {self.iteration_id} (dataset "
-                f"{self.spec.dataset_id}) on worker {address} has produced no element for "
+                f"{self.spec.dataset_label}) on worker {address} has produced no element for "
                 f"{waited:.0f}s: its pipeline may be hung (e.g. a from_generator that never "
                 "yields)")
         if state == "fail":

@@ -18,6 +18,7 @@ from distributed import Scheduler, Worker
 from distributed.utils_test import captured_logger, gen_test
 
 import dask_dataservice as dds
+from dask_dataservice.service.dispatcher._credentials import credential
 from dask_dataservice.service.dispatcher.journal import read_journal
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.dispatcher.state import CreateJob, CreateTask, decode_update
@@ -120,7 +121,8 @@ async def test_restart_with_another_worker_list_keeps_the_journaled_shards():
 async def test_handlers_answer_errors_as_values():
     async with dispatcher() as (plugin, s):
         reply = await plugin.get_or_create_job(dataset_id=999, processing_mode="OFF")
-        assert reply["status"] == "error" and "Dataset 999 not found" in str(reply["exception"])
+        assert reply["status"] == "error"
+        assert "no dataset has the id '999' with this secret" in str(reply["exception"])
         reply = plugin.get_dataset(dataset_id=999)
         assert reply["status"] == "error"
         await plugin.close()
@@ -197,7 +199,7 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
     jobs = [j for j in plugin.state.list_jobs() if j.job_name == "shared_job"]
     assert len({j.dataset_id for j in jobs}) == 2
     # the same dataset in another mode under that name is still refused
-    dataset_id = jobs[0].dataset_id
+    dataset_id = credential(plugin.state.dataset(jobs[0].dataset_id))
     reply = await plugin.get_or_create_job(dataset_id=dataset_id, processing_mode="DYNAMIC",
                                            job_name="shared_job")
     assert reply["status"] == "error"
@@ -206,8 +208,10 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
 
 @gen_test()
 async def test_explicit_dataset_ids():
-    """register_dataset(dataset_id="name") (TF, 2.2): the string is the id; a different
-    dataset under an id in use is an error instead of silently reading the first one."""
+    """register_dataset(dataset_id="name") (TF, 2.2): the string names the dataset, and the
+    answered id is ``"name:<secret>"`` (issue 22: the bare name is no credential); a
+    different dataset under a name in use is an error instead of silently reading the first
+    one."""
     async with dispatcher() as (plugin, s):
 
         async def register_as(dataset, name):
@@ -216,23 +220,27 @@ async def test_explicit_dataset_ids():
                 splits=b"", num_splits=-1, metadata={"cardinality": 10}, dataset_id=name)
 
         train, other = dds.Dataset.range(10), dds.Dataset.range(20)
-        assert ok(await register_as(train, "train"))["dataset_id"] == "train"
-        assert ok(await register_as(train, "train"))["dataset_id"] == "train"  # idempotent
+        train_id = ok(await register_as(train, "train"))["dataset_id"]
+        assert train_id.startswith("train:")
+        assert ok(await register_as(train, "train"))["dataset_id"] == train_id  # idempotent
         reply = await register_as(other, "train")
         assert reply["status"] == "error"
         assert "'train' is already registered for a different dataset" in str(reply["exception"])
-        assert ok(await register_as(train, "copy"))["dataset_id"] == "copy"
+        copy_id = ok(await register_as(train, "copy"))["dataset_id"]
+        assert copy_id.startswith("copy:") and copy_id[5:] != train_id[6:]  # its own secret
         # readers name the dataset by its string id
         got = plugin.state.dataset_by_name("train")
         assert cloudpickle.loads(got.pipeline).fingerprint() == train.fingerprint()
         # only a data worker (showing the key the dispatcher streamed to it) may download it
         assert "only data workers may ask" in str(plugin.get_dataset(dataset_id="train")["exception"])
-        job = ok(await plugin.get_or_create_job(dataset_id="train", processing_mode="OFF",
+        job = ok(await plugin.get_or_create_job(dataset_id=train_id, processing_mode="OFF",
                                                 job_name="j"))
         assert plugin.state.job(job["job_id"]).dataset_id == \
             plugin.state.dataset_by_name("train").dataset_id
-        reply = await plugin.get_or_create_job(dataset_id="nope", processing_mode="OFF")
-        assert "Dataset 'nope' not found" in str(reply["exception"])
+        for bare in ("nope", "train", f"copy:{train_id[6:]}"):
+            reply = await plugin.get_or_create_job(dataset_id=bare, processing_mode="OFF")
+            assert f"no dataset has the id {bare.partition(':')[0]!r} with this secret" in str(
+                reply["exception"])
         plugin.state.validate_state()
 
 
