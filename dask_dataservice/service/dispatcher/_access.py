@@ -26,7 +26,7 @@ import secrets
 from typing import Any
 
 from dask.utils import format_bytes
-from distributed.comm import get_address_host
+from distributed.comm.addressing import get_address_host
 
 from ... import config
 from ...errors import DataServiceError, ServiceLimitError

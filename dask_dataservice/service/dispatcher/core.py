@@ -276,10 +276,8 @@ class DispatcherCore:
                          metadata: dict[str, Any] | None = None,
                          compression: str | None = None, dataset_id: str | None = None,
                          client_id: str | None = None, host: str | None = None) -> dict[str, Any]:
-        """Register a dataset; answer its credential (``DispatcherPlugin.register_dataset``).
-
-        ``host``: where the request came from (the per-host limit); ``client_id`` is not
-        used (a client chooses it)."""
+        """Register a dataset; answer its credential (``DispatcherPlugin.register_dataset``;
+        ``host``: the request's, for its limit; ``client_id``, a client's choice, is unused)."""
         limits = self.config.limits
         check_name(limits, "the fingerprint", fingerprint)
         check_name(limits, "dataset_id", dataset_id)

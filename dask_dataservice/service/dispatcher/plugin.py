@@ -439,12 +439,12 @@ class DispatcherPlugin(SchedulerPlugin):
         return {"status": "OK"}
 
     @handler
-    def get_dataset(self, dataset_id: int | str, address: str = "",
+    def get_dataset(self, dataset_id: int, address: str = "",
                     worker_key: str | None = None) -> dict[str, Any]:
         """A dataset's pipeline, for a data worker only (it shows its key)."""
         self._access.check_worker(address, worker_key,
                                   f"downloading the pipeline of dataset {dataset_id}")
-        ds = self.state.dataset(dataset_id)  # the numeric id of a task definition
+        ds = self.state.dataset(int(dataset_id))  # the numeric id of a task definition
         return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
                 "num_splits": ds.num_splits, "compression": ds.compression}
 
