@@ -392,3 +392,38 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
             iteration_client_id=view["iteration_client_id"],
             job_token=plugin.state.job(job_id).token))
     assert plugin.state.iteration(iteration_id).garbage_collected
+
+
+@pytest.mark.parametrize("snapshot_records", [10_000, 1])
+@gen_test(timeout=60)
+async def test_dataset_credentials_survive_a_restart(tmp_path, snapshot_records):
+    """Issue 22: a dataset's secret is journaled with it (``RegisterDataset.secret``; with
+    ``snapshot_records=1`` the restart reads it from a snapshot): after a restart the same
+    credential reads the dataset and registering the pipeline again answers it; the bare id
+    and name still name nothing; the counts the limits bound are recounted."""
+    import dask
+
+    work_dir = str(tmp_path / "journal")
+    with dask.config.set({"dataservice.dispatcher.snapshot-records": snapshot_records}):
+        async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir) as (plugin, s):
+            anonymous = ok(await plugin.register_dataset(
+                fingerprint="f", pipeline=b"p", splits=b"", num_splits=-1))["dataset_id"]
+            named = ok(await plugin.register_dataset(
+                fingerprint="g", pipeline=b"q", splits=b"", num_splits=-1,
+                dataset_id="train"))["dataset_id"]
+        for round_ in range(2):
+            async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir) as (plugin, s):
+                assert (plugin._core.quotas.datasets, plugin._core.quotas.live_jobs) == \
+                    (2, 2 * round_)
+                assert ok(await plugin.register_dataset(
+                    fingerprint="f", pipeline=b"p", splits=b"", num_splits=-1))["dataset_id"] \
+                    == anonymous
+                assert ok(await plugin.register_dataset(
+                    fingerprint="g", pipeline=b"q", splits=b"", num_splits=-1,
+                    dataset_id="train"))["dataset_id"] == named
+                for held in (anonymous, named):
+                    ok(await plugin.get_or_create_job(dataset_id=held, processing_mode="OFF"))
+                for bare in (anonymous.partition(":")[0], "train"):
+                    reply = await plugin.get_or_create_job(dataset_id=bare, processing_mode="OFF")
+                    assert reply["status"] == "error"
+                    assert "with this secret" in str(reply["exception"])
