@@ -38,6 +38,9 @@ async def attach(scheduler: Any) -> DashboardPlugin:
     from ._prometheus import register_scheduler
     from ._worker import WORKER_PLUGIN_NAME, DashboardWorkerPlugin
 
+    from ._http_tls import secure_http
+
+    secure_http(scheduler, "scheduler")  # issue 22: a TLS cluster's HTTP is TLS too
     plugin = DashboardPlugin()
     await plugin.start(scheduler)
     # added, not registered: it is started already (the scheduler may be starting its plugins)
