@@ -14,7 +14,9 @@ on a process whose comm address is ``tls://``,
   TLS context (``Security.get_listen_args``: its certificate, the cluster's CA, client
   certificates required), so it serves only processes that hold a certificate of the CA.
 
-Processes on ``tcp://`` are left alone (their HTTP is as open as their comms).
+Processes on ``tcp://`` are left alone (their HTTP is as open as their comms), and so is
+every process with ``dataservice.dashboard.mutual-tls: false`` (a platform whose proxy reads
+the dashboard over plain HTTP, such as Dask Gateway's).
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ logger = logging.getLogger(__name__)
 def secure_http(server: Any, role: str) -> str:
     """Make ``server``'s HTTP server mutual TLS if its comms are TLS; say what was done
     (``"not tls"``, ``"no http"``, ``"required client certificates"``, ``"restarted with tls"``)."""
+    from .. import config
+
     if not str(getattr(server, "address", "") or "").startswith("tls://"):
         return "not tls"
+    if not config.get("dashboard.mutual-tls"):
+        return "off"
     http = getattr(server, "http_server", None)
     if http is None:
         return "no http"
@@ -56,7 +62,10 @@ def secure_http(server: Any, role: str) -> str:
     new = HTTPServer(server.http_application, ssl_options=context)
     for host, port in addresses:
         new.listen(port, host)
+    new.address, new.port = getattr(http, "address", None), getattr(http, "port", None)
     server.http_server = new
+    if getattr(server, "services", {}).get("dashboard") is http:
+        server.services["dashboard"] = new
     logger.info("dataservice: %s %s: its HTTP server (%s) serves mutual TLS with the "
                 "cluster's certificates", role, server.address,
                 ", ".join(f"{h}:{p}" for h, p in addresses))
