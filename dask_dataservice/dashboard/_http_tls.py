@@ -62,7 +62,8 @@ def secure_http(server: Any, role: str) -> str:
     new = HTTPServer(server.http_application, ssl_options=context)
     for host, port in addresses:
         new.listen(port, host)
-    new.address, new.port = getattr(http, "address", None), getattr(http, "port", None)
+    # Dask reads the server's address and port off these attributes (``ServerNode``)
+    new.address, new.port = getattr(http, "address", None), getattr(http, "port", None)  # type: ignore[attr-defined]
     server.http_server = new
     if getattr(server, "services", {}).get("dashboard") is http:
         server.services["dashboard"] = new
