@@ -320,9 +320,8 @@ class DispatcherCore:
                           target_workers: str = "AUTO", cross_trainer_cache: bool = False,
                           position: str = "") -> dict[str, Any]:
         mode = parse_processing_mode(processing_mode)
-        limits = self.config.limits
-        check_name(limits, "job_name", job_name)
-        check_name(limits, "the position", position)
+        for what, name in (("job_name", job_name), ("the position", position)):
+            check_name(self.config.limits, what, name)
         dataset = self.dataset(dataset_id)
         dataset_id = dataset.dataset_id
         worker_addresses = list(self.config.worker_addresses) \
@@ -411,9 +410,11 @@ class DispatcherCore:
         client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
         self.client_seen[iteration_client_id] = micros(now)
         version = self.views.version
+        consumers = self.state.iteration(client.iteration_id).num_clients  # who shares (22)
         if view_version == version:
-            return {"status": "OK", "unchanged": True, "view_version": version}
-        return {"status": "OK", "view_version": version,
+            return {"status": "OK", "unchanged": True, "view_version": version,
+                    "consumers": consumers}
+        return {"status": "OK", "view_version": version, "consumers": consumers,
                 **self.iteration_view(client.iteration_id)}
 
     @_stimulus

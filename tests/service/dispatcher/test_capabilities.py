@@ -351,3 +351,34 @@ async def test_the_state_view_shows_a_stranger_counts_only(c, s, a):
     assert full["iterations"][iteration_id]["tasks"] == mine["iterations"][iteration_id]["tasks"]
     raise_for_status(await c.scheduler.dataservice_release_iteration_client(
         iteration_client_id=view["iteration_client_id"], job_token=job["job_token"]), "release")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_reader_is_told_when_another_consumer_joins_its_named_job(c, s, a):
+    """Issue 22 item 2: a reader never loses elements silently to another holder of the
+    credential. When a second consumer joins a named job, the first one's heartbeat says so
+    (``consumers`` in its reply) and the reader logs a warning naming the job and the number
+    of consumers; together they read every element once. Before, nothing told it."""
+    from distributed.utils_test import captured_logger
+
+    GATE.clear()
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c,
+                                         dds.Dataset.range(N).map(gated))
+    with captured_logger("dask_dataservice.service.client._reader") as log:
+        first = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
+                                                             job_name="train")))
+        try:
+            await poll(lambda: len(plugin.state.list_iteration_clients()) == 1,
+                       what="the first consumer")
+            second = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
+                                                                  job_name="train")))
+            await poll(lambda: log.getvalue().count("2 consumers now read") >= 2,
+                       what="both readers to say that two consumers share the job")
+        finally:
+            GATE.set()
+        got = await asyncio.wait_for(asyncio.gather(first, second), 30)
+    assert sorted(got[0] + got[1]) == list(range(N))  # each element once between them
+    assert "of job 'train' (dataset 1000)" in log.getvalue()
+    assert dataset_id.rpartition(":")[2] not in log.getvalue()  # the secret is never logged
