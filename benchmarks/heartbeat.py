@@ -72,7 +72,9 @@ async def main(n: int, writers: int, rounds: int) -> None:
                       "journal_fs": fs_type(work_dir), "n": n, "writers": writers}), flush=True)
     plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
     results: dict[str, list[float]] = {"waits": [], "answers_at_once": []}
-    with dask.config.set({"dataservice.dispatcher.max-datasets-per-client": None}):
+    with dask.config.set({"dataservice.dispatcher.max-datasets-per-host": None,
+                          "dataservice.dispatcher.max-datasets": None,
+                          "dataservice.dispatcher.max-dataset-bytes": None}):
         async with Scheduler(dashboard_address=":0", port=0) as s:
             s.add_plugin(plugin)
             await plugin.start(s)

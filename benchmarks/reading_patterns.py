@@ -29,7 +29,7 @@ CONSUMER = r"""
 import itertools, json, sys, time
 from distributed import Client
 import dask_dataservice as dds
-address, dataset_id, index, rounds, job = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+address, dataset_id, index, rounds, job = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 with Client(address) as c:
     ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name=job,
                              consumer_index=index, num_consumers=2)

@@ -316,6 +316,25 @@ def insecure_listen_warning(dask_args: Sequence[str], role: str = "scheduler") -
             "single machine.")
 
 
+def http_on_listen_host(dask_args: Sequence[str], default_port: int) -> list[str]:
+    """``dask_args`` with ``--dashboard-address HOST:PORT`` added when it names a ``--host`` (or
+    ``--listen-address``) but no dashboard address: Dask's HTTP server (dashboard, /metrics,
+    /dataservice/status.json; started with ``--no-dashboard`` too) then listens where the
+    process does, not on every interface (issue 22)."""
+    args = list(dask_args)
+    if _option_values(args, "--dashboard-address"):
+        return args
+    hosts = _option_values(args, "--host") + _option_values(args, "--listen-address")
+    if not hosts:
+        return args
+    host = hosts[-1].split("://", 1)[-1]
+    if host.count(":") == 1:  # host:port
+        host = host.rsplit(":", 1)[0]
+    if not host or host.startswith("[") or ":" in host:  # IPv6: Dask's option takes none
+        return args
+    return [*args, "--dashboard-address", f"{host}:{default_port}"]
+
+
 _DASK_ARGS = click.argument("dask_args", nargs=-1, type=click.UNPROCESSED)
 _DRY_RUN = click.option("--dry-run", is_flag=True, help="print the command line instead of running it")
 
@@ -347,7 +366,7 @@ def scheduler(dry_run: bool, work_dir: str | None, worker_addresses: str | None,
     warning = insecure_listen_warning(dask_args)
     if warning:
         click.echo(warning, err=True)
-    _run(dask_command("scheduler", dask_args), env, dry_run=dry_run)
+    _run(dask_command("scheduler", http_on_listen_host(dask_args, 8787)), env, dry_run=dry_run)
 
 
 @dataservice.command(context_settings=_PASSTHROUGH, short_help="dask worker with the data worker", epilog=(
@@ -366,7 +385,7 @@ def worker(dry_run: bool, supervise: bool, dask_args: tuple[str, ...]) -> None:
     warning = insecure_listen_warning(dask_args, role="worker")
     if warning:
         click.echo(warning, err=True)
-    args = list(dask_args)
+    args = http_on_listen_host(dask_args, 0)
     if supervise and not any(a == "--worker-class" or a.startswith("--worker-class=")
                              for a in args):
         # rides out a scheduler restart with its data tasks (the supervisor restarts it only

@@ -61,6 +61,7 @@ __all__ = [
     "ParameterServerUnavailableError",
     "RemoteValueArgumentError",
     "ServerClosingError",
+    "ServiceLimitError",
     "ShapeMismatchError",
     "SnapshotCorruptedError",
     "StaleEpochError",
@@ -145,6 +146,13 @@ class JobAccessDeniedError(DataServiceError):
     Not a :class:`PermissionError`: that is an :class:`OSError`, whose instances do not
     travel through distributed's exception pickling together with :class:`RuntimeError`.
     """
+
+
+class ServiceLimitError(DataServiceError, ValueError):
+    """A request the dispatcher refuses for its size: a field larger than its bound, or a
+    dispatcher (or one host) that holds as many datasets, jobs or bytes as it accepts
+    (``dataservice.dispatcher.max-*``). Also a :class:`ValueError`: the size limits raised
+    that before they had a type of their own."""
 
 
 class JournalError(DataServiceError):

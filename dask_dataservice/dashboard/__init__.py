@@ -35,9 +35,11 @@ async def attach(scheduler: Any) -> DashboardPlugin:
         return plugin
     from distributed.protocol.pickle import dumps
 
+    from ._http_tls import secure_http
     from ._prometheus import register_scheduler
     from ._worker import WORKER_PLUGIN_NAME, DashboardWorkerPlugin
 
+    secure_http(scheduler, "scheduler")  # issue 22: a TLS cluster's HTTP is TLS too
     plugin = DashboardPlugin()
     await plugin.start(scheduler)
     # added, not registered: it is started already (the scheduler may be starting its plugins)

@@ -298,9 +298,8 @@ class DashboardPlugin(SchedulerPlugin):
                     entry.update(splits_total=total, splits_handed_out=handed,
                                  splits_done=handed - held)
                 iterations.append(entry)
-            jobs.append({
-                "job_id": job.job_id, "name": job.job_name, "dataset_id": job.dataset_id,
-                "mode": job.processing_mode, "target_workers": job.target_workers,
+            jobs.append({  # no name, no dataset id: they are credentials' (issue 22)
+                "job_id": job.job_id, "mode": job.processing_mode, "target_workers": job.target_workers,
                 "num_consumers": job.num_consumers,
                 "consumers": sum(e["consumers"] for e in iterations),
                 "elements_produced": produced, "elements_served": served,
@@ -317,7 +316,5 @@ class DashboardPlugin(SchedulerPlugin):
                        "last_fsync_seconds": self._journal.get("last_fsync_seconds"),
                        "snapshots": m.snapshots_written}
         return {"installed": True, "fault_tolerant": bool(plugin.fault_tolerant_mode),
-                "datasets": [{"dataset_id": d.dataset_id, "name": d.dataset_name,
-                              "num_splits": d.num_splits}
-                             for d in state.list_datasets()],
+                "datasets": [{"num_splits": d.num_splits} for d in state.list_datasets()],
                 "jobs": jobs, "consumers": consumers, "journal": journal}

@@ -112,7 +112,7 @@ class DataServicePage(_Page):
             ("buffered_bytes", "Buffered bytes"), ("tasks", "Tasks"),
             ("cpu", "Service threads CPU %")])
         self.jobs, t_j = _table("dds-jobs", [
-            ("job_id", "Job"), ("name", "Name"), ("dataset_id", "Dataset"), ("mode", "Sharding"),
+            ("job_id", "Job"), ("mode", "Sharding"),
             ("consumers", "Consumers"), ("progress", "Epoch progress"),
             ("elements_served", "Elements served"), ("elements_per_second", "Elements/s"),
             ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered (lag)")])
@@ -149,8 +149,6 @@ class DataServicePage(_Page):
         jobs = svc["jobs"]
         self.jobs.data = {
             "job_id": [j["job_id"] for j in jobs],
-            "name": [j["name"] or "" for j in jobs],
-            "dataset_id": [str(j["dataset_id"]) for j in jobs],
             "mode": [j["mode"] for j in jobs],
             "consumers": [j["consumers"] for j in jobs],
             "progress": [_progress(j) for j in jobs],

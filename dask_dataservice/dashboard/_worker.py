@@ -58,6 +58,9 @@ class DashboardWorkerPlugin(WorkerPlugin):
         self._cpu_total = 0.0
         worker.handlers["dataservice_figures"] = self.figures
         register_worker(worker, worker_figures)
+        from ._http_tls import secure_http
+
+        secure_http(worker, "worker")  # issue 22: a TLS cluster's HTTP is TLS too
 
     def teardown(self, worker: Any) -> None:
         # a poll still in flight gets "nothing" rather than an unknown-op error in the log

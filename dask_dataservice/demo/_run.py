@@ -178,8 +178,8 @@ def _stream(opts: DemoOptions, client: Any) -> int:
         copies = count // opts.elements  # workers may have joined or left an external cluster
     if opts.verbose:
         state = client.sync(client.scheduler.dataservice_state)
-        opts.say(f"dispatcher: {len(state['datasets'])} dataset(s), {len(state['jobs'])} job(s), "
-                 f"{len(state['iterations'])} iteration(s), data workers {', '.join(state['workers'])}")
+        opts.say(f"dispatcher: {state['num_datasets']} dataset(s), {state['num_jobs']} job(s), "
+                 f"{state['num_iterations']} iteration(s), data workers {', '.join(state['workers'])}")
     return _report(opts, count, batches, elapsed, copies)
 
 

@@ -84,9 +84,9 @@ def _data_page_ok(state) -> bool:
             and _nonzero(src.get("dds-bytes", {}).get("bytes_per_second", []))
             and _nonzero(src.get("dds-workers", {}).get("elements_served", []))
             and _nonzero(src.get("dds-workers-rate", {}).get("elements_per_second", []))
-            and "dashboard-stream" in src.get("dds-jobs", {}).get("name", [])
+            and "DYNAMIC" in src.get("dds-jobs", {}).get("mode", [])  # no job names (issue 22)
             and len(src.get("dds-consumers", {}).get("consumer", [])) >= 1
-            and state["canvases"] >= 3 and "dashboard-stream" in state["cells"])
+            and state["canvases"] >= 3 and "DYNAMIC" in state["cells"])
 
 
 def _ps_page_ok(state) -> bool:

@@ -316,6 +316,23 @@ def test_dask_command_adds_the_preload_once():
     assert cmd.count("--preload") == 2 and "dask_dataservice" in cmd
 
 
+@pytest.mark.pure
+def test_the_http_server_listens_on_the_listen_host():
+    """Issue 22: ``--host H`` without ``--dashboard-address`` gets ``--dashboard-address
+    H:PORT`` (Dask's HTTP server serves /metrics and status.json with --no-dashboard too)."""
+    assert cli.http_on_listen_host(["--host", "127.0.0.1", "--no-dashboard"], 8787) == [
+        "--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:8787"]
+    assert cli.http_on_listen_host(["--host=tcp://10.0.0.5:8786"], 0)[-1] == "10.0.0.5:0"
+    assert cli.http_on_listen_host(["--listen-address", "tls://10.0.0.5"], 0)[-1] == "10.0.0.5:0"
+    for unchanged in (["--host", "h", "--dashboard-address", ":9"], ["--port", "1"],
+                      ["--host", "::1"], ["--host", "[::1]:8786"]):
+        assert cli.http_on_listen_host(unchanged, 0) == unchanged
+    rc, out, _ = invoke("scheduler", "--dry-run", "--host", "127.0.0.1", "--no-dashboard")
+    assert rc == 0 and shlex.split(out)[-2:] == ["--dashboard-address", "127.0.0.1:8787"]
+    rc, out, _ = invoke("worker", "--dry-run", "tcp://h:1", "--host", "127.0.0.1")
+    assert rc == 0 and shlex.split(out)[-2:] == ["--dashboard-address", "127.0.0.1:0"]
+
+
 def test_dry_run_prints_the_dask_command():
     dask_args = ["tcp://127.0.0.1:8786", "--nthreads", "2", "--no-nanny", "--nworkers", "2",
                  "--resources", "ps=1", "--tls-ca-file", "ca.pem"]
@@ -665,7 +682,8 @@ def test_scheduler_warns_when_it_listens_beyond_loopback_without_tls(dask_args):
     assert rc == 0
     assert "warning: the scheduler listens on" in err and "without TLS" in err, err
     assert "--tls-cert" in err and "--host 127.0.0.1" in err
-    assert shlex.split(out) == cli.dask_command("scheduler", dask_args)  # it still starts
+    # it still starts (its HTTP server on the listen host: issue 22)
+    assert shlex.split(out) == cli.dask_command("scheduler", cli.http_on_listen_host(dask_args, 8787))
 
 
 @pytest.mark.parametrize("dask_args", [
@@ -750,4 +768,4 @@ def test_worker_warns_when_it_listens_beyond_loopback_without_tls(dask_args, war
     rc, out, err = invoke("worker", "--dry-run", *dask_args)
     assert rc == 0
     assert ("warning: the worker listens on" in err) is warns, err
-    assert shlex.split(out) == cli.dask_command("worker", dask_args)
+    assert shlex.split(out) == cli.dask_command("worker", cli.http_on_listen_host(dask_args, 0))

@@ -208,6 +208,11 @@ def test_kubernetes_operator_specs(kubernetes_recipe):
     assert probe[:3] == ["dask-dataservice", "ready", "tls://127.0.0.1:8786"]
     assert all(a in probe for a in tls)
     assert "httpGet" not in scheduler["readinessProbe"]
+    # liveness without HTTP: a TLS cluster's HTTP server asks for a client certificate
+    # (issue 22), which the operator's httpGet probe of /health does not have
+    assert scheduler["livenessProbe"]["tcpSocket"] == {"port": 8786}
+    assert not any("httpGet" in c.get(k, {}) for c in pod["containers"]
+                   for k in ("readinessProbe", "livenessProbe"))
 
     # the workers and the parameter servers: `dask-dataservice worker` with TLS
     workers = spec["spec"]["worker"]

@@ -104,7 +104,7 @@ CONSUMER = """
 import json, sys, itertools
 from distributed import Client
 import dask_dataservice as dds
-address, dataset_id, index, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+address, dataset_id, index, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 with Client(address) as c:
     ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="procs",
                              consumer_index=index, num_consumers=2)

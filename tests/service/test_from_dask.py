@@ -258,11 +258,11 @@ async def test_a_10_gb_collection_registers_in_kilobytes(c, s, a):
     sizes = {}
     for name, ds in (("graph", Dataset.from_dask(big)), ("keys", Dataset.from_dask(persisted))):
         dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds)
-        registered = s.plugins[PLUGIN_NAME].state.dataset(dataset_id)
+        registered = s.plugins[PLUGIN_NAME]._core.dataset(dataset_id)
         sizes[name] = len(registered.pipeline) + len(registered.splits)
     print("registered bytes:", sizes)
     assert sizes["graph"] < 64_000 and sizes["keys"] < 16_000
-    hint = s.plugins[PLUGIN_NAME].state.dataset(dataset_id).metadata[LOCALITY_KEY]
+    hint = s.plugins[PLUGIN_NAME]._core.dataset(dataset_id).metadata[LOCALITY_KEY]
     assert len(hint) == 64 and tuple(hint[3][0]) == persisted.__dask_keys__()[3]
 
 

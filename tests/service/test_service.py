@@ -631,14 +631,14 @@ async def test_split_size_through_distribute_and_register(c, s, a):
     """issue 9, 2.14: the DYNAMIC split granularity is the user's choice."""
     ds = await distribute(dds.Dataset.range(100), "distributed_epoch", c, split_size=10)
     assert sorted(await read(ds)) == list(range(100))
-    _, splits = a.extensions["dataservice"]._datasets[ds.dataset_id]
+    _, splits = a.extensions["dataservice"]._datasets[int(ds.dataset_id.partition(":")[0])]
     assert len(splits) == 10
     coarse = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(100),
                                      split_size=50)
     assert coarse != ds.dataset_id  # another split size: another dataset
     out = await read(dds.from_dataset_id("distributed_epoch", c, coarse))
     assert sorted(out) == list(range(100))
-    assert len(a.extensions["dataservice"]._datasets[coarse][1]) == 2
+    assert len(a.extensions["dataservice"]._datasets[int(coarse.partition(":")[0])][1]) == 2
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])
@@ -661,15 +661,18 @@ async def test_shared_job_consumers_share_fairly(c, s, a):
 
 @gen_cluster(client=True)
 async def test_register_with_a_string_id(c, s, a, b):
-    """issue 9, 2.2 (client side): a string dataset_id is returned and readable; a different
-    pipeline under the same id is refused."""
+    """issue 9, 2.2 (client side): a string dataset_id names the dataset; the returned id,
+    ``"my-data:<secret>"`` (issue 22), is readable and the same for the same pipeline; the bare
+    name is no credential; a different pipeline under the same name is refused."""
     name = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(30),
                                    dataset_id="my-data")
-    assert name == "my-data"
+    assert name.startswith("my-data:")
     again = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(30),
                                     dataset_id="my-data")
-    assert again == "my-data"
-    assert sorted(await read(dds.from_dataset_id("distributed_epoch", c, "my-data"))) == list(range(30))
+    assert again == name
+    assert sorted(await read(dds.from_dataset_id("distributed_epoch", c, name))) == list(range(30))
+    with pytest.raises(dds.DatasetNotFoundError, match="no dataset has the id 'my-data' with"):
+        await read(dds.from_dataset_id("distributed_epoch", c, "my-data"))
     with pytest.raises(ValueError, match="already registered for a different dataset"):
         await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(31),
                                 dataset_id="my-data")

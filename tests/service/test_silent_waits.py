@@ -158,7 +158,7 @@ def test_register_dataset_rides_out_a_dispatcher_restart():
             finally:
                 thread.join(60)
             assert "error" not in result, repr(result.get("error"))
-            assert isinstance(result["id"], int) and isinstance(first_id, int)
+            assert isinstance(result["id"], str) and isinstance(first_id, str)
             # idempotent: the same pipeline again gets the same id from the new dispatcher
             assert dds.register_dataset(client, dds.Dataset.range(8)) == result["id"]
     finally:

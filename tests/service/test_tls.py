@@ -229,3 +229,80 @@ def test_cli_scheduler_and_supervised_worker_with_tls_options(servers, tmp_path)
         # loopback, and TLS: no insecure-listen warning (distributed's own warnings, such as a
         # dashboard port taken by another process, do not count)
         assert "without tls" not in servers.stop(proc).lower()
+
+
+def _get(url: str, certs: dict[str, str] | None = None, client_cert: bool = True,
+         timeout: float = 10) -> tuple[int, bytes]:
+    """GET ``url`` (``https://`` with the CA, and this client's certificate if
+    ``client_cert``); ``(status, body)``."""
+    import ssl
+    import urllib.request
+
+    context = None
+    if url.startswith("https://"):
+        assert certs is not None
+        context = ssl.create_default_context(cafile=certs["ca"])
+        context.check_hostname = False
+        if client_cert:
+            context.load_cert_chain(certs["cert"], certs["key"])
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as reply:
+        return reply.status, reply.read()
+
+
+def _listening(pid: int, port: int) -> set[str]:
+    """The addresses process ``pid`` listens on at ``port``."""
+    import psutil
+
+    return {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+@pytest.mark.process
+def test_a_tls_clusters_http_servers_need_a_certificate(servers, tmp_path):
+    """Issue 22 item 2: on a TLS cluster started with the command line (``--host 127.0.0.1
+    --no-dashboard``), the scheduler's and a worker's HTTP servers (``/metrics``,
+    ``/dataservice/status.json``) listen on the listen host only and serve mutual TLS with the
+    cluster's certificates: plain HTTP and HTTPS without a client certificate get nothing; a
+    client with one gets the pages, and status.json names no job or dataset. Before, both
+    served plain HTTP on 0.0.0.0: job names, worker addresses and 48 ``dataservice_*``
+    metrics to anyone."""
+    import ssl
+    import urllib.error
+
+    certs = _write_certs(tmp_path)
+    scheduler_file = tmp_path / "scheduler.json"
+    exe = _console_script()
+    scheduler = servers.start(exe, "scheduler", "--host", "127.0.0.1", "--port", "0",
+                              "--no-dashboard", "--scheduler-file", str(scheduler_file),
+                              *_tls_args(certs))
+    worker = servers.start(exe, "worker", "--scheduler-file", str(scheduler_file), "--host",
+                           "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                           *_tls_args(certs))
+    security = Security(tls_ca_file=certs["ca"], tls_client_cert=certs["cert"],
+                        tls_client_key=certs["key"], require_encryption=True)
+    with Client(scheduler_file=str(scheduler_file), security=security, timeout="30s",
+                set_as_default=False) as client:
+        client.wait_for_workers(1, timeout=60)
+        dataset_id = dds.register_dataset(client, dds.Dataset.range(100), dataset_id="secret-data")
+        ds = dds.from_dataset_id("DYNAMIC", client, dataset_id, job_name="secret-job")
+        assert sorted(ds) == list(range(100))
+        info = client.scheduler_info(n_workers=-1)
+        ports = {scheduler.pid: info["services"]["dashboard"]}
+        [(_, w)] = info["workers"].items()
+        ports[worker.pid] = w["services"]["dashboard"]
+        for pid, port in ports.items():
+            assert _listening(pid, port) == {"127.0.0.1"}  # not 0.0.0.0
+            for path in ("metrics", "dataservice/status.json"):
+                with pytest.raises((urllib.error.URLError, ConnectionError)):
+                    _get(f"http://127.0.0.1:{port}/{path}")  # plain HTTP: no answer
+                with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+                    _get(f"https://127.0.0.1:{port}/{path}", certs, client_cert=False)
+        status, body = _get(f"https://127.0.0.1:{ports[scheduler.pid]}/dataservice/status.json",
+                            certs)
+        assert status == 200 and b'"installed": true' in body
+        for name in (b"secret-data", b"secret-job"):
+            assert name not in body
+        status, body = _get(f"https://127.0.0.1:{ports[worker.pid]}/metrics", certs)
+        assert status == 200 and b"dataservice_worker_" in body
+    for proc in (worker, scheduler):
+        servers.stop(proc)

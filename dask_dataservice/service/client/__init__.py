@@ -77,7 +77,14 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     naming it) and, when the source is splittable, its splits are enumerated here, once.
     Registering the same pipeline again returns the same id. With an asynchronous client,
     returns an awaitable of the id (``await dds.register_dataset(client, ds)``), which is
-    why the return type is ``Any`` (an ``int``, a ``str`` with ``dataset_id``, or an awaitable).
+    why the return type is ``Any`` (a ``str``, or an awaitable of one).
+
+    The id is a credential (as TensorFlow's, a string): ``"<n>:<secret>"``, or
+    ``"<dataset_id>:<secret>"`` with a ``dataset_id`` of yours, where ``<secret>`` is drawn by
+    the dispatcher when the pipeline is first registered. Whoever holds it may read the
+    dataset and join its named jobs; the state view and the dashboard list no dataset or
+    job to a caller without it (docs/security.md). Keep it as you would a password; every
+    process that registers the same pipeline gets the same id.
 
     Parameters
     ----------
@@ -93,9 +100,10 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         snappy) when both sides have it, None never compresses. Readers on the worker's own
         host get raw frames (``dataservice.client.compression``; see docs/performance.md).
     dataset_id
-        An id of your choice (a string, as TensorFlow's): returned instead of a number, and
-        accepted by :func:`from_dataset_id`. Registering the same pipeline under it again
-        returns it; a different pipeline under an id already in use is a ``ValueError``.
+        A name of your choice (a string, as TensorFlow's id): the returned id is then
+        ``"<dataset_id>:<secret>"``, which :func:`from_dataset_id` takes (the bare name is
+        not enough). Registering the same pipeline under it again returns the same id; a
+        different pipeline under a name already in use is a ``ValueError``.
     split_size
         Elements per split of a splittable source (DYNAMIC sharding hands out splits):
         smaller splits balance workers more finely and lose less when a worker dies (at most
@@ -137,7 +145,7 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
     }
 
-    async def go() -> int | str:
+    async def go() -> str:
         installing = _connection.ensure_installed(client)
         if installing is not None:
             await installing
@@ -149,7 +157,7 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
             compression=compression, metadata=metadata, dataset_id=dataset_id,
             client_id=client.id,
         )
-        dataset_id_: int | str = resp["dataset_id"]
+        dataset_id_: str = resp["dataset_id"]
         return dataset_id_
 
     if client.asynchronous and _connection.on_loop_thread(client):
@@ -254,7 +262,9 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
     service
         A ``distributed.Client`` or the scheduler's address.
     dataset_id
-        From :func:`register_dataset`.
+        From :func:`register_dataset`: the string ``"<id or name>:<secret>"``. A bare
+        integer id or name is refused with ``DatasetNotFoundError`` (except for datasets
+        journaled before ids held a secret).
     job_name
         Consumers using the same name share one job (they split its elements between them);
         without a name every iteration is a private job.
@@ -358,7 +368,7 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
 
         dataset_id = register_dataset(service, dataset, compression=compression,
                                       split_size=split_size)
-        if isinstance(dataset_id, int):
+        if isinstance(dataset_id, int | str):
             return read(dataset_id)
 
         async def registered() -> DistributedDataset:  # ``await ds.apply(distribute(...))``

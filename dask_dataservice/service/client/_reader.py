@@ -59,6 +59,12 @@ class ReadSpec:
     #: A job tracking input positions: ``CreateJob.position`` (issue 13, ``_positions``).
     position: str | None = None
 
+    @property
+    def dataset_label(self) -> str:
+        """The dataset's id without its secret (``"<id or name>:<secret>"``), for messages."""
+        key, sep, _ = str(self.dataset_id).rpartition(":")
+        return key if sep else str(self.dataset_id)
+
 
 class ServiceSource(Op):
     """A source op that streams elements of a registered dataset from the service."""
@@ -198,6 +204,9 @@ class IterationReader:
         #: and the dispatcher answers only "unchanged" while it is current.
         self._view: dict[str, Any] | None = None
         self._view_version: str | None = None
+        #: Most consumers seen sharing this pass's iteration (heartbeats; issue 22: a reader
+        #: of a named job is told when another consumer joins and takes a share).
+        self.consumers_seen = 1
         self.request_timeout = _optional_seconds("client.request-timeout")
         self.stalls = _tracker("client.stall-warning", "client.stall-timeout")
         #: Which tasks this pass reads, and when it is over (:mod:`.reader_core`).
@@ -290,7 +299,7 @@ class IterationReader:
             why = raise_for_status(resp, "data worker query")["reason"]
         except Exception as e:  # noqa: BLE001 - the message says what it could
             why = f"the dispatcher could not say why ({e!r})"
-        what = (f"iteration {self.iteration_id} of dataset {self.spec.dataset_id} has had no "
+        what = (f"iteration {self.iteration_id} of dataset {self.spec.dataset_label} has had no "
                 f"data worker for {waited:.0f}s: {why}")
         if state == "fail":
             raise DataServiceError(
@@ -329,6 +338,7 @@ class IterationReader:
                     view_version=self._view_version)
                 if resp is not None:
                     view = raise_for_status(resp, "client heartbeat")
+                    self._count_consumers(int(view.get("consumers") or 1))
                     if view.get("unchanged") and self._view is not None:
                         return self._view  # the dispatcher sent nothing new (service/dispatcher/_views.py)
                     self._view, self._view_version = view, view.get("view_version")
@@ -346,6 +356,15 @@ class IterationReader:
                 ) from error
             await asyncio.sleep(min(delay, remaining))
             delay = min(2 * delay, 0.25)  # short: a restart is over in seconds
+
+    def _count_consumers(self, consumers: int) -> None:
+        """Say so when more consumers than seen so far share this pass (a named job)."""
+        if consumers > self.consumers_seen:
+            logger.warning(
+                "dataservice: %d consumers now read iteration %s of job %r (dataset %s): "
+                "each gets a share of its elements", consumers, self.iteration_id,
+                self.spec.job_name, self.spec.dataset_label)
+            self.consumers_seen = consumers
 
     def _update_tasks(self, view: dict[str, Any]) -> None:
         """Start and stop fetches as the core decides from ``view``."""
@@ -484,7 +503,7 @@ class IterationReader:
                  waited: float) -> None:
         """Task ``task_id`` has given no element for ``waited`` seconds (a hung pipeline?)."""
         what = (f"task {task_id} of iteration {self.iteration_id} (dataset "
-                f"{self.spec.dataset_id}) on worker {address} has produced no element for "
+                f"{self.spec.dataset_label}) on worker {address} has produced no element for "
                 f"{waited:.0f}s: its pipeline may be hung (e.g. a from_generator that never "
                 "yields)")
         if state == "fail":

@@ -63,6 +63,7 @@ class Dataset:
     metadata: dict[str, Any]
     compression: str | None
     dataset_name: str | None = None
+    secret: str = ""
 
     @property
     def splittable(self) -> bool:

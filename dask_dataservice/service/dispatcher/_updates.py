@@ -89,10 +89,14 @@ class RegisterDataset(_Record):
         by its name, not by its fingerprint: the same pipeline may be registered under two
         names, and a different pipeline under a name in use is refused by the dispatcher.
         ``None`` for a dataset registered without one (deduplicated by fingerprint).
+    secret : str
+        Field 10. The dataset's random secret (issue 22): its readers show it, as part of the
+        string id ``register_dataset`` returns (``"<id or name>:<secret>"``). ``""`` (a
+        journal written before the field existed): the dataset is read by its plain id.
 
     Notes
     -----
-    Next field: 10. Removed fields: none.
+    Next field: 11. Removed fields: none.
     """
 
     dataset_id: int  # 1
@@ -104,6 +108,7 @@ class RegisterDataset(_Record):
     metadata: dict[str, Any] = field(default_factory=dict)  # 7
     compression: str | None = None  # 8
     dataset_name: str | None = None  # 9
+    secret: str = ""  # 10
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -45,8 +45,10 @@ from ..protocol._job_checks import (
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from . import _locality, _split_order
+from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
 from ._gc import collectable
+from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
 from ._views import ViewCache, build_view
 from .state import (
@@ -104,8 +106,8 @@ class CoreConfig:
     excluded_resources: tuple[str, ...] = ("ps",)
     #: Most split indices one ``get_split`` hands out (``dispatcher.split-batch-max``).
     split_batch_max: int = 1024
-    #: Datasets one client may register (None: no limit).
-    max_datasets_per_client: int | None = 1000
+    #: What the dispatcher accepts and holds (issue 22; :mod:`._quotas`).
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,8 @@ class DispatcherCore:
         self.recovered_at = micros(now)
         self.views = ViewCache(view_nonce)
         self.deadlines = WorkerDeadlines(config.worker_timeout, now)
-        #: ``{client id: datasets it registered}`` since this start.
-        self.registrations: dict[str, int] = {}
+        #: Counts the limits bound (:mod:`._quotas`).
+        self.quotas = Quotas(config.limits)
         #: Set by the shell when its journal failed: every update is refused with this.
         self.refusal: str | None = None
         self.hints = _locality.Hints()
@@ -236,6 +238,7 @@ class DispatcherCore:
         """
         self.state = state
         self.views = ViewCache()
+        self.quotas = Quotas.of(state, self.config.limits)
         self.recovered_workers = {w.address for w in state.list_workers()}
         self.idle_iterations = {
             it.iteration_id for it in state.list_live_iterations()
@@ -264,18 +267,23 @@ class DispatcherCore:
     # Datasets, jobs, iterations
     ############################
     def dataset(self, dataset_id: int | str) -> Dataset:
-        """A dataset by its numeric id or by the id its user chose."""
-        if isinstance(dataset_id, str):
-            return self.state.dataset_by_name(dataset_id)
-        return self.state.dataset(dataset_id)
+        """A dataset by its credential, the id ``register_dataset`` answered
+        (:mod:`._credentials`; a dataset journaled before secrets: its bare id or name)."""
+        return find_dataset(self.state, dataset_id)
 
     @_stimulus
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
                          metadata: dict[str, Any] | None = None,
                          compression: str | None = None, dataset_id: str | None = None,
-                         client_id: str | None = None) -> dict[str, Any]:
-        """Register a dataset; answer its id (``DispatcherPlugin.register_dataset``)."""
+                         client_id: str | None = None, host: str | None = None) -> dict[str, Any]:
+        """Register a dataset; answer its credential (``DispatcherPlugin.register_dataset``;
+        ``host``: the request's, for its limit; ``client_id``, a client's choice, is unused)."""
+        limits = self.config.limits
+        check_name(limits, "the fingerprint", fingerprint)
+        check_name(limits, "dataset_id", dataset_id)
+        metadata_bytes = field_bytes(limits, "metadata", metadata)
+        field_bytes(limits, "element_spec", element_spec)
         if dataset_id is not None:
             if not isinstance(dataset_id, str) or not dataset_id:
                 raise TypeError(f"dataset_id must be a non-empty string, got {dataset_id!r}")
@@ -288,33 +296,24 @@ class DispatcherCore:
                     raise ValueError(
                         f"dataset_id {dataset_id!r} is already registered for a different "
                         "dataset; register this one under another id (or without one)")
-                return {"status": "OK", "dataset_id": dataset_id}
+                return {"status": "OK", "dataset_id": credential(existing)}
         else:
             try:
                 return {"status": "OK",
-                        "dataset_id": self.state.dataset_by_fingerprint(fingerprint).dataset_id}
+                        "dataset_id": credential(self.state.dataset_by_fingerprint(fingerprint))}
             except DatasetNotFoundError:
                 pass
-        self._count_registration(client_id)
+        size = dataset_size(pipeline, splits or b"", element_spec, metadata_bytes)
+        self.quotas.check_dataset(host, size)
         new_id = self.state.next_dataset_id()
         self._apply(RegisterDataset(
             dataset_id=new_id, fingerprint=fingerprint, pipeline=bytes(pipeline),
             splits=bytes(splits or b""), num_splits=int(num_splits),
             element_spec=element_spec, metadata=dict(metadata or {}),
-            compression=compression, dataset_name=dataset_id,
+            compression=compression, dataset_name=dataset_id, secret=self._new_token(),
         ))
-        return {"status": "OK", "dataset_id": new_id if dataset_id is None else dataset_id}
-
-    def _count_registration(self, client_id: str | None) -> None:
-        """One more new dataset of ``client_id``; refuse it beyond the limit."""
-        registered = self.registrations.get(str(client_id), 0)
-        limit = self.config.max_datasets_per_client
-        if limit is not None and registered >= limit:
-            raise ValueError(
-                f"client {client_id} already registered {registered} datasets, the most the "
-                "dispatcher accepts from one client (config "
-                "dataservice.dispatcher.max-datasets-per-client)")
-        self.registrations[str(client_id)] = registered + 1
+        self.quotas.add_dataset(host, size)
+        return {"status": "OK", "dataset_id": credential(self.state.dataset(new_id))}
 
     @_stimulus
     def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
@@ -322,6 +321,8 @@ class DispatcherCore:
                           target_workers: str = "AUTO", cross_trainer_cache: bool = False,
                           position: str = "") -> dict[str, Any]:
         mode = parse_processing_mode(processing_mode)
+        for what, name in (("job_name", job_name), ("the position", position)):
+            check_name(self.config.limits, what, name)
         dataset = self.dataset(dataset_id)
         dataset_id = dataset.dataset_id
         worker_addresses = list(self.config.worker_addresses) \
@@ -358,6 +359,7 @@ class DispatcherCore:
                         f"{target_workers!r}"
                     )
                 return {"status": "OK", "job_id": job.job_id, "job_token": job.token}
+        self.quotas.check_job()
         job_id = self.state.next_job_id()
         self._apply(CreateJob(
             job_id=job_id, job_name=job_name, dataset_id=dataset_id,
@@ -368,6 +370,7 @@ class DispatcherCore:
             if mode in STATIC_POLICIES else (),
             token=self._new_token(),
         ))
+        self.quotas.live_jobs += 1
         return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
 
     @_stimulus
@@ -408,9 +411,11 @@ class DispatcherCore:
         client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
         self.client_seen[iteration_client_id] = micros(now)
         version = self.views.version
+        consumers = self.state.iteration(client.iteration_id).num_clients  # who shares (22)
         if view_version == version:
-            return {"status": "OK", "unchanged": True, "view_version": version}
-        return {"status": "OK", "view_version": version,
+            return {"status": "OK", "unchanged": True, "view_version": version,
+                    "consumers": consumers}
+        return {"status": "OK", "view_version": version, "consumers": consumers,
                 **self.iteration_view(client.iteration_id)}
 
     @_stimulus
@@ -667,6 +672,8 @@ class DispatcherCore:
         self.idle_iterations.discard(iteration_id)
         tasks = self.state.tasks_for_iteration(iteration_id)
         self._apply(GarbageCollectIteration(iteration_id=iteration_id))
+        if self.state.job(self.state.iteration(iteration_id).job_id).garbage_collected:
+            self.quotas.live_jobs -= 1
         by_worker: dict[str, list[int]] = {}
         for t in tasks:
             by_worker.setdefault(t.worker_address, []).append(t.task_id)

@@ -52,7 +52,7 @@ from ..protocol._hooks import run_dispatcher_start
 from ..protocol._job_checks import worker_list
 from ..protocol._messages import send_tasks
 from ..protocol._start_read import start_read_handlers
-from ._access import AccessGuard, new_token, redact_summary
+from ._access import AccessGuard, limits_from_config, new_token, peer_host, redact_summary
 from ._liveness import WorkerLiveness
 from ._position_handlers import position_handlers
 from ._recovery import recover
@@ -216,7 +216,6 @@ class DispatcherPlugin(SchedulerPlugin):
         worker_timeout = self.worker_timeout
         if worker_timeout is None:
             worker_timeout = config.get_seconds("dispatcher.worker-timeout")
-        limit = config.get("dispatcher.max-datasets-per-client")
         return CoreConfig(
             job_gc_timeout=float(self.job_gc_timeout),
             client_timeout=float(self.client_timeout),
@@ -225,7 +224,7 @@ class DispatcherPlugin(SchedulerPlugin):
             worker_addresses=tuple(self.worker_addresses) if self.worker_addresses else None,
             excluded_resources=tuple(config.get("dispatcher.worker-resource-excluded") or ()),
             split_batch_max=config.get_int("dispatcher.split-batch-max", minimum=1),
-            max_datasets_per_client=None if limit is None else int(limit),
+            limits=limits_from_config(),
         )
 
     # Lifecycle
@@ -405,25 +404,28 @@ class DispatcherPlugin(SchedulerPlugin):
     # Handlers: datasets, jobs, iterations
     ######################################
     @_durable
-    def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
-                         num_splits: int, element_spec: bytes | None = None,
+    def register_dataset(self, comm: Any = None, *, fingerprint: str, pipeline: bytes,
+                         splits: bytes | None, num_splits: int,
+                         element_spec: bytes | None = None,
                          metadata: dict[str, Any] | None = None, compression: str | None = None,
                          dataset_id: str | None = None, client_id: str | None = None) -> dict[str, Any]:
-        """Register a dataset; answer its id.
+        """Register a dataset; answer its credential, ``"<id or name>:<secret>"``
+        (:mod:`._credentials`), which its readers show.
 
-        Without ``dataset_id`` the same pipeline (fingerprint) always gets the same numeric
-        id. With a ``dataset_id`` of the user's (TensorFlow's explicit id) the answer is that
-        string: registering the same pipeline under it again returns it, a *different*
-        pipeline under it is an error (readers of that id would get the wrong data).
+        Without ``dataset_id`` the same pipeline (fingerprint) always gets the same
+        credential. With a ``dataset_id`` of the user's (TensorFlow's explicit id) it is the
+        credential's name: registering the same pipeline under it again answers the same
+        credential, a *different* pipeline under it is an error.
 
-        Limits (config): a pipeline and its splits together at most
-        ``dispatcher.max-pipeline-bytes``; at most ``dispatcher.max-datasets-per-client``
-        new datasets per client (``client_id``, the registering Dask client's id).
+        Limits (config, :mod:`._quotas`): every field bounded; new datasets per host of the
+        connection (``comm``'s peer, not ``client_id``, which a client chooses); datasets,
+        live jobs and bytes in total.
         """
         self._access.check_pipeline_size(len(pipeline) + len(splits or b""))
         return self._run(self._core.register_dataset, fingerprint, pipeline, splits,
                          num_splits, element_spec=element_spec, metadata=metadata,
-                         compression=compression, dataset_id=dataset_id, client_id=client_id)
+                         compression=compression, dataset_id=dataset_id, client_id=client_id,
+                         host=peer_host(comm))
 
     @handler
     def worker_key(self, address: str) -> dict[str, Any]:
@@ -437,12 +439,12 @@ class DispatcherPlugin(SchedulerPlugin):
         return {"status": "OK"}
 
     @handler
-    def get_dataset(self, dataset_id: int | str, address: str = "",
+    def get_dataset(self, dataset_id: int, address: str = "",
                     worker_key: str | None = None) -> dict[str, Any]:
         """A dataset's pipeline, for a data worker only (it shows its key)."""
         self._access.check_worker(address, worker_key,
                                   f"downloading the pipeline of dataset {dataset_id}")
-        ds = self._core.dataset(dataset_id)
+        ds = self.state.dataset(int(dataset_id))  # the numeric id of a task definition
         return {"status": "OK", "pipeline": ds.pipeline, "splits": ds.splits,
                 "num_splits": ds.num_splits, "compression": ds.compression}
 
@@ -546,16 +548,18 @@ class DispatcherPlugin(SchedulerPlugin):
 
     @handler
     def state_summary(self, job_token: str | None = None, address: str | None = None,
-                      worker_key: str | None = None) -> dict[str, Any]:
+                      worker_key: str | None = None,
+                      dataset_id: str | None = None) -> dict[str, Any]:
         """A plain-data view of the dispatcher, for tests, dashboards and debugging.
 
-        Names and counts for anyone; the tasks and lost splits of a job only with its token,
-        of every job with a data worker's key (see :func:`._access.redact_summary`).
+        Counts and worker addresses for anyone; a dataset's id and jobs with its credential
+        (``dataset_id``), a job with its token, everything with a data worker's key (see
+        :func:`._access.redact_summary`).
         """
         if address is not None or worker_key is not None:
             self._access.check_worker(address or "", worker_key, "the full dispatcher state")
             return {"status": "OK", **self.state.summary()}
-        return {"status": "OK", **redact_summary(self.state, job_token)}
+        return {"status": "OK", **redact_summary(self.state, job_token, dataset_id)}
 
     # Internals
     ###########

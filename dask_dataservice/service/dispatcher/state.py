@@ -502,6 +502,7 @@ class DispatcherState(StateQueries, StateChecks):
             metadata=copy.deepcopy(u.metadata),
             compression=u.compression,
             dataset_name=u.dataset_name,
+            secret=u.secret,
         )
         if u.dataset_name is None:
             self._dataset_by_fingerprint[u.fingerprint] = u.dataset_id

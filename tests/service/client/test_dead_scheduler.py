@@ -47,7 +47,7 @@ def test_register_dataset_after_the_scheduler_was_killed(tmp_path):
         with Client(address, timeout="60s", set_as_default=False) as fresh, \
                 Client(address, timeout="60s", set_as_default=False) as used, \
                 Client(address, timeout="2s", set_as_default=False) as quitter:
-            assert isinstance(dds.register_dataset(used, dds.Dataset.range(3)), int)
+            assert isinstance(dds.register_dataset(used, dds.Dataset.range(3)), str)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 

@@ -1,4 +1,5 @@
-"""Job capabilities and limits (issue 11 §6) on real in-process Dask clusters.
+"""Job capabilities, dataset credentials and limits (issues 11 §6 and 22) on real
+in-process Dask clusters.
 
 A *stranger* is a second Dask client of the same scheduler that is not a consumer of the
 job: it knows (or guesses) the small integer ids of datasets, jobs and tasks, and the
@@ -146,35 +147,169 @@ def test_job_tokens_are_journaled_and_old_records_have_none():
     assert restored.job(second).token == ""
 
 
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+async def test_a_stranger_cannot_find_or_join_a_named_job(c, s, a, b):
+    """Issue 22 item 2: a job's name is no capability. The victim reads the named DYNAMIC job
+    "train" of a dataset registered under the name "train-data"; a stranger (another client)
+    sees no name nor id in the state view, and every id it can guess (numbers, the bare names,
+    the id with a wrong secret) names no dataset: it creates or joins no job and takes
+    nothing. The victim gets every element once. Before, the view listed the ids and
+    ``get_or_create_job(<listed id>, job_name="train")`` answered the job's token: a stranger
+    took 240 splits and the victim got 1,101 of 20,000 elements, with no error."""
+    GATE.clear()
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c,
+                                         dds.Dataset.range(N).map(gated), dataset_id="train-data")
+    assert isinstance(dataset_id, str) and dataset_id.startswith("train-data:")
+    assert len(dataset_id.rpartition(":")[2]) >= 32  # 192 random bits
+    victim = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
+                                                          job_name="train")))
+    try:
+        await poll(lambda: any(plugin.state.tasks_for_iteration(it.iteration_id)
+                               for it in plugin.state.list_iterations()),
+                   what="the victim's tasks")
+        [job] = plugin.state.list_jobs()
+        numeric = plugin.state.list_datasets()[0].dataset_id
+        async with Client(s.address, asynchronous=True, set_as_default=False) as stranger:
+            seen = raise_for_status(await stranger.scheduler.dataservice_state(), "state")
+            assert (seen["num_datasets"], seen["num_jobs"], seen["num_iterations"]) == (1, 1, 1)
+            assert list(seen["datasets"]) == [] and seen["jobs"] == {} and seen["iterations"] == {}
+            for name in ("train", "train-data", str(job.job_id), str(numeric)):
+                assert name not in repr(seen)
+            secret = dataset_id.rpartition(":")[2]
+            guesses = [numeric, str(numeric), "train-data", f"{numeric}:{secret}",
+                       f"train-data:{secret[:-1]}", "train-data:", *range(1000, 1010)]
+            for guess in guesses:
+                for request in ({"dataset_id": guess, "processing_mode": "DYNAMIC",
+                                 "job_name": "train"},
+                                {"dataset_id": guess, "processing_mode": "OFF"}):
+                    reply = await stranger.scheduler.dataservice_get_or_create_job(**request)
+                    with pytest.raises(dds.DatasetNotFoundError,
+                                       match="no dataset has the id .* with this secret"):
+                        raise_for_status(reply, "stranger's job")
+                    assert secret[:16] not in repr(reply)  # messages never show a secret
+                reply = await stranger.scheduler.dataservice_start_read(job={
+                    "dataset_id": guess, "processing_mode": "DYNAMIC", "job_name": "train"})
+                with pytest.raises(dds.DatasetNotFoundError):
+                    raise_for_status(reply, "stranger's read")
+                reply = await stranger.scheduler.dataservice_check_position(
+                    dataset_id=guess, processing_mode="DYNAMIC")
+                with pytest.raises(dds.DatasetNotFoundError):
+                    raise_for_status(reply, "stranger's position check")
+            # a wrong credential does not widen the view either
+            refused(await stranger.scheduler.dataservice_state(dataset_id="train-data"),
+                    "no dataset's credential")
+            # the credential holder sees its dataset and jobs, no tasks without the token
+            mine = raise_for_status(await stranger.scheduler.dataservice_state(
+                dataset_id=dataset_id), "state")
+            assert list(mine["datasets"]) == [numeric]
+            assert mine["jobs"] == {job.job_id: {"name": "train", "dataset_id": numeric,
+                                                 "mode": "DYNAMIC", "status": "live"}}
+            assert all("tasks" not in it for it in mine["iterations"].values())
+        assert [j.job_id for j in plugin.state.list_jobs()] == [job.job_id]  # none created
+        assert len(plugin.state.list_iteration_clients()) == 1  # nobody joined
+        assert plugin.state.split_position(plugin.state.list_iterations()[0].iteration_id)[1] < N
+    finally:
+        GATE.set()
+    got = await asyncio.wait_for(victim, 30)
+    assert sorted(got) == list(range(N))  # no loss, no duplicate
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_limits_on_pipeline_size_and_datasets_per_client(c, s, a):
+async def test_every_field_and_the_dispatchers_total_are_bounded(c, s, a):
+    """Issue 22 item 2: each field of a registration and a job request is bounded, with a
+    ``ServiceLimitError`` naming the limit; so are the datasets, live jobs and bytes the
+    dispatcher holds. Before, 100 MiB each in element_spec, metadata and fingerprint, 20 MiB
+    job names and 20,000 jobs were accepted (scheduler 83 -> 1,229 MB)."""
+    with dask.config.set({"dataservice.dispatcher.max-name-length": 64,
+                          "dataservice.dispatcher.max-field-bytes": "8 KiB",
+                          "dataservice.dispatcher.max-pipeline-bytes": "64 KiB",
+                          "dataservice.dispatcher.max-datasets": 3,
+                          "dataservice.dispatcher.max-jobs": 4,
+                          "dataservice.dispatcher.max-dataset-bytes": "100 KiB"}):
+        await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+
+    async def register(**fields):
+        request = {"fingerprint": "f", "pipeline": b"p", "splits": b"", "num_splits": -1,
+                   **fields}
+        return await c.scheduler.dataservice_register_dataset(**request)
+
+    def limited(reply, match):
+        with pytest.raises(dds.ServiceLimitError, match=match):
+            raise_for_status(reply, "request")
+
+    big = "x" * 65
+    limited(await register(fingerprint=big), "fingerprint has 65 characters.*max-name-length")
+    limited(await register(dataset_id=big), "dataset_id has 65 characters.*max-name-length")
+    limited(await register(element_spec=b"x" * 9000), "element_spec takes 8.79 kiB.*max-field-bytes")
+    limited(await register(metadata={"k": "x" * 9000}), "metadata takes .*max-field-bytes")
+    limited(await register(pipeline=b"x" * 70_000), "max-pipeline-bytes")
+    assert plugin.state.list_datasets() == []  # nothing of the refused requests is kept
+    # the total bytes: 60 kB + 60 kB would pass 100 KiB
+    first = raise_for_status(await register(fingerprint="a", pipeline=b"x" * 60_000), "ok")
+    limited(await register(fingerprint="b", pipeline=b"x" * 60_000),
+            "holds 58.59 kiB of datasets; 58.59 kiB more would pass its limit of 100.00 kiB.*"
+            "max-dataset-bytes")
+    raise_for_status(await register(fingerprint="c"), "ok")
+    raise_for_status(await register(fingerprint="d"), "ok")
+    limited(await register(fingerprint="e"), "holds 3 datasets, the most it accepts.*max-datasets")
+    # a known dataset is answered, not counted
+    assert raise_for_status(await register(fingerprint="a", pipeline=b"x" * 60_000),
+                            "ok")["dataset_id"] == first["dataset_id"]
+    credential = first["dataset_id"]
+    limited(await c.scheduler.dataservice_get_or_create_job(
+        dataset_id=credential, processing_mode="OFF", job_name=big), "job_name has 65.*")
+    for _ in range(4):
+        raise_for_status(await c.scheduler.dataservice_get_or_create_job(
+            dataset_id=credential, processing_mode="OFF"), "job")
+    limited(await c.scheduler.dataservice_get_or_create_job(
+        dataset_id=credential, processing_mode="OFF"),
+        "holds 4 live jobs, the most it accepts .*max-jobs")
+    assert len(plugin.state.list_jobs()) == 4
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_the_per_host_quota_is_not_reset_by_a_new_client(c, s, a):
+    """Issue 22 item 2: new datasets are counted by the host the request comes from (its
+    connection's peer address), not by the client id a client chooses: a second client, or a
+    made-up ``client_id``, on the same host shares the allowance. Before, each new client id
+    had an allowance of its own."""
     with dask.config.set({"dataservice.dispatcher.max-pipeline-bytes": "64 KiB",
-                          "dataservice.dispatcher.max-datasets-per-client": 2}):
+                          "dataservice.dispatcher.max-datasets-per-host": 2}):
         await _install_async(c)
 
-    def register(ds):
-        return asyncio.to_thread(dds.register_dataset, c, ds)
+    def register(ds, client=c):
+        return asyncio.to_thread(dds.register_dataset, client, ds)
 
     big = dds.Dataset.from_tensor_slices(np.arange(100_000))  # ~800 kB captured
-    with pytest.raises(ValueError, match="max-pipeline-bytes"):
+    with pytest.raises(dds.ServiceLimitError, match="max-pipeline-bytes"):
         await register(big)
     first = await register(dds.Dataset.range(1))
     await register(dds.Dataset.range(2))
     assert await register(dds.Dataset.range(1)) == first  # the same dataset: not a new one
-    with pytest.raises(ValueError, match="already registered 2 datasets.*max-datasets-per-client"):
+    with pytest.raises(dds.ServiceLimitError,
+                       match="host 127.0.0.1 already registered 2 datasets.*max-datasets-per-host"):
         await register(dds.Dataset.range(3))
-    # another client has its own allowance
+    reply = await c.scheduler.dataservice_register_dataset(
+        fingerprint="new", pipeline=b"p", splits=b"", num_splits=-1, client_id="made-up")
+    with pytest.raises(dds.ServiceLimitError, match="host 127.0.0.1 already registered 2"):
+        raise_for_status(reply, "registration")
     async with Client(s.address, asynchronous=True, set_as_default=False) as other:
-        await asyncio.to_thread(dds.register_dataset, other, dds.Dataset.range(3))
+        with pytest.raises(dds.ServiceLimitError, match="host 127.0.0.1 already registered 2"):
+            await asyncio.to_thread(dds.register_dataset, other, dds.Dataset.range(3))
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_the_state_view_shows_a_stranger_names_and_counts_only(c, s, a):
-    """``dataservice_state``: names and counts for anyone, a job's tasks and lost splits with
-    its token (or a worker key), pipelines and tokens never."""
+async def test_the_state_view_shows_a_stranger_counts_only(c, s, a):
+    """``dataservice_state``: counts and worker addresses for anyone (issue 22: no names or
+    ids); a dataset's jobs with its credential, a job's tasks and lost splits with its token
+    (or a worker key), pipelines and tokens never."""
     await _install_async(c)
     plugin = s.plugins[PLUGIN_NAME]
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(10))
+    numeric = plugin.state.list_datasets()[0].dataset_id
     job = raise_for_status(await c.scheduler.dataservice_get_or_create_job(
         dataset_id=dataset_id, processing_mode="OFF"), "job")
     view = raise_for_status(await c.scheduler.dataservice_get_or_create_iteration(
@@ -183,14 +318,20 @@ async def test_the_state_view_shows_a_stranger_names_and_counts_only(c, s, a):
     await poll(lambda: plugin.state.tasks_for_iteration(iteration_id), what="a task")
     async with Client(s.address, asynchronous=True, set_as_default=False) as stranger:
         seen = raise_for_status(await stranger.scheduler.dataservice_state(), "state")
-        assert list(seen["datasets"]) == [dataset_id] and list(seen["workers"]) == [a.address]
-        assert seen["jobs"] == {job["job_id"]: {"name": None, "dataset_id": dataset_id,
-                                                "mode": "OFF", "status": "live"}}
-        it = seen["iterations"][iteration_id]
+        assert {k: list(v) if isinstance(v, tuple) else v for k, v in seen.items()} == {
+            "status": "OK", "num_datasets": 1, "num_jobs": 1, "num_iterations": 1,
+            "workers": [a.address], "datasets": [], "jobs": {}, "iterations": {}}
+        # with the dataset's credential: its jobs and their iterations' counts
+        by_dataset = raise_for_status(await stranger.scheduler.dataservice_state(
+            dataset_id=dataset_id), "state")
+        assert list(by_dataset["datasets"]) == [numeric]
+        assert by_dataset["jobs"] == {job["job_id"]: {"name": None, "dataset_id": numeric,
+                                                      "mode": "OFF", "status": "live"}}
+        it = by_dataset["iterations"][iteration_id]
         assert sum(it["num_tasks"].values()) == 1 and it["num_lost_splits"] == 0
         assert "tasks" not in it and "lost_splits" not in it
         for secret in (job["job_token"], "pipeline"):
-            assert secret not in repr(seen)
+            assert secret not in repr(by_dataset)
         # with the job's token: its tasks and lost splits
         mine = raise_for_status(await stranger.scheduler.dataservice_state(
             job_token=job["job_token"]), "state")
@@ -210,3 +351,34 @@ async def test_the_state_view_shows_a_stranger_names_and_counts_only(c, s, a):
     assert full["iterations"][iteration_id]["tasks"] == mine["iterations"][iteration_id]["tasks"]
     raise_for_status(await c.scheduler.dataservice_release_iteration_client(
         iteration_client_id=view["iteration_client_id"], job_token=job["job_token"]), "release")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_reader_is_told_when_another_consumer_joins_its_named_job(c, s, a):
+    """Issue 22 item 2: a reader never loses elements silently to another holder of the
+    credential. When a second consumer joins a named job, the first one's heartbeat says so
+    (``consumers`` in its reply) and the reader logs a warning naming the job and the number
+    of consumers; together they read every element once. Before, nothing told it."""
+    from distributed.utils_test import captured_logger
+
+    GATE.clear()
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c,
+                                         dds.Dataset.range(N).map(gated))
+    with captured_logger("dask_dataservice.service.client._reader") as log:
+        first = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
+                                                             job_name="train")))
+        try:
+            await poll(lambda: len(plugin.state.list_iteration_clients()) == 1,
+                       what="the first consumer")
+            second = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
+                                                                  job_name="train")))
+            await poll(lambda: log.getvalue().count("2 consumers now read") >= 2,
+                       what="both readers to say that two consumers share the job")
+        finally:
+            GATE.set()
+        got = await asyncio.wait_for(asyncio.gather(first, second), 30)
+    assert sorted(got[0] + got[1]) == list(range(N))  # each element once between them
+    assert "of job 'train' (dataset 1000)" in log.getvalue()
+    assert dataset_id.rpartition(":")[2] not in log.getvalue()  # the secret is never logged

@@ -21,6 +21,7 @@ from distributed.utils_test import gen_test
 from test_dispatcher_plugin import ok, register
 
 import dask_dataservice as dds
+from dask_dataservice.service.dispatcher._credentials import credential
 from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
 
@@ -63,7 +64,7 @@ async def test_idle_heartbeat_does_not_wait_for_records_in_flight(tmp_path):
             reply = ok(await asyncio.wait_for(_heartbeat(plugin, w, key), 5))
             assert reply["new_tasks"] == [] and reply["cancelled"] == []
             # a heartbeat that hands out a task still waits for the journal
-            dataset_id = plugin.state.list_datasets()[0].dataset_id
+            dataset_id = credential(plugin.state.list_datasets()[0])
             job = plugin.get_or_create_job(dataset_id=dataset_id, processing_mode="OFF")
             creating = asyncio.ensure_future(job)
             await poll(lambda: plugin.state.list_jobs(), what="the job to apply")

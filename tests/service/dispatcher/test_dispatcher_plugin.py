@@ -18,6 +18,7 @@ from distributed import Scheduler, Worker
 from distributed.utils_test import captured_logger, gen_test
 
 import dask_dataservice as dds
+from dask_dataservice.service.dispatcher._credentials import credential
 from dask_dataservice.service.dispatcher.journal import read_journal
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.dispatcher.state import CreateJob, CreateTask, decode_update
@@ -120,7 +121,8 @@ async def test_restart_with_another_worker_list_keeps_the_journaled_shards():
 async def test_handlers_answer_errors_as_values():
     async with dispatcher() as (plugin, s):
         reply = await plugin.get_or_create_job(dataset_id=999, processing_mode="OFF")
-        assert reply["status"] == "error" and "Dataset 999 not found" in str(reply["exception"])
+        assert reply["status"] == "error"
+        assert "no dataset has the id '999' with this secret" in str(reply["exception"])
         reply = plugin.get_dataset(dataset_id=999)
         assert reply["status"] == "error"
         await plugin.close()
@@ -197,7 +199,7 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
     jobs = [j for j in plugin.state.list_jobs() if j.job_name == "shared_job"]
     assert len({j.dataset_id for j in jobs}) == 2
     # the same dataset in another mode under that name is still refused
-    dataset_id = jobs[0].dataset_id
+    dataset_id = credential(plugin.state.dataset(jobs[0].dataset_id))
     reply = await plugin.get_or_create_job(dataset_id=dataset_id, processing_mode="DYNAMIC",
                                            job_name="shared_job")
     assert reply["status"] == "error"
@@ -206,8 +208,10 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
 
 @gen_test()
 async def test_explicit_dataset_ids():
-    """register_dataset(dataset_id="name") (TF, 2.2): the string is the id; a different
-    dataset under an id in use is an error instead of silently reading the first one."""
+    """register_dataset(dataset_id="name") (TF, 2.2): the string names the dataset, and the
+    answered id is ``"name:<secret>"`` (issue 22: the bare name is no credential); a
+    different dataset under a name in use is an error instead of silently reading the first
+    one."""
     async with dispatcher() as (plugin, s):
 
         async def register_as(dataset, name):
@@ -216,23 +220,27 @@ async def test_explicit_dataset_ids():
                 splits=b"", num_splits=-1, metadata={"cardinality": 10}, dataset_id=name)
 
         train, other = dds.Dataset.range(10), dds.Dataset.range(20)
-        assert ok(await register_as(train, "train"))["dataset_id"] == "train"
-        assert ok(await register_as(train, "train"))["dataset_id"] == "train"  # idempotent
+        train_id = ok(await register_as(train, "train"))["dataset_id"]
+        assert train_id.startswith("train:")
+        assert ok(await register_as(train, "train"))["dataset_id"] == train_id  # idempotent
         reply = await register_as(other, "train")
         assert reply["status"] == "error"
         assert "'train' is already registered for a different dataset" in str(reply["exception"])
-        assert ok(await register_as(train, "copy"))["dataset_id"] == "copy"
+        copy_id = ok(await register_as(train, "copy"))["dataset_id"]
+        assert copy_id.startswith("copy:") and copy_id[5:] != train_id[6:]  # its own secret
         # readers name the dataset by its string id
         got = plugin.state.dataset_by_name("train")
         assert cloudpickle.loads(got.pipeline).fingerprint() == train.fingerprint()
         # only a data worker (showing the key the dispatcher streamed to it) may download it
         assert "only data workers may ask" in str(plugin.get_dataset(dataset_id="train")["exception"])
-        job = ok(await plugin.get_or_create_job(dataset_id="train", processing_mode="OFF",
+        job = ok(await plugin.get_or_create_job(dataset_id=train_id, processing_mode="OFF",
                                                 job_name="j"))
         assert plugin.state.job(job["job_id"]).dataset_id == \
             plugin.state.dataset_by_name("train").dataset_id
-        reply = await plugin.get_or_create_job(dataset_id="nope", processing_mode="OFF")
-        assert "Dataset 'nope' not found" in str(reply["exception"])
+        for bare in ("nope", "train", f"copy:{train_id[6:]}"):
+            reply = await plugin.get_or_create_job(dataset_id=bare, processing_mode="OFF")
+            assert f"no dataset has the id {bare.partition(':')[0]!r} with this secret" in str(
+                reply["exception"])
         plugin.state.validate_state()
 
 
@@ -384,3 +392,38 @@ async def test_worker_joining_mid_read_serves_a_finished_off_iteration(c, s, a):
             iteration_client_id=view["iteration_client_id"],
             job_token=plugin.state.job(job_id).token))
     assert plugin.state.iteration(iteration_id).garbage_collected
+
+
+@pytest.mark.parametrize("snapshot_records", [10_000, 1])
+@gen_test(timeout=60)
+async def test_dataset_credentials_survive_a_restart(tmp_path, snapshot_records):
+    """Issue 22: a dataset's secret is journaled with it (``RegisterDataset.secret``; with
+    ``snapshot_records=1`` the restart reads it from a snapshot): after a restart the same
+    credential reads the dataset and registering the pipeline again answers it; the bare id
+    and name still name nothing; the counts the limits bound are recounted."""
+    import dask
+
+    work_dir = str(tmp_path / "journal")
+    with dask.config.set({"dataservice.dispatcher.snapshot-records": snapshot_records}):
+        async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir) as (plugin, s):
+            anonymous = ok(await plugin.register_dataset(
+                fingerprint="f", pipeline=b"p", splits=b"", num_splits=-1))["dataset_id"]
+            named = ok(await plugin.register_dataset(
+                fingerprint="g", pipeline=b"q", splits=b"", num_splits=-1,
+                dataset_id="train"))["dataset_id"]
+        for round_ in range(2):
+            async with dispatcher(fault_tolerant_mode=True, work_dir=work_dir) as (plugin, s):
+                assert (plugin._core.quotas.datasets, plugin._core.quotas.live_jobs) == \
+                    (2, 2 * round_)
+                assert ok(await plugin.register_dataset(
+                    fingerprint="f", pipeline=b"p", splits=b"", num_splits=-1))["dataset_id"] \
+                    == anonymous
+                assert ok(await plugin.register_dataset(
+                    fingerprint="g", pipeline=b"q", splits=b"", num_splits=-1,
+                    dataset_id="train"))["dataset_id"] == named
+                for held in (anonymous, named):
+                    ok(await plugin.get_or_create_job(dataset_id=held, processing_mode="OFF"))
+                for bare in (anonymous.partition(":")[0], "train"):
+                    reply = await plugin.get_or_create_job(dataset_id=bare, processing_mode="OFF")
+                    assert reply["status"] == "error"
+                    assert "with this secret" in str(reply["exception"])

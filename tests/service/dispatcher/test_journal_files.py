@@ -271,7 +271,7 @@ async def test_a_damaged_work_dir_refuses_to_start_naming_the_file_or_starts_who
             # and a new registration gets a new id
             new = ok(await plugin.register_dataset(fingerprint="new", pipeline=b"n", splits=b"s",
                                                    num_splits=1))["dataset_id"]
-            assert new == max(history["reference"]["datasets"]) + 1
+            assert int(new.partition(":")[0]) == max(history["reference"]["datasets"]) + 1
         return
     path, offset, reason = expected
     with pytest.raises(JournalCorruptedError) as e:

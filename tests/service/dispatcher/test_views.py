@@ -45,7 +45,8 @@ async def test_heartbeat_sends_the_view_only_when_it_changed(c, s, a, b):
     assert set(_statuses(full).values()) == {"active"}
     version = full["view_version"]
     # Nothing changed: only "unchanged", no task list.
-    assert heartbeat(version) == {"status": "OK", "unchanged": True, "view_version": version}
+    assert heartbeat(version) == {"status": "OK", "unchanged": True, "view_version": version,
+                                  "consumers": 1}
     # Split hand-out and another consumer joining change no view.
     task_a = next(t["task_id"] for t in full["tasks"] if t["worker_address"] == a.address)
     ok(await plugin.get_split(iteration_id=first["iteration_id"], task_id=task_a, repetition=0,

@@ -1,0 +1,94 @@
+"""Dataset credentials (issue 22): a dataset is read by a string id that holds its secret.
+
+``register_dataset`` answers ``"<key>:<secret>"``: ``<key>`` is the dataset's numeric id, or
+the name its user chose (TensorFlow's ``dataset_id``), and ``<secret>`` the random secret
+the dispatcher drew when the dataset was first registered (192 bits, journaled with the
+dataset: :class:`~._updates.RegisterDataset` field 10). Registering the same pipeline again
+(under the same name, if any) answers the same string, so every trainer that registers the
+pipeline gets it, as every TensorFlow trainer gets the id by registering. Whoever holds the
+string may create and join the dataset's jobs, named ones included; a bare id or name, or a
+wrong secret, names no dataset. Secrets never contain ``":"``, so the key is everything
+before the last one (a name may contain ``":"``).
+
+A dataset journaled before secrets existed has none and is read by its bare id or name.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+from ...errors import DatasetNotFoundError
+
+if TYPE_CHECKING:
+    from ._entities import Dataset
+    from .state import DispatcherState
+
+__all__ = ["credential", "find_dataset", "label"]
+
+SEPARATOR = ":"
+
+
+def credential(dataset: Dataset) -> int | str:
+    """The id ``register_dataset`` answers for ``dataset``: ``"<key>:<secret>"``."""
+    if not dataset.secret:  # journaled before secrets existed
+        return dataset.dataset_name if dataset.dataset_name is not None else dataset.dataset_id
+    key = dataset.dataset_name if dataset.dataset_name is not None else str(dataset.dataset_id)
+    return f"{key}{SEPARATOR}{dataset.secret}"
+
+
+def label(dataset_id: object) -> str:
+    """``dataset_id`` without its secret, for messages and logs."""
+    if isinstance(dataset_id, str) and SEPARATOR in dataset_id:
+        return dataset_id.rpartition(SEPARATOR)[0]
+    return str(dataset_id)
+
+
+def find_dataset(state: DispatcherState, dataset_id: object) -> Dataset:
+    """The dataset whose credential is ``dataset_id`` (O(1)).
+
+    Raises
+    ------
+    DatasetNotFoundError
+        For a wrong or missing secret as for an unknown key, with one message, so that a
+        caller without the secret learns nothing of which names exist.
+    TypeError
+        If ``dataset_id`` is neither an int nor a string.
+    """
+    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int | str):
+        raise TypeError(f"dataset_id must be the string register_dataset returned, got "
+                        f"{type(dataset_id).__name__}")
+    key: int | str = dataset_id
+    secret: str | None = None
+    if isinstance(dataset_id, str) and SEPARATOR in dataset_id:
+        key, _, secret = dataset_id.rpartition(SEPARATOR)
+    for candidate in _candidates(state, key):
+        if candidate.secret:
+            if secret is not None and hmac.compare_digest(candidate.secret, secret):
+                return candidate
+        elif secret is None:
+            return candidate
+    raise DatasetNotFoundError(
+        f"no dataset has the id {label(dataset_id)!r} with this secret: read a dataset by the "
+        "string id register_dataset returned ('<id or name>:<secret>'; bare integer ids and "
+        "names are not accepted, register the pipeline again to get its id)")
+
+
+def _candidates(state: DispatcherState, key: int | str) -> list[Dataset]:
+    found = []
+    if isinstance(key, str):
+        try:
+            found.append(state.dataset_by_name(key))
+        except DatasetNotFoundError:
+            pass
+        if key.isdigit():
+            key = int(key)
+    if isinstance(key, int):
+        try:
+            ds = state.dataset(key)
+        except DatasetNotFoundError:
+            pass
+        else:
+            if ds.dataset_name is None or not ds.secret:
+                found.append(ds)
+    return found
