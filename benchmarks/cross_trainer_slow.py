@@ -5,7 +5,10 @@ default window (``worker.cross-trainer-cache-bytes``, 256 MiB) and with a 4 KiB 
 holds 8 of the 512-byte elements (issue 22, item 4: such a window stopped producing once
 its trainer had read it, so the fast trainer stalled). ``slow``: ``none`` (the fast trainer
 alone) or ``blocked`` (a slow trainer read one element first and then stops consuming
-without releasing its read). A fast trainer that gets nothing for ``--seconds`` is reported
+without releasing its read) or ``reading`` (a slow trainer reads one element every 10 ms, the
+whole time). ``--dataset tiny-repeat`` reads ``Dataset.range(10).repeat()`` instead of
+512-byte rows: DYNAMIC then hands out one-element splits, the case whose hand-out was slow
+before issue 22 (about 700 elements/s alone). A fast trainer that gets nothing for ``--seconds`` is reported
 with ``what: stalled ...``; the script then ends its process without closing the stuck read.
 
 Two data workers as processes, the trainers as threads of this process, loopback; every
@@ -42,11 +45,21 @@ def measure(client, dataset_id, mode: str, job: str, slow: str, seconds: float) 
                                    cross_trainer_cache=dds.CrossTrainerCache(trainer_id))
 
     slow_it = None
+    stop = threading.Event()
     if slow == "blocked":
         slow_it = iter(cached("slow"))
         next(slow_it)
+    elif slow == "reading":
+        def slow_reader():
+            it = iter(cached("slow"))
+            for _ in it:
+                if stop.wait(0.01):
+                    break
+            it.close()
+
+        slow_thread = threading.Thread(target=slow_reader, daemon=True)
+        slow_thread.start()
     count = [0]
-    stop = threading.Event()
     done = threading.Event()
 
     def fast():
@@ -78,6 +91,7 @@ def measure(client, dataset_id, mode: str, job: str, slow: str, seconds: float) 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--dataset", choices=("rows", "tiny-repeat"), default="rows")
     args = p.parse_args()
 
     import dask
@@ -97,14 +111,16 @@ def main() -> None:
             client = Client(cluster)
             dds.install(client)
             client.wait_for_workers(2)
-            dataset_id = dds.register_dataset(client,
-                                              dds.Dataset.range(10**9).map(_rows).repeat())
+            dataset = (dds.Dataset.range(10).repeat() if args.dataset == "tiny-repeat"
+                       else dds.Dataset.range(10**9).map(_rows).repeat())
+            dataset_id = dds.register_dataset(client, dataset)
             for mode in ("DYNAMIC", "OFF"):
-                for slow in ("none", "blocked"):
+                for slow in ("none", "blocked", "reading"):
                     job = f"{mode}-{slow}"
                     r = measure(client, dataset_id, mode, job, slow, args.seconds)
                     stalled = stalled or r.pop("stalled")
-                    emit(bench="X1 fast trainer", mode=mode, window=window, slow=slow, **r)
+                    emit(bench="X1 fast trainer", mode=mode, window=window, slow=slow,
+                         dataset=args.dataset, **r)
                     if stalled:
                         break
                 if stalled:
