@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import tempfile
 import time
-from typing import IO
+from collections.abc import AsyncIterator
+from typing import IO, Any
 
 import numpy as np
 from hypothesis import settings
@@ -146,3 +148,30 @@ class Servers:
                 proc.wait(timeout=10)
         for f in self._stderr.values():
             f.close()
+
+
+@contextlib.asynccontextmanager
+async def ft_dispatcher(work_dir, **config) -> AsyncIterator[Any]:
+    """A fault-tolerant DispatcherPlugin on a fresh in-process scheduler (no workers);
+    ``config``: ``dataservice.dispatcher.*`` settings (``snapshot_records=...`` is spelt
+    ``**{"snapshot-records": ...}``)."""
+    import dask
+    from distributed import Scheduler
+
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
+
+    with dask.config.set({f"dataservice.dispatcher.{k}": v for k, v in config.items()}):
+        plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
+        async with Scheduler(dashboard_address=":0", port=0) as s:
+            s.add_plugin(plugin)
+            await plugin.start(s)
+            try:
+                yield plugin
+            finally:
+                await plugin.close()
+
+
+def ok(reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply``, asserting that a dispatcher handler answered OK."""
+    assert reply["status"] == "OK", reply
+    return reply

@@ -12,12 +12,11 @@ on it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 from pathlib import Path
 
-import dask
 import pytest
+from _helpers import ft_dispatcher, ok
 from distributed.utils_test import gen_test
 
 from dask_dataservice.service.dispatcher._state_codec import restore
@@ -34,29 +33,6 @@ from dask_dataservice.service.dispatcher.state import CreateTask, RegisterWorker
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 W = "tcp://10.0.0.1:1"
-
-
-@contextlib.asynccontextmanager
-async def ft_dispatcher(work_dir, **config):
-    """A fault-tolerant DispatcherPlugin on a fresh in-process scheduler (no workers)."""
-    from distributed import Scheduler
-
-    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
-
-    with dask.config.set({f"dataservice.dispatcher.{k}": v for k, v in config.items()}):
-        plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
-        async with Scheduler(dashboard_address=":0", port=0) as s:
-            s.add_plugin(plugin)
-            await plugin.start(s)
-            try:
-                yield plugin
-            finally:
-                await plugin.close()
-
-
-def ok(reply):
-    assert reply["status"] == "OK", reply
-    return reply
 
 
 class Reader:

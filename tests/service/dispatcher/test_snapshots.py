@@ -7,7 +7,6 @@ process killed with SIGKILL while it appends and compacts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import signal
@@ -19,6 +18,7 @@ import warnings
 
 import dask
 import pytest
+from _helpers import ft_dispatcher, ok
 from distributed.utils_test import gen_test
 
 from dask_dataservice.service.dispatcher._journal_lineage import (
@@ -477,28 +477,6 @@ def test_sigkill_while_appending_and_compacting_keeps_every_acknowledged_record(
 
 
 # -- the dispatcher: what it journals, what it replays ------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def ft_dispatcher(work_dir):
-    """A fault-tolerant DispatcherPlugin on a fresh in-process scheduler (no workers)."""
-    from distributed import Scheduler
-
-    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
-
-    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
-        try:
-            yield plugin
-        finally:
-            await plugin.close()
-
-
-def ok(reply):
-    assert reply["status"] == "OK", reply
-    return reply
 
 
 @pytest.mark.cluster
