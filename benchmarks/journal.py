@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -157,11 +158,11 @@ def bench_group_commit(work_dir: Path, payloads: list[bytes], concurrency: int) 
     )
 
 
-async def _register(work_dir: Path) -> float:
-    """Milliseconds to register a dataset of 2**40 elements (2**24 splits) from a client."""
-    from distributed import Client, Scheduler
+@contextlib.asynccontextmanager
+async def _ft_dispatcher(work_dir: Path):
+    """A fault-tolerant dispatcher on a fresh in-process scheduler: yields (scheduler, plugin)."""
+    from distributed import Scheduler
 
-    import dask_dataservice as dds
     from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
@@ -169,13 +170,22 @@ async def _register(work_dir: Path) -> float:
         s.add_plugin(plugin)
         await plugin.start(s)
         try:
-            async with Client(s.address, asynchronous=True) as c:
-                await dds.register_dataset(c, dds.Dataset.range(1000))  # warm up the path
-                start = time.perf_counter()
-                await dds.register_dataset(c, dds.Dataset.range(2**40))
-                return (time.perf_counter() - start) * 1000
+            yield s, plugin
         finally:
             await plugin.close()
+
+
+async def _register(work_dir: Path) -> float:
+    """Milliseconds to register a dataset of 2**40 elements (2**24 splits) from a client."""
+    from distributed import Client
+
+    import dask_dataservice as dds
+
+    async with _ft_dispatcher(work_dir) as (s, _), Client(s.address, asynchronous=True) as c:
+        await dds.register_dataset(c, dds.Dataset.range(1000))  # warm up the path
+        start = time.perf_counter()
+        await dds.register_dataset(c, dds.Dataset.range(2**40))
+        return (time.perf_counter() - start) * 1000
 
 
 def _read_file(path: str) -> list[str]:
@@ -187,31 +197,23 @@ async def _register_files(work_dir: Path, files: int) -> dict:
     asynchronous client: enumerating and pickling the splits, the dispatcher's ingest and its
     journal record (issue 22 s5: 15 s for a million, 6-7 s in the package of 13df877)."""
     import dask
-    from distributed import Client, Scheduler
+    from distributed import Client
 
     import dask_dataservice as dds
-    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
     paths = [f"/data/train/part-{i:07d}.tfrecord" for i in range(files)]
     # a million 35-character paths took more than the default 64 MiB before their splits
     # pickled compactly: raised so that both sides of a comparison can run
     dask.config.set({"dataservice.dispatcher.max-pipeline-bytes": 2**28})
-    plugin = DispatcherPlugin(fault_tolerant_mode=True, work_dir=str(work_dir))
-    async with Scheduler(dashboard_address=":0", port=0) as s:
-        s.add_plugin(plugin)
-        await plugin.start(s)
-        try:
-            async with Client(s.address, asynchronous=True) as c:
-                await dds.register_dataset(c, dds.Dataset.range(1000))  # warm up the path
-                start = time.perf_counter()
-                await dds.register_dataset(c, dds.Dataset.from_files(paths, _read_file))
-                seconds = time.perf_counter() - start
-                return {"bench": "register_files", "files": files,
-                        "seconds": round(seconds, 3),
-                        "journal_bytes": plugin._journal.metrics.bytes_written,
-                        "load_average": os.getloadavg()[0]}
-        finally:
-            await plugin.close()
+    async with _ft_dispatcher(work_dir) as (s, plugin), \
+            Client(s.address, asynchronous=True) as c:
+        await dds.register_dataset(c, dds.Dataset.range(1000))  # warm up the path
+        start = time.perf_counter()
+        await dds.register_dataset(c, dds.Dataset.from_files(paths, _read_file))
+        seconds = time.perf_counter() - start
+        return {"bench": "register_files", "files": files, "seconds": round(seconds, 3),
+                "journal_bytes": plugin._journal.metrics.bytes_written,
+                "load_average": os.getloadavg()[0]}
 
 
 async def _hand_out(work_dir: Path, num_splits: int, epochs: int,

@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -175,3 +176,17 @@ def ok(reply: dict[str, Any]) -> dict[str, Any]:
     """``reply``, asserting that a dispatcher handler answered OK."""
     assert reply["status"] == "OK", reply
     return reply
+
+
+def write_certs(directory: Path, security: Any) -> dict[str, str]:
+    """A ``distributed.Security``'s CA, certificate and key as files (0600) in ``directory``:
+    ``{"ca": ..., "cert": ..., "key": ...}`` (for ``--tls-*`` options of real processes)."""
+    files = {"ca": security.tls_ca_file, "cert": security.tls_scheduler_cert,
+             "key": security.tls_scheduler_key}
+    paths = {}
+    for name, contents in files.items():
+        path = directory / f"{name}.pem"
+        path.write_text(contents)
+        path.chmod(0o600)
+        paths[name] = str(path)
+    return paths

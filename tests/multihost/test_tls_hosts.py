@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+from _helpers import write_certs
 from _netns import poll
 from distributed.security import Security
 from test_ps_hosts import expected, ps_cluster
@@ -21,15 +22,7 @@ pytestmark = [pytest.mark.process, pytest.mark.multihost, pytest.mark.timeout(12
 
 
 def _certs(directory) -> dict[str, str]:
-    sec = Security.temporary()
-    files = {"ca": sec.tls_ca_file, "cert": sec.tls_scheduler_cert, "key": sec.tls_scheduler_key}
-    paths = {}
-    for name, contents in files.items():
-        path = directory / f"{name}.pem"
-        path.write_text(contents)
-        path.chmod(0o600)
-        paths[name] = str(path)
-    return paths
+    return write_certs(directory, Security.temporary())
 
 
 def test_tls_data_service_and_ps_training_across_hosts(net):

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 # thread-leak check takes its snapshot (the PS test uses zarr-backed shards).
 warm_up_zarr()
 
-from _helpers import Servers, distribute, read  # noqa: E402
+from _helpers import Servers, distribute, read, write_certs  # noqa: E402
 
 #: One generated certificate for every role (scheduler, worker, client).
 SEC = Security.temporary()
@@ -135,14 +135,7 @@ async def test_demo_against_a_tls_scheduler_with_tls_options(s, a):
 
 def _write_certs(directory: Path) -> dict[str, str]:
     """The generated certificate as files (0600): ``{"ca": ..., "cert": ..., "key": ...}``."""
-    files = {"ca": SEC.tls_ca_file, "cert": SEC.tls_scheduler_cert, "key": SEC.tls_scheduler_key}
-    paths = {}
-    for name, contents in files.items():
-        path = directory / f"{name}.pem"
-        path.write_text(contents)
-        path.chmod(0o600)
-        paths[name] = str(path)
-    return paths
+    return write_certs(directory, SEC)
 
 
 def _tls_args(certs: dict[str, str]) -> list[str]:
