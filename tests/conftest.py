@@ -99,8 +99,3 @@ def pytest_collection_modifyitems(session, config, items):
     for item, mark in chosen.items():
         item.own_markers[:] = [m for m in item.own_markers if m.name not in TIERS]
         item.add_marker(mark.name)
-        if mark.name == "process":
-            # under pytest-xdist (``-n 2 --dist loadgroup``, the default): the tests that
-            # start OS processes run one after the other in one test process, beside the
-            # others in the second, so two of them never compete for the 2 cores
-            item.add_marker(pytest.mark.xdist_group("process"))

@@ -32,6 +32,7 @@ from . import _connection, _fixed_readers  # noqa: F401 - _fixed_readers install
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
+from ._scope import scoped_fingerprint
 
 __all__ = [
     "ShardingPolicy",
@@ -84,7 +85,10 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     the dispatcher when the pipeline is first registered. Whoever holds it may read the
     dataset and join its named jobs; the state view and the dashboard list no dataset or
     job to a caller without it (docs/security.md). Keep it as you would a password; every
-    process that registers the same pipeline gets the same id.
+    process that registers the same pipeline gets the same id, unless they use different
+    registration keys (``dataservice.client.registration-key``): on a shared cluster, give
+    your trainers one secret key, so that a stranger who rebuilds your pipeline gets another
+    dataset, not yours.
 
     Parameters
     ----------
@@ -138,6 +142,7 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         fingerprint = f"{fingerprint}/split_size={split_size}"
     if compression != "AUTO":  # the same pipeline sent otherwise is another dataset
         fingerprint = f"{fingerprint}/compression={compression}"
+    fingerprint = scoped_fingerprint(fingerprint)
     client = _connection.client_for(service)
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,

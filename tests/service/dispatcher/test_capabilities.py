@@ -216,6 +216,52 @@ async def test_a_stranger_cannot_find_or_join_a_named_job(c, s, a, b):
     assert sorted(got) == list(range(N))  # no loss, no duplicate
 
 
+KEY = "dataservice.client.registration-key"
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+async def test_a_registration_key_keeps_a_rebuilt_pipeline_out_of_a_named_job(c, s, a, b):
+    """Issue 22 item 2: without a key a credential is only as secret as the pipeline (who
+    rebuilds ``range(N)`` and registers it gets the credential, as in TensorFlow). With
+    ``dataservice.client.registration-key`` the victim's trainers share their dataset (the
+    same key answers the same credential), while a stranger who rebuilds the pipeline, with
+    no key or another, gets another dataset: its job "train" is another job, it takes none of
+    the victim's splits, and the victim reads every element once."""
+    GATE.clear()
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    pipeline = dds.Dataset.range(N).map(gated)
+
+    def register(key):
+        with dask.config.set({KEY: key}):
+            return dds.register_dataset(c, pipeline)
+
+    mine = await asyncio.to_thread(register, "victims-shared-key")
+    assert await asyncio.to_thread(register, "victims-shared-key") == mine  # a second trainer
+    victim = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, mine,
+                                                          job_name="train")))
+    try:
+        await poll(lambda: any(plugin.state.tasks_for_iteration(it.iteration_id)
+                               for it in plugin.state.list_iterations()),
+                   what="the victim's tasks")
+        [victims_job] = plugin.state.list_jobs()
+        theirs = [await asyncio.to_thread(register, key) for key in (None, "a-guess")]
+        assert len({mine, *theirs}) == 3  # three datasets, three secrets
+        assert len(plugin.state.list_datasets()) == 3
+        for credential in theirs:
+            reply = raise_for_status(await c.scheduler.dataservice_get_or_create_job(
+                dataset_id=credential, processing_mode="DYNAMIC", job_name="train"), "job")
+            assert reply["job_id"] != victims_job.job_id  # "train" of another dataset
+            assert reply["job_token"] != victims_job.token
+        with dask.config.set({KEY: ""}), pytest.raises(TypeError, match=KEY):
+            dds.register_dataset(c, pipeline)
+    finally:
+        GATE.set()
+    got = await asyncio.wait_for(victim, 30)
+    assert sorted(got) == list(range(N))  # no loss, no duplicate
+    assert [it.job_id for it in plugin.state.list_iterations()] == [victims_job.job_id]
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_every_field_and_the_dispatchers_total_are_bounded(c, s, a):
     """Issue 22 item 2: each field of a registration and a job request is bounded, with a
