@@ -46,6 +46,17 @@ def refused(reply, match: str) -> None:
         raise_for_status(reply, "stranger's request")
 
 
+async def _victim_reads(c, plugin, dataset_id) -> asyncio.Task:
+    """The victim reads the named DYNAMIC job "train" of ``dataset_id`` (its pipeline waits at
+    the gate): the reading task, once the job's tasks exist."""
+    victim = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
+                                                          job_name="train")))
+    await poll(lambda: any(plugin.state.tasks_for_iteration(it.iteration_id)
+                           for it in plugin.state.list_iterations()),
+               what="the victim's tasks")
+    return victim
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
 async def test_a_stranger_is_refused_and_the_victim_loses_nothing(c, s, a, b):
     GATE.clear()
@@ -163,12 +174,8 @@ async def test_a_stranger_cannot_find_or_join_a_named_job(c, s, a, b):
                                          dds.Dataset.range(N).map(gated), dataset_id="train-data")
     assert isinstance(dataset_id, str) and dataset_id.startswith("train-data:")
     assert len(dataset_id.rpartition(":")[2]) >= 32  # 192 random bits
-    victim = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, dataset_id,
-                                                          job_name="train")))
+    victim = await _victim_reads(c, plugin, dataset_id)
     try:
-        await poll(lambda: any(plugin.state.tasks_for_iteration(it.iteration_id)
-                               for it in plugin.state.list_iterations()),
-                   what="the victim's tasks")
         [job] = plugin.state.list_jobs()
         numeric = plugin.state.list_datasets()[0].dataset_id
         async with Client(s.address, asynchronous=True, set_as_default=False) as stranger:
@@ -238,12 +245,8 @@ async def test_a_registration_key_keeps_a_rebuilt_pipeline_out_of_a_named_job(c,
 
     mine = await asyncio.to_thread(register, "victims-shared-key")
     assert await asyncio.to_thread(register, "victims-shared-key") == mine  # a second trainer
-    victim = asyncio.create_task(read(dds.from_dataset_id("DYNAMIC", c, mine,
-                                                          job_name="train")))
+    victim = await _victim_reads(c, plugin, mine)
     try:
-        await poll(lambda: any(plugin.state.tasks_for_iteration(it.iteration_id)
-                               for it in plugin.state.list_iterations()),
-                   what="the victim's tasks")
         [victims_job] = plugin.state.list_jobs()
         theirs = [await asyncio.to_thread(register, key) for key in (None, "a-guess")]
         assert len({mine, *theirs}) == 3  # three datasets, three secrets
