@@ -178,6 +178,25 @@ class StateQueries(_StateBase):
         """
         return copy.copy(self._get_task(task_id))
 
+    def task_job_token(self, task_id: int) -> tuple[int, int, str]:
+        """``(iteration_id, job_id, token)`` of the task's job, copying nothing: the split
+        hand-out checks it on every request (a copy of the task, its iteration and its job
+        took 14 % of range(10).repeat()'s DYNAMIC rate).
+
+        Raises
+        ------
+        TaskNotFoundError
+            Unknown id, or its iteration was garbage collected.
+        """
+        iteration_id = self._get_task(task_id).iteration_id
+        job = self._get_job(self._get_iteration(iteration_id).job_id)
+        return iteration_id, job.job_id, job.token
+
+    def running_tasks(self, iteration_id: int) -> int:
+        """How many tasks of the iteration are neither finished nor lost (no copy)."""
+        it = self._get_iteration(iteration_id)
+        return it.num_tasks - it.num_finished_tasks - it.num_lost_tasks
+
     def tasks_for_iteration(self, iteration_id: int) -> list[Task]:
         """All tasks of an iteration (active, finished and lost); none once collected.
 

@@ -453,14 +453,13 @@ class DispatcherCore:
                 f"task {task_id} asked for repetition {repetition} of iteration "
                 f"{iteration_id}, which is only at repetition {current}"
             )
-        left, it = num_splits - index, self.state.iteration(iteration_id)
+        left = num_splits - index
         count = min(max(1, int(count)), self.config.split_batch_max, left)
         # locality hint (persisted Dask collection): the worker's own splits first
         indices = _locality.pick(self.state, self.hints, self.cluster.holders, iteration_id,
                                  task_id, count)
         count = len(indices) if indices else min(
-            count, fair_share(left, it.num_tasks - it.num_finished_tasks - it.num_lost_tasks,
-                              repetition))
+            count, fair_share(left, self.state.running_tasks(iteration_id), repetition))
         end = count == num_splits - index  # nothing after these: say so now
         if index == num_splits:
             count, end = 0, True
@@ -738,11 +737,10 @@ class DispatcherCore:
     def _check_task_token(self, task_id: int, job_token: str | None, what: str,
                           iteration_id: int | None = None) -> None:
         """Refuse ``what`` on a task unless ``job_token`` is its job's token."""
-        task = self.state.task(task_id)
-        if iteration_id is not None and task.iteration_id != iteration_id:
+        own_iteration, job_id, token = self.state.task_job_token(task_id)
+        if iteration_id is not None and own_iteration != iteration_id:
             raise DataServiceError(f"task {task_id} is not a task of iteration {iteration_id}")
-        job = self.state.job(self.state.iteration(task.iteration_id).job_id)
-        check_job_token(job.token, job_token, job.job_id, what)
+        check_job_token(token, job_token, job_id, what)
 
     def task_def(self, task: Task) -> TaskDef:
         iteration = self.state.iteration(task.iteration_id)

@@ -91,7 +91,8 @@ def _durable(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(self, *args, **kwargs)
         finally:
-            await self._wait_durable()
+            if self._journal_tail is not None:  # no coroutine per request without a journal
+                await self._wait_durable()
 
     return wrapper
 

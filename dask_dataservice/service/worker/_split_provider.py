@@ -72,4 +72,4 @@ class DispatcherSplitProvider(SplitProvider):
         ack = self._flow.reset()
         if ack is not None:
             runner = self._runner
-            runner.plugin.submit(runner.plugin._ack_splits, runner.task, ack)
+            runner.plugin.post(runner.plugin._ack_splits, runner.task, ack)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
@@ -344,6 +345,17 @@ class DataWorkerPlugin(WorkerPlugin):
         except RuntimeError:  # the loop is closed: nothing will run it
             out.cancel()
         return out
+
+    def post(self, afunc: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run ``afunc(*args)`` in the plugin's task group, from any thread, for its effect
+        only (no future, no outcome to copy: a DYNAMIC task acknowledges each repetition
+        so). Dropped after teardown; its errors are logged by the group."""
+        def start() -> None:
+            with contextlib.suppress(Exception):  # the group is closed: we are shutting down
+                self._group.spawn(afunc, *args)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing will run it
+            self.loop.call_soon_threadsafe(start)
 
     # Handlers
     ##########
