@@ -47,7 +47,7 @@ from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processi
 from . import _locality, _split_order
 from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
-from ._gc import collectable
+from ._gc import IdleQueue, collectable
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
 from ._views import ViewCache, build_view
@@ -59,7 +59,9 @@ from .state import (
     CreateTask,
     DispatcherState,
     FinishTask,
+    GarbageCollectDataset,
     GarbageCollectIteration,
+    GarbageCollectJob,
     ProduceSplits,
     RegisterDataset,
     RegisterWorker,
@@ -92,8 +94,11 @@ def micros(now: float) -> int:
 class CoreConfig:
     """The dispatcher's settings (``dataservice.dispatcher.*``), as plain values."""
 
-    #: Seconds a named job's iteration may have no clients before it is collected.
+    #: Seconds a named job's iteration may have no clients before it is collected (and a
+    #: job that never got an iteration, at least ``client_timeout`` after its creation).
     job_gc_timeout: float = 300.0
+    #: Seconds a dataset may have no job before it is collected (None: never).
+    dataset_gc_timeout: float | None = 3600.0
     #: Seconds without a heartbeat after which a client is released.
     client_timeout: float = 30.0
     #: Seconds of silence after which a data worker is dropped.
@@ -187,6 +192,12 @@ class DispatcherCore:
         self.client_seen: dict[int, int] = {}
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self.idle_iterations: set[int] = set()
+        #: Live jobs without an iteration, since their creation (collected after
+        #: ``job_gc_timeout``).
+        self.idle_jobs = IdleQueue()
+        #: Datasets without live jobs, since their registration or since their last job was
+        #: collected (collected after ``dataset_gc_timeout``).
+        self.idle_datasets = IdleQueue()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -245,6 +256,14 @@ class DispatcherCore:
             if not it.num_clients
             and it.last_client_released_micros is not None
         }
+        self.idle_jobs = IdleQueue()
+        self.idle_datasets = IdleQueue()
+        for job in state.list_jobs():  # O(jobs), once per start (as the quotas' recount)
+            if not job.garbage_collected and not job.num_iterations:
+                self.idle_jobs.add(job.job_id, self.recovered_at)
+        for dataset in state.list_datasets():
+            if not state.num_live_jobs(dataset.dataset_id):
+                self.idle_datasets.add(dataset.dataset_id, self.recovered_at)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
@@ -269,16 +288,18 @@ class DispatcherCore:
     def dataset(self, dataset_id: int | str) -> Dataset:
         """A dataset by its credential, the id ``register_dataset`` answered
         (:mod:`._credentials`; a dataset journaled before secrets: its bare id or name)."""
-        return find_dataset(self.state, dataset_id)
+        return find_dataset(self.state, dataset_id, self.config.dataset_gc_timeout)
 
     @_stimulus
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
                          metadata: dict[str, Any] | None = None,
                          compression: str | None = None, dataset_id: str | None = None,
-                         client_id: str | None = None, host: str | None = None) -> dict[str, Any]:
+                         client_id: str | None = None, host: str | None = None,
+                         now: float | None = None) -> dict[str, Any]:
         """Register a dataset; answer its credential (``DispatcherPlugin.register_dataset``;
-        ``host``: the request's, for its limit; ``client_id``, a client's choice, is unused)."""
+        ``host``: the request's, for its limit; ``client_id``, a client's choice, is unused;
+        ``now``: when, for its idle timer; ``None``: the next GC tick's time)."""
         limits = self.config.limits
         check_name(limits, "the fingerprint", fingerprint)
         check_name(limits, "dataset_id", dataset_id)
@@ -313,13 +334,16 @@ class DispatcherCore:
             compression=compression, dataset_name=dataset_id, secret=self._new_token(),
         ))
         self.quotas.add_dataset(host, size)
+        self.idle_datasets.add(new_id, None if now is None else micros(now))  # no job yet
         return {"status": "OK", "dataset_id": credential(self.state.dataset(new_id))}
 
     @_stimulus
     def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
                           job_name: str | None = None, num_consumers: int | None = None,
                           target_workers: str = "AUTO", cross_trainer_cache: bool = False,
-                          position: str = "") -> dict[str, Any]:
+                          position: str = "", now: float | None = None) -> dict[str, Any]:
+        """Find the live job named ``job_name`` of the dataset, or create one (``now``: when,
+        for the timer of a job that gets no iteration; ``None``: the next GC tick's time)."""
         mode = parse_processing_mode(processing_mode)
         for what, name in (("job_name", job_name), ("the position", position)):
             check_name(self.config.limits, what, name)
@@ -371,6 +395,8 @@ class DispatcherCore:
             token=self._new_token(),
         ))
         self.quotas.live_jobs += 1
+        self.idle_datasets.discard(dataset_id)
+        self.idle_jobs.add(job_id, None if now is None else micros(now))  # no iteration yet
         return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
 
     @_stimulus
@@ -382,7 +408,15 @@ class DispatcherCore:
             iteration = self.state.iteration_by_key(job_id, repetition)
         except IterationNotFoundError:
             iteration = None
+        if iteration is None and job.garbage_collected:
+            if not job.num_iterations:
+                raise DataServiceError(
+                    f"job {job_id} was garbage collected: it had no iteration for "
+                    f"dataservice.dispatcher.job-gc-timeout "
+                    f"({self._job_gc_seconds():g}s); create the job again")
+            raise DataServiceError(f"job {job_id} was garbage collected")
         if iteration is None:
+            self.idle_jobs.discard(job_id)
             iteration_id = self.state.next_iteration_id()
             self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
                                         repetition=repetition))
@@ -626,7 +660,8 @@ class DispatcherCore:
     @_stimulus
     def gc_tick(self, now: float) -> None:
         """One round: drop silent data workers, release silent clients, collect iterations
-        nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``)."""
+        nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``), jobs
+        that never got an iteration, and datasets without jobs (:meth:`_collect_idle`)."""
         timeout = self.deadlines.timeout
         for address, silence in self.deadlines.silent(
                 [w.address for w in self.state.list_workers()], now):
@@ -652,7 +687,57 @@ class DispatcherCore:
             released = max(it.last_client_released_micros, self.recovered_at)
             if now_us - released >= gc_timeout and collectable(
                     self.state, it, self.config.gc_dynamic_sharding_jobs):
-                self._garbage_collect(it.iteration_id)
+                self._garbage_collect(it.iteration_id, now)
+        self._collect_idle(now)
+
+    def _job_gc_seconds(self) -> float:
+        """How long a job without an iteration is kept: ``job_gc_timeout``, and at least
+        ``client_timeout`` (the consumer that creates a job asks for its iteration in the
+        same round trip, ``start_read``; in fault-tolerant mode it waits for the job's
+        record to be durable in between, so a tiny ``job_gc_timeout`` must not collect the
+        job under it, and a consumer silent for ``client_timeout`` counts as gone anyway)."""
+        return max(self.config.job_gc_timeout, self.config.client_timeout)
+
+    def _collect_idle(self, now: float) -> None:
+        """Collect the jobs that never got an iteration for :meth:`_job_gc_seconds` and the
+        datasets without live jobs for ``dataset_gc_timeout`` (issue 22: what a registration
+        nobody reads holds is freed). Timers run from the job's creation or the dataset's
+        registration (or its last job's collection), and at the earliest from this start
+        (they are not journaled). O(1 + collected) per tick (:class:`._gc.IdleQueue`)."""
+        state, now_us = self.state, micros(now)
+        job_timeout = self._job_gc_seconds()
+        for job_id in self.idle_jobs.expired(now_us, int(job_timeout * 1_000_000)):
+            self.idle_jobs.discard(job_id)
+            job = state.job(job_id)
+            if job.garbage_collected or job.num_iterations:
+                continue  # in use after all (an update built outside the core)
+            logger.info("dataservice: collecting job %s of dataset %s: no iteration for %gs",
+                        job_id, job.dataset_id, job_timeout)
+            self._apply(GarbageCollectJob(job_id=job_id))
+            self._job_gone(job.dataset_id, now)
+        timeout = self.config.dataset_gc_timeout
+        if timeout is None:
+            return
+        for dataset_id in self.idle_datasets.expired(now_us, int(timeout * 1_000_000)):
+            self.idle_datasets.discard(dataset_id)
+            if state.dataset_collected(dataset_id) or state.num_live_jobs(dataset_id):
+                continue
+            ds = state.dataset(dataset_id)
+            size = dataset_size(ds.pipeline, ds.splits, ds.element_spec,
+                                field_bytes(Limits(max_field_bytes=None), "metadata",
+                                            ds.metadata))
+            logger.info("dataservice: collecting dataset %s (%d bytes): no job for %gs",
+                        dataset_id, size, timeout)
+            self._apply(GarbageCollectDataset(dataset_id=dataset_id))
+            self.quotas.datasets -= 1
+            self.quotas.bytes -= size
+
+    def _job_gone(self, dataset_id: int, now: float) -> None:
+        """A job of ``dataset_id`` was collected: the quota's slot is free, and the dataset
+        is idle from now on if that was its last live job."""
+        self.quotas.live_jobs -= 1
+        if not self.state.num_live_jobs(dataset_id):
+            self.idle_datasets.add(dataset_id, micros(now))
 
     def _release_client(self, iteration_client_id: int, now: float,
                         read_to_end: bool = False) -> None:
@@ -664,16 +749,17 @@ class DispatcherCore:
         job = self.state.job(iteration.job_id)
         if iteration.num_clients == 0:
             if job.job_name is None:
-                self._garbage_collect(iteration.iteration_id)
+                self._garbage_collect(iteration.iteration_id, now)
             else:
                 self.idle_iterations.add(iteration.iteration_id)
 
-    def _garbage_collect(self, iteration_id: int) -> None:
+    def _garbage_collect(self, iteration_id: int, now: float) -> None:
         self.idle_iterations.discard(iteration_id)
         tasks = self.state.tasks_for_iteration(iteration_id)
         self._apply(GarbageCollectIteration(iteration_id=iteration_id))
-        if self.state.job(self.state.iteration(iteration_id).job_id).garbage_collected:
-            self.quotas.live_jobs -= 1
+        job = self.state.job(self.state.iteration(iteration_id).job_id)
+        if job.garbage_collected:
+            self._job_gone(job.dataset_id, now)
         by_worker: dict[str, list[int]] = {}
         for t in tasks:
             by_worker.setdefault(t.worker_address, []).append(t.task_id)
