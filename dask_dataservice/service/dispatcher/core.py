@@ -44,10 +44,9 @@ from ..protocol._job_checks import (
     shard_index,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from . import _locality, _split_order
+from . import _gc, _locality, _split_order
 from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
-from ._gc import IdleQueue, collectable
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
 from ._views import ViewCache, build_view
@@ -59,9 +58,6 @@ from .state import (
     CreateTask,
     DispatcherState,
     FinishTask,
-    GarbageCollectDataset,
-    GarbageCollectIteration,
-    GarbageCollectJob,
     ProduceSplits,
     RegisterDataset,
     RegisterWorker,
@@ -192,12 +188,8 @@ class DispatcherCore:
         self.client_seen: dict[int, int] = {}
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self.idle_iterations: set[int] = set()
-        #: Live jobs without an iteration, since their creation (collected after
-        #: ``job_gc_timeout``).
-        self.idle_jobs = IdleQueue()
-        #: Datasets without live jobs, since their registration or since their last job was
-        #: collected (collected after ``dataset_gc_timeout``).
-        self.idle_datasets = IdleQueue()
+        #: Live jobs without an iteration, and datasets without live jobs (GC candidates).
+        self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -233,6 +225,16 @@ class DispatcherCore:
     def _push(self, address: str, changes: TaskChanges) -> None:
         self._messages.append((address, changes))
 
+    def _cancel(self, tasks: Iterable[Task]) -> None:
+        """Tell the present workers of ``tasks`` to drop them (their iteration was collected)."""
+        by_worker: dict[str, list[int]] = {}
+        for t in tasks:
+            by_worker.setdefault(t.worker_address, []).append(t.task_id)
+        for address, task_ids in by_worker.items():
+            if self.cluster.worker(address) is not None:
+                self._push(address, cast("TaskChanges", {
+                    "op": TASKS_OP, "new_tasks": [], "cancelled": task_ids}))
+
     @_stimulus
     def apply(self, update: Update) -> None:
         """Apply an update built outside (tests and benchmarks set up states so)."""
@@ -256,14 +258,7 @@ class DispatcherCore:
             if not it.num_clients
             and it.last_client_released_micros is not None
         }
-        self.idle_jobs = IdleQueue()
-        self.idle_datasets = IdleQueue()
-        for job in state.list_jobs():  # O(jobs), once per start (as the quotas' recount)
-            if not job.garbage_collected and not job.num_iterations:
-                self.idle_jobs.add(job.job_id, self.recovered_at)
-        for dataset in state.list_datasets():
-            if not state.num_live_jobs(dataset.dataset_id):
-                self.idle_datasets.add(dataset.dataset_id, self.recovered_at)
+        self.idle_jobs, self.idle_datasets = _gc.idle_queues(state, self.recovered_at)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
@@ -409,12 +404,7 @@ class DispatcherCore:
         except IterationNotFoundError:
             iteration = None
         if iteration is None and job.garbage_collected:
-            if not job.num_iterations:
-                raise DataServiceError(
-                    f"job {job_id} was garbage collected: it had no iteration for "
-                    f"dataservice.dispatcher.job-gc-timeout "
-                    f"({self._job_gc_seconds():g}s); create the job again")
-            raise DataServiceError(f"job {job_id} was garbage collected")
+            raise _gc.collected_job_error(job, self.config)
         if iteration is None:
             self.idle_jobs.discard(job_id)
             iteration_id = self.state.next_iteration_id()
@@ -661,7 +651,7 @@ class DispatcherCore:
     def gc_tick(self, now: float) -> None:
         """One round: drop silent data workers, release silent clients, collect iterations
         nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``), jobs
-        that never got an iteration, and datasets without jobs (:meth:`_collect_idle`)."""
+        that never got an iteration, and datasets without jobs (:func:`._gc.collect_idle`)."""
         timeout = self.deadlines.timeout
         for address, silence in self.deadlines.silent(
                 [w.address for w in self.state.list_workers()], now):
@@ -677,67 +667,7 @@ class DispatcherCore:
                 logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
                             client.iteration_client_id, (now_us - seen) / 1e6)
                 self._release_client(client.iteration_client_id, now)
-        gc_timeout = int(self.config.job_gc_timeout * 1_000_000)
-        for iteration_id in sorted(self.idle_iterations):
-            it = self.state.iteration(iteration_id)
-            if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
-                self.idle_iterations.discard(iteration_id)
-                continue
-            # after a restart, every timer starts again (nothing is collected early)
-            released = max(it.last_client_released_micros, self.recovered_at)
-            if now_us - released >= gc_timeout and collectable(
-                    self.state, it, self.config.gc_dynamic_sharding_jobs):
-                self._garbage_collect(it.iteration_id, now)
-        self._collect_idle(now)
-
-    def _job_gc_seconds(self) -> float:
-        """How long a job without an iteration is kept: ``job_gc_timeout``, and at least
-        ``client_timeout`` (the consumer that creates a job asks for its iteration in the
-        same round trip, ``start_read``; in fault-tolerant mode it waits for the job's
-        record to be durable in between, so a tiny ``job_gc_timeout`` must not collect the
-        job under it, and a consumer silent for ``client_timeout`` counts as gone anyway)."""
-        return max(self.config.job_gc_timeout, self.config.client_timeout)
-
-    def _collect_idle(self, now: float) -> None:
-        """Collect the jobs that never got an iteration for :meth:`_job_gc_seconds` and the
-        datasets without live jobs for ``dataset_gc_timeout`` (issue 22: what a registration
-        nobody reads holds is freed). Timers run from the job's creation or the dataset's
-        registration (or its last job's collection), and at the earliest from this start
-        (they are not journaled). O(1 + collected) per tick (:class:`._gc.IdleQueue`)."""
-        state, now_us = self.state, micros(now)
-        job_timeout = self._job_gc_seconds()
-        for job_id in self.idle_jobs.expired(now_us, int(job_timeout * 1_000_000)):
-            self.idle_jobs.discard(job_id)
-            job = state.job(job_id)
-            if job.garbage_collected or job.num_iterations:
-                continue  # in use after all (an update built outside the core)
-            logger.info("dataservice: collecting job %s of dataset %s: no iteration for %gs",
-                        job_id, job.dataset_id, job_timeout)
-            self._apply(GarbageCollectJob(job_id=job_id))
-            self._job_gone(job.dataset_id, now)
-        timeout = self.config.dataset_gc_timeout
-        if timeout is None:
-            return
-        for dataset_id in self.idle_datasets.expired(now_us, int(timeout * 1_000_000)):
-            self.idle_datasets.discard(dataset_id)
-            if state.dataset_collected(dataset_id) or state.num_live_jobs(dataset_id):
-                continue
-            ds = state.dataset(dataset_id)
-            size = dataset_size(ds.pipeline, ds.splits, ds.element_spec,
-                                field_bytes(Limits(max_field_bytes=None), "metadata",
-                                            ds.metadata))
-            logger.info("dataservice: collecting dataset %s (%d bytes): no job for %gs",
-                        dataset_id, size, timeout)
-            self._apply(GarbageCollectDataset(dataset_id=dataset_id))
-            self.quotas.datasets -= 1
-            self.quotas.bytes -= size
-
-    def _job_gone(self, dataset_id: int, now: float) -> None:
-        """A job of ``dataset_id`` was collected: the quota's slot is free, and the dataset
-        is idle from now on if that was its last live job."""
-        self.quotas.live_jobs -= 1
-        if not self.state.num_live_jobs(dataset_id):
-            self.idle_datasets.add(dataset_id, micros(now))
+        _gc.collect_idle(self, now)  # named iterations, jobs without one, unread datasets
 
     def _release_client(self, iteration_client_id: int, now: float,
                         read_to_end: bool = False) -> None:
@@ -749,24 +679,9 @@ class DispatcherCore:
         job = self.state.job(iteration.job_id)
         if iteration.num_clients == 0:
             if job.job_name is None:
-                self._garbage_collect(iteration.iteration_id, now)
+                _gc.collect_iteration(self, iteration.iteration_id, now)
             else:
                 self.idle_iterations.add(iteration.iteration_id)
-
-    def _garbage_collect(self, iteration_id: int, now: float) -> None:
-        self.idle_iterations.discard(iteration_id)
-        tasks = self.state.tasks_for_iteration(iteration_id)
-        self._apply(GarbageCollectIteration(iteration_id=iteration_id))
-        job = self.state.job(self.state.iteration(iteration_id).job_id)
-        if job.garbage_collected:
-            self._job_gone(job.dataset_id, now)
-        by_worker: dict[str, list[int]] = {}
-        for t in tasks:
-            by_worker.setdefault(t.worker_address, []).append(t.task_id)
-        for address, task_ids in by_worker.items():
-            if self.cluster.worker(address) is not None:
-                self._push(address, cast("TaskChanges", {
-                    "op": TASKS_OP, "new_tasks": [], "cancelled": task_ids}))
 
     # Queries and helpers
     #####################
