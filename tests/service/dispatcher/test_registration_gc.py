@@ -207,6 +207,23 @@ def test_reading_a_collected_dataset_says_so_and_registering_again_gets_a_new_id
 
 
 @pytest.mark.pure
+def test_without_a_time_the_timer_starts_at_the_next_tick():
+    """A caller that gives no ``now`` (tests, tools): the next GC tick stamps the idle
+    dataset and job with its own time, so neither is ever collected early."""
+    r = Recorder()
+    credential = r(r.core.register_dataset, "fp", PIPELINE, SPLITS, 4)["dataset_id"]
+    r(r.core.get_or_create_job, r(r.core.register_dataset, "other", b"p", b"s", 1)[
+        "dataset_id"], "OFF")
+    assert r.tick(400.0) == []  # stamps both: idle from 400 on
+    assert r.tick(404.999) == []
+    assert r.tick(405.0) == [GarbageCollectJob(5000)]
+    assert r.tick(499.999) == []
+    assert r.tick(500.0) == [GarbageCollectDataset(number(credential))]
+    assert r.tick(504.999) == []
+    assert r.tick(505.0) == [GarbageCollectDataset(1001)]  # idle since its job went at 405
+
+
+@pytest.mark.pure
 def test_no_dataset_is_collected_when_the_timeout_is_none():
     r = Recorder(dataset_gc_timeout=None)
     r.register(now=100.0)
