@@ -11,6 +11,11 @@ wrong secret, names no dataset. Secrets never contain ``":"``, so the key is eve
 before the last one (a name may contain ``":"``).
 
 A dataset journaled before secrets existed has none and is read by its bare id or name.
+
+A dataset the dispatcher garbage collected (no job for ``dispatcher.dataset-gc-timeout``)
+leaves its numeric id as a tombstone: a credential with that id is told so, and to register
+the pipeline again. (A collected dataset's name is freed with it and not remembered: a
+credential with the name gets the message of an unknown one.)
 """
 
 from __future__ import annotations
@@ -44,14 +49,20 @@ def label(dataset_id: object) -> str:
     return str(dataset_id)
 
 
-def find_dataset(state: DispatcherState, dataset_id: object) -> Dataset:
+def find_dataset(state: DispatcherState, dataset_id: object,
+                 gc_timeout: float | None = None) -> Dataset:
     """The dataset whose credential is ``dataset_id`` (O(1)).
+
+    ``gc_timeout``: the dispatcher's ``dataset-gc-timeout`` (seconds), for the message about
+    a collected dataset.
 
     Raises
     ------
     DatasetNotFoundError
         For a wrong or missing secret as for an unknown key, with one message, so that a
-        caller without the secret learns nothing of which names exist.
+        caller without the secret learns nothing of which names exist; for the numeric id
+        of a collected dataset, with a message that says so (ids are sequential: that one
+        existed is no secret).
     TypeError
         If ``dataset_id`` is neither an int nor a string.
     """
@@ -68,6 +79,13 @@ def find_dataset(state: DispatcherState, dataset_id: object) -> Dataset:
                 return candidate
         elif secret is None:
             return candidate
+    number = key if isinstance(key, int) else int(key) if key.isdigit() else None
+    if number is not None and state.dataset_collected(number):
+        after = "" if gc_timeout is None else f" ({gc_timeout:g}s)"
+        raise DatasetNotFoundError(
+            f"dataset {number} was garbage collected after being unused (no job) for "
+            f"dataservice.dispatcher.dataset-gc-timeout{after}: register the pipeline again "
+            "(register_dataset) and read it by the new id")
     raise DatasetNotFoundError(
         f"no dataset has the id {label(dataset_id)!r} with this secret: read a dataset by the "
         "string id register_dataset returned ('<id or name>:<secret>'; bare integer ids and "

@@ -42,7 +42,9 @@ from ._updates import (
     CreateJob,
     CreateTask,
     FinishTask,
+    GarbageCollectDataset,
     GarbageCollectIteration,
+    GarbageCollectJob,
     ProduceSplit,
     ProduceSplits,
     RegisterDataset,
@@ -66,6 +68,8 @@ class StateChecks:
     _datasets: dict[int, Dataset]
     _dataset_by_fingerprint: dict[str, int]
     _dataset_by_name: dict[str, int]
+    _collected_datasets: set[int]
+    _live_jobs_by_dataset: dict[int, int]
     _workers: dict[str, Worker]
     _tasks_by_worker: dict[str, dict[int, int]]
     _jobs: dict[int, Job]
@@ -85,6 +89,10 @@ class StateChecks:
         try:
             return self._datasets[dataset_id]
         except KeyError:
+            if dataset_id in self._collected_datasets:
+                raise DatasetNotFoundError(
+                    f"Dataset {dataset_id} was garbage collected (it had no job for the "
+                    "dispatcher's dataset-gc-timeout)") from None
             raise DatasetNotFoundError(f"Dataset {dataset_id} not found") from None
 
     def _get_worker(self, address: str) -> Worker:
@@ -174,7 +182,7 @@ class StateChecks:
 
     def _check_create_job(self, u: CreateJob) -> None:
         self._check_fresh(u, "job", u.job_id, self._next_job_id)
-        dataset = self._get_dataset(u.dataset_id)
+        dataset = self._get_dataset(u.dataset_id)  # a collected one raises (DATASET_ACCEPTS)
         if u.processing_mode not in PROCESSING_MODES:
             _illegal(
                 u,
@@ -332,6 +340,21 @@ class StateChecks:
         self._require_iteration(iteration, u)
         if iteration.num_clients:
             _illegal(u, f"iteration {u.iteration_id} still has {iteration.num_clients} client(s)")
+
+    def _check_garbage_collect_job(self, u: GarbageCollectJob) -> None:
+        job = self._get_job(u.job_id)
+        if type(u) not in JOB_ACCEPTS[job.status]:
+            _illegal(u, f"job {u.job_id} is {job.status}")
+        if job.num_iterations:
+            _illegal(u, f"job {u.job_id} has {job.num_iterations} iteration(s); it is collected "
+                        "with its last one")
+
+    def _check_garbage_collect_dataset(self, u: GarbageCollectDataset) -> None:
+        # unknown, or collected (it accepts nothing: DATASET_ACCEPTS): DatasetNotFoundError
+        self._get_dataset(u.dataset_id)
+        live = self._live_jobs_by_dataset.get(u.dataset_id, 0)
+        if live:
+            _illegal(u, f"dataset {u.dataset_id} still has {live} live job(s)")
 
 
 

@@ -18,7 +18,8 @@ Snapshot payload (msgpack map, version 1)::
      "lost_splits": [[iteration_id, [repetition, start, stop, ...]], ...],     # runs
      "splits_in_flight": [[task_id, [repetition, start, stop, ...]], ...],   # runs
      "split_orders": [[iteration_id, [split, ...]], ...],   # explicit orders (locality); optional
-     "ended_split_orders": [[iteration_id, repetition, [split, ...]], ...]}  # the last ended one; optional
+     "ended_split_orders": [[iteration_id, repetition, [split, ...]], ...],  # the last ended one; optional
+     "collected_datasets": [start, stop, ...]}   # ids of collected datasets, as runs; optional
 
 Only the primary maps are stored, in their insertion order; the secondary indexes (by
 fingerprint, by name, by key, by worker, by iteration) are rebuilt from them, so a snapshot
@@ -109,8 +110,28 @@ def encode_state(state: DispatcherState) -> bytes:
                                    for t, runs in state._splits_in_flight.items()]
     payload["split_orders"] = _split_order.encode(state)  # locality; absent from older ones
     payload["ended_split_orders"] = _split_order.encode_ended(state)  # absent from older ones
+    payload["collected_datasets"] = _id_runs(state._collected_datasets)  # absent from older ones
     data: bytes = msgpack.packb(payload, use_bin_type=True)
     return data
+
+
+def _id_runs(ids: Iterable[int]) -> list[int]:
+    """``[start, stop, ...]``: sorted ids as half-open runs (datasets unused since their
+    registration are collected in id order, so the tombstones of a flood are one run)."""
+    flat: list[int] = []
+    for i in sorted(ids):
+        if flat and flat[-1] == i:
+            flat[-1] = i + 1
+        else:
+            flat += [i, i + 1]
+    return flat
+
+
+def _ids_of_runs(flat: list[int]) -> set[int]:
+    if len(flat) % 2:
+        raise ValueError(f"runs of ids need 2 numbers each, got {len(flat)}")
+    return {i for start, stop in zip(flat[::2], flat[1::2], strict=True)
+            for i in range(start, stop)}
 
 
 def _rows(payload: dict[str, Any], key: str, cls: type) -> list[Any]:
@@ -173,11 +194,15 @@ def _build(payload: dict[str, Any]) -> DispatcherState:
         state._workers[worker.address] = worker
         if worker.registered:
             state._tasks_by_worker[worker.address] = {}
+    state._collected_datasets = _ids_of_runs(payload.get("collected_datasets", []))
     for job in _rows(payload, "jobs", Job):
         job.worker_addresses = tuple(job.worker_addresses)
         state._jobs[job.job_id] = job
-        if job.job_name is not None and not job.garbage_collected:
-            state._jobs_by_name[(job.dataset_id, job.job_name)] = job.job_id
+        if not job.garbage_collected:
+            state._live_jobs_by_dataset[job.dataset_id] = \
+                state._live_jobs_by_dataset.get(job.dataset_id, 0) + 1
+            if job.job_name is not None:
+                state._jobs_by_name[(job.dataset_id, job.job_name)] = job.job_id
     for iteration in _rows(payload, "iterations", Iteration):
         iteration.finished_shards = frozenset(iteration.finished_shards)
         state._iterations[iteration.iteration_id] = iteration

@@ -75,8 +75,20 @@ class StateQueries(_StateBase):
         return self.dataset(dataset_id)
 
     def list_datasets(self) -> list[Dataset]:
-        """All datasets, in registration order."""
+        """All datasets not garbage collected, in registration order."""
         return [self.dataset(dataset_id) for dataset_id in self._datasets]
+
+    def dataset_collected(self, dataset_id: int) -> bool:
+        """Whether ``dataset_id`` names a dataset that was garbage collected (a tombstone)."""
+        return dataset_id in self._collected_datasets
+
+    def num_collected_datasets(self) -> int:
+        """How many datasets were garbage collected (tombstones kept)."""
+        return len(self._collected_datasets)
+
+    def num_live_jobs(self, dataset_id: int) -> int:
+        """The live jobs of a dataset (0 for an unknown or collected one); O(1)."""
+        return self._live_jobs_by_dataset.get(dataset_id, 0)
 
     def worker(self, address: str) -> Worker:
         """The worker at this address, registered or departed (see ``Worker.registered``).

@@ -32,7 +32,8 @@ def validate_state(state: DispatcherState) -> None:
         Naming the first invariant that does not hold.
     """
     for name, counter, base, ids in (
-        ("dataset", state._next_dataset_id, DATASET_ID_BASE, state._datasets),
+        ("dataset", state._next_dataset_id, DATASET_ID_BASE,
+         [*state._datasets, *state._collected_datasets]),
         ("iteration", state._next_iteration_id, ITERATION_ID_BASE, state._iterations),
         (
             "iteration client",
@@ -71,6 +72,15 @@ def validate_state(state: DispatcherState) -> None:
         len(state._dataset_by_fingerprint) + len(state._dataset_by_name) == len(state._datasets),
         "fingerprint or name index has entries for unknown datasets",
     )
+    _invariant(state._collected_datasets.isdisjoint(state._datasets),
+               "a dataset is both registered and collected")
+    live_jobs: dict[int, int] = {}
+    for job in state._jobs.values():
+        if not job.garbage_collected:
+            live_jobs[job.dataset_id] = live_jobs.get(job.dataset_id, 0) + 1
+    _invariant(state._live_jobs_by_dataset == live_jobs,
+               f"live jobs by dataset {state._live_jobs_by_dataset} disagree with the jobs "
+               f"({live_jobs})")
 
     # Workers: tasks_by_worker has exactly the registered ones; a departed worker is kept
     # only while a task names it, and num_tasks counts those tasks.
@@ -112,7 +122,9 @@ def validate_state(state: DispatcherState) -> None:
     # Jobs and the name index.
     for job_id, job in state._jobs.items():
         _invariant(job.job_id == job_id, f"job {job_id} stored under another id")
-        _invariant(job.dataset_id in state._datasets, f"job {job_id} reads unknown dataset")
+        _invariant(job.dataset_id in state._datasets
+                   or (job.dataset_id in state._collected_datasets and job.garbage_collected),
+                   f"job {job_id} reads an unknown dataset, or is live on a collected one")
         _invariant(job.processing_mode in PROCESSING_MODES, f"job {job_id} has a bad mode")
         _invariant(job.target_workers in TARGET_WORKERS, f"job {job_id} has bad target_workers")
         _invariant(
@@ -120,13 +132,14 @@ def validate_state(state: DispatcherState) -> None:
             and len(set(job.worker_addresses)) == len(job.worker_addresses),
             f"job {job_id}: a worker list iff static sharding, without repeats",
         )
-        if job.processing_mode == "DYNAMIC":
+        if job.processing_mode == "DYNAMIC" and job.dataset_id in state._datasets:
             _invariant(
                 state._datasets[job.dataset_id].splittable,
                 f"DYNAMIC job {job_id} reads a dataset without splits",
             )
-        _invariant(
-            job.garbage_collected == (job.num_iterations > 0 and job.num_live_iterations == 0),
+        _invariant(  # a job without iterations is live until GarbageCollectJob
+            job.garbage_collected == (job.num_live_iterations == 0)
+            if job.num_iterations else job.num_live_iterations == 0,
             f"job {job_id}: garbage_collected flag disagrees with its iteration counts",
         )
         if job.job_name is None:
@@ -287,8 +300,9 @@ def validate_state(state: DispatcherState) -> None:
     for iteration_id, cursor in state._split_cursors.items():
         _invariant(cursor.iteration_id == iteration_id, f"cursor {iteration_id} stored wrongly")
         job = state._jobs[state._iterations[iteration_id].job_id]
+        live_dataset = state._datasets.get(job.dataset_id)  # None: collected (the job too)
         _invariant(
-            cursor.num_splits == state._datasets[job.dataset_id].num_splits
+            (live_dataset is None or cursor.num_splits == live_dataset.num_splits)
             and 0 <= cursor.next_index <= cursor.num_splits
             and cursor.repetition >= 0,
             f"cursor of iteration {iteration_id} out of range: {cursor}",

@@ -20,6 +20,7 @@ import msgpack
 from ...errors import IllegalUpdateError
 
 __all__ = [
+    "DATASET_ACCEPTS",
     "ITERATION_ACCEPTS",
     "JOB_ACCEPTS",
     "TASK_TRANSITIONS",
@@ -32,7 +33,9 @@ __all__ = [
     "CreateJob",
     "CreateTask",
     "FinishTask",
+    "GarbageCollectDataset",
     "GarbageCollectIteration",
+    "GarbageCollectJob",
     "ProduceSplit",
     "ProduceSplits",
     "RegisterDataset",
@@ -505,6 +508,50 @@ class GarbageCollectIteration(_Record):
     iteration_id: int  # 1
 
 
+@dataclass(frozen=True, slots=True)
+class GarbageCollectJob(_Record):
+    """Drop a live job that never got an iteration (created, then never read: issue 22).
+
+    It is marked collected, as a job whose last iteration was collected is, and frees its
+    name. A job with an iteration is collected with its last one
+    (:class:`GarbageCollectIteration`), never by this record.
+
+    Parameters
+    ----------
+    job_id : int
+        Field 1. A live job without iterations.
+
+    Notes
+    -----
+    Next field: 2. Removed fields: none.
+    """
+
+    job_id: int  # 1
+
+
+@dataclass(frozen=True, slots=True)
+class GarbageCollectDataset(_Record):
+    """Drop a registered dataset nobody reads (issue 22): its pipeline, splits, element
+    spec and metadata, and its fingerprint or name, so that registering the pipeline again
+    makes a new dataset, with a new id and a new secret.
+
+    The id stays known as collected (a tombstone of one integer), so that a reader holding
+    it is told what happened; it is never handed out again (ids only grow). The dataset's
+    collected jobs and iterations stay, for the record.
+
+    Parameters
+    ----------
+    dataset_id : int
+        Field 1. A registered dataset, not collected, without live jobs.
+
+    Notes
+    -----
+    Next field: 2. Removed fields: none.
+    """
+
+    dataset_id: int  # 1
+
+
 #: Every kind of update, the closed set ``apply`` understands.
 UPDATE_TYPES: Final[tuple[type, ...]] = (
     RegisterDataset,
@@ -521,6 +568,8 @@ UPDATE_TYPES: Final[tuple[type, ...]] = (
     ClientHeartbeat,
     GarbageCollectIteration,
     ProduceSplits,
+    GarbageCollectJob,
+    GarbageCollectDataset,
 )
 
 Update = (
@@ -538,6 +587,8 @@ Update = (
     | ClientHeartbeat
     | GarbageCollectIteration
     | ProduceSplits
+    | GarbageCollectJob
+    | GarbageCollectDataset
 )
 
 _UPDATES_BY_NAME: Final[dict[str, type]] = {cls.__name__: cls for cls in UPDATE_TYPES}
@@ -706,10 +757,19 @@ ITERATION_ACCEPTS: Final[dict[str, frozenset[type]]] = {
 }
 
 #: ``{job status: update types it accepts}``. A job is garbage collected when its last live
-#: iteration is; its name is then free for a new job.
+#: iteration is, or (``GarbageCollectJob``) when it never got one; its name is then free for
+#: a new job.
 JOB_ACCEPTS: Final[dict[str, frozenset[type]]] = {
-    "live": frozenset({CreateIteration}),
+    "live": frozenset({CreateIteration, GarbageCollectJob}),
     "garbage_collected": frozenset(),
+}
+
+#: ``{dataset status: update types naming the dataset that it accepts}``. A registered
+#: dataset without live jobs may be collected; a collected one is a tombstone (its id names
+#: nothing any more, and is never reused).
+DATASET_ACCEPTS: Final[dict[str, frozenset[type]]] = {
+    "registered": frozenset({CreateJob, GarbageCollectDataset}),
+    "collected": frozenset(),
 }
 
 #: ``{worker status: update types it accepts}``; ``"unknown"`` is an address never registered.

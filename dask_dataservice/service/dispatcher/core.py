@@ -44,10 +44,9 @@ from ..protocol._job_checks import (
     shard_index,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from . import _locality, _split_order
+from . import _gc, _locality, _split_order
 from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
-from ._gc import collectable
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
 from ._views import ViewCache, build_view
@@ -59,7 +58,6 @@ from .state import (
     CreateTask,
     DispatcherState,
     FinishTask,
-    GarbageCollectIteration,
     ProduceSplits,
     RegisterDataset,
     RegisterWorker,
@@ -92,8 +90,11 @@ def micros(now: float) -> int:
 class CoreConfig:
     """The dispatcher's settings (``dataservice.dispatcher.*``), as plain values."""
 
-    #: Seconds a named job's iteration may have no clients before it is collected.
+    #: Seconds a named job's iteration may have no clients before it is collected (and a
+    #: job that never got an iteration, at least ``client_timeout`` after its creation).
     job_gc_timeout: float = 300.0
+    #: Seconds a dataset may have no job before it is collected (None: never).
+    dataset_gc_timeout: float | None = 3600.0
     #: Seconds without a heartbeat after which a client is released.
     client_timeout: float = 30.0
     #: Seconds of silence after which a data worker is dropped.
@@ -187,6 +188,8 @@ class DispatcherCore:
         self.client_seen: dict[int, int] = {}
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self.idle_iterations: set[int] = set()
+        #: Live jobs without an iteration, and datasets without live jobs (GC candidates).
+        self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -222,6 +225,16 @@ class DispatcherCore:
     def _push(self, address: str, changes: TaskChanges) -> None:
         self._messages.append((address, changes))
 
+    def _cancel(self, tasks: Iterable[Task]) -> None:
+        """Tell the present workers of ``tasks`` to drop them (their iteration was collected)."""
+        by_worker: dict[str, list[int]] = {}
+        for t in tasks:
+            by_worker.setdefault(t.worker_address, []).append(t.task_id)
+        for address, task_ids in by_worker.items():
+            if self.cluster.worker(address) is not None:
+                self._push(address, cast("TaskChanges", {
+                    "op": TASKS_OP, "new_tasks": [], "cancelled": task_ids}))
+
     @_stimulus
     def apply(self, update: Update) -> None:
         """Apply an update built outside (tests and benchmarks set up states so)."""
@@ -245,6 +258,7 @@ class DispatcherCore:
             if not it.num_clients
             and it.last_client_released_micros is not None
         }
+        self.idle_jobs, self.idle_datasets = _gc.idle_queues(state, self.recovered_at)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
@@ -269,16 +283,18 @@ class DispatcherCore:
     def dataset(self, dataset_id: int | str) -> Dataset:
         """A dataset by its credential, the id ``register_dataset`` answered
         (:mod:`._credentials`; a dataset journaled before secrets: its bare id or name)."""
-        return find_dataset(self.state, dataset_id)
+        return find_dataset(self.state, dataset_id, self.config.dataset_gc_timeout)
 
     @_stimulus
     def register_dataset(self, fingerprint: str, pipeline: bytes, splits: bytes | None,
                          num_splits: int, element_spec: bytes | None = None,
                          metadata: dict[str, Any] | None = None,
                          compression: str | None = None, dataset_id: str | None = None,
-                         client_id: str | None = None, host: str | None = None) -> dict[str, Any]:
+                         client_id: str | None = None, host: str | None = None,
+                         now: float | None = None) -> dict[str, Any]:
         """Register a dataset; answer its credential (``DispatcherPlugin.register_dataset``;
-        ``host``: the request's, for its limit; ``client_id``, a client's choice, is unused)."""
+        ``host``: the request's, for its limit; ``client_id``, a client's choice, is unused;
+        ``now``: when, for its idle timer; ``None``: the next GC tick's time)."""
         limits = self.config.limits
         check_name(limits, "the fingerprint", fingerprint)
         check_name(limits, "dataset_id", dataset_id)
@@ -313,13 +329,16 @@ class DispatcherCore:
             compression=compression, dataset_name=dataset_id, secret=self._new_token(),
         ))
         self.quotas.add_dataset(host, size)
+        self.idle_datasets.add(new_id, None if now is None else micros(now))  # no job yet
         return {"status": "OK", "dataset_id": credential(self.state.dataset(new_id))}
 
     @_stimulus
     def get_or_create_job(self, dataset_id: int | str, processing_mode: Any,
                           job_name: str | None = None, num_consumers: int | None = None,
                           target_workers: str = "AUTO", cross_trainer_cache: bool = False,
-                          position: str = "") -> dict[str, Any]:
+                          position: str = "", now: float | None = None) -> dict[str, Any]:
+        """Find the live job named ``job_name`` of the dataset, or create one (``now``: when,
+        for the timer of a job that gets no iteration; ``None``: the next GC tick's time)."""
         mode = parse_processing_mode(processing_mode)
         for what, name in (("job_name", job_name), ("the position", position)):
             check_name(self.config.limits, what, name)
@@ -371,6 +390,8 @@ class DispatcherCore:
             token=self._new_token(),
         ))
         self.quotas.live_jobs += 1
+        self.idle_datasets.discard(dataset_id)
+        self.idle_jobs.add(job_id, None if now is None else micros(now))  # no iteration yet
         return {"status": "OK", "job_id": job_id, "job_token": self.state.job(job_id).token}
 
     @_stimulus
@@ -382,7 +403,10 @@ class DispatcherCore:
             iteration = self.state.iteration_by_key(job_id, repetition)
         except IterationNotFoundError:
             iteration = None
+        if iteration is None and job.garbage_collected:
+            raise _gc.collected_job_error(job, self.config)
         if iteration is None:
+            self.idle_jobs.discard(job_id)
             iteration_id = self.state.next_iteration_id()
             self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
                                         repetition=repetition))
@@ -625,7 +649,8 @@ class DispatcherCore:
     @_stimulus
     def gc_tick(self, now: float) -> None:
         """One round: drop silent data workers, release silent clients, collect iterations
-        nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``)."""
+        nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``), jobs
+        that never got an iteration, and datasets without jobs (:func:`._gc.collect_idle`)."""
         timeout = self.deadlines.timeout
         for address, silence in self.deadlines.silent(
                 [w.address for w in self.state.list_workers()], now):
@@ -641,17 +666,7 @@ class DispatcherCore:
                 logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
                             client.iteration_client_id, (now_us - seen) / 1e6)
                 self._release_client(client.iteration_client_id, now)
-        gc_timeout = int(self.config.job_gc_timeout * 1_000_000)
-        for iteration_id in sorted(self.idle_iterations):
-            it = self.state.iteration(iteration_id)
-            if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
-                self.idle_iterations.discard(iteration_id)
-                continue
-            # after a restart, every timer starts again (nothing is collected early)
-            released = max(it.last_client_released_micros, self.recovered_at)
-            if now_us - released >= gc_timeout and collectable(
-                    self.state, it, self.config.gc_dynamic_sharding_jobs):
-                self._garbage_collect(it.iteration_id)
+        _gc.collect_idle(self, now)  # named iterations, jobs without one, unread datasets
 
     def _release_client(self, iteration_client_id: int, now: float,
                         read_to_end: bool = False) -> None:
@@ -663,23 +678,9 @@ class DispatcherCore:
         job = self.state.job(iteration.job_id)
         if iteration.num_clients == 0:
             if job.job_name is None:
-                self._garbage_collect(iteration.iteration_id)
+                _gc.collect_iteration(self, iteration.iteration_id, now)
             else:
                 self.idle_iterations.add(iteration.iteration_id)
-
-    def _garbage_collect(self, iteration_id: int) -> None:
-        self.idle_iterations.discard(iteration_id)
-        tasks = self.state.tasks_for_iteration(iteration_id)
-        self._apply(GarbageCollectIteration(iteration_id=iteration_id))
-        if self.state.job(self.state.iteration(iteration_id).job_id).garbage_collected:
-            self.quotas.live_jobs -= 1
-        by_worker: dict[str, list[int]] = {}
-        for t in tasks:
-            by_worker.setdefault(t.worker_address, []).append(t.task_id)
-        for address, task_ids in by_worker.items():
-            if self.cluster.worker(address) is not None:
-                self._push(address, cast("TaskChanges", {
-                    "op": TASKS_OP, "new_tasks": [], "cancelled": task_ids}))
 
     # Queries and helpers
     #####################

@@ -11,7 +11,9 @@ Responsibilities
 - Liveness: release clients that stopped sending heartbeats (kept in memory, not journaled:
   every timer starts again after a restart), garbage-collect iterations
   with no clients (anonymous ones at once, named ones after ``job-gc-timeout``, except an
-  unfinished DYNAMIC one, kept while it can be read, as in TensorFlow), and mark the tasks
+  unfinished DYNAMIC one, kept while it can be read, as in TensorFlow), jobs that never
+  got an iteration (after ``job-gc-timeout``) and datasets with no job for
+  ``dataset-gc-timeout`` (issue 22), and mark the tasks
   of departed workers lost (their splits in flight are never handed out again).
 - Decide nothing the state cannot replay: a static job's worker list and each task's shard
   index are journaled (``CreateJob.worker_addresses``, ``CreateTask.shard_index``), so a
@@ -217,8 +219,11 @@ class DispatcherPlugin(SchedulerPlugin):
         worker_timeout = self.worker_timeout
         if worker_timeout is None:
             worker_timeout = config.get_seconds("dispatcher.worker-timeout")
+        dataset_gc = config.get("dispatcher.dataset-gc-timeout")
         return CoreConfig(
             job_gc_timeout=float(self.job_gc_timeout),
+            dataset_gc_timeout=None if dataset_gc is None
+            else config.get_seconds("dispatcher.dataset-gc-timeout"),
             client_timeout=float(self.client_timeout),
             worker_timeout=float(worker_timeout),
             gc_dynamic_sharding_jobs=bool(config.get("dispatcher.gc-dynamic-sharding-jobs")),
@@ -426,7 +431,7 @@ class DispatcherPlugin(SchedulerPlugin):
         return self._run(self._core.register_dataset, fingerprint, pipeline, splits,
                          num_splits, element_spec=element_spec, metadata=metadata,
                          compression=compression, dataset_id=dataset_id, client_id=client_id,
-                         host=peer_host(comm))
+                         host=peer_host(comm), now=time.time())
 
     @handler
     def worker_key(self, address: str) -> dict[str, Any]:
@@ -457,7 +462,8 @@ class DispatcherPlugin(SchedulerPlugin):
         return self._run(self._core.get_or_create_job, dataset_id, processing_mode,
                          job_name=job_name, num_consumers=num_consumers,
                          target_workers=target_workers,
-                         cross_trainer_cache=cross_trainer_cache, position=position)
+                         cross_trainer_cache=cross_trainer_cache, position=position,
+                         now=time.time())
 
     @_durable
     def get_or_create_iteration(self, job_id: int, repetition: int = 0,

@@ -64,7 +64,9 @@ corruption with its file and byte offset.
 # Theory of operation
 # ===================
 #
-# Entities. A *dataset* is registered once per fingerprint and never removed. A *worker* is
+# Entities. A *dataset* is registered once per fingerprint (or name); once it has had no live
+# job for a while the dispatcher collects it (``GarbageCollectDataset``): its bytes and its
+# fingerprint or name go, its id stays as a tombstone and is never reused. A *worker* is
 # registered when it joins and marked departed (``registered=False``) when it leaves; it may
 # register again at the same address. A *job* reads one dataset in one processing mode. A
 # *named* job is shared by every client that uses its name and gets one *iteration* per
@@ -92,6 +94,11 @@ corruption with its file and byte offset.
 #              repetition, as in TensorFlow.
 #   job        live --GC of its last live iteration--> garbage_collected (its name is freed,
 #              and a new job may take it; the old job accepts no more iterations)
+#              live --GarbageCollectJob--> garbage_collected (a job that never got an
+#              iteration, the same way)
+#   dataset    registered --GarbageCollectDataset--> collected (only without live jobs:
+#              ``DATASET_ACCEPTS``; a collected dataset is a tombstone: its id in
+#              ``_collected_datasets``, nothing else)
 #   worker     registered --RemoveWorker--> departed --RegisterWorker--> registered
 #
 # Split cursor (DYNAMIC jobs only). The dataset's splits were enumerated by the client and are
@@ -122,9 +129,10 @@ corruption with its file and byte offset.
 # those times and its own clock, then journals ``ReleaseIterationClient`` and
 # ``GarbageCollectIteration``; the state only stores what the records say.
 #
-# Memory. Datasets, jobs and iterations stay in the state after GC (a few hundred bytes each,
-# as in TensorFlow, plus a DYNAMIC iteration's cursor and the splits it lost, kept as the
-# record of what it missed); tasks and clients are removed with their iteration, and a
+# Memory. Jobs and iterations stay in the state after GC (a few hundred bytes each, as in
+# TensorFlow, plus a DYNAMIC iteration's cursor and the splits it lost, kept as the record of
+# what it missed); a collected dataset leaves only its id (one int in a set: its pipeline,
+# splits, spec and metadata are dropped); tasks and clients are removed with their iteration, and a
 # departed worker is forgotten once no remaining task names it (so worker churn does not grow
 # the state). ``splits_in_flight`` stays small as long as workers
 # acknowledge the splits they finish.
@@ -162,6 +170,7 @@ from ._state_checks import StateChecks
 from ._state_queries import StateQueries
 from ._state_validation import validate_state as _validate_state
 from ._updates import (
+    DATASET_ACCEPTS,
     ITERATION_ACCEPTS,
     JOB_ACCEPTS,
     TASK_TRANSITIONS,
@@ -174,7 +183,9 @@ from ._updates import (
     CreateJob,
     CreateTask,
     FinishTask,
+    GarbageCollectDataset,
     GarbageCollectIteration,
+    GarbageCollectJob,
     ProduceSplit,
     ProduceSplits,
     RegisterDataset,
@@ -187,6 +198,7 @@ from ._updates import (
 )
 
 __all__ = [
+    "DATASET_ACCEPTS",
     "DATASET_ID_BASE",
     "ITERATION_ACCEPTS",
     "ITERATION_CLIENT_ID_BASE",
@@ -208,7 +220,9 @@ __all__ = [
     "Dataset",
     "DispatcherState",
     "FinishTask",
+    "GarbageCollectDataset",
     "GarbageCollectIteration",
+    "GarbageCollectJob",
     "Iteration",
     "IterationClient",
     "Job",
@@ -258,6 +272,11 @@ class DispatcherState(StateQueries, StateChecks):
         self._dataset_by_fingerprint: dict[str, int] = {}
         #: ``{dataset_name: dataset_id}`` of the datasets registered under a name of the user's.
         self._dataset_by_name: dict[str, int] = {}
+        #: Ids of the datasets garbage collected (tombstones: a reader holding one is told
+        #: its dataset was collected; ids are never reused).
+        self._collected_datasets: set[int] = set()
+        #: ``{dataset_id: live jobs}`` (no entry: none), so that a dataset's GC is O(1).
+        self._live_jobs_by_dataset: dict[int, int] = {}
         #: ``{address: Worker}``, registered and departed workers.
         self._workers: dict[str, Worker] = {}
         #: ``{address: {iteration_id: task_id}}``: the active tasks of each *registered* worker.
@@ -357,6 +376,10 @@ class DispatcherState(StateQueries, StateChecks):
                 self._remove_worker(update)
             case GarbageCollectIteration():
                 self._garbage_collect_iteration(update)
+            case GarbageCollectJob():
+                self._garbage_collect_job(update)
+            case GarbageCollectDataset():
+                self._garbage_collect_dataset(update)
 
     def check(self, update: Update) -> None:
         """Raise if ``update`` is illegal in the current state; never change anything.
@@ -409,6 +432,10 @@ class DispatcherState(StateQueries, StateChecks):
                 self._check_remove_worker(update)
             case GarbageCollectIteration():
                 self._check_garbage_collect_iteration(update)
+            case GarbageCollectJob():
+                self._check_garbage_collect_job(update)
+            case GarbageCollectDataset():
+                self._check_garbage_collect_dataset(update)
             case _:
                 raise IllegalUpdateError(f"Unknown update type {type(update).__name__!r}")
 
@@ -453,6 +480,8 @@ class DispatcherState(StateQueries, StateChecks):
             "datasets": {k: dataclasses.asdict(v) for k, v in self._datasets.items()},
             "dataset_by_fingerprint": dict(self._dataset_by_fingerprint),
             "dataset_by_name": dict(self._dataset_by_name),
+            "collected_datasets": sorted(self._collected_datasets),
+            "live_jobs_by_dataset": dict(self._live_jobs_by_dataset),
             "workers": {k: dataclasses.asdict(v) for k, v in self._workers.items()},
             "tasks_by_worker": {k: dict(v) for k, v in self._tasks_by_worker.items()},
             "jobs": {k: dataclasses.asdict(v) for k, v in self._jobs.items()},
@@ -551,6 +580,8 @@ class DispatcherState(StateQueries, StateChecks):
         )
         if u.job_name is not None:
             self._jobs_by_name[(u.dataset_id, u.job_name)] = u.job_id
+        self._live_jobs_by_dataset[u.dataset_id] = \
+            self._live_jobs_by_dataset.get(u.dataset_id, 0) + 1
         self._next_job_id = max(self._next_job_id, u.job_id + 1)
 
     def _create_iteration(self, u: CreateIteration) -> None:
@@ -662,10 +693,28 @@ class DispatcherState(StateQueries, StateChecks):
         job = self._jobs[iteration.job_id]
         job.num_live_iterations -= 1
         if job.num_live_iterations == 0:
-            job.garbage_collected = True
-            if job.job_name is not None:
-                del self._jobs_by_name[(job.dataset_id, job.job_name)]
+            self._job_collected(job)
 
+    def _garbage_collect_job(self, u: GarbageCollectJob) -> None:
+        self._job_collected(self._jobs[u.job_id])
+
+    def _job_collected(self, job: Job) -> None:
+        job.garbage_collected = True
+        if job.job_name is not None:
+            del self._jobs_by_name[(job.dataset_id, job.job_name)]
+        live = self._live_jobs_by_dataset[job.dataset_id] - 1
+        if live:
+            self._live_jobs_by_dataset[job.dataset_id] = live
+        else:
+            del self._live_jobs_by_dataset[job.dataset_id]
+
+    def _garbage_collect_dataset(self, u: GarbageCollectDataset) -> None:
+        dataset = self._datasets.pop(u.dataset_id)
+        if dataset.dataset_name is None:
+            del self._dataset_by_fingerprint[dataset.fingerprint]
+        else:
+            del self._dataset_by_name[dataset.dataset_name]
+        self._collected_datasets.add(u.dataset_id)
 
     def _forget_if_unused(self, address: str) -> None:
         worker = self._workers[address]

@@ -434,7 +434,7 @@ class Run:
             self.dispatcher.key_holders = {("part", i): {worker_address(i % p.n_workers)}
                                            for i in range(p.num_splits)}
         reply = d._run(d.core.register_dataset, "fp", b"pipeline", b"splits", p.num_splits,
-                       metadata=metadata)
+                       metadata=metadata, now=self.world.now)
         d._flush(d.host.incarnation)  # registered before any consumer starts
         self.dataset_id = reply["dataset_id"]
 

@@ -316,9 +316,9 @@ class SimDispatcher:
     def _handle(self, core: DispatcherCore, src: str, name: str, kw: dict[str, Any]) -> Any:
         now = self.world.now
         if name == "register_dataset":
-            return self._run(core.register_dataset, **kw)
+            return self._run(core.register_dataset, **kw, now=now)
         if name == "start_read":
-            job = self._run(core.get_or_create_job, **kw["job"])
+            job = self._run(core.get_or_create_job, **kw["job"], now=now)
             view = self._run(core.get_or_create_iteration, job["job_id"], now,
                              repetition=kw.get("repetition", 0), job_token=job["job_token"])
             return {"status": "OK", "job": job, "iteration": view}

@@ -37,6 +37,7 @@ from dask_dataservice.errors import (
 )
 from dask_dataservice.service.dispatcher._state_codec import decode_state, encode_state
 from dask_dataservice.service.dispatcher.state import (
+    DATASET_ACCEPTS,
     ITERATION_ACCEPTS,
     JOB_ACCEPTS,
     TASK_TRANSITIONS,
@@ -50,7 +51,9 @@ from dask_dataservice.service.dispatcher.state import (
     CreateTask,
     DispatcherState,
     FinishTask,
+    GarbageCollectDataset,
     GarbageCollectIteration,
+    GarbageCollectJob,
     ProduceSplit,
     ProduceSplits,
     RegisterDataset,
@@ -1013,6 +1016,74 @@ def test_garbage_collect_iteration_frees_the_job_name(state):
     assert state.job_by_name("shared").job_id == new_job != job_id
 
 
+def test_a_job_without_iterations_is_collected_by_garbage_collect_job(state):
+    """``GarbageCollectJob``: only a live job that never got an iteration; it frees the
+    name as the collection of a job's last iteration does."""
+    dataset_id = register_dataset(state)
+    job_id = create_job(state, dataset_id, job_name="shared")
+    read = create_job(state, dataset_id)
+    create_iteration(state, read)
+    assert_refused(state, GarbageCollectJob(read), IllegalUpdateError,
+                   f"GarbageCollectJob: job {read} has 1 iteration(s); it is collected with "
+                   "its last one")
+    assert_refused(state, GarbageCollectJob(5999), JobNotFoundError, "Job 5999 not found")
+    assert state.num_live_jobs(dataset_id) == 2
+    state.apply(GarbageCollectJob(job_id))
+    job = state.job(job_id)
+    assert (job.status, job.num_iterations, state.num_live_jobs(dataset_id)) == \
+        ("garbage_collected", 0, 1)
+    with pytest.raises(JobNotFoundError):
+        state.job_by_name("shared")
+    assert_refused(state, GarbageCollectJob(job_id), IllegalUpdateError,
+                   f"GarbageCollectJob: job {job_id} is garbage_collected")
+    assert_refused(state, CreateIteration(state.next_iteration_id(), job_id), IllegalUpdateError,
+                   f"CreateIteration: job {job_id} is garbage_collected")
+    assert create_job(state, dataset_id, job_name="shared") == job_id + 2  # the name is free
+
+
+def test_garbage_collect_dataset_leaves_a_tombstone_and_frees_its_fingerprint(state):
+    """``GarbageCollectDataset``: only without live jobs; the dataset's bytes and index
+    entries go, its id stays collected and is never used again."""
+    dataset_id = register_dataset(state, "fp")
+    named = register_dataset(state, "fp", dataset_name="train")
+    job_id = create_job(state, dataset_id)
+    iteration_id = create_iteration(state, job_id)
+    assert_refused(state, GarbageCollectDataset(dataset_id), IllegalUpdateError,
+                   f"GarbageCollectDataset: dataset {dataset_id} still has 1 live job(s)")
+    state.apply(GarbageCollectIteration(iteration_id))  # its job goes with it
+    assert state.num_live_jobs(dataset_id) == 0
+    state.apply(GarbageCollectDataset(dataset_id))
+    state.apply(GarbageCollectDataset(named))
+    assert state.list_datasets() == []
+    assert state.dataset_collected(dataset_id) and state.dataset_collected(named)
+    assert state.num_collected_datasets() == 2
+    snap = state.snapshot()
+    assert (snap["datasets"], snap["dataset_by_fingerprint"], snap["dataset_by_name"],
+            snap["collected_datasets"]) == ({}, {}, {}, [dataset_id, named])
+    assert state.job(job_id).dataset_id == dataset_id  # collected jobs stay, for the record
+    for error, update in [
+        (f"Dataset {dataset_id} was garbage collected (it had no job for the dispatcher's "
+         "dataset-gc-timeout)", GarbageCollectDataset(dataset_id)),
+        (f"Dataset {dataset_id} was garbage collected (it had no job for the dispatcher's "
+         "dataset-gc-timeout)", CreateJob(state.next_job_id(), None, dataset_id, "OFF")),
+        ("Dataset 1002 not found", GarbageCollectDataset(1002)),
+    ]:
+        assert_refused(state, update, DatasetNotFoundError, error)
+    with pytest.raises(DatasetNotFoundError) as info:
+        state.dataset_by_fingerprint("fp")
+    assert str(info.value) == "Dataset with fingerprint 'fp' not found"
+    # the same pipeline again: a new dataset, under a new id; the old ids are never reused
+    assert_refused(state, RegisterDataset(named, "fp", b"p", b"s", 1), IllegalUpdateError,
+                   f"RegisterDataset: dataset id {named} is not fresh (the next dataset id is "
+                   f"{named + 1})")
+    again = register_dataset(state, "fp")
+    assert again == named + 1 and state.dataset_by_fingerprint("fp").dataset_id == again
+    assert register_dataset(state, "fp", dataset_name="train") == named + 2
+    restored = decode_state(encode_state(state))
+    restored.validate_state()
+    assert restored == state and restored.dataset_collected(dataset_id)
+
+
 def test_garbage_collect_drops_splits_in_flight(state):
     iteration_id, [task_id] = dynamic_iteration(state)
     produce_split(state, iteration_id, task_id)
@@ -1044,10 +1115,12 @@ def test_lifecycle_tables_cover_the_statuses_and_updates():
     assert set(TASK_TRANSITIONS) == {"active", "finished", "lost"}
     assert set(ITERATION_ACCEPTS) == {"running", "finished", "garbage_collected"}
     assert set(JOB_ACCEPTS) == {"live", "garbage_collected"}
+    assert set(DATASET_ACCEPTS) == {"registered", "collected"}
     assert set(WORKER_ACCEPTS) == {"unknown", "registered", "departed"}
     for after in TASK_TRANSITIONS.values():
         assert set(after.values()) <= set(TASK_TRANSITIONS) | {"removed"}
-    tables = [*TASK_TRANSITIONS.values(), *ITERATION_ACCEPTS.values(), *JOB_ACCEPTS.values()]
+    tables = [*TASK_TRANSITIONS.values(), *ITERATION_ACCEPTS.values(), *JOB_ACCEPTS.values(),
+              *DATASET_ACCEPTS.values()]
     assert set().union(*tables, *WORKER_ACCEPTS.values()) <= set(UPDATE_TYPES)
 
 
@@ -1080,6 +1153,8 @@ EXAMPLES = [
     ClientHeartbeat(3000, 1_700_000_000_000_002),
     GarbageCollectIteration(2000),
     ProduceSplits(2000, 1, 2, 4, 4000, True),
+    GarbageCollectJob(5000),
+    GarbageCollectDataset(1000),
 ]
 
 
@@ -1274,6 +1349,8 @@ class DispatcherStateMachine(RuleBasedStateMachine):
         if job_name is not None and job_name in live:
             job_id = live[job_name].job_id
         else:
+            if not state.list_datasets():  # all collected
+                return
             dataset = data.draw(st.sampled_from(state.list_datasets()))
             modes = ["DYNAMIC", "DYNAMIC", "OFF"] if dataset.splittable else ["OFF", "HINT"]
             mode = data.draw(st.sampled_from(modes))
@@ -1315,7 +1392,8 @@ class DispatcherStateMachine(RuleBasedStateMachine):
                 job_id=state.next_job_id(),
                 job_name=job_name,
                 dataset_id=self.pick(
-                    data, [d.dataset_id for d in state.list_datasets()], state.next_dataset_id()
+                    data, [d.dataset_id for d in state.list_datasets()],
+                    data.draw(st.sampled_from([state.next_dataset_id(), *self.collected()])),
                 ),
                 processing_mode=data.draw(st.sampled_from(["DYNAMIC", "DYNAMIC", "OFF", "FILE"])),
                 worker_addresses=data.draw(st.sampled_from([(), SHARDS, SHARDS])),
@@ -1431,6 +1509,47 @@ class DispatcherStateMachine(RuleBasedStateMachine):
                         ReleaseIterationClient(client.iteration_client_id, self.tick(data))
                     )
         self.offer(GarbageCollectIteration(iteration_id))
+
+    def collected(self):
+        return sorted(self.state.snapshot()["collected_datasets"])
+
+    @rule(data=st.data())
+    def garbage_collect_job(self, data):
+        """Usually a live job without iterations (one a client never read)."""
+        jobs = self.state.list_jobs()
+        idle = [j.job_id for j in jobs if j.status == "live" and not j.num_iterations]
+        others = [j.job_id for j in jobs] or [self.state.next_job_id()]
+        job_id = self.pick(data, idle, data.draw(st.sampled_from(others)))
+        self.offer(GarbageCollectJob(job_id))
+
+    @rule(data=st.data(), collect_jobs_first=st.booleans())
+    def garbage_collect_dataset(self, data, collect_jobs_first):
+        """Usually a dataset without live jobs (after collecting its jobs, if asked)."""
+        state = self.state
+        datasets = [d.dataset_id for d in state.list_datasets()]
+        bogus = data.draw(st.sampled_from([state.next_dataset_id(), *self.collected()]))
+        dataset_id = self.pick(data, datasets, bogus)
+        if collect_jobs_first:
+            for job in state.list_jobs():
+                if job.dataset_id != dataset_id or job.status != "live":
+                    continue
+                if not job.num_iterations:
+                    assert self.offer(GarbageCollectJob(job.job_id))
+                    continue
+                for it in state.list_live_iterations():
+                    if it.job_id != job.job_id:
+                        continue
+                    for client in state.list_iteration_clients():
+                        if client.iteration_id == it.iteration_id:
+                            assert self.offer(ReleaseIterationClient(
+                                client.iteration_client_id, self.tick(data)))
+                    assert self.offer(GarbageCollectIteration(it.iteration_id))
+        legal = dataset_id in datasets and not state.num_live_jobs(dataset_id)
+        collected = self.offer(GarbageCollectDataset(dataset_id))
+        assert collected == legal
+        if collected:
+            assert state.dataset_collected(dataset_id)
+            assert dataset_id not in [d.dataset_id for d in state.list_datasets()]
 
     @rule()
     def take_a_snapshot(self):
