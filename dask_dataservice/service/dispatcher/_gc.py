@@ -105,18 +105,22 @@ def collectable(state: DispatcherState, iteration: Iteration, gc_dynamic_jobs: b
     return bool(state.job(iteration.job_id).processing_mode != "DYNAMIC")
 
 
-
-def idle_queues(state: DispatcherState, since: int) -> tuple[IdleQueue, IdleQueue]:
-    """``(jobs without iterations, datasets without live jobs)`` of a state replayed at a
-    start, all idle ``since`` it (O(jobs + datasets), once per start, as the quotas' recount)."""
-    jobs, datasets = IdleQueue(), IdleQueue()
+def idle_queues(state: DispatcherState,
+                since: int) -> tuple[IdleQueue, IdleQueue, set[int]]:
+    """``(jobs without iterations, datasets never read without live jobs, datasets read)``
+    of a state replayed at a start, the idle ones all idle ``since`` it (O(jobs + datasets),
+    once per start, as the quotas' recount). A dataset is read once a job of it got an
+    iteration (collected jobs and iterations stay in the state, so this survives restarts)."""
+    jobs, datasets, read = IdleQueue(), IdleQueue(), set()
     for job in state.list_jobs():
-        if not job.garbage_collected and not job.num_iterations:
+        if job.num_iterations:
+            read.add(job.dataset_id)
+        elif not job.garbage_collected:
             jobs.add(job.job_id, since)
     for dataset in state.list_datasets():
-        if not state.num_live_jobs(dataset.dataset_id):
+        if dataset.dataset_id not in read and not state.num_live_jobs(dataset.dataset_id):
             datasets.add(dataset.dataset_id, since)
-    return jobs, datasets
+    return jobs, datasets, read
 
 
 def job_gc_seconds(config: CoreConfig) -> float:
@@ -198,8 +202,10 @@ def collect_iteration(core: DispatcherCore, iteration_id: int, now: float) -> No
 
 
 def job_gone(core: DispatcherCore, dataset_id: int, now: float) -> None:
-    """A job of ``dataset_id`` was collected: its quota slot is free, and the dataset is
-    idle from ``now`` on if that was its last live job."""
+    """A job of ``dataset_id`` was collected: its quota slot is free, and a dataset never
+    read is idle from ``now`` on if that was its last live job. A dataset that was read is
+    kept for the dispatcher's life, as in TensorFlow: a ``distribute()``d dataset read again
+    hours later (a notebook, an evaluation pass) must still be there."""
     core.quotas.live_jobs -= 1
-    if not core.state.num_live_jobs(dataset_id):
+    if dataset_id not in core.read_datasets and not core.state.num_live_jobs(dataset_id):
         core.idle_datasets.add(dataset_id, int(now * 1_000_000))

@@ -188,8 +188,10 @@ class DispatcherCore:
         self.client_seen: dict[int, int] = {}
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self.idle_iterations: set[int] = set()
-        #: Live jobs without an iteration, and datasets without live jobs (GC candidates).
+        #: Live jobs without an iteration, and datasets never read without live jobs (GC
+        #: candidates); datasets some job of which got an iteration (kept, as TensorFlow's).
         self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
+        self.read_datasets: set[int] = set()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -258,7 +260,8 @@ class DispatcherCore:
             if not it.num_clients
             and it.last_client_released_micros is not None
         }
-        self.idle_jobs, self.idle_datasets = _gc.idle_queues(state, self.recovered_at)
+        self.idle_jobs, self.idle_datasets, self.read_datasets = _gc.idle_queues(
+            state, self.recovered_at)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
@@ -407,6 +410,7 @@ class DispatcherCore:
             raise _gc.collected_job_error(job, self.config)
         if iteration is None:
             self.idle_jobs.discard(job_id)
+            self.read_datasets.add(job.dataset_id)
             iteration_id = self.state.next_iteration_id()
             self._apply(CreateIteration(iteration_id=iteration_id, job_id=job_id,
                                         repetition=repetition))

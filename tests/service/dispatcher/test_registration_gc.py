@@ -166,7 +166,12 @@ def test_a_dataset_with_a_live_job_or_iteration_is_never_collected():
 
 
 @pytest.mark.pure
-def test_the_dataset_timer_starts_when_its_last_job_is_collected():
+def test_a_dataset_that_was_read_is_kept_after_its_jobs_are_gone():
+    """Only a registration nobody ever read is freed. A dataset some job of which got an
+    iteration is kept for the dispatcher's life, as TensorFlow keeps every dataset: a
+    ``distribute()``d dataset read again hours later (a notebook after lunch, an evaluation
+    pass) is still there, also after a restart (collected jobs and iterations stay in the
+    state, so "was read" is rebuilt from it)."""
     r = Recorder()
     credential = r.register(now=100.0)
     job, view = r.read(credential, now=150.0)
@@ -174,9 +179,13 @@ def test_the_dataset_timer_starts_when_its_last_job_is_collected():
     assert [type(u) for u in r.records[-2:]] == [ReleaseIterationClient,
                                                  GarbageCollectIteration]
     assert r.core.quotas.live_jobs == 0
-    assert r.tick(200.0) == []  # 100 s after the registration, 20 s after the job
-    assert r.tick(279.999) == []
-    assert r.tick(280.0) == [GarbageCollectDataset(dataset_id=1000)]
+    for now in (280.0, 10_000.0, 1e7):
+        assert r.tick(now) == []
+    restarted = Recorder(now=2e7, records=[*r.records])
+    assert restarted.tick(2e7 + 1e6) == []
+    assert [d.dataset_id for d in restarted.core.state.list_datasets()] == [1000]
+    again, _ = restarted.read(credential, now=2e7 + 1e6)  # read again, by the same id
+    assert restarted.core.state.job(again["job_id"]).dataset_id == 1000
 
 
 @pytest.mark.pure
