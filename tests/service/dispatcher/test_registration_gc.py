@@ -398,11 +398,11 @@ async def test_collection_survives_restarts_of_a_fault_tolerant_dispatcher(tmp_p
         assert (plugin.state.num_collected_datasets(), plugin.state.list_datasets()) == (2, [])
         reply = await plugin.get_or_create_job(dataset_id=collected, processing_mode="OFF")
         assert reply["status"] == "error"
-        assert collected_message(1000, "3600s") in str(reply["exception"])
+        assert collected_message(1000, "3600s") in reply["exception_text"]
         reply = await plugin.get_or_create_iteration(job_id=job["job_id"],
                                                      job_token=job["job_token"])
         assert reply["status"] == "error"
-        assert "job 5000 was garbage collected: it had no iteration" in str(reply["exception"])
+        assert "job 5000 was garbage collected: it had no iteration" in reply["exception_text"]
         again = ok(await plugin.register_dataset(
             fingerprint="a", pipeline=PIPELINE, splits=SPLITS, num_splits=4,
             metadata=METADATA))["dataset_id"]
@@ -416,7 +416,7 @@ async def test_collection_survives_restarts_of_a_fault_tolerant_dispatcher(tmp_p
         assert [state.dataset_collected(i) for i in (1000, 1001, 1002)] == [True, True, False]
         assert plugin.core.quotas.datasets == 1
         reply = await plugin.get_or_create_job(dataset_id=collected, processing_mode="OFF")
-        assert collected_message(1000, "3600s") in str(reply["exception"])
+        assert collected_message(1000, "3600s") in reply["exception_text"]
         new = ok(await plugin.register_dataset(fingerprint="c", pipeline=b"p", splits=b"s",
                                                num_splits=1))["dataset_id"]
         assert number(new) == 1003
