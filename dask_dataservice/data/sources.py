@@ -193,13 +193,39 @@ class TensorSlices(Source):
         return index_ranges(self.n, split_size or default_split_size(self.n))
 
     def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
-        return self._rows(0, self.n)
+        chunk = self._chunk_rows()
+        if chunk is None:
+            return self._rows(0, self.n)
+        # arrays scattered to the cluster: read a chunk at a time
+        return (x for start in range(0, self.n, chunk)
+                for x in self._rows(start, min(self.n, start + chunk)))
 
     def read_split(self, split: IndexRange) -> Iterator[Any]:
         return self._rows(split.start, split.stop)
 
+    # -- arrays moved to the cluster at registration (data/dask_source.py) ----------------
+    def __getstate__(self) -> dict[str, Any]:
+        from .dask_source import replacement
+
+        state = dict(self.__dict__)
+        instead = replacement(self)
+        if instead is not None:  # the data, with its large arrays as ScatteredArray leaves
+            state["data"] = instead
+        return state
+
+    def _chunk_rows(self) -> int | None:
+        """The smallest chunk of the arrays held by the cluster, or None if there is none."""
+        chunks = [leaf.chunk_rows for leaf in flatten(self.data) if not isinstance(leaf, np.ndarray)]
+        return min(chunks) if chunks else None
+
     def _rows(self, start: int, stop: int) -> Iterator[Any]:
         data = self.data
+        if self._chunk_rows() is not None:  # read rows start:stop of every array
+            from .structure import map_structure
+
+            data = map_structure(lambda leaf: leaf[start:stop] if isinstance(leaf, np.ndarray)
+                                 else leaf.rows(start, stop), data)
+            start, stop = 0, stop - start
         if isinstance(data, np.ndarray):
             return iter(data[start:stop])
         if isinstance(data, tuple) and not hasattr(data, "_fields") and all(

@@ -14,6 +14,7 @@ With an asynchronous client (``Client(asynchronous=True)``), ``register_dataset`
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -23,12 +24,12 @@ import cloudpickle
 from distributed import Client
 
 from ...data import Dataset
-from ...data.dask_source import locality_metadata, pin_persisted
+from ...data.dask_source import locality_metadata, pickling_with, pin_persisted
 from ...data.spec import check_element_spec
 from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
 from ..protocol._sharding import ShardingPolicy, parse_processing_mode
-from . import _connection, _fixed_readers  # noqa: F401 - _fixed_readers installs itself
+from . import _connection, _fixed_readers, _scatter  # noqa: F401 - _fixed_readers installs itself
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
@@ -118,14 +119,9 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a dask_dataservice Dataset, got {type(dataset).__name__}")
     compression = check_compression(compression)
-    try:
-        pipeline = cloudpickle.dumps(dataset)
-    except Exception as e:
-        raise TypeError(
-            f"the dataset cannot be pickled, so it cannot run on workers: {type(e).__name__}: {e}. "
-            "Functions in a pipeline must be picklable by cloudpickle (no open files, locks, "
-            "sockets or clients in their closures)"
-        ) from e
+    # big arrays (and collections) go to the workers through Dask, not in the pickle
+    large = _scatter.large_inputs(dataset._op)
+    pipeline = b"" if large else _pickle(dataset, {})
     why_not = dataset.why_not_splittable()
     if why_not is None:
         splits_list = dataset.splits(split_size)
@@ -155,10 +151,14 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         if installing is not None:
             await installing
         await pin_persisted(client, dataset._op)  # Dask collections: keep their data alive
+        sent = pipeline
+        if large:  # scattered (persisted) now; the pipeline holds their keys
+            moved = await _scatter.move(client, large, split_size)
+            sent = await asyncio.to_thread(_pickle, dataset, moved)
         # registration is idempotent (by fingerprint): retried across a dispatcher restart
         resp = await _connection.call_dispatcher(
             client, "dataservice_register_dataset", "dataset registration",
-            fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
+            fingerprint=fingerprint, pipeline=sent, splits=splits, num_splits=num_splits,
             compression=compression, metadata=metadata, dataset_id=dataset_id,
             client_id=client.id,
         )
@@ -170,6 +170,19 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     _connection.check_can_block(client, "register_dataset()")
     _connection.ensure_installed(client)
     return _connection.run_blocking(client, go)
+
+
+def _pickle(dataset: Dataset, moved: dict[int, Any]) -> bytes:
+    """The pipeline's pickle, with the sources in ``moved`` pickled as their replacements."""
+    try:
+        with pickling_with(moved):
+            return cast(bytes, cloudpickle.dumps(dataset))
+    except Exception as e:
+        raise TypeError(
+            f"the dataset cannot be pickled, so it cannot run on workers: {type(e).__name__}: {e}. "
+            "Functions in a pipeline must be picklable by cloudpickle (no open files, locks, "
+            "sockets or clients in their closures)"
+        ) from e
 
 
 class DistributedDataset(Dataset):
