@@ -60,7 +60,7 @@ async def test_an_80_mb_array_is_read_through_distribute_exactly_once_per_elemen
     (the client, two in-process workers and the reader hold a copy each)."""
     x = indexed(10_000, 1000)
     assert x.nbytes == 80_000_000
-    ds = Dataset.from_tensor_slices((x, np.arange(10_000)))
+    ds = Dataset.from_tensor_slices((x, np.arange(10_000, dtype=np.int32)))  # 40 kB: inline
     start = time.perf_counter()
     dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds)
     registered = time.perf_counter() - start
@@ -68,6 +68,7 @@ async def test_an_80_mb_array_is_read_through_distribute_exactly_once_per_elemen
     [pin] = published(s)
     keys = list(s.tasks)
     assert len([k for k in keys if str(k).startswith("dds-slices-")]) == 250  # 40-row splits
+    assert sum(s.tasks[k].nbytes for k in keys) >= 80_000_000
     # both workers hold chunks: the array was spread, not put on one
     assert all(any(str(k).startswith("dds-slices-") for k in w.data) for w in (a, b))
     # the same array again: the same dataset, nothing scattered again
@@ -80,7 +81,8 @@ async def test_an_80_mb_array_is_read_through_distribute_exactly_once_per_elemen
     assert pin in published(s)
 
 
-@gen_cluster(client=True, nthreads=TWO)
+@gen_cluster(client=True, nthreads=TWO,
+             config={"dataservice.dispatcher.worker-addresses": ["0", "1"]})
 async def test_scattered_rows_keep_the_local_order_and_shards(c, s, a, b):
     with dask.config.set(SMALL):
         await _install_async(c)
@@ -93,12 +95,14 @@ async def test_scattered_rows_keep_the_local_order_and_shards(c, s, a, b):
         assert sorted(dynamic) == local
         # OFF: each of the two workers reads the whole dataset in the local order
         tagged = await read(await distribute(
-            ds.map(lambda e: (current_task()["worker_index"], e)), "OFF", c))
-        for w in (0, 1):
-            assert [e for i, e in tagged if i == w] == local
+            ds.map(lambda *e: (current_task()["task_id"], e)), "OFF", c))
+        tasks = sorted({t for t, _ in tagged})
+        assert len(tasks) == 2
+        for task in tasks:
+            assert [e for t, e in tagged if t == task] == local
         # DATA: element i goes to worker i % 2, in order
         data = await read(await distribute(
-            ds.map(lambda e: (current_task()["worker_index"], e)), "DATA", c))
+            ds.map(lambda *e: (current_task()["worker_index"], e)), "DATA", c))
         for w in (0, 1):
             assert [e for i, e in data if i == w] == local[w::2]
 
@@ -155,7 +159,7 @@ async def test_scattered_rows_that_are_gone_are_an_error_naming_them(c, s, a):
 def test_small_arrays_and_no_threshold_stay_in_the_pipeline():
     from dask_dataservice.service.client._scatter import large_inputs
 
-    big = Dataset.from_tensor_slices(np.zeros(3 << 20, np.uint8)).batch(4)
+    big = Dataset.from_tensor_slices(np.zeros(17 << 20, np.uint8)).batch(4)
     assert [type(op).__name__ for op in large_inputs(big._op)] == ["TensorSlices"]
     assert large_inputs(Dataset.from_tensor_slices(np.zeros(1000))._op) == []
     with dask.config.set({"dataservice.client.scatter-threshold": None}):

@@ -9,7 +9,7 @@ When a dataset is registered, :func:`large_inputs` finds (on the registering thr
 
 :func:`move` then, on the client's loop:
 
-- scatters each such array (arrays above 1 MiB; smaller ones stay in the pipeline) to the
+- scatters each such array (arrays above 64 KiB; smaller ones stay in the pipeline) to the
   workers in chunks of rows, ``client.scatter(..., direct=True)`` (the bytes go from the
   client to the workers, not through the scheduler), under keys derived from the array's
   bytes, dtype, shape and chunking: registering the same array again finds its chunks on the
@@ -37,6 +37,7 @@ from typing import Any
 
 import cloudpickle
 import numpy as np
+from distributed import Future
 
 from ... import config
 from ...data._base import Op, walk
@@ -48,7 +49,7 @@ from ...data.structure import flatten, map_structure
 __all__ = ["large_inputs", "move", "threshold"]
 
 #: Arrays this small stay in the pipeline even when their source is moved.
-MIN_LEAF_BYTES = 1 << 20
+MIN_LEAF_BYTES = 64 << 10
 #: A chunk holds at most this many bytes (a split of bigger rows reads several chunks).
 MAX_CHUNK_BYTES = 64 << 20
 
@@ -120,23 +121,27 @@ async def _scatter_slices(client: Any, op: TensorSlices, split_size: int | None)
         digest = await asyncio.to_thread(_digest, leaf, rows)
         keys = tuple(f"dds-slices-{digest}-{i}" for i in range(-(-op.n // rows)))
         holders = await client.scheduler.who_has(keys=list(keys))
-        if not all(holders.get(k) for k in keys):
+        if all(holders.get(k) for k in keys):  # registered before: the chunks are there
+            futures = [Future(k, client) for k in keys]
+        else:
             chunks = {key: np.ascontiguousarray(leaf[i * rows:(i + 1) * rows])
                       for i, key in enumerate(keys)}
-            await client.scatter(chunks, direct=True, hash=False)
+            scattered = await client.scatter(chunks, direct=True, hash=False)
+            futures = [scattered[k] for k in keys]
         pin = _pin_name(keys)
-        await _publish(client, pin, list(keys))
+        await _publish(client, pin, futures)
         refs.append(ScatteredArray(keys, rows, tuple(leaf.shape), leaf.dtype.str,
                                    scheduler_id, pin))
     it = iter(refs)
     return map_structure(lambda _leaf: next(it), op.data)
 
 
-async def _publish(client: Any, name: str, keys: list[Any]) -> None:
-    from distributed import Future
-
-    futures = [Future(k, client) for k in keys]
-    await client._publish_dataset(override=True, **{name: futures})
+async def _publish(client: Any, name: str, futures: list[Any]) -> None:
+    """Publish ``futures`` under ``name``: kept while the scheduler runs, beyond this client.
+    A name published already holds the same keys (it is derived from them) and is left alone:
+    replacing it would release them before these futures' own claim reaches the scheduler."""
+    if name not in await client.scheduler.publish_list():
+        await client._publish_dataset(**{name: futures})
 
 
 async def _persist(client: Any, op: FromDask) -> FromDask:
@@ -148,5 +153,5 @@ async def _persist(client: Any, op: FromDask) -> FromDask:
     moved = FromDask(persisted, op.rows, op.locality)
     assert moved.pin_name is not None  # persisted: its graph holds Futures
     futures = moved._futures(dict(persisted.__dask_graph__()))
-    await client._publish_dataset(override=True, **{moved.pin_name: futures})
+    await _publish(client, moved.pin_name, futures)
     return moved
