@@ -145,10 +145,41 @@ class ScatteredArray:
         """Rows ``start:stop`` (read-only), from the chunks that hold them."""
         first, last = start // self.chunk_rows, max(start, stop - 1) // self.chunk_rows
         keys = self.keys[first:last + 1]
-        chunks = _cluster().chunk_values(self, keys)
+        chunks = _CHUNK_CACHE.get(keys)
+        if chunks is None:
+            chunks = _cluster().chunk_values(self, keys)
+            _CHUNK_CACHE.put(keys, chunks)
         block = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         offset = first * self.chunk_rows
         return block[start - offset:stop - offset]  # type: ignore[no-any-return]
+
+
+class _ChunkCache:
+    """The chunks this process read last (a chunk holds several splits, read one after the
+    other), at most ``max_bytes``; thread-safe (pipelines run in threads)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._items: dict[tuple[Any, ...], list[Any]] = {}
+
+    def get(self, keys: tuple[Any, ...]) -> list[Any] | None:
+        with self._lock:
+            value = self._items.pop(keys, None)
+            if value is not None:
+                self._items[keys] = value  # most recent last
+            return value
+
+    def put(self, keys: tuple[Any, ...], chunks: list[Any]) -> None:
+        with self._lock:
+            self._items[keys] = chunks
+            total = sum(sum(getattr(c, "nbytes", 0) for c in v) for v in self._items.values())
+            while len(self._items) > 1 and total > self.max_bytes:
+                oldest = next(iter(self._items))
+                total -= sum(getattr(c, "nbytes", 0) for c in self._items.pop(oldest))
+
+
+_CHUNK_CACHE = _ChunkCache(64 << 20)
 
 
 #: While a pipeline is pickled for registration: ``{id(op): what to pickle instead}`` (a

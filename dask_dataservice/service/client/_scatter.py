@@ -50,7 +50,10 @@ __all__ = ["large_inputs", "move", "threshold"]
 
 #: Arrays this small stay in the pipeline even when their source is moved.
 MIN_LEAF_BYTES = 64 << 10
-#: A chunk holds at most this many bytes (a split of bigger rows reads several chunks).
+#: A chunk holds whole splits, about this many bytes (fewer fetches: a data worker keeps the
+#: chunks it read last, see ``data/dask_source.py``), ...
+CHUNK_BYTES = 4 << 20
+#: ... and at most this many (a split of bigger rows reads several chunks).
 MAX_CHUNK_BYTES = 64 << 20
 
 
@@ -94,11 +97,12 @@ async def move(client: Any, ops: list[Op], split_size: int | None) -> dict[int, 
 
 
 def chunk_rows(leaf: np.ndarray, n: int, split_size: int | None) -> int:
-    """Rows per chunk: the source's split size (one chunk per split), at most
-    :data:`MAX_CHUNK_BYTES` per chunk."""
-    rows = split_size or default_split_size(n)
+    """Rows per chunk: whole splits of the source (``split_size`` rows, or the default),
+    about :data:`CHUNK_BYTES`, at most :data:`MAX_CHUNK_BYTES`."""
+    split = split_size or default_split_size(n)
     row_bytes = max(1, leaf.nbytes // max(1, n))
-    return max(1, min(rows, MAX_CHUNK_BYTES // row_bytes))
+    splits = max(1, CHUNK_BYTES // max(1, split * row_bytes))
+    return max(1, min(split * splits, n, MAX_CHUNK_BYTES // row_bytes))
 
 
 def _digest(leaf: np.ndarray, rows: int) -> str:
