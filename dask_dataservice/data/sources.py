@@ -306,9 +306,7 @@ class ListFiles(Source):
         for p in patterns:
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"file_pattern must be a string or a list of strings, got {p!r:.60}")
-        files = expand([os.fspath(p) for p in patterns])
-        if not files:
-            raise FileNotFoundError(f"list_files(): no files match {patterns}")
+        files = expand([os.fspath(p) for p in patterns], "list_files")
         self.files = tuple(files)
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r:.40}")
