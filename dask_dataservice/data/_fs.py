@@ -53,6 +53,18 @@ def _wanted(path: str, extensions: tuple[str, ...] | None) -> bool:
     return not _hidden(base) and (extensions is None or base.lower().endswith(extensions))
 
 
+def _matched_hidden(pattern: str, path: str) -> bool:
+    """Whether a name that a wildcard part of ``pattern`` matched in ``path`` is hidden
+    (``data/**/*.csv`` skips ``data/_temporary/x.csv``; ``data/_x/*.csv`` names ``_x``)."""
+    fixed = 0
+    for part in pattern.replace(os.sep, "/").split("/"):
+        if _GLOB_CHARS & set(part):
+            break
+        fixed += 1
+    parts = path.replace(os.sep, "/").split("/")
+    return any(_hidden(x) for x in parts[fixed:] if x)
+
+
 def _local_dir(root: str, extensions: tuple[str, ...] | None) -> list[str]:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -91,9 +103,11 @@ def expand_one(pattern: str, extensions: tuple[str, ...] | None = None) -> list[
             return [pattern] if os.path.exists(pattern) else []
         found = []
         for p in glob.glob(pattern, recursive=True):
+            if _matched_hidden(pattern, p):
+                continue
             if os.path.isdir(p):
                 found.extend(_local_dir(p, extensions))
-            elif _wanted(p, None):
+            else:
                 found.append(p)
         return found
     fs = _fs(pattern)
@@ -104,9 +118,11 @@ def expand_one(pattern: str, extensions: tuple[str, ...] | None = None) -> list[
         return [pattern] if fs.exists(pattern) else []
     found = []
     for p in fs.glob(pattern):
+        if _matched_hidden(str(fs._strip_protocol(pattern)), str(p)):
+            continue
         if fs.isdir(p):
             found.extend(_url_dir(fs, protocol, _url(protocol, p), extensions))
-        elif _wanted(p, None):
+        else:
             found.append(_url(protocol, p))
     return found
 
