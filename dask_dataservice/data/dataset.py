@@ -492,7 +492,9 @@ class Dataset:
         if n == INFINITE:
             raise TypeError("the dataset is infinite")
         if n == UNKNOWN:
-            raise TypeError("the length of the dataset is unknown; see cardinality()")
+            why = next((note for op in walk(self._op) if (note := op.cardinality_note())), None)
+            raise TypeError("the length of the dataset is unknown"
+                            + (f": {why}" if why else "; see cardinality()"))
         return n
 
     def __bool__(self) -> bool:
@@ -584,14 +586,18 @@ class Dataset:
         return _fingerprint(self._op)
 
     def __repr__(self) -> str:
-        chain = []
-        node = self._op
-        while True:
-            chain.append(repr(node))
-            if len(node.inputs) != 1:
-                break
-            node = node.inputs[0]
-        return "<Dataset " + " <- ".join(chain) + ">"
+        """The pipeline as the calls that build it, and its cardinality (nothing is run):
+        ``<Dataset.range(1000).shuffle(1024).batch(32) cardinality=32>``."""
+        from ._repr import cardinality_name, pipeline_repr
+
+        try:
+            text = pipeline_repr(self._op)
+            card = cardinality_name(self.cardinality())
+        except Exception as e:  # noqa: BLE001 - a repr must not raise
+            return f"<{type(self).__name__} ({type(e).__name__} in repr)>"
+        if type(self) is not Dataset:  # a DistributedDataset
+            text = f"{type(self).__name__} {text}"
+        return f"<{text} cardinality={card}>"
 
 
 def _to_numpy(x: Any) -> Any:

@@ -123,6 +123,9 @@ class ListSource(Source):
     def params(self) -> tuple[Any, ...]:
         return (tuple(map(repr, self.items[:8])), len(self.items))
 
+    def repr_args(self) -> list[str]:
+        return [f"<{len(self.items)} elements>"]
+
     def cardinality(self) -> int:
         return len(self.items)
 
@@ -152,6 +155,10 @@ class RangeSource(Source):
 
     def params(self) -> tuple[Any, ...]:
         return (self.start, self.stop, self.step)
+
+    def repr_args(self) -> list[str]:
+        args = [str(self.stop)] if self.start == 0 else [str(self.start), str(self.stop)]
+        return args if self.step == 1 else [str(self.start), str(self.stop), str(self.step)]
 
     def cardinality(self) -> int:
         return len(self._range)

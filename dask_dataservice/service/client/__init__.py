@@ -24,12 +24,14 @@ import cloudpickle
 from distributed import Client
 
 from ...data import Dataset
+from ...data._base import UNKNOWN
 from ...data.dask_source import locality_metadata, pickling_with, pin_persisted
 from ...data.spec import check_element_spec
 from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
 from ..protocol._sharding import ShardingPolicy, parse_processing_mode
 from . import _connection, _fixed_readers, _scatter  # noqa: F401 - _fixed_readers installs itself
+from ._cardinality import count_preserving
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
@@ -217,6 +219,14 @@ class DistributedDataset(Dataset):
     def job_name(self) -> str | None:
         return self._service.spec.job_name
 
+    def total_cardinality(self) -> int:
+        """The registered pipeline's own cardinality: the elements of one pass of all its
+        consumers together (``UNKNOWN`` unless this process registered it with
+        ``distribute``). ``cardinality()`` is one consumer's pass, where it is determined
+        (see docs/data-service.md, "Cardinality")."""
+        total = self._service.total
+        return UNKNOWN if total is None else total
+
     def stats(self) -> dict[str, Any]:
         """What reading this dataset cost so far, as plain data (Ray's ``Dataset.stats()``).
 
@@ -384,13 +394,19 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
                 track_position=track_position, start_from=start_from,
             )
 
+        def read_known(dataset_id: int | str) -> DistributedDataset:
+            ds = read(dataset_id)  # this process knows the pipeline: its cardinality too
+            ds._service.total = dataset.cardinality()
+            ds._service.preserving = count_preserving(dataset._op)
+            return ds
+
         dataset_id = register_dataset(service, dataset, compression=compression,
                                       split_size=split_size)
         if isinstance(dataset_id, int | str):
-            return read(dataset_id)
+            return read_known(dataset_id)
 
         async def registered() -> DistributedDataset:  # ``await ds.apply(distribute(...))``
-            return read(await dataset_id)
+            return read_known(await dataset_id)
 
         # an asynchronous client: an awaitable of the dataset (see the docstring)
         return registered()  # type: ignore[return-value]
