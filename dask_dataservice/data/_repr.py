@@ -10,6 +10,7 @@ asked of a service (an op may render its own arguments: :meth:`~._base.Op.repr_a
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -33,8 +34,11 @@ def value_repr(x: Any, depth: int = 0) -> str:
     if isinstance(x, np.ndarray):
         return f"<{x.dtype} {tuple(x.shape)}>"
     if isinstance(x, (str, bytes)):
-        text = repr(x)
-        return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT - 4] + "...'"
+        text = repr(x)  # a path's end says most: keep both ends
+        half = _MAX_TEXT // 2
+        return text if len(text) <= _MAX_TEXT else f"{text[:half - 2]}...{text[-half + 1:]}"
+    if isinstance(x, functools.partial):
+        return callable_name(x.func)
     if callable(x) and not isinstance(x, type):
         return callable_name(x)
     if depth > 2:
