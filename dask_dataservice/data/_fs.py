@@ -66,7 +66,7 @@ def _matched_hidden(pattern: str, path: str) -> bool:
 
 
 def _local_dir(root: str, extensions: tuple[str, ...] | None) -> list[str]:
-    found = []
+    found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not _hidden(d)]  # nor what is under them
         found.extend(os.path.join(dirpath, f) for f in filenames if _wanted(f, extensions))
@@ -81,7 +81,7 @@ def _url(protocol: str, path: str) -> str:
 
 def _url_dir(fs: Any, protocol: str, root: str, extensions: tuple[str, ...] | None) -> list[str]:
     base = str(fs._strip_protocol(root)).rstrip("/")
-    found = []
+    found: list[str] = []
     for p in fs.find(root):
         rel = p[len(base):] if p.startswith(base) else p
         parts = [x for x in rel.split("/") if x]
@@ -101,7 +101,7 @@ def expand_one(pattern: str, extensions: tuple[str, ...] | None = None) -> list[
             if os.path.isdir(pattern):
                 return _local_dir(pattern, extensions)
             return [pattern] if os.path.exists(pattern) else []
-        found = []
+        found: list[str] = []
         for p in glob.glob(pattern, recursive=True):
             if _matched_hidden(pattern, p):
                 continue

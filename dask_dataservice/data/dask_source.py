@@ -58,8 +58,6 @@ computing a partition on the data worker, in a task or locally) is the cluster s
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DaskPartitionLostError
+from ._pickling import pickling_with, replacement
 from ._base import UNKNOWN
 from .sources import Source
 
@@ -151,7 +150,7 @@ class ScatteredArray:
             _CHUNK_CACHE.put(keys, chunks)
         block = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         offset = first * self.chunk_rows
-        return block[start - offset:stop - offset]  # type: ignore[no-any-return]
+        return block[start - offset:stop - offset]
 
 
 class _ChunkCache:
@@ -180,29 +179,6 @@ class _ChunkCache:
 
 
 _CHUNK_CACHE = _ChunkCache(64 << 20)
-
-
-#: While a pipeline is pickled for registration: ``{id(op): what to pickle instead}`` (a
-#: ``from_tensor_slices`` source's data with :class:`ScatteredArray` leaves, or a persisted
-#: :class:`FromDask`); see :func:`pickling_with`.
-_REPLACING: contextvars.ContextVar[dict[int, Any]] = contextvars.ContextVar(
-    "dask_dataservice_replacing", default={})
-
-
-@contextlib.contextmanager
-def pickling_with(replacements: dict[int, Any]) -> Iterator[None]:
-    """Pickle the ops whose ids are in ``replacements`` as their replacements (the op objects
-    themselves, which the user's ``Dataset`` holds, do not change)."""
-    token = _REPLACING.set(replacements)
-    try:
-        yield
-    finally:
-        _REPLACING.reset(token)
-
-
-def replacement(op: object) -> Any:
-    """What ``op`` pickles as in this :func:`pickling_with` block, or None."""
-    return _REPLACING.get().get(id(op))
 
 
 def _kind(collection: Any) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
 from ._fs import expand
+from ._pickling import replacement
 from .ops import _close, check_int
 from .splits import (
     FileSplit,
@@ -212,8 +213,6 @@ class TensorSlices(Source):
 
     # -- arrays moved to the cluster at registration (data/dask_source.py) ----------------
     def __getstate__(self) -> dict[str, Any]:
-        from .dask_source import replacement
-
         state = dict(self.__dict__)
         instead = replacement(self)
         if instead is not None:  # the data, with its large arrays as ScatteredArray leaves

@@ -126,7 +126,7 @@ async def _scatter_slices(client: Any, op: TensorSlices, split_size: int | None)
         keys = tuple(f"dds-slices-{digest}-{i}" for i in range(-(-op.n // rows)))
         holders = await client.scheduler.who_has(keys=list(keys))
         if all(holders.get(k) for k in keys):  # registered before: the chunks are there
-            futures = [Future(k, client) for k in keys]
+            futures: list[Any] = [Future(k, client) for k in keys]
         else:
             chunks = {key: np.ascontiguousarray(leaf[i * rows:(i + 1) * rows])
                       for i, key in enumerate(keys)}
