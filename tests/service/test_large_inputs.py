@@ -21,7 +21,7 @@ from _helpers import distribute, poll, read
 import dask_dataservice as dds
 from dask_dataservice import Dataset
 from dask_dataservice.data import DaskPartitionLostError
-from dask_dataservice.data.dask_source import ScatteredArray
+from dask_dataservice.data.dask_source import LOCALITY_KEY, ScatteredArray
 from dask_dataservice.service.client._connection import _install_async
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
 from dask_dataservice.service.worker import current_task
@@ -118,6 +118,9 @@ async def test_an_unpersisted_collection_above_the_limit_is_persisted_at_registr
         ds = Dataset.from_dask(x).map(lambda row: int(row[0]))
         dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds)
         assert registered_bytes(s, dataset_id) < 64_000
+        # persisted at registration: the dispatcher knows where each partition is
+        hint = s.plugins[PLUGIN_NAME]._core.dataset(dataset_id).metadata[LOCALITY_KEY]
+        assert [tuple(keys[0]) for keys in hint] == [row[0] for row in x.__dask_keys__()]
         out = await read(dds.from_dataset_id("DYNAMIC", c, dataset_id))
         assert sorted(out) == list(range(4_000))
         assert len(published(s)) == 1

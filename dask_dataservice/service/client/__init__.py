@@ -25,7 +25,8 @@ from distributed import Client
 
 from ...data import Dataset
 from ...data._base import UNKNOWN
-from ...data.dask_source import locality_metadata, pickling_with, pin_persisted
+from ...data._base import sources as sources_of
+from ...data.dask_source import FromDask, locality_metadata, pickling_with, pin_persisted
 from ...data.spec import check_element_spec
 from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
@@ -157,6 +158,10 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         if large:  # scattered (persisted) now; the pipeline holds their keys
             moved = await _scatter.move(client, large, split_size)
             sent = await asyncio.to_thread(_pickle, dataset, moved)
+            source = sources_of(dataset._op)
+            if len(source) == 1 and isinstance(moved.get(id(source[0])), FromDask):
+                # persisted now: the dispatcher may hand out its partitions where they are
+                metadata.update(locality_metadata(moved[id(source[0])]))
         # registration is idempotent (by fingerprint): retried across a dispatcher restart
         resp = await _connection.call_dispatcher(
             client, "dataservice_register_dataset", "dataset registration",
