@@ -169,3 +169,19 @@ def test_small_arrays_and_no_threshold_stay_in_the_pipeline():
     with dask.config.set({"dataservice.client.scatter-threshold": None}):
         assert large_inputs(big._op) == []
     assert ScatteredArray(("k",), 4, (8, 2), "<f8", "s", "p").nbytes == 128
+
+
+@pytest.mark.pure
+def test_the_chunk_cache_keeps_the_chunks_read_last_within_its_bytes():
+    from dask_dataservice.data.dask_source import _ChunkCache
+
+    cache = _ChunkCache(max_bytes=3_000)
+    one, two, three = (np.zeros(125) for _ in range(3))  # 1,000 bytes each
+    cache.put(("a",), [one])
+    cache.put(("b",), [two])
+    assert cache.get(("a",))[0] is one  # a is now the most recent
+    cache.put(("c",), [three, np.zeros(125)])  # 2,000 bytes: the oldest (b) goes
+    assert cache.get(("b",)) is None
+    assert cache.get(("a",))[0] is one and cache.get(("c",))[0] is three
+    cache.put(("huge",), [np.zeros(1_000)])  # bigger than the cache: kept alone
+    assert cache.get(("huge",)) is not None and cache.get(("a",)) is None
