@@ -158,6 +158,15 @@ class Op:
         """Parameters that define this op (for fingerprints and ``repr``)."""
         return ()
 
+    def repr_args(self) -> list[str] | None:
+        """The arguments ``repr(dataset)`` shows for this op, or None: its params, named after
+        its constructor's (see ``data/_repr.py``)."""
+        return None
+
+    def cardinality_note(self) -> str | None:
+        """Why this op's cardinality is UNKNOWN when it is and an op can say (``len()``)."""
+        return None
+
     # -- splits ------------------------------------------------------------------------
     def split_blocker(self) -> str | None:
         """Why a pipeline with this op *above its source* cannot be split, or None."""

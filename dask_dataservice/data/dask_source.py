@@ -39,6 +39,17 @@ Locality. For a persisted collection, :func:`locality_metadata` gives the dispat
 split's keys; under DYNAMIC sharding it then hands every data worker the splits whose
 partitions are in that worker's memory first (see ``service/dispatcher/_locality.py``).
 
+Large in-memory inputs. A ``from_tensor_slices`` array larger than
+``dataservice.client.scatter-threshold`` (and a collection that is not persisted whose
+pickled graph is larger) does not travel in the pipeline: when the dataset is registered,
+the array is scattered to the workers in row chunks (a collection is persisted) and the
+pipeline carries :class:`ScatteredArray` references (or the persisted keys) instead, through
+:func:`pickling_with` (``service/client/_scatter.py`` does the moving). The chunks are published
+on the scheduler under the reference's ``pin_name``, so they live as long as the scheduler (or
+until the dispatcher frees the dataset; see docs/sources-dask.md, "Large in-memory arrays").
+A data worker reads a chunk as it reads a persisted partition: in place when it holds it, else
+gathered by one task pinned to it.
+
 ``import dask_dataservice`` does not import Dask through this module: Dask is imported inside
 the functions that need it, and everything that needs ``distributed`` (resolving Futures,
 computing a partition on the data worker, in a task or locally) is the cluster side,
@@ -56,11 +67,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import DaskPartitionLostError
+from ._pickling import pickling_with, replacement
 from ._base import UNKNOWN
 from .sources import Source
 
-__all__ = ["DaskPartition", "DaskPartitionLostError", "FromDask", "locality_metadata",
-           "SUPPORTED"]
+__all__ = ["DaskPartition", "DaskPartitionLostError", "FromDask", "ScatteredArray",
+           "locality_metadata", "pickling_with", "replacement", "SUPPORTED"]
 
 #: The cluster side of this source (``dask_dataservice.service.worker.dask_source``): every
 #: call that needs ``distributed`` (Futures, clients, the data worker running this thread).
@@ -109,6 +121,64 @@ class _FutureRef:
     """A Future's key inside a pickled graph; resolved against the worker's client."""
 
     key: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ScatteredArray:
+    """An array of a ``from_tensor_slices`` source held by the cluster's workers in chunks of
+    ``chunk_rows`` rows along axis 0 (``keys[i]``: rows ``i*chunk_rows`` on), published on the
+    scheduler ``scheduler_id`` under ``pin_name``."""
+
+    keys: tuple[str, ...]
+    chunk_rows: int
+    shape: tuple[int, ...]
+    dtype: str
+    scheduler_id: str
+    pin_name: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` (read-only), from the chunks that hold them."""
+        first, last = start // self.chunk_rows, max(start, stop - 1) // self.chunk_rows
+        keys = self.keys[first:last + 1]
+        chunks = _CHUNK_CACHE.get(keys)
+        if chunks is None:
+            chunks = _cluster().chunk_values(self, keys)
+            _CHUNK_CACHE.put(keys, chunks)
+        block = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        offset = first * self.chunk_rows
+        return block[start - offset:stop - offset]
+
+
+class _ChunkCache:
+    """The chunks this process read last (a chunk holds several splits, read one after the
+    other), at most ``max_bytes``; thread-safe (pipelines run in threads)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._items: dict[tuple[Any, ...], list[Any]] = {}
+
+    def get(self, keys: tuple[Any, ...]) -> list[Any] | None:
+        with self._lock:
+            value = self._items.pop(keys, None)
+            if value is not None:
+                self._items[keys] = value  # most recent last
+            return value
+
+    def put(self, keys: tuple[Any, ...], chunks: list[Any]) -> None:
+        with self._lock:
+            self._items[keys] = chunks
+            total = sum(sum(getattr(c, "nbytes", 0) for c in v) for v in self._items.values())
+            while len(self._items) > 1 and total > self.max_bytes:
+                oldest = next(iter(self._items))
+                total -= sum(getattr(c, "nbytes", 0) for c in self._items.pop(oldest))
+
+
+_CHUNK_CACHE = _ChunkCache(64 << 20)
 
 
 def _kind(collection: Any) -> str:
@@ -206,6 +276,9 @@ class FromDask(Source):
 
     # -- pickling: keys or the graph, never Futures --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
+        instead = replacement(self)
+        if instead is not None:  # persisted at registration (see the module docstring)
+            return instead.__getstate__()  # type: ignore[no-any-return]
         state = {k: v for k, v in self.__dict__.items()
                  if k not in ("_collection", "_cache_lock", "_resolved")}
         state["_collection"] = None

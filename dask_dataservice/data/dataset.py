@@ -104,9 +104,26 @@ class Dataset:
     def from_files(cls, paths: str | Iterable[str], reader: Callable[[str], Iterable[Any]]) -> Dataset:
         """Elements read from files by ``reader(path)``; each file is one split.
 
+        ``paths`` are passed to ``reader`` as given, in their order (not globbed: a directory
+        may be one "file" to its reader, as a zarr store is); the format readers
+        (``from_csv``, ``from_parquet``...) take directories and globs.
+
         See :mod:`dask_dataservice.data.readers` for readers of ``.npy``, text and zarr.
         """
         return cls(sources.FromFiles(paths, reader))
+
+    @classmethod
+    def _file_list(cls, files: list[str], reader: Callable[[str], Iterable[Any]]) -> Dataset:
+        return cls(sources.FromFiles(files, reader))
+
+    @classmethod
+    def from_text_lines(cls, file_pattern: str | list[str], encoding: str = "utf-8") -> Dataset:
+        """One string per line of text files, without the line end (TF's ``TextLineDataset``);
+        each file is a split. A directory stands for its ``.txt`` files."""
+        from . import readers
+
+        return cls._file_list(_expand("from_text_lines", file_pattern),
+                              functools.partial(readers.text_lines, encoding=encoding))
 
     @classmethod
     def from_csv(cls, file_pattern: str | list[str], header: bool = True, field_delim: str = ",",
@@ -114,20 +131,20 @@ class Dataset:
                  column_defaults: dict[str, Any] | None = None) -> Dataset:
         """Rows of CSV files as dicts of numpy scalars (TF's ``make_csv_dataset`` without
         batching); each file is a split. See :func:`~dask_dataservice.data.formats.csv_rows`."""
-        return cls.from_files(_expand("from_csv", file_pattern), functools.partial(
+        return cls._file_list(_expand("from_csv", file_pattern), functools.partial(
             formats.csv_rows, header=header, field_delim=field_delim, column_names=column_names,
             select_columns=select_columns, column_defaults=column_defaults))
 
     @classmethod
     def from_json_lines(cls, file_pattern: str | list[str]) -> Dataset:
         """One element per line of JSON-lines files (lists become arrays); each file a split."""
-        return cls.from_files(_expand("from_json_lines", file_pattern), formats.json_lines)
+        return cls._file_list(_expand("from_json_lines", file_pattern), formats.json_lines)
 
     @classmethod
     def from_tfrecord(cls, filenames: str | list[str]) -> Dataset:
         """Records of TFRecord files as bytes, CRCs checked (TF's ``TFRecordDataset``); decode
         ``tf.train.Example`` records with :func:`~dask_dataservice.data.tfrecord.parse_example`."""
-        return cls.from_files(_expand("from_tfrecord", filenames), formats.tfrecords)
+        return cls._file_list(_expand("from_tfrecord", filenames), formats.tfrecords)
 
     @classmethod
     def from_parquet(cls, file_pattern: str | list[str], columns: list[str] | None = None,
@@ -142,7 +159,7 @@ class Dataset:
         """Images decoded with Pillow to uint8 arrays, one per file (``mode`` converts, e.g.
         ``"RGB"``). Needs ``Pillow`` (``pip install 'dask-dataservice[images]'``)."""
         formats.optional_import("PIL.Image", "images", "from_images()")
-        return cls.from_files(_expand("from_images", file_pattern),
+        return cls._file_list(_expand("from_images", file_pattern),
                               functools.partial(formats.image, mode=mode))
 
     @classmethod
@@ -475,7 +492,9 @@ class Dataset:
         if n == INFINITE:
             raise TypeError("the dataset is infinite")
         if n == UNKNOWN:
-            raise TypeError("the length of the dataset is unknown; see cardinality()")
+            why = next((note for op in walk(self._op) if (note := op.cardinality_note())), None)
+            raise TypeError("the length of the dataset is unknown"
+                            + (f": {why}" if why else "; see cardinality()"))
         return n
 
     def __bool__(self) -> bool:
@@ -567,14 +586,18 @@ class Dataset:
         return _fingerprint(self._op)
 
     def __repr__(self) -> str:
-        chain = []
-        node = self._op
-        while True:
-            chain.append(repr(node))
-            if len(node.inputs) != 1:
-                break
-            node = node.inputs[0]
-        return "<Dataset " + " <- ".join(chain) + ">"
+        """The pipeline as the calls that build it, and its cardinality (nothing is run):
+        ``<Dataset.range(1000).shuffle(1024).batch(32) cardinality=32>``."""
+        from ._repr import cardinality_name, pipeline_repr
+
+        try:
+            text = pipeline_repr(self._op)
+            card = cardinality_name(self.cardinality())
+        except Exception as e:  # noqa: BLE001 - a repr must not raise
+            return f"<{type(self).__name__} ({type(e).__name__} in repr)>"
+        if type(self) is not Dataset:  # a DistributedDataset
+            text = f"{type(self).__name__} {text}"
+        return f"<{text} cardinality={card}>"
 
 
 def _to_numpy(x: Any) -> Any:
@@ -642,17 +665,17 @@ def _ops_of(what: str, datasets: Any) -> tuple[Op, ...]:
 
 
 def _expand(what: str, patterns: Any) -> list[str]:
-    """Glob ``patterns`` (a path/URL or a list) where the dataset is defined."""
+    """The files that ``patterns`` (a path, directory, glob or URL, or a list of them) name,
+    found where the dataset is defined (see :func:`~._fs.expand` for the rule)."""
     import os
 
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
-    if not isinstance(patterns, (list, tuple)) or not patterns:
-        raise TypeError(f"{what}() takes a path, URL or glob, or a list of them; got {patterns!r:.60}")
-    files = _expand_globs([os.fspath(p) for p in patterns])
-    if not files:
-        raise FileNotFoundError(f"{what}(): no files match {list(patterns)}")
-    return files
+    if not isinstance(patterns, (list, tuple)) or not patterns or not all(
+            isinstance(p, (str, os.PathLike)) for p in patterns):
+        raise TypeError(f"{what}() takes a path, directory, URL or glob, or a list of them; "
+                        f"got {patterns!r:.60}")
+    return _expand_globs([os.fspath(p) for p in patterns], what)
 
 
 ops_more._DATASET[:] = [Dataset]  # window elements are datasets (see ops_more)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
 from ._fs import expand
+from ._pickling import replacement
 from .ops import _close, check_int
 from .splits import (
     FileSplit,
@@ -123,6 +124,9 @@ class ListSource(Source):
     def params(self) -> tuple[Any, ...]:
         return (tuple(map(repr, self.items[:8])), len(self.items))
 
+    def repr_args(self) -> list[str]:
+        return [f"<{len(self.items)} elements>"]
+
     def cardinality(self) -> int:
         return len(self.items)
 
@@ -152,6 +156,10 @@ class RangeSource(Source):
 
     def params(self) -> tuple[Any, ...]:
         return (self.start, self.stop, self.step)
+
+    def repr_args(self) -> list[str]:
+        args = [str(self.stop)] if self.start == 0 else [str(self.start), str(self.stop)]
+        return args if self.step == 1 else [str(self.start), str(self.stop), str(self.step)]
 
     def cardinality(self) -> int:
         return len(self._range)
@@ -193,13 +201,37 @@ class TensorSlices(Source):
         return index_ranges(self.n, split_size or default_split_size(self.n))
 
     def iterate_all(self, ctx: IterContext) -> Iterator[Any]:
-        return self._rows(0, self.n)
+        chunk = self._chunk_rows()
+        if chunk is None:
+            return self._rows(0, self.n)
+        # arrays scattered to the cluster: read a chunk at a time
+        return (x for start in range(0, self.n, chunk)
+                for x in self._rows(start, min(self.n, start + chunk)))
 
     def read_split(self, split: IndexRange) -> Iterator[Any]:
         return self._rows(split.start, split.stop)
 
+    # -- arrays moved to the cluster at registration (data/dask_source.py) ----------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        instead = replacement(self)
+        if instead is not None:  # the data, with its large arrays as ScatteredArray leaves
+            state["data"] = instead
+        return state
+
+    def _chunk_rows(self) -> int | None:
+        """The smallest chunk of the arrays held by the cluster, or None if there is none."""
+        chunks = [leaf.chunk_rows for leaf in flatten(self.data) if not isinstance(leaf, np.ndarray)]
+        return min(chunks) if chunks else None
+
     def _rows(self, start: int, stop: int) -> Iterator[Any]:
         data = self.data
+        if self._chunk_rows() is not None:  # read rows start:stop of every array
+            from .structure import map_structure
+
+            data = map_structure(lambda leaf: leaf[start:stop] if isinstance(leaf, np.ndarray)
+                                 else leaf.rows(start, stop), data)
+            start, stop = 0, stop - start
         if isinstance(data, np.ndarray):
             return iter(data[start:stop])
         if isinstance(data, tuple) and not hasattr(data, "_fields") and all(
@@ -280,9 +312,7 @@ class ListFiles(Source):
         for p in patterns:
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"file_pattern must be a string or a list of strings, got {p!r:.60}")
-        files = expand([os.fspath(p) for p in patterns])
-        if not files:
-            raise FileNotFoundError(f"list_files(): no files match {patterns}")
+        files = expand([os.fspath(p) for p in patterns], "list_files")
         self.files = tuple(files)
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} {shuffle!r:.40}")

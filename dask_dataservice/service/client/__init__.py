@@ -14,6 +14,7 @@ With an asynchronous client (``Client(asynchronous=True)``), ``register_dataset`
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -23,12 +24,15 @@ import cloudpickle
 from distributed import Client
 
 from ...data import Dataset
-from ...data.dask_source import locality_metadata, pin_persisted
+from ...data._base import UNKNOWN
+from ...data._base import sources as sources_of
+from ...data.dask_source import FromDask, locality_metadata, pickling_with, pin_persisted
 from ...data.spec import check_element_spec
 from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
 from ..protocol._sharding import ShardingPolicy, parse_processing_mode
-from . import _connection, _fixed_readers  # noqa: F401 - _fixed_readers installs itself
+from . import _connection, _fixed_readers, _scatter  # noqa: F401 - _fixed_readers installs itself
+from ._cardinality import count_preserving
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import ReadSpec, ServiceSource, aread
@@ -118,14 +122,9 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be a dask_dataservice Dataset, got {type(dataset).__name__}")
     compression = check_compression(compression)
-    try:
-        pipeline = cloudpickle.dumps(dataset)
-    except Exception as e:
-        raise TypeError(
-            f"the dataset cannot be pickled, so it cannot run on workers: {type(e).__name__}: {e}. "
-            "Functions in a pipeline must be picklable by cloudpickle (no open files, locks, "
-            "sockets or clients in their closures)"
-        ) from e
+    # big arrays (and collections) go to the workers through Dask, not in the pickle
+    large = _scatter.large_inputs(dataset._op)
+    pipeline = b"" if large else _pickle(dataset, {})
     why_not = dataset.why_not_splittable()
     if why_not is None:
         splits_list = dataset.splits(split_size)
@@ -155,10 +154,18 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         if installing is not None:
             await installing
         await pin_persisted(client, dataset._op)  # Dask collections: keep their data alive
+        sent = pipeline
+        if large:  # scattered (persisted) now; the pipeline holds their keys
+            moved = await _scatter.move(client, large, split_size)
+            sent = await asyncio.to_thread(_pickle, dataset, moved)
+            source = sources_of(dataset._op)
+            if len(source) == 1 and isinstance(moved.get(id(source[0])), FromDask):
+                # persisted now: the dispatcher may hand out its partitions where they are
+                metadata.update(locality_metadata(moved[id(source[0])]))
         # registration is idempotent (by fingerprint): retried across a dispatcher restart
         resp = await _connection.call_dispatcher(
             client, "dataservice_register_dataset", "dataset registration",
-            fingerprint=fingerprint, pipeline=pipeline, splits=splits, num_splits=num_splits,
+            fingerprint=fingerprint, pipeline=sent, splits=splits, num_splits=num_splits,
             compression=compression, metadata=metadata, dataset_id=dataset_id,
             client_id=client.id,
         )
@@ -170,6 +177,19 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     _connection.check_can_block(client, "register_dataset()")
     _connection.ensure_installed(client)
     return _connection.run_blocking(client, go)
+
+
+def _pickle(dataset: Dataset, moved: dict[int, Any]) -> bytes:
+    """The pipeline's pickle, with the sources in ``moved`` pickled as their replacements."""
+    try:
+        with pickling_with(moved):
+            return cast(bytes, cloudpickle.dumps(dataset))
+    except Exception as e:
+        raise TypeError(
+            f"the dataset cannot be pickled, so it cannot run on workers: {type(e).__name__}: {e}. "
+            "Functions in a pipeline must be picklable by cloudpickle (no open files, locks, "
+            "sockets or clients in their closures)"
+        ) from e
 
 
 class DistributedDataset(Dataset):
@@ -203,6 +223,14 @@ class DistributedDataset(Dataset):
     @property
     def job_name(self) -> str | None:
         return self._service.spec.job_name
+
+    def total_cardinality(self) -> int:
+        """The registered pipeline's own cardinality: the elements of one pass of all its
+        consumers together (``UNKNOWN`` unless this process registered it with
+        ``distribute``). ``cardinality()`` is one consumer's pass, where it is determined
+        (see docs/data-service.md, "Cardinality")."""
+        total = self._service.total
+        return UNKNOWN if total is None else total
 
     def stats(self) -> dict[str, Any]:
         """What reading this dataset cost so far, as plain data (Ray's ``Dataset.stats()``).
@@ -371,13 +399,19 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
                 track_position=track_position, start_from=start_from,
             )
 
+        def read_known(dataset_id: int | str) -> DistributedDataset:
+            ds = read(dataset_id)  # this process knows the pipeline: its cardinality too
+            ds._service.total = dataset.cardinality()
+            ds._service.preserving = count_preserving(dataset._op)
+            return ds
+
         dataset_id = register_dataset(service, dataset, compression=compression,
                                       split_size=split_size)
         if isinstance(dataset_id, int | str):
-            return read(dataset_id)
+            return read_known(dataset_id)
 
         async def registered() -> DistributedDataset:  # ``await ds.apply(distribute(...))``
-            return read(await dataset_id)
+            return read_known(await dataset_id)
 
         # an asynchronous client: an awaitable of the dataset (see the docstring)
         return registered()  # type: ignore[return-value]

@@ -37,6 +37,7 @@ from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
+from ._cardinality import service_cardinality, why_unknown
 from ._read_channel import END, Channel, Failure
 from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker, ask_again_after
 
@@ -84,6 +85,10 @@ class ServiceSource(Op):
         self._repetitions = 0
         self._lock = threading.Lock()
         self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
+        #: The registered pipeline's cardinality and whether its ops keep one element per
+        #: element, when this process registered it (``distribute``); see ``_cardinality``.
+        self.total: int | None = None
+        self.preserving = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec}
@@ -94,6 +99,8 @@ class ServiceSource(Op):
         self._repetitions = 0
         self._lock = threading.Lock()
         self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
+        self.total = None
+        self.preserving = False
 
     def reader_client(self) -> Client:
         """The client to read with: the one given as ``service`` while usable, else the one
@@ -107,7 +114,33 @@ class ServiceSource(Op):
         return (dataclasses.astuple(self.spec),)
 
     def cardinality(self) -> int:
-        return UNKNOWN
+        spec = self.spec
+        return service_cardinality(spec.processing_mode, spec.job_name,
+                                   spec.consumer_index is not None, self.total, self.preserving)
+
+    def repr_args(self) -> list[str]:
+        """The job this source reads, as ``from_dataset_id``'s arguments (the dataset id
+        without its secret: a repr ends up in logs)."""
+        spec = self.spec
+        args = [f"processing_mode={ShardingPolicy(spec.processing_mode).name}",
+                f"service={spec.address!r}", f"dataset_id={spec.dataset_label!r}"]
+        for name in ("job_name", "consumer_index", "num_consumers", "max_outstanding_requests"):
+            value = getattr(spec, name)
+            if value is not None:
+                args.append(f"{name}={value!r}")
+        if spec.target_workers != "AUTO":
+            args.append(f"target_workers={spec.target_workers!r}")
+        if spec.cross_trainer_cache is not None:
+            args.append(f"cross_trainer_cache={spec.cross_trainer_cache!r}")
+        if spec.position is not None:
+            args.append("track_position=True")
+        return args
+
+    def cardinality_note(self) -> str | None:
+        if self.cardinality() != UNKNOWN:
+            return None
+        spec = self.spec
+        return why_unknown(spec.processing_mode, spec.job_name, self.total, self.preserving)
 
     def why_not(self) -> str:
         return "the dataset already reads from the data service"

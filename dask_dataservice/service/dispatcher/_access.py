@@ -80,8 +80,13 @@ class AccessGuard:
             raise ServiceLimitError(
                 f"the dataset's pickled pipeline and splits take {format_bytes(size)}, more than "
                 f"the dispatcher accepts ({format_bytes(self.max_pipeline_bytes)}, config "
-                "dataservice.dispatcher.max-pipeline-bytes): read large data from storage "
-                "inside the pipeline instead of capturing it")
+                "dataservice.dispatcher.max-pipeline-bytes): something in it (a function's "
+                "closure or globals, a source's argument) captures large data. Pass arrays "
+                "as Dataset.from_tensor_slices(...) sources or Dask collections as "
+                "Dataset.from_dask(...) sources (registration moves those above "
+                "dataservice.client.scatter-threshold to the workers through Dask), "
+                "client.scatter() or persist() the data and read it with Dataset.from_dask(), "
+                "or read it from storage inside the pipeline")
 
 
 def limits_from_config() -> Limits:

@@ -23,6 +23,7 @@ from typing import Any
 from ...data import dask_source as _dask_source
 from ...data.dask_source import (
     FromDask,
+    ScatteredArray,
     _cull,
     _FutureRef,
     _gather_keys,
@@ -33,7 +34,7 @@ from ...data.dask_source import (
 )
 from ...errors import DaskPartitionLostError
 
-__all__ = ["current_worker", "graph_for", "graph_futures", "graph_state", "partition", "resolve"]
+__all__ = ["chunk_values", "current_worker", "graph_for", "graph_futures", "graph_state", "partition", "resolve"]
 
 
 def graph_futures(graph: dict[Any, Any]) -> list[Any]:
@@ -102,6 +103,42 @@ def partition(self: FromDask, i: int) -> Any:
     finally:
         for future in futures:
             future.release()
+
+
+def chunk_values(ref: ScatteredArray, keys: Sequence[Any]) -> list[Any]:
+    """The chunks ``keys`` of a ``from_tensor_slices`` array scattered at registration
+    (read-only): in place when this data worker holds them, else gathered by one task pinned
+    to it; outside a data worker, through the process's client (or ``worker_client()``)."""
+    import distributed
+
+    def lost(key: Any) -> str:
+        return (f"from_tensor_slices(): the chunk {key!r} of an array of shape {ref.shape} "
+                "that was scattered to the cluster when the dataset was registered is no "
+                f"longer on the cluster (published as {ref.pin_name!r}: the scheduler "
+                "restarted, the dataset was freed, or the name was unpublished); register "
+                "the dataset again")
+
+    found = _current_runner()
+    if found is None:
+        in_task = current_worker() is not None
+        clients = (distributed.worker_client() if in_task
+                   else contextlib.nullcontext(distributed.get_client()))
+        with clients as client:
+            _check_known(client, keys, lost)
+            values = client.gather([distributed.Future(k, client) for k in keys])
+        return [_read_only(v) for v in values]
+    worker = found[0]
+    client = worker._get_client()
+    if _scheduler_id(client) != ref.scheduler_id:
+        raise ValueError(
+            f"from_tensor_slices(): this pipeline's arrays were scattered to another Dask "
+            f"cluster (scheduler {ref.scheduler_id}); this data worker's scheduler is "
+            f"{_scheduler_id(client)}: register the dataset with the cluster that reads it")
+    values = _local_values(worker, keys)
+    if values is None:
+        _check_known(client, keys, lost)
+        values = _run_here(worker, client, _gather_keys, list(keys), client_keys=keys)
+    return [_read_only(v) for v in values]
 
 
 def _partition_here(self: FromDask, i: int) -> Any:
@@ -206,7 +243,16 @@ def _local_values(worker: Any, keys: Sequence[Any]) -> list[Any] | None:
     return _on_loop(worker, read)  # type: ignore[no-any-return]
 
 
-def _check_known(client: Any, keys: Sequence[Any]) -> None:
+def _lost_partition(key: Any) -> str:
+    return (f"from_dask(): the persisted partition {key!r} is no longer on the cluster "
+            "(its futures were released, or its worker died after they were); keep the "
+            "persisted collection (or its published copy) alive while the dataset is read, "
+            "or pass the collection before persisting it so that partitions are computed "
+            "from the graph")
+
+
+def _check_known(client: Any, keys: Sequence[Any],
+                 lost: Callable[[Any], str] = _lost_partition) -> None:
     """Raise :class:`DaskPartitionLostError` naming a key the scheduler has forgotten."""
     holders = client.sync(client.scheduler.who_has, keys=list(keys))
     missing = [k for k in keys if not holders.get(k)]
@@ -215,12 +261,7 @@ def _check_known(client: Any, keys: Sequence[Any]) -> None:
     known = client.run_on_scheduler(_known_keys, keys=missing)
     gone = [k for k in missing if not known.get(repr(k))]
     if gone:
-        raise DaskPartitionLostError(
-            f"from_dask(): the persisted partition {gone[0]!r} is no longer on the cluster "
-            "(its futures were released, or its worker died after they were); keep the "
-            "persisted collection (or its published copy) alive while the dataset is read, "
-            "or pass the collection before persisting it so that partitions are computed "
-            "from the graph")
+        raise DaskPartitionLostError(lost(gone[0]))
 
 
 def _known_keys(dask_scheduler: Any, keys: list[Any]) -> dict[str, bool]:
