@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _helpers import needs
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -41,9 +42,9 @@ def _check_nbformat4(nb: dict) -> None:
 def _execute(path: Path, report: str | None = None) -> tuple[object, dict | None]:
     """Run every cell in a fresh ipykernel; optionally run ``report`` (code printing one
     JSON line) before the last cell, and return what it printed."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    nbformat = needs("nbformat", "test")
+    nbclient = needs("nbclient", "test")
+    needs("ipykernel", "test")
     nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
     if report is not None:
         nb.cells.insert(len(nb.cells) - 1, nbformat.v4.new_code_cell(report))
