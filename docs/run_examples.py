@@ -74,8 +74,8 @@ def _show_last_expression(code: str, line: int) -> str:
     first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[operator]
     end, start = node.end_col_offset, node.col_offset
     # close first (a single-line expression has first == last): the start's offset stays valid
-    lines[last] = lines[last][:end] + b")" + lines[last][end:]
-    lines[first] = (lines[first][:start] + f"{SHOW}({line + node.lineno - 1}, ".encode()
+    lines[last] = lines[last][:end] + b"))" + lines[last][end:]
+    lines[first] = (lines[first][:start] + f"{SHOW}({line + node.lineno - 1}, (".encode()
                     + lines[first][start:])
     return "\n".join(s.decode() for s in lines)
 
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             rc = run_page(page, folder, args.show)
             status = "ok" if rc == 0 else f"FAILED ({rc})"
-            print(f"{page.relative_to(ROOT)}: {status} in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+            name = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+            print(f"{name}: {status} in {time.perf_counter() - t0:.1f} s", flush=True)
             if rc:
                 failed.append(page)
     return 1 if failed else 0
