@@ -23,10 +23,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from _helpers import unavailable
 from _venv import SMOKE, base_python, clean_env, run, smoke
 
-pytestmark = [pytest.mark.process, pytest.mark.slow]
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -56,6 +57,7 @@ def expand(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), ""), value)
 
 
+@pytest.mark.slow
 def test_dockerfile_steps_run_in_a_fresh_venv(tmp_path):
     """ENV, COPY and RUN of deploy/Dockerfile in order, ``/`` moved to ``tmp_path``: the steps
     install the package from the source tree and the command line runs. pip's cache is used
@@ -130,6 +132,7 @@ def _base(buildah: str) -> str:
                 f"{FALLBACK_BASE} (.ci/run makes one with debootstrap); or set DDS_IMAGE_BASE")
 
 
+@pytest.mark.slow
 def test_image_builds_and_runs(tmp_path):
     """``buildah bud`` of deploy/Dockerfile, then in the image: ``dask-dataservice --help`` and
     a distributed read of 200 elements on a LocalCluster of two worker processes."""
@@ -154,3 +157,20 @@ def test_image_builds_and_runs(tmp_path):
         if container:
             subprocess.run([buildah, "rm", container], capture_output=True, timeout=120)
         subprocess.run([buildah, "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+@pytest.mark.pure
+def test_helm_values_file_is_the_pages_and_uses_the_image():
+    """deploy/helm-values.yaml is the values block of docs/deploy.md, and its scheduler and
+    workers run the image the operator recipe names (built from deploy/Dockerfile)."""
+    page = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    text = (ROOT / "deploy" / "helm-values.yaml").read_text(encoding="utf-8")
+    (block,) = re.findall(r"^```yaml\n(.*?)^```$", page, re.M | re.S)
+    assert block == text
+    values = yaml.safe_load(text)
+    (image,) = re.findall(r'^IMAGE = "([^"]+)"', page, re.M)
+    for role in ("scheduler", "worker"):
+        spec = values[role]["image"]
+        assert f"{spec['repository']}:{spec['tag']}" == image
+        assert values[role]["extraArgs"] == ["--preload", "dask_dataservice"]
+    assert "deploy/Dockerfile" in page
