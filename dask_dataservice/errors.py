@@ -72,6 +72,17 @@ __all__ = [
 ]
 
 
+def install_hint(extra: str) -> str:
+    """The command that adds the optional dependencies of ``extra`` to an installed package.
+
+    Every error about a missing optional dependency ends with it, worded in this one place.
+    ``pip install 'dask-dataservice[EXTRA]'`` works on an installed dask-dataservice, whether
+    it came from a wheel or a clone (pip keeps the installed package and adds the extra's
+    packages); in a clone, ``pip install -e '.[EXTRA]'`` does the same.
+    """
+    return f"pip install 'dask-dataservice[{extra}]' (in a clone: pip install -e '.[{extra}]')"
+
+
 class PlainMessage(Exception):  # noqa: N818 - a mixin, not an error of its own
     """``str(error)`` is the message, even when a builtin base such as KeyError would quote it.
 

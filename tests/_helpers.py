@@ -12,10 +12,39 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import numpy as np
+import pytest
 from hypothesis import settings
+
+#: Set (to anything but ``0``) by .ci/run: a test that would skip because an optional
+#: dependency or tool is missing fails instead, so CI runs every test (it installs ``.[dev]``).
+REQUIRE_ALL_TESTS = "DASK_DATASERVICE_REQUIRE_ALL_TESTS"
+
+
+def require_all_tests() -> bool:
+    return os.environ.get(REQUIRE_ALL_TESTS, "") not in ("", "0")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test (or the module, at import time) for ``reason``; under
+    :data:`REQUIRE_ALL_TESTS`, fail it instead."""
+    if require_all_tests():
+        pytest.fail(f"{reason} ({REQUIRE_ALL_TESTS} is set: every test must run)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def needs(module: str, extra: str) -> Any:
+    """``import module``, or skip naming the extra that installs it (see :func:`unavailable`);
+    the only way tests import an optional dependency (tests/project/test_packaging.py checks)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        unavailable(f"needs {module!r} ({e}): the [{extra}] extra, pip install -e '.[{extra}]'")
+
 
 #: Hypothesis settings for the pipeline-library tests: quick, no deadline.
 FAST = settings(max_examples=60, deadline=None)

@@ -7,8 +7,9 @@ loaded whole (Parquet reads one row group, in record batches; CSV, JSON lines an
 a record at a time).
 
 Optional dependencies are imported only when a format needs them, with an error that names
-the extra to install: Parquet needs ``pyarrow`` (``pip install dask-dataservice[parquet]``),
-images need ``Pillow`` (``pip install dask-dataservice[images]``).
+the extra to install (:func:`dask_dataservice.errors.install_hint`): Parquet needs ``pyarrow``
+(``pip install 'dask-dataservice[parquet]'``), images need ``Pillow``
+(``pip install 'dask-dataservice[images]'``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import install_hint
 from ._fs import open_file
 from .sources import Source
 from .tfrecord import read_records
@@ -38,7 +40,7 @@ def optional_import(module: str, extra: str, what: str) -> Any:
     except ImportError:
         raise ImportError(
             f"{what} needs the optional dependency {module.split('.')[0]!r}: "
-            f"pip install 'dask-dataservice[{extra}]'") from None
+            f"{install_hint(extra)}") from None
 
 
 # -- CSV and JSON lines --------------------------------------------------------------------------

@@ -8,7 +8,7 @@
   carry the ``ps`` resource, which the data service already leaves alone.
 
 Status lines go to stderr (``say``), results to stdout, the progress bar to stderr through
-``tqdm.auto``: on a terminal or in Jupyter only; in a pipe or a log the status lines say what
+tqdm: on a terminal or in Jupyter only; in a pipe or a log the status lines say what
 happens instead.
 """
 
@@ -232,17 +232,13 @@ def _train(opts: DemoOptions, client: Any) -> int:
 
 
 def _progress(opts: DemoOptions, total: int, label: str) -> Any:
-    """A ``tqdm.auto`` bar on stderr: drawn on a terminal and in Jupyter, off in a pipe or a
-    log (where it would repeat itself) and with ``quiet``."""
-    from tqdm import autonotebook, std
-    from tqdm.auto import tqdm
+    """A tqdm bar on stderr: drawn on a terminal and in Jupyter (a widget with ipywidgets),
+    off in a pipe or a log (where it would repeat itself) and with ``quiet``."""
+    from ..ps.callbacks import interactive, progress_bar_class
 
-    in_notebook = autonotebook.tqdm is not std.tqdm  # tqdm.auto draws a Jupyter widget
-    interactive = in_notebook or bool(getattr(sys.stderr, "isatty", lambda: False)())
-    # monitor_interval=0: no tqdm monitor thread (it outlives disabled bars)
-    bar = type("DemoProgress", (tqdm,), {"monitor_interval": 0})
+    bar = progress_bar_class("DemoProgress")
     return bar(total=total, desc=f"demo {label}", unit="ex", unit_scale=True, file=sys.stderr,
-               disable=opts.quiet or not interactive, dynamic_ncols=True)
+               disable=opts.quiet or not interactive(), dynamic_ncols=True)
 
 
 def _consume(ds: Iterable[Any], total: int, opts: DemoOptions) -> tuple[int, int]:

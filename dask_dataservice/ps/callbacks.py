@@ -347,27 +347,52 @@ class EarlyStopping(Callback):
             self._run().stop_training = True
 
 
+def _in_jupyter_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (IPython imported and running an IPKernelApp)."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+    except Exception:  # an IPython too old or half imported: not a kernel we can draw in
+        return False
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def _widgets() -> bool:
+    """Whether a Jupyter widget can be drawn: in a kernel, with ipywidgets installed. Decided
+    here, not by ``tqdm.auto``, which warns "IProgress not found" in a kernel without
+    ipywidgets and then falls back to the text bar anyway."""
+    import importlib.util
+
+    try:
+        return _in_jupyter_kernel() and importlib.util.find_spec("ipywidgets") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def interactive() -> bool:
-    """Whether a progress bar would be seen: in Jupyter (tqdm.auto draws a widget there) or
+    """Whether a progress bar would be seen: in a Jupyter kernel with ipywidgets (a widget) or
     on a terminal; not in a pipe or a log, where each refresh would be a line."""
     import sys
 
-    from tqdm import autonotebook, std  # type: ignore[import-untyped, unused-ignore]
-
-    in_notebook = autonotebook.tqdm is not std.tqdm
-    return bool(in_notebook or getattr(sys.stderr, "isatty", lambda: False)())
+    return _widgets() or bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
-def _bar_class() -> Any:
-    """tqdm.auto's bar without tqdm's monitor thread (a daemon no one would own or join;
+def progress_bar_class(name: str = "FitProgressBar") -> Any:
+    """A tqdm bar class: ``tqdm.notebook``'s widget in a Jupyter kernel with ipywidgets, else
+    ``tqdm.std``'s text bar; without tqdm's monitor thread (a daemon no one would own or join;
     it only adjusts the refresh interval of stalled bars)."""
-    from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
-
-    return type("FitProgressBar", (tqdm,), {"monitor_interval": 0})
+    if _widgets():
+        from tqdm.notebook import tqdm  # type: ignore[import-untyped, unused-ignore]
+    else:
+        from tqdm.std import tqdm  # type: ignore[import-untyped, unused-ignore]
+    return type(name, (tqdm,), {"monitor_interval": 0})
 
 
 class ProgressBar(Callback):
-    """A tqdm progress bar per epoch (a notebook widget in Jupyter: ``tqdm.auto``)."""
+    """A tqdm progress bar per epoch (a widget in Jupyter with ipywidgets, else text:
+    :func:`progress_bar_class`)."""
 
     def __init__(self, **tqdm_kwargs: Any) -> None:
         super().__init__()
@@ -376,7 +401,7 @@ class ProgressBar(Callback):
 
     def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None:
         run = self._run()
-        self._bar = _bar_class()(total=run.steps_per_epoch, initial=run.step,
+        self._bar = progress_bar_class()(total=run.steps_per_epoch, initial=run.step,
                          desc=f"epoch {epoch + 1}/{run.epochs}", **self._kwargs)
 
     def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:

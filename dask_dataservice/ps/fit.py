@@ -125,8 +125,8 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
     steps_per_epoch : int
         Required (TensorFlow requires it with a parameter-server strategy too).
     verbose : bool or "auto"
-        Show a progress bar (tqdm; a widget in Jupyter). "auto": in Jupyter or on a
-        terminal, not in a pipe or a log file.
+        Show a progress bar (tqdm; a widget in Jupyter with ipywidgets). "auto": in a
+        Jupyter kernel with ipywidgets or on a terminal, not in a pipe or a log file.
     """
     if steps_per_epoch is None:
         raise ValueError("steps_per_epoch is required: with parameter-server training each "

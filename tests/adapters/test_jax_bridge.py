@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from _helpers import distribute
+from _helpers import distribute, needs
 
 from dask_dataservice.data import Dataset
 from dask_dataservice.testing import gen_cluster
@@ -40,7 +40,7 @@ def test_a_missing_extra_is_named(extra, call):
     assert f"optional dependency {extra!r}" in out.stdout
 
 
-jax = pytest.importorskip("jax")
+jax = needs("jax", "jax")
 
 
 def test_leaves_become_jax_arrays_on_the_device():

@@ -9,12 +9,12 @@ import warnings
 
 import numpy as np
 import pytest
-from _helpers import distribute
+from _helpers import distribute, needs
 
 from dask_dataservice.data import Dataset
 from dask_dataservice.testing import gen_cluster
 
-torch = pytest.importorskip("torch")
+torch = needs("torch", "torch")
 import dask_dataservice.torch as ddt  # noqa: E402 - needs torch
 
 pytestmark = pytest.mark.pure

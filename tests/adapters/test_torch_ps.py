@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import needs
 
 import dask_dataservice as dds
 from dask_dataservice.ps import optimizers
 from dask_dataservice.testing import gen_cluster
 from dask_dataservice.testing._ps import warm_up_zarr
 
-torch = pytest.importorskip("torch")
+torch = needs("torch", "torch")
 
 from dask_dataservice.torch import ShardedEmbedding, torch_module  # noqa: E402
 

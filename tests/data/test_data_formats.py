@@ -10,7 +10,7 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-from _helpers import distribute, elements, py, read
+from _helpers import distribute, elements, needs, py, read
 
 import dask_dataservice as dds
 from dask_dataservice.data import Dataset, ListSplitProvider
@@ -28,8 +28,8 @@ from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.pure
 
-pq = pytest.importorskip("pyarrow.parquet")
-pa = pytest.importorskip("pyarrow")
+pq = needs("pyarrow.parquet", "parquet")
+pa = needs("pyarrow", "parquet")
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def _protobuf_example_class():
 
 
 def test_example_codec_agrees_with_protobuf():
-    pytest.importorskip("google.protobuf")
+    needs("google.protobuf", "test")
     Example = _protobuf_example_class()
     ours = encode_example({"label": 3, "neg": np.array([-1, 2**40]), "w": np.array([0.5, 1.5], np.float32),
                            "name": b"cat", "tags": np.array(["a", "bc"])})

@@ -10,6 +10,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from _helpers import needs
 
 from dask_dataservice import Dataset
 
@@ -42,7 +43,7 @@ def test_delayed_is_refused():
 
 
 def test_dask_dataframe_is_refused():
-    dd = pytest.importorskip("dask.dataframe")
+    dd = needs("dask.dataframe", "test")
     import pandas as pd
 
     frame = dd.from_pandas(pd.DataFrame({"a": range(4)}), npartitions=2)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _helpers import Servers
+from _helpers import Servers, needs
 
 pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
@@ -64,7 +64,7 @@ def _free_port() -> int:
 def jobqueue_recipe(tmp_path):
     """The page's jobqueue recipe run with its shared directory in ``tmp_path`` and a free
     port; its namespace (the cluster is closed afterwards)."""
-    pytest.importorskip("dask_jobqueue")
+    needs("dask_jobqueue", "test")
     import dask.config
 
     code = recipe("recipe-jobqueue")
@@ -177,7 +177,7 @@ def test_jobqueue_worker_command_runs_the_cli():
 
 @pytest.fixture
 def kubernetes_recipe():
-    pytest.importorskip("dask_kubernetes")
+    needs("dask_kubernetes", "kubernetes")
     namespace: dict = {"__name__": "recipe"}
     exec(compile(recipe("recipe-kubernetes"), str(PAGE), "exec"), namespace)
     return namespace

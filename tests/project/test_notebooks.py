@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _helpers import needs
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -38,12 +39,27 @@ def _check_nbformat4(nb: dict) -> None:
             assert cell["outputs"] == [] and cell["execution_count"] is None, cell
 
 
+#: What each notebook imports beyond the core dependencies, and the extra that installs it
+#: (each notebook's first cell names the same extras).
+NEEDS = {
+    "quickstart.ipynb": {"matplotlib": "notebooks"},
+    "parameter-server.ipynb": {"matplotlib": "notebooks"},
+    "ps-torch.ipynb": {"torch": "torch"},
+    "data-to-torch.ipynb": {"torch": "torch", "matplotlib": "notebooks", "pandas": "notebooks",
+                            "pyarrow": "notebooks"},
+}
+
+
+def _kernel_tools():
+    return needs("nbformat", "test"), needs("nbclient", "test"), needs("ipykernel", "test")
+
+
 def _execute(path: Path, report: str | None = None) -> tuple[object, dict | None]:
     """Run every cell in a fresh ipykernel; optionally run ``report`` (code printing one
     JSON line) before the last cell, and return what it printed."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    nbformat, nbclient, _ = _kernel_tools()
+    for module, extra in NEEDS.get(path.name, {}).items():
+        needs(module, extra)
     nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
     if report is not None:
         nb.cells.insert(len(nb.cells) - 1, nbformat.v4.new_code_cell(report))
@@ -118,3 +134,53 @@ def test_parameter_server_notebook():
     assert values["last_acc"] > 0.75
     assert values["steps_per_second"] > 0
     assert values["scrambled"] == 0.0 and values["restored"] is True
+
+
+@pytest.mark.pure
+def test_every_notebook_names_the_extras_it_needs():
+    assert set(NEEDS) == {p.name for p in NOTEBOOKS.glob("*.ipynb")}
+    for name, modules in NEEDS.items():
+        intro = "".join(_load(NOTEBOOKS / name)["cells"][0]["source"])
+        for extra in set(modules.values()):
+            assert f"'.[{extra}" in intro or f",{extra}]" in intro, (name, extra, intro)
+
+
+#: A cell that makes the progress bar of ``dds.fit`` and the demo, with ipywidgets hidden
+#: (``HIDE``) or not, and prints which tqdm it is and every warning raised.
+BAR_CELL = """
+import sys, warnings, json
+if HIDE:
+    sys.modules["ipywidgets"] = None  # as if not installed
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from dask_dataservice.ps.callbacks import interactive, progress_bar_class
+    bar = progress_bar_class()(total=3)
+    bar.update(3)
+    bar.close()
+print(json.dumps({"module": type(bar).__mro__[1].__module__, "interactive": interactive(),
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+@pytest.mark.slow
+def test_progress_bar_in_a_kernel_without_ipywidgets_warns_nothing():
+    """In a real kernel without ipywidgets: tqdm's text bar, no "IProgress not found" warning
+    (tqdm.auto's), no bar for ``verbose="auto"``; with ipywidgets (if installed): the widget."""
+    nbformat, nbclient, _ = _kernel_tools()
+    import importlib.util
+
+    cases = [True] + ([False] if importlib.util.find_spec("ipywidgets") else [])
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"HIDE = {hide}\n" + BAR_CELL) for hide in cases]
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "py"}
+    nbclient.NotebookClient(nb, timeout=60, kernel_name="python3").execute()
+    for hide, cell in zip(cases, nb.cells, strict=True):
+        stderr = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stderr")
+        stdout = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+        assert "IProgress" not in stderr, stderr
+        values = json.loads(stdout.strip().splitlines()[-1])
+        assert values["warnings"] == []
+        if hide:
+            assert values == {"module": "tqdm.std", "interactive": False, "warnings": []}
+        else:
+            assert values == {"module": "tqdm.notebook", "interactive": True, "warnings": []}

@@ -1,14 +1,16 @@
 """The package as users install it: a built sdist and wheel, not the editable source tree.
 
 ``python -m build`` builds the sdist, then the wheel from that sdist (so a file missing from the
-sdist breaks the wheel too), from a copy of the project's packaging inputs (the build writes
-``*.egg-info`` next to its source; the working tree is left alone). The wheel is installed with
-``--no-deps`` into a fresh venv whose dependencies come from the project venv through a ``.pth``
-line: the test is about the wheel's files, entry points and import behaviour, and resolving
-Dask, zarr and numpy from the registry again would add a minute without testing this project's
-code (the dependency list itself is checked from the wheel's metadata). A ``.pth`` path line does
-not process the project venv's own ``.pth`` files, so its editable install stays out of the way;
-the test asserts the package is imported from the fresh venv.
+sdist breaks the wheel too), from a copy of the source tree (tests/project/_venv.py: the build
+writes ``*.egg-info`` next to its source; the working tree is left alone). The wheel is then
+installed into a fresh venv with its dependencies (from pip's cache and the registry, as a
+user's ``pip install`` gets them), and the command line, the demo and a distributed read on a
+LocalCluster of worker processes run from it; ``pip install 'dask-dataservice[EXTRA]'``, the
+form every install hint uses, then adds an extra to that installed wheel.
+
+The extras are checked too: ``all`` is every runtime extra, ``dev`` everything, ``test`` stays
+light (no torch, jax, dask-kubernetes, mypy or Sphinx), and every install hint in the code,
+the docs and the notebooks names an extra that exists and a command that works.
 
 A user's typed snippet is checked with ``mypy --strict`` in tests/project/test_typing.py, in
 the same mypy run as the package (the wheel's ``py.typed``, which makes the installed package
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import email
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tarfile
@@ -29,13 +31,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _helpers import REQUIRE_ALL_TESTS
+from _venv import build_dists, fresh_venv, install_wheel, run, smoke, source_files
 
 pytestmark = pytest.mark.pure
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: extras that are tooling for this project, not features for users: ``all`` leaves them out
-NOT_RUNTIME_EXTRAS = {"test", "docs", "lint", "all"}
+NOT_RUNTIME_EXTRAS = {"test", "docs", "lint", "all", "dev"}
 #: modules that only optional features import; ``import dask_dataservice`` must not
 OPTIONAL_MODULES = [
     "pyarrow",
@@ -51,15 +55,7 @@ OPTIONAL_MODULES = [
 
 
 def _run(*cmd, cwd=None, timeout=180) -> str:
-    # A fresh venv sees only what is installed in it: a PYTHONPATH of the caller's (a
-    # checkout put first on the path) would shadow the installed package.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env=env,
-    )
-    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return run(*cmd, cwd=cwd, timeout=timeout)
 
 
 def _requirement_name(req: str) -> str:
@@ -81,19 +77,7 @@ def test_all_extra_covers_every_runtime_extra():
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> dict[str, Path]:
-    src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(
-        ROOT / "dask_dataservice",
-        src / "dask_dataservice",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
-    out = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "build", "--outdir", out, src, timeout=240)
-    (wheel,) = out.glob("*.whl")
-    (sdist,) = out.glob("*.tar.gz")
-    return {"wheel": wheel, "sdist": sdist}
+    return build_dists(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.mark.process
@@ -115,41 +99,31 @@ def test_wheel_and_sdist_contents(dists):
 
     with tarfile.open(dists["sdist"]) as tf:
         members = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
-    for required in (
-        "pyproject.toml",
-        "README.md",
-        "dask_dataservice/py.typed",
-        "dask_dataservice/dataservice.yaml",
-        "dask_dataservice/__init__.py",
-    ):
-        assert required in members
-
-
-@pytest.fixture(scope="module")
-def venv(dists, tmp_path_factory) -> Path:
-    """A fresh venv with the wheel installed (``--no-deps``; dependencies from the project venv)."""
-    venv = tmp_path_factory.mktemp("venv")
-    _run(sys.executable, "-m", "venv", venv)
-    python = venv / "bin" / "python"
-    _run(python, "-m", "pip", "install", "-q", "--no-deps", dists["wheel"], timeout=120)
-    site = Path(
-        _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
-    )
-    deps = Path(
-        _run(sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
-    )
-    (site / "_project_deps.pth").write_text(f"{deps}\n")
-    return venv
+    # what a build from the sdist needs: every module and package data file of the source
+    # tree (*.yaml, py.typed), the metadata's README, and a license file if the tree has one
+    package = {str(p) for p in source_files() if p.parts[0] == "dask_dataservice"
+               and p.suffix in (".py", ".yaml", ".typed")}
+    assert {"dask_dataservice/py.typed", "dask_dataservice/dataservice.yaml"} <= package
+    licenses = {str(p) for p in source_files() if len(p.parts) == 1
+                and p.name.upper().startswith(("LICENSE", "COPYING"))}
+    wanted = package | licenses | {"pyproject.toml", "README.md", "PKG-INFO"}
+    assert sorted(wanted - members) == []
+    wheel_data = {n for n in names if n.startswith("dask_dataservice/")}
+    assert sorted(package - wheel_data) == []
 
 
 @pytest.mark.process
 @pytest.mark.slow
-def test_wheel_installed_in_fresh_venv(venv, tmp_path):
-    python = venv / "bin" / "python"
-    site = Path(
-        _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
-    )
-
+@pytest.mark.timeout(600)
+def test_wheel_in_a_fresh_venv_with_its_dependencies(dists, tmp_path):
+    """The wheel in a fresh venv, its dependencies from the registry (or pip's cache): the
+    package imports from there without any optional module, ``--version``, a small demo
+    (streaming and training on worker processes) and a distributed read on a LocalCluster
+    run; then ``pip install 'dask-dataservice[compression]'`` adds lz4 to it."""
+    bin_dir = fresh_venv(tmp_path / "venv")
+    install_wheel(bin_dir, dists["wheel"])
+    python = bin_dir / "python"
+    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
     check = textwrap.dedent(
         f"""
         import sys
@@ -164,9 +138,121 @@ def test_wheel_installed_in_fresh_venv(venv, tmp_path):
         print("ok")
         """
     )
-    assert _run(python, "-c", check, cwd=tmp_path).strip() == "ok"
-    out = _run(venv / "bin" / "dask-dataservice", "--version", cwd=tmp_path)
+    assert run(python, "-c", check, cwd=tmp_path).strip() == "ok"
+    out = run(bin_dir / "dask-dataservice", "--version", cwd=tmp_path)
     assert out.strip() == f"dask-dataservice {PYPROJECT['project']['version']}"
+
+    demo = run(bin_dir / "dask-dataservice", "demo", "--elements", "20000", "--quiet",
+               cwd=tmp_path, timeout=240).splitlines()
+    assert demo[0].startswith("demo: accuracy "), demo
+    assert demo[1].startswith("demo: 20000 elements in "), demo
+    assert smoke(bin_dir, tmp_path) == f"smoke ok 0.1.0 {site / 'dask_dataservice' / '__init__.py'}"
+
+    assert "lz4" not in run(python, "-m", "pip", "list", "--format=freeze").lower()
+    run(python, "-m", "pip", "install", "-q", "dask-dataservice[compression]", timeout=300)
+    assert run(python, "-c", "import lz4; print('lz4')").strip() == "lz4"
+
+
+# -- extras and install hints --------------------------------------------------------------
+
+
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+
+
+def test_dev_extra_is_everything_and_test_stays_light():
+    assert EXTRAS["dev"] == ["dask-dataservice[test,docs,lint,all]"]
+    named = set(EXTRAS["dev"][0].split("[", 1)[1].rstrip("]").split(","))
+    assert named | {"dev"} | {e for e in EXTRAS if e not in NOT_RUNTIME_EXTRAS} >= set(EXTRAS)
+    test = {_requirement_name(r) for r in EXTRAS["test"]}
+    heavy = {"torch", "jax", "jaxlib", "dask-kubernetes", "mypy", "sphinx", "myst-parser"}
+    assert not (test & heavy), sorted(test & heavy)
+    assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "build"} <= test
+
+
+#: a ``pip install`` command in text: the words up to the end of the line or a closing mark
+PIP = re.compile(r"pip install ([^`\n)\"#]+)")
+#: an extra named in a hint: ``dask-dataservice[a,b]`` or ``.[a,b]``, quoted or not (an
+#: upper-case name is a placeholder: ``dask-dataservice[EXTRA]``)
+NAMED = re.compile(r"(?:dask-dataservice|(?<![\w/])\.|\.whl)\[([\w,-]+)\]")
+
+
+def _hint_files() -> list[Path]:
+    return [ROOT / p for p in source_files()
+            if p.suffix in (".py", ".md", ".ipynb", ".toml", ".yaml", ".txt", "")
+            and p.parts[0] in ("dask_dataservice", "docs", "notebooks", "tests", "deploy",
+                               "benchmarks", ".ci", "README.md", "pyproject.toml")
+            and p.name != "CHANGELOG.md"]
+
+
+def test_every_install_hint_names_a_real_extra_and_a_command_that_works():
+    """Every ``pip install`` in the code, docs, notebooks and scripts: an extra it names exists
+    in pyproject.toml, and it never installs ``dask-dataservice`` by name without an extra
+    (the package is not on PyPI; with an extra, pip adds it to an installed package)."""
+    commands, bad = 0, []
+    for path in _hint_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for m in PIP.finditer(text):
+            commands += 1
+            args = m.group(1)
+            where = f"{path.relative_to(ROOT)}: pip install {args.strip()}"
+            for extras in NAMED.findall(args):
+                missing = [e for e in extras.split(",") if e not in EXTRAS and not e.isupper()]
+                if missing:
+                    bad.append(f"{where} (no extra {missing})")
+            words = [w.strip("'\"") for w in args.split()]
+            if any(w == "dask-dataservice" or w == "dask_dataservice" for w in words):
+                bad.append(f"{where} (not on PyPI: from a clone or a wheel)")
+    assert commands > 20, commands
+    assert bad == []
+
+
+def test_the_install_hint_of_errors_is_the_documented_one():
+    from dask_dataservice.errors import install_hint
+
+    assert install_hint("torch") == ("pip install 'dask-dataservice[torch]' "
+                                     "(in a clone: pip install -e '.[torch]')")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`pip install 'dask-dataservice[torch]'`" in readme
+    assert "pip keeps the installed\npackage and adds the extra's packages" in readme
+
+
+def test_tests_import_optional_dependencies_through_needs():
+    """``pytest.importorskip`` would skip silently in CI: tests call ``_helpers.needs``, which
+    names the extra and fails under DASK_DATASERVICE_REQUIRE_ALL_TESTS."""
+    users = sorted(str(p) for p in source_files() if p.parts[0] == "tests" and p.suffix == ".py"
+                   and p.name not in ("_helpers.py", "test_packaging.py")
+                   and "importorskip(" in (ROOT / p).read_text(encoding="utf-8"))
+    assert users == []
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_require_all_tests_turns_a_missing_extra_into_a_failure(tmp_path):
+    (tmp_path / "test_needs.py").write_text(textwrap.dedent("""
+        from _helpers import needs
+
+        def test_it():
+            needs("no_such_module_for_this_test", "torch")
+    """))
+    tests = str(ROOT / "tests")
+
+    def pytest_run(**env: str) -> tuple[int, str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-rs",
+             "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path / "test_needs.py")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={**{k: v for k, v in os.environ.items() if k != REQUIRE_ALL_TESTS},
+                 "PYTHONPATH": os.pathsep.join([tests, str(ROOT)]), **env})
+        return proc.returncode, proc.stdout + proc.stderr
+
+    code, out = pytest_run()
+    assert code == 0 and "1 skipped" in out, out
+    assert "the [torch] extra, pip install -e '.[torch]'" in out
+    code, out = pytest_run(**{REQUIRE_ALL_TESTS: "1"})
+    assert code == 1 and "1 failed" in out, out
+    assert f"{REQUIRE_ALL_TESTS} is set: every test must run" in out
+    code, out = pytest_run(**{REQUIRE_ALL_TESTS: "0"})
+    assert code == 0 and "1 skipped" in out, out
 
 
 def test_type_checking_imports_match_lazy_names():

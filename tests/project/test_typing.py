@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from _helpers import needs
 from _mypy import session_run
 
 pytestmark = pytest.mark.pure
@@ -50,6 +51,7 @@ def test_mypy_config_is_strict_and_silences_no_module_of_ours() -> None:
 def test_package_and_a_users_snippets_pass_mypy_strict() -> None:
     """``mypy --strict dask_dataservice snippet.py mistyped.py``: errors in the misused
     snippet only, exactly the expected ones; none in the package or the typed snippet."""
+    needs("mypy", "lint")
     run = session_run()
     code, report = run.result()
     errors = [line for line in report.splitlines() if ": error: " in line]

@@ -20,7 +20,7 @@ import dask.array as da
 import dask.bag as db
 import numpy as np
 import pytest
-from _helpers import distribute, poll, read  # noqa: E402
+from _helpers import distribute, needs, poll, read  # noqa: E402
 from distributed import Client, LocalCluster, wait
 
 import dask_dataservice as dds
@@ -134,8 +134,8 @@ async def test_partitions_are_computed_by_the_data_workers_not_the_client(c, s, 
 
 @gen_cluster(client=True, nthreads=TWO)
 async def test_dataframe_rows_and_partitions(c, s, a, b):
-    pd = pytest.importorskip("pandas")
-    dd = pytest.importorskip("dask.dataframe")
+    pd = needs("pandas", "test")
+    dd = needs("dask.dataframe", "test")
     frame = pd.DataFrame({"a": np.arange(30), "b": np.arange(30) * 0.5})
     df = dd.from_pandas(frame, npartitions=3)
     out = await read(await distribute(Dataset.from_dask(df), "DYNAMIC", c))
@@ -161,8 +161,8 @@ async def test_bag_partitions_plain_and_persisted(c, s, a, b):
 
 @gen_cluster(client=True, nthreads=TWO)
 async def test_collections_built_on_persisted_ones(c, s, a, b):
-    pd = pytest.importorskip("pandas")
-    dd = pytest.importorskip("dask.dataframe")
+    pd = needs("pandas", "test")
+    dd = needs("dask.dataframe", "test")
     x = c.persist(da.arange(60, chunks=10).reshape(20, 3).rechunk((5, 2)))
     frame = c.persist(dd.from_pandas(pd.DataFrame({"a": np.arange(20)}), npartitions=2))
     await wait([x, frame])

@@ -24,6 +24,7 @@ from distributed.comm.addressing import get_address_host
 from distributed.protocol.compression import compressions, maybe_compress
 
 from ... import config
+from ...errors import install_hint
 
 __all__ = [
     "ALIGN",
@@ -136,8 +137,7 @@ def check_compression(compression: object) -> str | None:
     codec = compression.lower()
     if codec not in compressions:
         raise ValueError(f"compression {codec!r} needs the package {_PACKAGES[codec]!r}, which "
-                         "is not installed here (pip install 'dask-dataservice[compression]' "
-                         "installs lz4)")
+                         f"is not installed here: {install_hint('compression')}")
     return codec
 
 

@@ -15,7 +15,7 @@ import sys
 import dask
 import numpy as np
 import pytest
-from _helpers import distribute, read
+from _helpers import distribute, needs, read
 from distributed.protocol.core import dumps, loads
 
 import dask_dataservice as dds
@@ -31,7 +31,7 @@ from dask_dataservice.testing import gen_cluster
 
 pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 
-lz4 = pytest.importorskip("lz4", reason="compression tests need lz4 (the [compression] extra)")
+lz4 = needs("lz4", "compression")
 
 
 def _wire(items, codec=None):
