@@ -15,7 +15,7 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-from _helpers import distribute, read
+from _helpers import distribute, needs, read
 
 from dask_dataservice.data import Dataset
 from dask_dataservice.data.tfrecord import write_records
@@ -59,8 +59,8 @@ def write_text(path: str, i: int) -> None:
 
 
 def write_parquet(path: str, i: int) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa = needs("pyarrow", "parquet")
+    pq = needs("pyarrow.parquet", "parquet")
     pq.write_table(pa.table({"v": [i]}), path)
 
 
