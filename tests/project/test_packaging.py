@@ -110,6 +110,8 @@ def test_wheel_and_sdist_contents(dists):
     assert sorted(wanted - members) == []
     wheel_data = {n for n in names if n.startswith("dask_dataservice/")}
     assert sorted(package - wheel_data) == []
+    assert licenses == {"LICENSE"}  # the metadata's BSD-3-Clause, shipped in both
+    assert f"{dist_info}/licenses/LICENSE" in names
 
 
 @pytest.mark.process
