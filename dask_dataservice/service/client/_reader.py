@@ -359,6 +359,7 @@ class IterationReader:
 
     def _count_consumers(self, consumers: int) -> None:
         """Say so when more consumers than seen so far share this pass (a named job)."""
+        self.sizes.shared_with(consumers)
         if consumers > self.consumers_seen:
             logger.warning(
                 "dataservice: %d consumers now read iteration %s of job %r (dataset %s): "
@@ -433,6 +434,9 @@ class IterationReader:
                 outcome = read.on_reply(head_seq, resp, loop.time(), core.is_gone(task_id))
                 kind = outcome.kind
                 if kind == "elements":
+                    consumers = resp.get("consumers")
+                    if consumers is not None:  # older workers do not say
+                        self.sizes.shared_with(int(consumers))
                     items = resp["elements"].items
                     await self.channel.put(items)
                     if self.stats is not None:  # issue 14

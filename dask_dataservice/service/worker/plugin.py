@@ -410,6 +410,10 @@ class DataWorkerPlugin(WorkerPlugin):
             raise
         finally:
             turns.done(key, seq)
+        if reply.get("elements") is not None:
+            # how many consumers read this task (a reader of a shared job holds little ahead
+            # once it is not alone: what it holds, the others do not get)
+            reply["consumers"] = self.core.consumers(task_id)
         if kept is not None:
             kept.set_result(reply)  # a replay under way gets it; later ones only if kept
             if not self.core.keep_reply(key, seq, reply.get("elements") is not None):
