@@ -140,7 +140,8 @@ class ServiceSource(Op):
 # ---------------------------------------------------------------------------------------
 
 #: Default of ``dataservice.client.shared-job-request-elements``: elements per request when
-#: consumers share a named job. A consumer that does not keep up holds at most about
+#: consumers share a named job (a consumer reading alone grows its requests from there). Once
+#: another consumer reads the job, a consumer that pauses holds at most about
 #: (1 in hand + channel batches + requests in flight) x this: 11 x 16 = 176 elements with the
 #: defaults, so a job of a thousand elements still reaches a consumer that starts a moment
 #: later (``data_service_ops_test.testSharedJobName``; at 256 the first consumer drained it).
