@@ -157,8 +157,8 @@ async def test_shared_job_consumer_that_read_fast_holds_little_when_it_pauses(c,
     in hand, its channel and its requests in flight at the smallest request size (11 x 16
     elements with the defaults), not about as many as it read: its requests used to double
     at every batch it took (16, 32, ... 1024 after 2,000 elements), so once the other
-    consumer of a 1,000-element job waited on its own reader for a moment, the first held
-    the rest of the job and the other ended at its 193rd call."""
+    consumer of a 1,000-element job waited on its own reader for a moment, the second held
+    the rest of the job and the first ended at its 193rd call."""
     n, fast = 10_000, 2_000
     ds1 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
     ds2 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
