@@ -150,6 +150,32 @@ async def test_shared_job_name(c, s, a):
     assert sorted(results) == list(range(n))
 
 
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_shared_job_consumer_that_read_fast_holds_little_when_it_pauses(c, s, a):
+    """What ``test_shared_job_name`` needs, made deterministic: a consumer of a shared job
+    that read fast (its channel empty at every batch) and then pauses holds at most its batch
+    in hand, its channel and its requests in flight at the smallest request size (11 x 16
+    elements with the defaults), not about as many as it read: its requests used to double
+    at every batch it took (16, 32, ... 1024 after 2,000 elements), so once the other
+    consumer of a 1,000-element job waited on its own reader for a moment, the second held
+    the rest of the job and the first ended at its 193rd call."""
+    n, fast = 10_000, 2_000
+    ds1 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
+    ds2 = await distribute(dds.Dataset.range(n), "parallel_epochs", c, job_name="job_name")
+
+    def body():
+        it1, it2 = iter(ds1), iter(ds2)
+        first = [int(next(it1))]  # the first consumer reads the job, then pauses
+        second = [int(x) for x in itertools.islice(it2, fast)]  # the second reads fast
+        rest1 = [int(x) for x in it1]  # the first reads on to the end
+        return first, second, rest1, [int(x) for x in it2]  # what the second held
+
+    first, second, rest1, held = await asyncio.to_thread(body)
+    assert sorted(first + second + rest1 + held) == list(range(n))
+    assert len(second) == fast
+    assert len(held) <= (1 + 8 + 2) * 16, len(held)  # in hand, channel, requests in flight
+
+
 @gen_cluster(client=True, nthreads=[("", 1)],
              config={"dataservice.dispatcher.job-gc-timeout": "20ms",
                      "dataservice.dispatcher.gc-interval": "50ms"})

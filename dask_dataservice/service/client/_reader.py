@@ -173,7 +173,8 @@ class ServiceSource(Op):
 # ---------------------------------------------------------------------------------------
 
 #: Default of ``dataservice.client.shared-job-request-elements``: elements per request when
-#: consumers share a named job. A consumer that does not keep up holds at most about
+#: consumers share a named job (a consumer reading alone grows its requests from there). Once
+#: another consumer reads the job, a consumer that pauses holds at most about
 #: (1 in hand + channel batches + requests in flight) x this: 11 x 16 = 176 elements with the
 #: defaults, so a job of a thousand elements still reaches a consumer that starts a moment
 #: later (``data_service_ops_test.testSharedJobName``; at 256 the first consumer drained it).
@@ -392,6 +393,7 @@ class IterationReader:
 
     def _count_consumers(self, consumers: int) -> None:
         """Say so when more consumers than seen so far share this pass (a named job)."""
+        self.sizes.shared_with(consumers)
         if consumers > self.consumers_seen:
             logger.warning(
                 "dataservice: %d consumers now read iteration %s of job %r (dataset %s): "
@@ -466,6 +468,9 @@ class IterationReader:
                 outcome = read.on_reply(head_seq, resp, loop.time(), core.is_gone(task_id))
                 kind = outcome.kind
                 if kind == "elements":
+                    consumers = resp.get("consumers")
+                    if consumers is not None:  # older workers do not say
+                        self.sizes.shared_with(int(consumers))
                     items = resp["elements"].items
                     await self.channel.put(items)
                     if self.stats is not None:  # issue 14

@@ -57,7 +57,8 @@ read then ends with an error: every round or turn needs every task), :func:`turn
 :func:`join_turns` (how the parts of one round or turn are put together).
 
 :class:`RequestSize` (elements per request of a shared job): grows while the consumer keeps
-up, halves when it falls behind (:meth:`RequestSize.next`).
+up and reads alone, halves when it falls behind, stays at its smallest once another consumer
+reads the iteration (:meth:`RequestSize.next`, :meth:`RequestSize.shared_with`).
 
 Hot path: the core works per request (a reply is one call), never per element.
 """
@@ -399,18 +400,31 @@ class TaskRead:
 class RequestSize:
     """Elements per request. Consumers of a shared job take its elements first come, first
     served: what one holds ahead (requests in flight and its channel) is taken from the
-    others. So requests start small, double while the consumer empties its channel (it keeps
-    up), and halve back once the channel is half full. Private jobs always ask for the most."""
+    others. So requests start small, and double while the consumer keeps up and reads
+    alone, halving back once the channel is half full. Once another consumer reads the
+    same iteration (:meth:`shared_with`: a worker's reply or the dispatcher says so), every
+    request asks for the smallest size: growing on every batch the consumer took made the
+    size follow what it had read so far (16, 32, ... 1024 after 2,000 elements), so a
+    consumer that paused held that much and another consumer of a 1,000-element job ended
+    early. Private jobs always ask for the most."""
 
     def __init__(self, max_elements: int, shared: bool, shared_start: int) -> None:
         self.max_elements = max_elements
         self.shared = shared
         self.current = min(max_elements, shared_start) if shared else max_elements
         self.minimum = self.current
+        #: Another consumer reads the same iteration.
+        self.not_alone = False
         self._taken_seen = 0
 
+    def shared_with(self, consumers: int) -> None:
+        """``consumers`` read the iteration (or one of its tasks), this one included."""
+        if consumers > 1 and self.shared:
+            self.not_alone = True
+            self.current = self.minimum
+
     def next(self, queued: int, taken: int, capacity: int) -> int:
-        if self.shared:
+        if self.shared and not self.not_alone:
             if queued <= 1 and taken > self._taken_seen:  # the consumer keeps up: grow
                 self.current = min(self.max_elements, 2 * self.current)
             elif 2 * queued >= capacity:

@@ -37,7 +37,8 @@ Stimuli (methods) and what they return
     consumer's last acknowledged ``ack`` (None: a consumer that sends no acks). Returns a
     :class:`Turn`: the replies it acknowledged (to forget), whether a kept reply answers it
     (``replay``), whether to keep its reply until acknowledged, and whether it must wait for
-    its turn (an earlier request of the same consumer has not run yet).
+    its turn (an earlier request of the same consumer has not run yet). ``consumers(task_id)``
+    counts the consumers that sent such requests for the task (its replies say how many).
 ``keep_reply(key, seq, has_elements)``
     Request ``seq``'s reply is computed: whether to keep it (only a reply with elements; one
     without is computed afresh when the request is sent again).
@@ -215,6 +216,8 @@ class WorkerCore:
         #: The lineage of the dispatcher whose tasks this worker holds.
         self.lineage: str | None = None
         self._turns: dict[tuple[int, int | None], _Turns] = {}
+        #: ``{task_id: consumers}``: how many consumers sent ordered requests for the task.
+        self._consumers: dict[int, int] = {}
 
     # -- queries ---------------------------------------------------------------------------
     def knows(self, task_id: int) -> bool:
@@ -229,6 +232,12 @@ class WorkerCore:
 
     def turn_keys(self) -> list[tuple[int, int | None]]:
         return list(self._turns)
+
+    def consumers(self, task_id: int) -> int:
+        """How many consumers sent ordered requests for task ``task_id`` (the consumers of a
+        shared job read its tasks together: each reply says how many, so a reader holds
+        little ahead once it is not alone; see ``reader_core.RequestSize``)."""
+        return self._consumers.get(task_id, 0)
 
     # -- tasks -----------------------------------------------------------------------------
     def tasks_changed(self, new_tasks: Iterable[TaskDef] = (),
@@ -303,6 +312,8 @@ class WorkerCore:
         turns = self._turns.get(key)
         if turns is None:
             turns = self._turns[key] = _Turns()
+            task_id = key[0]
+            self._consumers[task_id] = self._consumers.get(task_id, 0) + 1
         forget: tuple[int, ...] = ()
         keep = False
         if ack is not None:
@@ -365,6 +376,7 @@ class WorkerCore:
     def _drop_turns(self, task_id: int) -> None:
         for key in [k for k in self._turns if k[0] == task_id]:
             del self._turns[key]
+        self._consumers.pop(task_id, None)
 
 
 def heartbeat_delay(answered: bool, previous: float, interval: float) -> float:

@@ -377,7 +377,8 @@ class DataWorkerPlugin(WorkerPlugin):
         ``ack``: the consumer received every reply up to that ``seq``. A consumer that sends
         acks gets its replies kept until acknowledged: a request sent again because its
         connection broke (the reply may have been lost on the way) is answered with the same
-        elements instead of losing them.
+        elements instead of losing them. A reply with elements to such a consumer also says
+        how many consumers read the task (``consumers``).
         """
         if seq is None:
             return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
@@ -410,6 +411,10 @@ class DataWorkerPlugin(WorkerPlugin):
             raise
         finally:
             turns.done(key, seq)
+        if reply.get("elements") is not None:
+            # how many consumers read this task (a reader of a shared job holds little ahead
+            # once it is not alone: what it holds, the others do not get)
+            reply["consumers"] = self.core.consumers(task_id)
         if kept is not None:
             kept.set_result(reply)  # a replay under way gets it; later ones only if kept
             if not self.core.keep_reply(key, seq, reply.get("elements") is not None):

@@ -235,6 +235,24 @@ def test_shared_jobs_grow_requests_while_the_consumer_keeps_up():
     assert RequestSize(4096, shared=False, shared_start=256).next(8, 0, 8) == 4096
 
 
+def test_shared_jobs_ask_for_the_smallest_size_once_not_alone():
+    """The interleaving of testSharedJobName's failure: the consumer takes each batch while
+    the next is queued (queued 1, one more taken per request). Alone it grows as before;
+    once another consumer reads the job (a worker's reply or a heartbeat says 2), it drops
+    to the smallest size and stays there, so a pause leaves it holding little."""
+    size = RequestSize(4096, shared=True, shared_start=16)
+    assert [size.next(queued=1, taken=k, capacity=8) for k in range(1, 5)] == [32, 64, 128, 256]
+    size.shared_with(1)  # alone: no change
+    assert size.next(queued=1, taken=5, capacity=8) == 512
+    size.shared_with(2)
+    assert size.current == 16
+    assert [size.next(queued=1, taken=k, capacity=8) for k in range(6, 10)] == [16] * 4
+    assert size.next(queued=0, taken=20, capacity=8) == 16
+    private = RequestSize(4096, shared=False, shared_start=16)
+    private.shared_with(2)  # a private job's size is not the consumers' business
+    assert private.next(1, 1, 8) == 4096
+
+
 # -- readers over a fixed task list ------------------------------------------------------------
 from dask_dataservice.service.client.reader_core import (  # noqa: E402
     fixed_tasks,

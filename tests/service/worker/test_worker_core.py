@@ -182,6 +182,22 @@ def test_cancelling_a_task_drops_its_turns():
     assert core.turn_done((1, 10), 0) is None
 
 
+def test_consumers_counts_who_reads_a_task_until_it_is_dropped():
+    """Each consumer sending ordered requests for a task counts once (a shared job's readers
+    learn from the replies that they are not alone); cancelling the task forgets them."""
+    core = WorkerCore()
+    core.tasks_changed([task(1), task(2)])
+    assert core.consumers(1) == 0
+    core.turn((1, 10), 0, -1)
+    core.turn((1, 10), 1, 0)  # the same consumer again
+    assert core.consumers(1) == 1
+    core.turn((1, 11), 0, -1)
+    core.turn((2, 11), 0, -1)
+    assert (core.consumers(1), core.consumers(2)) == (2, 1)
+    core.tasks_changed((), [1])
+    assert (core.consumers(1), core.consumers(2)) == (0, 1)
+
+
 def test_finished_memory_is_bounded():
     core = WorkerCore(finished_memory=3)
     core.tasks_changed((), [1, 2, 3, 4])
