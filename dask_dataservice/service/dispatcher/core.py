@@ -47,6 +47,7 @@ from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processi
 from . import _gc, _locality, _split_order
 from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
+from ._equal import EqualGroup, EqualGroups
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
 from ._views import ViewCache, build_view
@@ -203,6 +204,8 @@ class DispatcherCore:
         #: Set by the shell when its journal failed: every update is refused with this.
         self.refusal: str | None = None
         self.hints = _locality.Hints()
+        #: Equal splits of shared DYNAMIC jobs (volatile: rebuilt from reports, :mod:`._equal`).
+        self.equal = EqualGroups()
         self._updates: list[Update] = []
         self._messages: list[tuple[str, TaskChanges]] = []
 
@@ -447,6 +450,24 @@ class DispatcherCore:
                 **self.iteration_view(client.iteration_id)}
 
     @_stimulus
+    def equal_sync(self, iteration_client_id: int, now: float, job_token: str | None,
+                   consumer_index: int, num_consumers: int, remainder: str, received: int,
+                   ended: bool = False) -> EqualGroup:
+        """A consumer of an equal split reports what it holds (:mod:`._equal`); it is alive,
+        as for a heartbeat. Returns its group (the shell answers ``group.answer()``, maybe
+        after waiting for it to change)."""
+        client = self._iteration_client(iteration_client_id, job_token, "an equal split")
+        self.client_seen[iteration_client_id] = micros(now)
+        iteration = self.state.iteration(client.iteration_id)
+        job = self.state.job(iteration.job_id)
+        if job.processing_mode != "DYNAMIC":
+            raise ValueError(f"equal splits need a DYNAMIC job, not {job.processing_mode}")
+        name = (job.job_name or "").split("#equal", 1)[0]
+        label = f"job {name!r} (dataset {job.dataset_id}, pass {iteration.repetition})"
+        return self.equal.report(client.iteration_id, label, iteration_client_id,
+                                 consumer_index, num_consumers, remainder, received, ended, now)
+
+    @_stimulus
     def release_iteration_client(self, iteration_client_id: int, now: float,
                                  job_token: str | None = None,
                                  read_to_end: bool = False) -> dict[str, Any]:
@@ -670,6 +691,7 @@ class DispatcherCore:
                 logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
                             client.iteration_client_id, (now_us - seen) / 1e6)
                 self._release_client(client.iteration_client_id, now)
+        self.equal.tick(now, self.config.client_timeout)  # consumers that never joined
         _gc.collect_idle(self, now)  # named iterations, jobs without one, unread datasets
 
     def _release_client(self, iteration_client_id: int, now: float,
@@ -678,6 +700,7 @@ class DispatcherCore:
         self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
                                            time_micros=micros(now), read_to_end=read_to_end))
         self.client_seen.pop(iteration_client_id, None)
+        self.equal.left(iteration_client_id)  # an equal split's member leaving early fails it
         iteration = self.state.iteration(client.iteration_id)
         job = self.state.job(iteration.job_id)
         if iteration.num_clients == 0:

@@ -1,0 +1,138 @@
+"""Equal splits: N consumers of one DYNAMIC job deliver the same number of elements.
+
+``from_dataset_id(..., consumer_index=i, num_consumers=N, equal=True | "drop" | "pad")``
+on a real cluster: equal counts every pass, each element at most once (``drop``; ``pad``
+repeats only its padding), the union is the whole dataset minus the documented drop, the
+split stays dynamic (a slow consumer gets fewer of the job's elements... as its share of
+the work, not of the count), and bad combinations fail clearly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+
+import pytest
+
+import dask_dataservice as dds
+from dask_dataservice.service.client import _install_async
+from dask_dataservice.testing import gen_cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
+
+TWO = [("127.0.0.1", 1), ("127.0.0.1", 1)]
+
+
+def consume(c, dataset_id, index, n, equal, job="train", passes=1, delay=0.0, out=None):
+    """Read ``passes`` passes as consumer ``index`` of ``n``; ``delay`` seconds per element."""
+    ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name=job,
+                             consumer_index=index, num_consumers=n, equal=equal)
+    result = [] if out is None else out
+    for _ in range(passes):
+        got = []
+        for x in ds:
+            got.append(int(x))
+            if delay:
+                time.sleep(delay)
+        result.append(got)
+    return result
+
+
+def check_pass(per_consumer, total, remainder):
+    """Equal counts; no duplicates within the data (pad: only repeats of delivered ones)."""
+    counts = [len(g) for g in per_consumer]
+    assert len(set(counts)) == 1, counts
+    if remainder == "drop":
+        union = [x for g in per_consumer for x in g]
+        assert len(union) == len(set(union)), "an element was delivered twice"
+        assert set(union) <= set(range(total))
+        return total - len(union)  # the drop
+    distinct = [list(dict.fromkeys(g)) for g in per_consumer]
+    firsts = [x for g in distinct for x in g]
+    assert len(firsts) == len(set(firsts)), "two consumers delivered one element"
+    assert sorted(firsts) == list(range(total)), "pad mode loses nothing"
+    return sum(len(g) for g in per_consumer) - total  # the padding
+
+
+@pytest.mark.parametrize("n, remainder", [(2, "drop"), (3, "drop"), (2, "pad"), (3, "pad")])
+@gen_cluster(client=True, nthreads=TWO)
+async def test_equal_counts_with_uneven_consumers(c, s, a, b, n, remainder):
+    await _install_async(c)
+    total = 2000 + n - 1  # not a multiple of n
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(total),
+                                         split_size=50)
+    # consumer 0 is slow (a millisecond per element every 8th): the others take more work
+    outs = await asyncio.gather(*(
+        asyncio.to_thread(consume, c, dataset_id, i, n, remainder, passes=2,
+                          delay=0.0005 if i == 0 else 0.0) for i in range(n)))
+    for p in range(2):
+        per_consumer = [out[p] for out in outs]
+        extra = check_pass(per_consumer, total, remainder)
+        assert 0 <= extra <= (n - 1) * 8 * 16 * 4, extra  # the documented bound (loose)
+
+
+@gen_cluster(client=True, nthreads=TWO)
+async def test_equal_split_stays_dynamic(c, s, a, b):
+    """A consumer that stops delivering for a while does not stop the others from taking
+    the job's elements: it takes fewer of them, the count stays equal."""
+    await _install_async(c)
+    total = 3000
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(total),
+                                         split_size=100)
+    outs = await asyncio.gather(*(
+        asyncio.to_thread(consume, c, dataset_id, i, 2, "drop") for i in range(2)))
+    check_pass([o[0] for o in outs], total, "drop")
+
+
+@gen_cluster(client=True, nthreads=TWO)
+async def test_equal_split_errors_from_the_dispatcher(c, s, a, b):
+    await _install_async(c)
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(100))
+    # consumer 0 of 2 waits for its peer; a peer that says 3 consumers is refused
+    first = asyncio.ensure_future(asyncio.to_thread(consume, c, dataset_id, 0, 2, "drop", "mm"))
+    await joined(s, 0)
+    with pytest.raises(ValueError, match=r"consumer_index=1 reads job 'mm' .* with "
+                       r"num_consumers=3, but its other consumers use num_consumers=2"):
+        await asyncio.to_thread(consume, c, dataset_id, 1, 3, "drop", "mm")
+    with pytest.raises(ValueError, match=r"consumer_index=1 reads job 'mm' .* with "
+                       r"equal='pad', but its other consumers use equal='drop'"):
+        await asyncio.to_thread(consume, c, dataset_id, 1, 2, "pad", "mm")
+    with pytest.raises(ValueError, match=r"consumer_index=0 of job 'mm' .* is already read by "
+                       "another consumer"):
+        await asyncio.to_thread(consume, c, dataset_id, 0, 2, "drop", "mm")
+    out = await asyncio.to_thread(consume, c, dataset_id, 1, 2, "drop", "mm")
+    first_out = await first
+    check_pass([first_out[0], out[0]], 100, "drop")
+
+
+async def joined(s, index, timeout=10.0):
+    """Wait until consumer ``index`` of the (one) equal split joined its group."""
+    equal = s.extensions["dataservice"].core.equal
+    deadline = time.monotonic() + timeout
+    while not any(g.clients[index] is not None for g in equal.groups.values()):
+        assert time.monotonic() < deadline, "the consumer never joined"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(processing_mode="parallel_epochs"), "need processing_mode='distributed_epoch'"),
+    (dict(processing_mode="FILE"), "not FILE"),
+    (dict(consumer_index=None, num_consumers=None), "needs consumer_index and num_consumers"),
+    (dict(job_name=None), "needs a job_name"),
+    (dict(equal="sometimes"), "equal must be False, True"),
+    (dict(consumer_index=2), "need 0 <= consumer_index < num_consumers"),
+    (dict(cross_trainer_cache=dds.CrossTrainerCache("t")), "do not combine"),
+    (dict(track_position=True), "not tracked for equal splits"),
+])
+@pytest.mark.pure
+def test_bad_combinations(kwargs, message):
+    args = dict(processing_mode="distributed_epoch", service="tcp://127.0.0.1:1",
+                dataset_id="1:x", job_name="j", consumer_index=0, num_consumers=2,
+                equal=True) | kwargs
+    with pytest.raises(ValueError, match=message):
+        dds.from_dataset_id(**args)
+    args.pop("dataset_id")
+    with pytest.raises(ValueError, match=message):
+        dds.distribute(**args)(dds.Dataset.range(4))
