@@ -374,7 +374,7 @@ def _check_equal(equal: Any, mode: ShardingPolicy, job_name: str | None,
     if consumer_index is None or num_consumers is None:
         raise ValueError(
             "an equal split needs consumer_index and num_consumers (e.g. the rank and the "
-            "world size of torch.distributed: dds.torch.ddp_split_args())")
+            "world size of torch.distributed: **dds.torch.ddp_split())")
     if isinstance(consumer_index, int) and isinstance(num_consumers, int) \
             and not 0 <= consumer_index < num_consumers:
         raise ValueError(
