@@ -23,6 +23,10 @@ from dask_dataservice.testing import gen_cluster
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 TWO = [("127.0.0.1", 1), ("127.0.0.1", 1)]
+#: A job whose consumers failed is collected soon (gen_cluster's cleanup checks the workers).
+GC = {"dataservice.dispatcher.job-gc-timeout": "200ms",
+      "dataservice.dispatcher.gc-interval": "50ms",
+      "dataservice.dispatcher.gc-dynamic-sharding-jobs": True}
 
 
 def consume(c, dataset_id, index, n, equal, job="train", passes=1, delay=0.0, out=None):
@@ -136,3 +140,39 @@ def test_bad_combinations(kwargs, message):
     args.pop("dataset_id")
     with pytest.raises(ValueError, match=message):
         dds.distribute(**args)(dds.Dataset.range(4))
+
+
+@gen_cluster(client=True, nthreads=TWO,
+             config={**GC, "dataservice.dispatcher.client-timeout": "1s"})
+async def test_a_consumer_that_never_joins_fails_the_others_naming_it(c, s, a, b):
+    await _install_async(c)
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(100))
+    start = time.monotonic()
+    with pytest.raises(dds.DataServiceError, match=r"the equal split failed: consumer_index 1, 2 "
+                       r"of job 'lonely' .* \(num_consumers=3\) never joined within "
+                       r"dataservice.dispatcher.client-timeout=1s"):
+        await asyncio.to_thread(consume, c, dataset_id, 0, 3, "drop", "lonely")
+    assert time.monotonic() - start < 10
+
+
+@gen_cluster(client=True, nthreads=TWO, config=GC)
+async def test_a_consumer_that_stops_early_fails_the_others_naming_it(c, s, a, b):
+    await _install_async(c)
+    dataset_id = await asyncio.to_thread(dds.register_dataset, c, dds.Dataset.range(5000),
+                                         split_size=50)
+
+    def stop_early():
+        ds = dds.from_dataset_id("distributed_epoch", c, dataset_id, job_name="quit",
+                                 consumer_index=1, num_consumers=2, equal=True)
+        it = iter(ds)
+        got = [next(it) for _ in range(5)]
+        it.close()  # releases its iteration client: the others must not wait for it
+        return got
+
+    survivor = asyncio.ensure_future(
+        asyncio.to_thread(consume, c, dataset_id, 0, 2, "drop", "quit", 1, 0.001))
+    assert len(await asyncio.to_thread(stop_early)) == 5
+    with pytest.raises(dds.DataServiceError, match=r"the equal split failed: consumer 1 of the 2 "
+                       r"consumers of job 'quit' .* stopped reading before the equal count was "
+                       "decided"):
+        await survivor
