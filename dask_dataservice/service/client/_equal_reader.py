@@ -75,6 +75,11 @@ class EqualReader(IterationReader):
         self.gate.end()
         self._poke()
 
+    def _count_consumers(self, consumers: int) -> None:
+        """The split's consumers sharing the job is the point: said only past ``num_consumers``."""
+        if consumers > (self.num_consumers or 0):
+            super()._count_consumers(consumers)
+
     def _request_size(self) -> int:
         """Requests stay at ``client.shared-job-request-elements``: what a consumer holds
         beyond the others is what ``drop`` drops (docs/data-service.md, "Equal splits")."""
