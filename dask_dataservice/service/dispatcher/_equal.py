@@ -36,11 +36,14 @@ reports that raise a count.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import DataServiceError
 
-__all__ = ["REMAINDERS", "EqualGroup", "EqualGroups"]
+if TYPE_CHECKING:
+    from .core import DispatcherCore
+
+__all__ = ["REMAINDERS", "EqualGroup", "EqualGroups", "equal_sync"]
 
 #: What happens to the elements past an equal count: ``drop`` them or ``pad`` to the most.
 REMAINDERS = ("drop", "pad")
@@ -255,3 +258,21 @@ class EqualGroups:
             group.tick(now, timeout)
             if group.version != version:
                 self.changed.add(iteration_id)
+
+
+def equal_sync(core: DispatcherCore, iteration_client_id: int, now: float,
+               job_token: str | None, consumer_index: int, num_consumers: int, remainder: str,
+               received: int, ended: bool = False) -> EqualGroup:
+    """The stimulus ``DispatcherCore.equal_sync``: a consumer of an equal split reports what
+    it holds; it is alive, as for a heartbeat. Returns its group (the shell answers
+    ``group.answer()``, maybe after waiting for it to change)."""
+    client = core._iteration_client(iteration_client_id, job_token, "an equal split")
+    core.client_seen[iteration_client_id] = int(now * 1_000_000)
+    iteration = core.state.iteration(client.iteration_id)
+    job = core.state.job(iteration.job_id)
+    if job.processing_mode != "DYNAMIC":
+        raise ValueError(f"equal splits need a DYNAMIC job, not {job.processing_mode}")
+    name = (job.job_name or "").split("#equal", 1)[0]
+    label = f"job {name!r} (dataset {job.dataset_id}, pass {iteration.repetition})"
+    return core.equal.report(client.iteration_id, label, iteration_client_id, consumer_index,
+                             num_consumers, remainder, received, ended, now)

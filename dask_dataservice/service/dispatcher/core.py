@@ -44,10 +44,9 @@ from ..protocol._job_checks import (
     shard_index,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from . import _gc, _locality, _split_order
+from . import _equal, _gc, _locality, _split_order
 from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
-from ._equal import EqualGroup, EqualGroups
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
 from ._views import ViewCache, build_view
@@ -204,8 +203,7 @@ class DispatcherCore:
         #: Set by the shell when its journal failed: every update is refused with this.
         self.refusal: str | None = None
         self.hints = _locality.Hints()
-        #: Equal splits of shared DYNAMIC jobs (volatile: rebuilt from reports, :mod:`._equal`).
-        self.equal = EqualGroups()
+        self.equal = _equal.EqualGroups()  # volatile: rebuilt from the consumers' reports (._equal)
         self._updates: list[Update] = []
         self._messages: list[tuple[str, TaskChanges]] = []
 
@@ -449,23 +447,7 @@ class DispatcherCore:
         return {"status": "OK", "view_version": version, "consumers": consumers,
                 **self.iteration_view(client.iteration_id)}
 
-    @_stimulus
-    def equal_sync(self, iteration_client_id: int, now: float, job_token: str | None,
-                   consumer_index: int, num_consumers: int, remainder: str, received: int,
-                   ended: bool = False) -> EqualGroup:
-        """A consumer of an equal split reports what it holds (:mod:`._equal`); it is alive,
-        as for a heartbeat. Returns its group (the shell answers ``group.answer()``, maybe
-        after waiting for it to change)."""
-        client = self._iteration_client(iteration_client_id, job_token, "an equal split")
-        self.client_seen[iteration_client_id] = micros(now)
-        iteration = self.state.iteration(client.iteration_id)
-        job = self.state.job(iteration.job_id)
-        if job.processing_mode != "DYNAMIC":
-            raise ValueError(f"equal splits need a DYNAMIC job, not {job.processing_mode}")
-        name = (job.job_name or "").split("#equal", 1)[0]
-        label = f"job {name!r} (dataset {job.dataset_id}, pass {iteration.repetition})"
-        return self.equal.report(client.iteration_id, label, iteration_client_id,
-                                 consumer_index, num_consumers, remainder, received, ended, now)
+    equal_sync = _stimulus(_equal.equal_sync)  # a consumer of an equal split reports
 
     @_stimulus
     def release_iteration_client(self, iteration_client_id: int, now: float,
@@ -691,7 +673,6 @@ class DispatcherCore:
                 logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
                             client.iteration_client_id, (now_us - seen) / 1e6)
                 self._release_client(client.iteration_client_id, now)
-        self.equal.tick(now, self.config.client_timeout)  # consumers that never joined
         _gc.collect_idle(self, now)  # named iterations, jobs without one, unread datasets
 
     def _release_client(self, iteration_client_id: int, now: float,
@@ -788,8 +769,7 @@ def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetit
                 received: int) -> tuple[list[int], bool] | None:
     """The splits of ``repetition`` handed to ``task_id`` beyond the ``received`` first ones
     (a reply that never arrived), with whether the repetition ended after them; ``None`` when
-    there are none. O(runs the task holds): asked only by retried requests.
-    """
+    there are none. O(runs the task holds): asked only by retried requests."""
     held = state._splits_in_flight.get(task_id)
     if not held:
         return None
