@@ -122,7 +122,7 @@ async def test_handlers_answer_errors_as_values():
     async with dispatcher() as (plugin, s):
         reply = await plugin.get_or_create_job(dataset_id=999, processing_mode="OFF")
         assert reply["status"] == "error"
-        assert "no dataset has the id '999' with this secret" in str(reply["exception"])
+        assert "no dataset has the id '999' with this secret" in reply["exception_text"]
         reply = plugin.get_dataset(dataset_id=999)
         assert reply["status"] == "error"
         await plugin.close()
@@ -239,8 +239,8 @@ async def test_explicit_dataset_ids():
             plugin.state.dataset_by_name("train").dataset_id
         for bare in ("nope", "train", f"copy:{train_id[6:]}"):
             reply = await plugin.get_or_create_job(dataset_id=bare, processing_mode="OFF")
-            assert f"no dataset has the id {bare.partition(':')[0]!r} with this secret" in str(
-                reply["exception"])
+            assert f"no dataset has the id {bare.partition(':')[0]!r} with this secret" in \
+                reply["exception_text"]
         plugin.state.validate_state()
 
 
