@@ -75,8 +75,8 @@ async def test_equal_counts_with_uneven_consumers(c, s, a, b, n, remainder):
         per_consumer = [out[p] for out in outs]
         extra = check_pass(per_consumer, total, remainder)
         # the documented bound: what n - 1 consumers hold beyond the count (2 held batches
-        # and 2 requests in flight per task, of 16 elements each)
-        assert 0 <= extra <= (n - 1) * (2 + 2 * 2) * 16, extra
+        # and 2 requests in flight per task, of 8 elements each)
+        assert 0 <= extra <= (n - 1) * (2 + 2 * 2) * 8, extra
         # which elements a consumer gets is decided as it reads, not a fixed shard
         assert any(set(g) != set(range(i, total, n)) for i, g in enumerate(per_consumer))
 
@@ -207,7 +207,7 @@ def test_an_equal_split_rides_a_dispatcher_restart(tmp_path):
             # the restart fell mid-pass: most of the pass was delivered after it
             assert at_restart + 1000 < len(per_consumer[0]), (at_restart, len(per_consumer[0]))
         extra = check_pass(per_consumer, total, "drop")
-        assert 0 <= extra <= 2 * (2 + 2 * 2) * 16, extra
+        assert 0 <= extra <= (2 + 2 * 2) * 8, extra
     finally:
         for w in workers:
             w.stop()

@@ -21,6 +21,7 @@ import logging
 import sys
 from typing import Any
 
+from ... import config
 from ...errors import DataServiceError
 from ..protocol._messages import raise_for_status
 from . import _reader
@@ -56,6 +57,8 @@ class EqualReader(IterationReader):
         self._recent: collections.deque[Any] = collections.deque(maxlen=PAD_KEEP)
         #: Requests sent and parked ones answered (what the barrier cost).
         self.syncs = 0
+        self.request_elements = max(1, min(self.max_elements, int(
+            config.get("client.equal-request-elements", 8))))
 
     async def _read(self, view: dict[str, Any]) -> None:
         self.group.spawn(self._fetch_pass, view)
@@ -81,9 +84,9 @@ class EqualReader(IterationReader):
             super()._count_consumers(consumers)
 
     def _request_size(self) -> int:
-        """Requests stay at ``client.shared-job-request-elements``: what a consumer holds
-        beyond the others is what ``drop`` drops (docs/data-service.md, "Equal splits")."""
-        return self.sizes.minimum
+        """Requests stay at ``client.equal-request-elements``: what a consumer holds beyond
+        the others is what ``drop`` drops (docs/data-service.md, "Equal splits")."""
+        return self.request_elements
 
     async def _put(self, items: list[Any]) -> None:
         while len(self.held) >= HELD_BATCHES and not self.stopped:
