@@ -26,7 +26,7 @@ from ...errors import DataServiceError
 from ..protocol._messages import raise_for_status
 from . import _reader
 from ._reader import IterationReader
-from .equal_core import EqualGate, take
+from .equal_core import REPORT_INTERVAL, EqualGate, take
 
 logger = logging.getLogger("dask_dataservice.service.client._reader")
 
@@ -173,13 +173,24 @@ class EqualReader(IterationReader):
             return
 
     async def _report_loop(self) -> None:
-        """Send the counts whenever they changed (one request in flight)."""
+        """Send the counts when they changed (one request in flight): at once when the others
+        may wait for them (:attr:`.equal_core.EqualGate.urgent`), else within
+        ``REPORT_INTERVAL``."""
+        loop = asyncio.get_running_loop()
         try:
             while not self.stopped:
-                if not self.gate.unreported:
+                gate = self.gate
+                if not gate.unreported:
                     self._info.clear()
                     await self._info.wait()
                     continue
+                due = loop.time() + REPORT_INTERVAL
+                while not (gate.urgent or self.stopped) and loop.time() < due:
+                    self._info.clear()
+                    try:
+                        await asyncio.wait_for(self._info.wait(), due - loop.time())
+                    except TimeoutError:
+                        break
                 await self._sync(0.0)
         except (asyncio.CancelledError, GeneratorExit):
             raise

@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EqualGate", "Report"]
+__all__ = ["REPORT_INTERVAL", "EqualGate", "Report"]
+
+#: Seconds a change of the counts that nobody waits for may wait before it is reported.
+REPORT_INTERVAL = 0.01
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,19 @@ class EqualGate:
 
     @property
     def unreported(self) -> bool:
-        """The counts changed since the last report."""
-        return self._sent != (self.received, self.ended)
+        """The counts changed since the last report (and the count is not decided yet)."""
+        return self.final is None and self._sent != (self.received, self.ended)
+
+    @property
+    def urgent(self) -> bool:
+        """The counts changed and the others may be waiting for them: this consumer may hold
+        the least (what it last reported is not above what is allowed), or its pass ended.
+        Other changes can wait a moment (``REPORT_INTERVAL``): fewer requests."""
+        if not self.unreported:
+            return False
+        if self._sent is None or self.ended != self._sent[1]:
+            return True
+        return self.allowed is not None and self._sent[0] <= self.allowed
 
     def may_move(self) -> int | None:
         """How many more elements the consumer may be handed now (None: any number)."""

@@ -249,6 +249,7 @@ class EqualGroups:
                 self.changed.add(iteration_id)  # type: ignore[arg-type]  # not None here
             if not any(c in self.member_of for c in group.clients if c is not None):
                 del self.groups[iteration_id]  # type: ignore[arg-type]  # not None here
+                self.changed.add(iteration_id)  # type: ignore[arg-type]  # its waiters go
         return group
 
     def tick(self, now: float, timeout: float) -> None:

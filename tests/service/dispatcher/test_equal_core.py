@@ -259,3 +259,24 @@ def test_the_simulation_catches_a_count_decided_too_early(monkeypatch):
     monkeypatch.setattr(EqualGroup, "_decide", premature)
     with pytest.raises(AssertionError, match="seed"):
         test_seeded_simulation_equal_counts_at_most_once_bounded_drop("drop")
+
+
+def test_the_gate_reports_at_once_only_what_others_may_wait_for():
+    gate = EqualGate("drop")
+    gate.got(8)
+    assert gate.urgent  # never reported
+    gate.report()
+    gate.on_reply({"allowed": 4, "final": None})  # the others hold 4: nobody waits for 8
+    gate.got(8)
+    assert gate.unreported and not gate.urgent
+    gate.report()
+    gate.on_reply({"allowed": 16, "final": None})  # it holds the least: the others wait for it
+    gate.got(8)
+    assert gate.urgent
+    gate.report()
+    gate.end()
+    assert gate.urgent  # the end is always news
+    gate.report()
+    gate.on_reply({"allowed": 24, "final": 24})
+    gate.got(1)
+    assert not gate.unreported  # decided: nothing more to say
