@@ -30,7 +30,30 @@ from ..data import Dataset  # noqa: E402 - after the optional import, which name
 from ..data._base import sources  # noqa: E402
 from ..data.structure import map_structure  # noqa: E402
 
-__all__ = ["IterableDataset", "to_tensors"]
+__all__ = ["IterableDataset", "ddp_split", "to_tensors"]
+
+
+def ddp_split(remainder: str = "drop") -> dict[str, Any]:
+    """This ``torch.distributed`` rank's equal split of a shared DYNAMIC job, as keyword
+    arguments of ``dds.distribute`` / ``dds.from_dataset_id``: ``consumer_index`` (the rank),
+    ``num_consumers`` (the world size) and ``equal`` (``"drop"`` or ``"pad"``), so every
+    ``DistributedDataParallel`` rank takes the same number of steps per epoch::
+
+        ds = dataset.apply(dds.distribute("distributed_epoch", client, job_name="train",
+                                          **dds.torch.ddp_split()))
+
+    Call it after ``torch.distributed.init_process_group``.
+    """
+    if remainder not in ("drop", "pad"):
+        raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}")
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "dds.torch.ddp_split() reads the rank and world size of torch.distributed: call "
+            "torch.distributed.init_process_group(...) first (or pass consumer_index, "
+            "num_consumers and equal to dds.distribute yourself)")
+    return {"consumer_index": int(dist.get_rank()), "num_consumers": int(dist.get_world_size()),
+            "equal": remainder}
 
 
 def _leaf(x: Any, pin: bool) -> Any:

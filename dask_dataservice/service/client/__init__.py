@@ -31,7 +31,7 @@ from ...data.spec import check_element_spec
 from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
 from ..protocol._sharding import ShardingPolicy, parse_processing_mode
-from . import _connection, _fixed_readers, _scatter  # noqa: F401 - _fixed_readers installs itself
+from . import _connection, _equal_reader, _fixed_readers, _scatter  # noqa: F401 - the readers install themselves
 from ._cardinality import count_preserving
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
@@ -284,7 +284,8 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
                     data_transfer_protocol: str | None = None,
                     cross_trainer_cache: CrossTrainerCache | None = None,
                     target_workers: str = "AUTO", track_position: bool = False,
-                    start_from: dict[str, Any] | None = None) -> DistributedDataset:
+                    start_from: dict[str, Any] | None = None,
+                    equal: bool | str = False) -> DistributedDataset:
     """A dataset that reads the registered dataset ``dataset_id`` from the service.
 
     Parameters
@@ -319,8 +320,20 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
         A position (from ``input_position``, or a list of a shared job's consumers'
         positions is merged by ``DistributedDataset.start_from``): read a new job that skips
         what the position says was given. Implies ``track_position``.
+    equal
+        ``True`` (or ``"drop"``) or ``"pad"``: an equal split, as Ray Data's
+        ``streaming_split(n, equal=True)``. The ``num_consumers`` consumers of the named
+        DYNAMIC job (each with its own ``consumer_index``) get the same number of elements
+        in every pass, still first come, first served (a faster consumer takes more of the
+        work while it can) and each element at most once: what is left over at the end is
+        dropped (``"drop"``: at most what the other consumers hold, see
+        docs/data-service.md), or the short consumers repeat elements they delivered
+        (``"pad"``, as torch's ``DistributedSampler`` pads). For data-parallel training
+        (``DistributedDataParallel`` ranks must take the same number of steps).
     """
     mode = parse_processing_mode(processing_mode)
+    remainder = _check_equal(equal, mode, job_name, consumer_index, num_consumers,
+                             cross_trainer_cache, track_position or start_from is not None)
     if isinstance(dataset_id, bool) or not isinstance(dataset_id, (int, str)) or dataset_id == "":
         raise TypeError("dataset_id must be an int or a non-empty string (from register_dataset), "
                         f"got {type(dataset_id).__name__} {dataset_id!r:.40}")
@@ -360,12 +373,50 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
     if isinstance(service, Client):
         _connection.client_for(service)  # remember it, so iteration in this process reuses it
     spec = ReadSpec(address, dataset_id, int(mode), job_name, consumer_index, num_consumers,
-                     max_outstanding_requests, target, cross_trainer_cache)
+                     max_outstanding_requests, target, cross_trainer_cache, equal=remainder)
     ds = DistributedDataset(source_for(  # issue 13: track_position / start_from
         spec, service if isinstance(service, Client) else None, track_position, start_from))
     if element_spec is not None:  # returned as is: no element is read to find it (TF's use)
         ds._element_spec = check_element_spec(element_spec)
     return ds
+
+
+def _check_equal(equal: Any, mode: ShardingPolicy, job_name: str | None,
+                 consumer_index: int | None, num_consumers: int | None,
+                 cross_trainer_cache: Any, positions: bool) -> str | None:
+    """``from_dataset_id(equal=...)`` checked: ``"drop"``, ``"pad"`` or None (no equal split)."""
+    if equal is False:
+        return None
+    if equal is True:
+        remainder = "drop"
+    elif isinstance(equal, str) and equal in ("drop", "pad"):
+        remainder = equal
+    else:
+        raise ValueError(f"equal must be False, True (same as 'drop'), 'drop' or 'pad', got "
+                         f"{equal!r}")
+    if mode != ShardingPolicy.DYNAMIC:
+        raise ValueError(
+            f"equal splits share a job's elements between its consumers: they need "
+            f"processing_mode='distributed_epoch' (DYNAMIC), not {mode.name} (under OFF every "
+            "consumer of a job reads it whole)")
+    if consumer_index is None or num_consumers is None:
+        raise ValueError(
+            "an equal split needs consumer_index and num_consumers (e.g. the rank and the "
+            "world size of torch.distributed: **dds.torch.ddp_split())")
+    if isinstance(consumer_index, int) and isinstance(num_consumers, int) \
+            and not 0 <= consumer_index < num_consumers:
+        raise ValueError(
+            f"need 0 <= consumer_index < num_consumers, got consumer_index={consumer_index}, "
+            f"num_consumers={num_consumers}")
+    if job_name is None:
+        raise ValueError("an equal split needs a job_name (its consumers share one job)")
+    if cross_trainer_cache is not None:
+        raise ValueError("equal splits and the cross-trainer cache do not combine: trainers of "
+                         "the cache read every element, an equal split divides them")
+    if positions:
+        raise ValueError("input positions (track_position, start_from) are not tracked for "
+                         "equal splits")
+    return remainder
 
 
 def distribute(processing_mode: ShardingPolicy | str | int, service: Client | str,
@@ -376,15 +427,19 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
                cross_trainer_cache: CrossTrainerCache | None = None,
                target_workers: str = "AUTO",
                split_size: int | None = None, track_position: bool = False,
-               start_from: dict[str, Any] | None = None) -> Callable[[Dataset], DistributedDataset]:
+               start_from: dict[str, Any] | None = None,
+               equal: bool | str = False) -> Callable[[Dataset], DistributedDataset]:
     """A transformation that moves a pipeline onto the data service.
 
     Use with ``Dataset.apply``: ``ds.apply(distribute("distributed_epoch", client))``
     registers ``ds`` and returns a :class:`DistributedDataset` reading it (with an
     asynchronous client, an awaitable of it: ``ds = await distribute(...)(dataset)``, since
-    ``Dataset.apply`` needs a dataset at once). ``split_size`` is :func:`register_dataset`'s.
+    ``Dataset.apply`` needs a dataset at once). ``split_size`` is :func:`register_dataset`'s,
+    ``equal`` (equal splits for data-parallel training) :func:`from_dataset_id`'s.
     """
     mode = parse_processing_mode(processing_mode)
+    _check_equal(equal, mode, job_name, consumer_index, num_consumers, cross_trainer_cache,
+                 track_position or start_from is not None)
     _connection.service_address(service)
 
     def _apply(dataset: Dataset) -> DistributedDataset:
@@ -396,7 +451,7 @@ def distribute(processing_mode: ShardingPolicy | str | int, service: Client | st
                 consumer_index=consumer_index, num_consumers=num_consumers,
                 max_outstanding_requests=max_outstanding_requests,
                 cross_trainer_cache=cross_trainer_cache, target_workers=target_workers,
-                track_position=track_position, start_from=start_from,
+                track_position=track_position, start_from=start_from, equal=equal,
             )
 
         def read_known(dataset_id: int | str) -> DistributedDataset:

@@ -59,6 +59,17 @@ class ReadSpec:
     cross_trainer_cache: Any  # CrossTrainerCache | None
     #: A job tracking input positions: ``CreateJob.position`` (issue 13, ``_positions``).
     position: str | None = None
+    #: An equal split (``from_dataset_id(equal=...)``): ``"drop"`` or ``"pad"``, else None.
+    equal: str | None = None
+
+    @property
+    def job_request(self) -> tuple[str | None, int | None]:
+        """The job name and ``num_consumers`` the dispatcher is asked for: the consumers of
+        an equal split share a job of their own (never one read otherwise), and their
+        ``num_consumers`` is the split's, not a coordinated read's."""
+        if self.equal is None:
+            return self.job_name, self.num_consumers
+        return f"{self.job_name}#equal", None
 
     @property
     def dataset_label(self) -> str:
@@ -472,7 +483,7 @@ class IterationReader:
                     if consumers is not None:  # older workers do not say
                         self.sizes.shared_with(int(consumers))
                     items = resp["elements"].items
-                    await self.channel.put(items)
+                    await self._put(items)
                     if self.stats is not None:  # issue 14
                         self.stats.received(address, len(items))
                 elif kind == "done":
@@ -493,6 +504,10 @@ class IterationReader:
                 f.cancel()
             core.task_ended(task_id)
             self.task_done.set()
+
+    async def _put(self, items: list[Any]) -> None:
+        """Hand a batch received to the consumer (an equal split holds it back first)."""
+        await self.channel.put(items)
 
     async def _may_retry(self, read: TaskRead, error: BaseException) -> bool:
         """The head request of ``read`` failed: wait as the core says and say whether to send
@@ -608,10 +623,11 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
     """Acquire an iteration of the job and start reading it (on the client's loop)."""
     capacity = spec.max_outstanding_requests or int(config.get("client.max-outstanding-batches"))
     scheduler: Any = client.scheduler  # a connected client's
+    job_name, num_consumers = spec.job_request
     job, view = await start_read(scheduler, dict(  # issue 16: one round trip
         dataset_id=spec.dataset_id, processing_mode=spec.processing_mode,
-        job_name=spec.job_name, target_workers=spec.target_workers,
-        num_consumers=spec.num_consumers,
+        job_name=job_name, target_workers=spec.target_workers,
+        num_consumers=num_consumers,
         cross_trainer_cache=spec.cross_trainer_cache is not None,
         **({"position": spec.position} if spec.position else {}),  # issue 13
     ), repetition)
@@ -635,8 +651,10 @@ def reader_class(spec: ReadSpec) -> type[IterationReader]:
     read went on with the other worker when its own froze instead of failing as the turn
     reader does (``tests/service/test_frozen_fixed_readers.py``).
     """
-    if spec.num_consumers is not None:
-        cls: type[IterationReader] = _fixed_readers().CoordinatedReader
+    if spec.equal is not None:
+        cls: type[IterationReader] = _EQUAL_READER[0]
+    elif spec.num_consumers is not None:
+        cls = _fixed_readers().CoordinatedReader
     elif (spec.cross_trainer_cache is not None
           and spec.processing_mode == int(ShardingPolicy.DYNAMIC)):
         cls = _fixed_readers().CrossTrainerReader
@@ -734,6 +752,10 @@ def _close_soon(client: Client, reader: IterationReader) -> None:
 #: The readers over a fixed task list (:mod:`._fixed_readers`): they build on IterationReader,
 #: so they install themselves here when imported (the client package imports them).
 _FIXED_READERS: list[ModuleType] = []
+
+
+#: The reader of an equal split (:mod:`._equal_reader`, which installs itself here).
+_EQUAL_READER: list[type[IterationReader]] = []
 
 
 def _fixed_readers() -> ModuleType:

@@ -150,8 +150,10 @@ def collect_idle(core: DispatcherCore, now: float) -> None:
     freed). Every timer runs from when the thing became idle (an iteration's last client
     left, a job was created, a dataset was registered or lost its last job), and at the
     earliest from this start (timers are not journaled). The job and dataset queues cost
-    O(1 + collected) per tick (:class:`IdleQueue`)."""
+    O(1 + collected) per tick (:class:`IdleQueue`). Equal splits whose consumers did not all
+    join within ``client_timeout`` fail (:mod:`._equal`)."""
     state, config, now_us = core.state, core.config, int(now * 1_000_000)
+    core.equal.tick(now, config.client_timeout)
     gc_timeout = int(config.job_gc_timeout * 1_000_000)
     for iteration_id in sorted(core.idle_iterations):
         it = state.iteration(iteration_id)

@@ -44,7 +44,7 @@ from ..protocol._job_checks import (
     shard_index,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from . import _gc, _locality, _split_order
+from . import _equal, _gc, _locality, _split_order
 from ._credentials import credential, find_dataset
 from ._deadlines import WorkerDeadlines
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
@@ -204,6 +204,7 @@ class DispatcherCore:
         #: Set by the shell when its journal failed: every update is refused with this.
         self.refusal: str | None = None
         self.hints = _locality.Hints()
+        self.equal = _equal.EqualGroups()  # volatile: rebuilt from the consumers' reports (._equal)
         self._updates: list[Update] = []
         self._messages: list[tuple[str, TaskChanges]] = []
 
@@ -447,6 +448,8 @@ class DispatcherCore:
         return {"status": "OK", "view_version": version, "consumers": consumers,
                 **self.iteration_view(client.iteration_id)}
 
+    equal_sync = _stimulus(_equal.equal_sync)  # a consumer of an equal split reports
+
     @_stimulus
     def release_iteration_client(self, iteration_client_id: int, now: float,
                                  job_token: str | None = None,
@@ -679,6 +682,7 @@ class DispatcherCore:
         self._apply(ReleaseIterationClient(iteration_client_id=iteration_client_id,
                                            time_micros=micros(now), read_to_end=read_to_end))
         self.client_seen.pop(iteration_client_id, None)
+        self.equal.left(iteration_client_id)  # an equal split's member leaving early fails it
         iteration = self.state.iteration(client.iteration_id)
         job = self.state.job(iteration.job_id)
         if iteration.num_clients == 0:
@@ -766,8 +770,7 @@ def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetit
                 received: int) -> tuple[list[int], bool] | None:
     """The splits of ``repetition`` handed to ``task_id`` beyond the ``received`` first ones
     (a reply that never arrived), with whether the repetition ended after them; ``None`` when
-    there are none. O(runs the task holds): asked only by retried requests.
-    """
+    there are none. O(runs the task holds): asked only by retried requests."""
     held = state._splits_in_flight.get(task_id)
     if not held:
         return None

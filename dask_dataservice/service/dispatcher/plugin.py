@@ -258,6 +258,8 @@ class DispatcherPlugin(SchedulerPlugin):
                                    lineage=new_token(), new_token=new_token)
         #: Worker keys and registration limits (see :mod:`._access`).
         self._access = AccessGuard(scheduler)
+        #: Requests of equal splits parked until their group's answer changes (by iteration).
+        self._equal_events: dict[int, asyncio.Event] = {}
         if self.fault_tolerant_mode:
             if not self.work_dir:
                 raise ValueError(
@@ -278,6 +280,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_get_or_create_iteration": self.get_or_create_iteration,
             "dataservice_client_heartbeat": self.client_heartbeat,
             "dataservice_release_iteration_client": self.release_iteration_client,
+            "dataservice_equal_sync": self.equal_sync,
             "dataservice_get_split": self.get_split,
             "dataservice_finish_task": self.finish_task,
             "dataservice_ack_splits": self.ack_splits,
@@ -346,7 +349,15 @@ class DispatcherPlugin(SchedulerPlugin):
             self._commit(self._core.take_effects())
             raise
         self._commit(out)
+        if self._core.equal.changed:  # equal splits whose answer changed: wake their waiters
+            self._wake_equal()
         return out.reply
+
+    def _wake_equal(self) -> None:
+        for iteration_id in self._core.equal.take_changed():
+            event = self._equal_events.pop(iteration_id, None)
+            if event is not None:
+                event.set()
 
     def _commit(self, out: Outcome[Any]) -> None:
         """Journal ``out``'s records (in fault-tolerant mode) and queue its pushes.
@@ -479,6 +490,35 @@ class DispatcherPlugin(SchedulerPlugin):
         only ``unchanged`` if ``view_version`` is still current (O(1); see :mod:`._views`)."""
         return self._run(self._core.client_heartbeat, iteration_client_id, time.time(),
                          job_token=job_token, view_version=view_version)
+
+    @handler
+    async def equal_sync(self, iteration_client_id: int, consumer_index: int,
+                         num_consumers: int, remainder: str, received: int,
+                         ended: bool = False, need: int = 0, wait: float = 0.0,
+                         job_token: str | None = None) -> dict[str, Any]:
+        """A consumer of an equal split reports what it holds (:mod:`._equal`) and learns
+        how many elements it may deliver. With ``wait`` (seconds), a consumer that may not
+        deliver its ``need``-th element yet is answered once the group's answer changes (or
+        after ``wait``): a blocked consumer costs one parked request, no polling. O(1)."""
+        if self._closed:
+            return {"status": "closing"}
+        group = self._run(self._core.equal_sync, iteration_client_id, time.time(), job_token,
+                          int(consumer_index), int(num_consumers), str(remainder),
+                          int(received), bool(ended))
+        if wait > 0 and group.waits(int(need), bool(ended)):
+            iteration_id = self._core.equal.member_of[iteration_client_id]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + min(float(wait), 30.0)
+            while group.waits(int(need), bool(ended)) and not self._closed:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                event = self._equal_events.setdefault(iteration_id, asyncio.Event())
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    break
+        return group.answer()
 
     @_durable
     def release_iteration_client(self, iteration_client_id: int,

@@ -239,7 +239,8 @@ async def test_explicit_dataset_ids():
             plugin.state.dataset_by_name("train").dataset_id
         for bare in ("nope", "train", f"copy:{train_id[6:]}"):
             reply = await plugin.get_or_create_job(dataset_id=bare, processing_mode="OFF")
-            assert f"no dataset has the id {bare.partition(':')[0]!r} with this secret" in reply["exception_text"]
+            assert f"no dataset has the id {bare.partition(':')[0]!r} with this secret" in \
+                reply["exception_text"]
         plugin.state.validate_state()
 
 
