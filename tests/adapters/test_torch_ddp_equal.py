@@ -19,8 +19,9 @@ import textwrap
 import time
 
 import pytest
+from _helpers import needs
 
-pytest.importorskip("torch")
+needs("torch", "torch")
 
 from distributed import Client, LocalCluster  # noqa: E402
 

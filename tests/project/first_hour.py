@@ -89,10 +89,69 @@ if __name__ == "__main__":
     print("parquet-dir ok", len(ids))
 '''
 
+DDP = """\
+import json
+import socket
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from distributed import Client, LocalCluster
+
+import dask_dataservice as dds
+import dask_dataservice.torch  # noqa: F401
+
+ROWS, EPOCHS, WORLD = 3_001, 3, 2
+
+
+def rank_main(rank, scheduler, port, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ids = np.arange(ROWS)
+    x = np.random.default_rng(0).normal(size=(ROWS, 4)).astype("float32")
+    with Client(scheduler) as client:
+        share = (dds.Dataset.from_tensor_slices({"id": ids, "x": x}).batch(16)
+                 .apply(dds.distribute("distributed_epoch", client, job_name="ddp",
+                                       **dds.torch.ddp_split())))
+        epochs = []
+        for epoch in range(EPOCHS):
+            seen = []
+            for batch in share.to_torch():
+                opt.zero_grad()
+                model(batch["x"]).pow(2).mean().backward()  # DDP all-reduces here
+                opt.step()
+                seen.append([int(i) for i in batch["id"]])
+            epochs.append(seen)
+    dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(epochs, f)
+
+
+if __name__ == "__main__":
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        mp.spawn(rank_main, args=(cluster.scheduler_address, port, "seen"), nprocs=WORLD)
+    ranks = [json.load(open(f"seen.{r}")) for r in range(WORLD)]
+    for epoch in range(EPOCHS):
+        steps = [len(r[epoch]) for r in ranks]  # what DDP needs equal: steps (batches)
+        assert steps[0] == steps[1], f"epoch {epoch}: batches per rank {steps}"
+        rows = [i for r in ranks for batch in r[epoch] for i in batch]
+        assert len(rows) == len(set(rows)), f"epoch {epoch}: a row twice"
+        assert set(rows) <= set(range(ROWS)) and len(rows) >= ROWS - 400, len(rows)
+    print("ddp ok: batches per rank and epoch", [[len(r[e]) for r in ranks] for e in range(EPOCHS)])
+"""
+
 STEPS: dict[str, str | None] = {
     "readme": None,  # built from the README at run time
     "big-array": BIG_ARRAY,
     "parquet-dir": PARQUET_DIR,
+    "ddp": DDP,
 }
 
 
