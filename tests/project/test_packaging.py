@@ -20,19 +20,22 @@ typed for that run's checker, is asserted here, in the wheel and in the fresh ve
 from __future__ import annotations
 
 import email
+import json
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import textwrap
 import tomllib
 import zipfile
 from pathlib import Path
 
+import first_hour
 import pytest
 from _helpers import REQUIRE_ALL_TESTS
-from _venv import build_dists, fresh_venv, install_wheel, run, smoke, source_files
+from _venv import build_dists, clean_env, fresh_venv, install_wheel, run, smoke, source_files
 
 pytestmark = pytest.mark.pure
 
@@ -117,11 +120,17 @@ def test_wheel_and_sdist_contents(dists):
 @pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_wheel_in_a_fresh_venv_with_its_dependencies(dists, tmp_path):
+def test_a_newcomers_first_hour_from_the_built_wheel(dists, tmp_path):
     """The wheel in a fresh venv, its dependencies from the registry (or pip's cache): the
     package imports from there without any optional module, ``--version``, a small demo
     (streaming and training on worker processes) and a distributed read on a LocalCluster
-    run; then ``pip install 'dask-dataservice[compression]'`` adds lz4 to it."""
+    run; then ``pip install 'dask-dataservice[compression]'`` adds lz4 to it, and
+    ``[parquet]`` pyarrow. Then tests/project/first_hour.py replays a newcomer's first hour
+    with that venv's python, each step a script run as a file: the README's example, a 100 MB
+    array, a directory of Parquet files, two DDP ranks for three epochs, a snapshot read by
+    pyarrow, the dashboard naming the slow op. torch (PyPI's is the 5 GB CUDA build) is not
+    installed again: a ``.pth`` line appends the project venv's packages after the fresh
+    venv's own, so only what the fresh venv lacks (torch) comes from there."""
     bin_dir = fresh_venv(tmp_path / "venv")
     install_wheel(bin_dir, dists["wheel"])
     python = bin_dir / "python"
@@ -153,6 +162,20 @@ def test_wheel_in_a_fresh_venv_with_its_dependencies(dists, tmp_path):
     assert "lz4" not in run(python, "-m", "pip", "list", "--format=freeze").lower()
     run(python, "-m", "pip", "install", "-q", "dask-dataservice[compression]", timeout=300)
     assert run(python, "-c", "import lz4; print('lz4')").strip() == "lz4"
+    run(python, "-m", "pip", "install", "-q", "dask-dataservice[parquet]", timeout=300)
+
+    project_site = Path(sysconfig.get_path("purelib"))
+    (site / "zz_project_packages.pth").write_text(f"{project_site}\n")
+    where = run(python, "-c", "import pyarrow, torch, dask_dataservice as d; "
+                "print(pyarrow.__file__, d.__file__, torch.__file__)", cwd=tmp_path).split()
+    assert [w.startswith(str(site)) for w in where] == [True, True, False], where
+    proc = subprocess.run([python, ROOT / "tests" / "project" / "first_hour.py", python,
+                           "--workdir", tmp_path / "first-hour"], capture_output=True,
+                          text=True, timeout=420, env=clean_env(), cwd=tmp_path)
+    steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    failed = [s for s in steps if not s["ok"]]
+    assert not failed and proc.returncode == 0, (failed, proc.stderr[-3000:])
+    assert [s["step"] for s in steps] == list(first_hour.STEPS)
 
 
 # -- extras and install hints --------------------------------------------------------------
