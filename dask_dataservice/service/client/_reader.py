@@ -29,6 +29,7 @@ from distributed.comm.addressing import get_address_host
 from ... import config
 from ..._async import TaskGroup
 from ...data._base import UNKNOWN, IterContext, Op
+from ._progress import progress_bar
 from ...errors import DataServiceError
 from ..protocol._frames import reader_codecs
 from ..protocol._malloc import tune_malloc_from_config
@@ -123,7 +124,8 @@ class ServiceSource(Op):
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         return self.stats.wrap(  # issue 14: time waiting vs computing, elements per worker
-            read(self.spec, self.next_repetition(), self.reader_client(), self.stats))
+            read(self.spec, self.next_repetition(), self.reader_client(), self.stats),
+            progress_bar(self.cardinality(), self.spec.dataset_label))
 
     def check_repetition(self, repetition: int) -> None:
         """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:
@@ -582,6 +584,8 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
     reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
     reader.job_token = job.get("job_token")
     reader.stats = stats
+    if stats is not None:
+        stats.iteration_id = view["iteration_id"]
     reader.start(view)
     return reader
 

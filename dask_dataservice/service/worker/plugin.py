@@ -25,10 +25,12 @@ so a consumer that sees every task end can ask the dispatcher once and trust its
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,7 @@ from distributed.utils_comm import retry
 from ... import config
 from ..._async import TaskGroup, owned_executor, shutdown_executor
 from ..._rpc import error_message, handler
+from ...data._stats import PipelineStats
 from ...data.splits import ListSplitProvider, PipelineSplits
 from ...errors import DataServiceError
 from ..protocol._frames import choose_codec
@@ -124,6 +127,8 @@ class TaskRunner:
                 self.loop, config.get_bytes("worker.buffer-bytes"),
                 int(config.get("worker.buffer-elements")),
             )
+        #: Per-op figures of the pipeline (``Dataset.stats()``'s; shipped with the figures).
+        self.pipeline_stats = PipelineStats()
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
         self._waiting_on: concurrent.futures.Future[Any] | None = None
@@ -154,20 +159,21 @@ class TaskRunner:
             provider = DispatcherSplitProvider(self, self.splits or [])
             return tagged_elements(ds._op, mode, provider, self.task["position"],
                                    str(self.plugin.worker.name))
+        st = self.pipeline_stats  # per-op figures: the dashboard polls them
         if mode == ShardingPolicy.DYNAMIC:
             assert self.splits is not None  # DYNAMIC datasets have splits
-            return ds.iterate(DispatcherSplitProvider(self, self.splits))
+            return ds.iterate(DispatcherSplitProvider(self, self.splits), stats=st)
         index, n = self.task.get("worker_index"), self.task.get("num_workers")
         if mode == ShardingPolicy.FILE:
             # this worker's files: every n-th, from its index (each repetition again)
             assert self.splits is not None  # FILE datasets have splits
-            return ds.iterate(ListSplitProvider(self.splits[index::n]))
+            return ds.iterate(ListSplitProvider(self.splits[index::n]), stats=st)
         if mode == ShardingPolicy.DATA:
-            return iter(ds.shard(n, index))
+            return ds.shard(n, index).iterate(stats=st)
         if mode == ShardingPolicy.HINT:
             assert n is not None and index is not None  # static modes have both
-            return iter(ds.with_shard_hint(n, index) if ds.has_shard_hint else ds)
-        return iter(ds)
+            return (ds.with_shard_hint(n, index) if ds.has_shard_hint else ds).iterate(stats=st)
+        return ds.iterate(stats=st)
 
     def _run(self) -> None:
         error = None
@@ -260,6 +266,10 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
                       "batches_compressed": 0, "requests_replayed": 0}
+        #: Seconds each of the latest element requests took to answer (long polls included).
+        self.request_seconds: collections.deque[float] = collections.deque(maxlen=1024)
+        #: ``{task_id: (job_id, iteration_id, per-op rows)}`` of the latest tasks that ended.
+        self.finished_ops: OrderedDict[int, tuple[int, int, list[dict[str, Any]]]] = OrderedDict()
         #: ``{task_id: [elements, bytes]}`` served per task (the dashboard's figures).
         self.served_by_task: dict[int, list[int]] = {}
         self._task_arrived = asyncio.Event()
@@ -429,10 +439,17 @@ class DataWorkerPlugin(WorkerPlugin):
                 pass
         return runner
 
-    async def _get_elements(self, task_id: int, max_elements: int, max_bytes: int, wait: float,
-                            trainer_id: str | None = None, linger: float = 0.0,
-                            job_token: str | None = None,
-                            codecs: list[str] | None = None) -> dict[str, Any]:
+    async def _get_elements(self, *args: Any) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            return await self._take_elements(*args)
+        finally:  # per request, not per element: the dashboard's latency percentiles
+            self.request_seconds.append(time.perf_counter() - t0)
+
+    async def _take_elements(self, task_id: int, max_elements: int, max_bytes: int,
+                             wait: float, trainer_id: str | None = None, linger: float = 0.0,
+                             job_token: str | None = None,
+                             codecs: list[str] | None = None) -> dict[str, Any]:
         runner = self.tasks.get(task_id)
         if runner is None:
             # The consumer learnt of the task from the dispatcher before the task reached
@@ -677,6 +694,10 @@ class DataWorkerPlugin(WorkerPlugin):
 
     async def _input_ended(self, runner: TaskRunner) -> None:
         """The task's pipeline ended (its thread returned, not cancelled)."""
+        self.finished_ops[runner.task_id] = (runner.task["job_id"], runner.task["iteration_id"],
+                                             runner.pipeline_stats.rows())
+        while len(self.finished_ops) > 64:  # the dashboard's next poll takes them
+            self.finished_ops.popitem(last=False)
         self._execute(self.core.input_ended(runner.task_id, runner.buffer.error is not None),
                       runner)
 
