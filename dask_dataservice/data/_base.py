@@ -148,9 +148,12 @@ class Op:
     name: str = "op"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Every op's iterator is counted and timed when the iteration keeps figures
-        # (``ctx.stats``, see ._stats): one check per ``iterate`` call, none per element here.
+        # Every op's iterator is counted when the iteration keeps figures (``ctx.stats``,
+        # see ._stats): one check per ``iterate`` call, none per element here.
         super().__init_subclass__(**kwargs)
+        from ._stats import register_op_code
+
+        register_op_code(cls)  # a sampled frame running one of its methods is this op's
         fn = cls.__dict__.get("iterate")
         if fn is None or getattr(fn, "_dds_counted", False):
             return

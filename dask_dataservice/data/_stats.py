@@ -1,27 +1,33 @@
 """Per-op figures of one iteration of a pipeline: elements, time, buffers, the bottleneck.
 
-How it is counted
------------------
-Every op's iterator is wrapped (:meth:`PipelineStats.wrap`) in a generator that counts the
-elements the op produced and times how long each ``next()`` of the op took: its *inclusive*
-time (the op's own work plus the time its inputs took to hand it their elements). The first
-:data:`EXACT` elements of every op are timed one by one; after that one element in
-:data:`SAMPLE_EVERY` is timed and the total is extrapolated from the sampled mean. Counts are
-kept in the generator's locals and published to the op's :class:`OpRecord` at each timed
-element and when the iterator ends, so nothing is locked and nothing is sent per element:
-whoever reads the figures (``Dataset.stats()``, the dashboard's poll) reads plain attributes.
+How it is counted (cheap on the hot path)
+------------------------------------------
+- **Elements.** An op that may change the number of elements (``filter``, ``batch``, a
+  source reading files...) has its iterator wrapped in a generator that only counts
+  (``enumerate``; the count is read from the suspended generator's frame when someone asks,
+  so nothing is written per element). An op that yields one element per input element
+  (``map``, ``prefetch``, ``enumerate``) is not wrapped: it shows its input's count (minus,
+  for ``prefetch``, the elements in its buffer). A C iterator (``range``, ``from_list``) is
+  not wrapped either: its count is its length minus its length hint. So a pipeline such as
+  ``range().map(f)`` runs with no wrapper at all.
+- **Time.** A sampling thread (``dds-op-sampler``, one per process, running only while an
+  iteration with figures is under way) looks at every thread's stack every
+  :data:`SAMPLE_INTERVAL` seconds and charges the interval to the innermost op whose code is
+  on the stack: that op's **own time** (what it did itself, its user function included, not
+  what its inputs did). Nothing is timed per element; short iterations get few samples.
+- **Buffers.** ``prefetch`` and parallel ``map`` show their buffer's fill (elements ready or
+  calls in flight, of the most they hold), read when the figures are read.
 
 The rule for the bottleneck
 ---------------------------
-An op's *own* time is its inclusive time minus the inclusive time of its inputs that run in
-the same thread. For an op whose input runs in a background thread (``prefetch``), the time
-its consumer spent in ``next()`` is time spent *waiting* on that thread's buffer: it is
-reported as ``wait_seconds`` and is not own time (the work it waited for is counted where it
-ran). The **bottleneck** is the op with the largest own time (ties: the one nearest the
-source); its ``share`` is its own time over the sum of every op's own time. This is what
-tf.data's model and Ray Data's per-operator stats point at: the stage whose own work paces
-the pipeline. For ``map(num_parallel_calls=n)`` own time is the time the pipeline waited for
-the parallel calls' results (the part the parallelism did not hide).
+The **bottleneck** is the op with the largest own time (ties: the one nearest the source);
+``share`` is an op's own time over the sum of every op's own time, and ``seconds_per_element``
+its own time over the elements it produced. Time a ``prefetch`` consumer spends waiting on its
+buffer is ``wait_seconds``, not own time (the work it waits for is charged where it runs, in
+the prefetch thread). This is what tf.data's model and Ray Data's per-operator stats point at:
+the stage whose own work paces the pipeline. For ``map(num_parallel_calls=n)``, the calls run
+in pool threads outside any op's frame: its own time is the time the pipeline waited for their
+results (the part the parallelism did not hide).
 
 The figures are plain data (:meth:`PipelineStats.rows`) so that a data worker ships them with
 the figures the dashboard polls, and :func:`merge_rows` adds up the rows of several tasks.
@@ -30,28 +36,41 @@ the figures the dashboard polls, and :func:`merge_rows` adds up the rows of seve
 from __future__ import annotations
 
 import operator
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from types import CodeType, FrameType
 from typing import Any
 
 #: ``{root op: the figures of its latest iteration in this process}`` (``Dataset.stats()``).
 LATEST: weakref.WeakKeyDictionary[Any, PipelineStats] = weakref.WeakKeyDictionary()
 
 __all__ = ["LATEST", "PipelineStats", "OpRecord", "DatasetStats", "merge_rows", "bottleneck",
-           "format_rows", "op_label", "EXACT", "SAMPLE_EVERY"]
+           "format_rows", "op_label", "register_op_code", "ended_iterator", "SAMPLE_INTERVAL", "ONE_TO_ONE"]
 
-#: The first elements of each op that are timed one by one.
-EXACT = 32
-#: After those, one element in this many is timed (a power of two).
-SAMPLE_EVERY = 16
-_MASK = SAMPLE_EVERY - 1
-#: Iterators counted by their length hint instead of a wrapper (they are C code, whose time
-#: is too small to measure per element: it counts in their consumer's own time).
-_HINTED = frozenset(type(iter(x)) for x in (range(0), range(1 << 70), [], ()))
-#: Ops whose input runs in a thread of their own: their ``next()`` time is waiting.
+#: Seconds between two samples of the threads' stacks.
+SAMPLE_INTERVAL = 0.005
+#: Ops whose input runs in a thread of their own: their samples are waiting.
 ASYNC_OPS = frozenset({"prefetch"})
+#: Ops that yield one element per input element (not wrapped: they show their input's count).
+ONE_TO_ONE = frozenset({"map", "prefetch", "enumerate"})
+#: Iterators counted by their length hint instead of a wrapper (C code).
+_HINTED = frozenset(type(iter(x)) for x in (range(0), range(1 << 70), [], ()))
+#: Ids of the code objects of ops' methods (``register_op_code``; the classes keep them
+#: alive): a frame running one is that op's.
+_OP_CODES: set[int] = set()
+
+
+def register_op_code(cls: type) -> None:
+    """Note the code of ``cls``'s methods, so a sampled frame running one is charged to the
+    op (its ``self``). Called for every ``Op`` subclass."""
+    for value in vars(cls).values():
+        fn = getattr(value, "__wrapped__", value)
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, CodeType) and code.co_varnames[:1] == ("self",):
+            _OP_CODES.add(id(code))
 
 
 def op_label(op: Any) -> str:
@@ -66,102 +85,66 @@ def op_label(op: Any) -> str:
 
 
 class OpRecord:
-    """What one op did in one iteration (written by the thread running the op)."""
+    """What one op did in one iteration."""
 
-    __slots__ = ("op", "label", "index", "inputs", "elements", "timed", "timed_seconds",
-                 "sampled", "sampled_seconds", "buffer", "owner", "is_root", "hinted",
-                 "hinted_done")
+    __slots__ = ("op", "label", "index", "inputs", "counters", "counted", "hinted",
+                 "samples", "buffer", "__weakref__")
 
-    def __init__(self, op: Any, label: str, index: int, owner: PipelineStats) -> None:
+    def __init__(self, op: Any, label: str, index: int) -> None:
         self.op = op
-        self.owner = owner
-        self.is_root = op is owner.root
         self.label = label
         self.index = index
-        #: Records of this op's pipeline inputs (filled as they start).
+        #: Records of this op's pipeline inputs.
         self.inputs: list[OpRecord] = []
-        self.elements = 0
-        #: Elements timed one by one (the first EXACT of each iterator), and their seconds.
-        self.timed = 0
-        self.timed_seconds = 0.0
-        #: Elements timed by sampling, and their seconds.
-        self.sampled = 0
-        self.sampled_seconds = 0.0
-        #: C iterators the op returned (range, list): ``[(iterator, its length then)]``,
-        #: counted by their length hint, and the elements of those that ended.
+        #: Live counting generators, and the elements of those that ended.
+        self.counters: list[Iterator[Any]] = []
+        self.counted = 0
+        #: C iterators the op returned: ``[(iterator, its length then)]``.
         self.hinted: list[tuple[Iterator[Any], int]] = []
-        self.hinted_done = 0
+        #: Sampling intervals charged to this op.
+        self.samples = 0
         #: ``() -> (elements buffered, capacity)`` for ops with a buffer.
         self.buffer: Callable[[], tuple[int, int]] | None = None
 
+    def own_count(self) -> int | None:
+        """Elements counted at this op itself (None: it shows its input's count)."""
+        if not self.counters and not self.hinted and not self.counted:
+            return None
+        n = self.counted
+        live = []
+        for g in self.counters:
+            frame = getattr(g, "gi_frame", None)
+            if frame is None:  # ended: its finally added its count
+                continue
+            live.append(g)
+            n += int(frame.f_locals.get("n", 0))
+        self.counters = live
+        for it, length in self.hinted:
+            n += length - operator.length_hint(it)
+        return n
+
     def count(self) -> int:
-        """Elements produced so far."""
-        if self.hinted:
-            live = []
-            for it, n in list(self.hinted):
-                left = operator.length_hint(it)
-                if left == 0:
-                    self.hinted_done += n
-                else:
-                    live.append((it, n))
-            self.hinted = live
-        return self.elements + self.hinted_done + sum(
-            n - operator.length_hint(it) for it, n in self.hinted)
-
-    def inclusive_seconds(self) -> float:
-        """Seconds spent in this op's ``next()``, its inputs included (estimated)."""
-        rest = self.elements - self.timed
-        if rest <= 0 or self.sampled == 0:
-            return self.timed_seconds
-        return self.timed_seconds + rest * (self.sampled_seconds / self.sampled)
+        n = self.own_count()
+        if n is not None:
+            return n
+        n = sum(i.count() for i in self.inputs)
+        if self.buffer is not None and getattr(self.op, "name", "") == "prefetch":
+            try:
+                n -= self.buffer()[0]
+            except Exception:  # noqa: BLE001 - the buffer went away
+                pass
+        return max(0, n)
 
 
-def _timed(it: Iterator[Any], rec: OpRecord) -> Iterator[Any]:
-    """``it``'s elements, counted and timed into ``rec`` (see the module doc).
-
-    A ``for`` loop over ``it`` (CPython runs a generator input without a call per element);
-    a timed element's time runs from the consumer's ``next()`` (the resumption after the
-    previous ``yield``) to the element's arrival in the loop.
-    """
-    clock = time.perf_counter
-    n = 0  # elements produced by this iterator
-    published = 0  # of which already added to rec.elements
-    t0 = clock()
+def _counted(it: Iterator[Any], rec: OpRecord) -> Iterator[Any]:
+    """``it``'s elements, counted (``n`` is read from this frame by :meth:`OpRecord.own_count`)."""
+    n = 0
     try:
-        for x in it:  # the first EXACT elements: each timed
-            rec.timed_seconds += clock() - t0
-            rec.timed += 1
-            rec.elements += 1
-            n += 1
-            published = n
+        for n, x in enumerate(it, 1):  # noqa: B007 - n is read from the frame
             yield x
-            if n >= EXACT:
-                break
-            t0 = clock()
-        else:
-            rec.timed_seconds += clock() - t0  # the next() that found the end
-            return
-        mask = _MASK
-        for x in it:  # then one in SAMPLE_EVERY
-            if n & mask:
-                n += 1
-                yield x
-            else:
-                rec.elements += n - published
-                published = n
-                n += 1
-                yield x
-                t0 = clock()
-                for x in it:  # noqa: B007 - one element, timed from the resumption
-                    rec.sampled_seconds += clock() - t0
-                    rec.sampled += 1
-                    n += 1
-                    yield x
-                    break
     finally:
-        rec.elements += n - published
-        if rec.is_root:
-            rec.owner.end()
+        rec.counted += n
+        n = 0
         close = getattr(it, "close", None)
         if close is not None:
             close()
@@ -175,49 +158,55 @@ class PipelineStats:
         self.root = root
         self._records: dict[int, OpRecord] = {}
         self._lock = threading.Lock()  # taken once per op and iterator start, never per element
-        self.started = time.time()
         self._t0 = time.perf_counter()
         self.ended: float | None = None
+        _Sampler.watch(self)
 
     def record(self, op: Any) -> OpRecord:
         rec = self._records.get(id(op))
-        if rec is not None:
+        if rec is not None and rec.op is op:
             return rec
         with self._lock:
             rec = self._records.get(id(op))
-            if rec is None:
-                rec = OpRecord(op, op_label(op), len(self._records), self)
+            if rec is None or rec.op is not op:
+                rec = OpRecord(op, op_label(op), len(self._records))
                 self._records[id(op)] = rec
                 for other in self._records.values():  # link to known parents and inputs
                     if any(i is op for i in getattr(other.op, "inputs", ())):
                         other.inputs.append(rec)
                     if any(i is other.op for i in getattr(op, "inputs", ())):
                         rec.inputs.append(other)
+        _Sampler.owner(op, self)
         return rec
 
     def wrap(self, op: Any, it: Iterator[Any]) -> Iterator[Any]:
-        """``it`` (what ``op.iterate`` returned), counted and timed as ``op``'s output."""
+        """``it`` (what ``op.iterate`` returned), counted as ``op``'s output."""
         rec = self.record(op)
+        if getattr(op, "name", "") in ONE_TO_ONE:
+            return it
         it = iter(it)
         if type(it) in _HINTED:  # counted by its length hint: no wrapper at all
             rec.hinted.append((it, operator.length_hint(it)))
             return it
-        return _timed(it, rec)
+        g = _counted(it, rec)
+        rec.counters.append(g)
+        return g
 
     def watch_buffer(self, op: Any, fill: Callable[[], tuple[int, int]]) -> None:
         """Show ``op``'s buffer: ``fill()`` returns (elements buffered, capacity)."""
         self.record(op).buffer = fill
 
     def end(self) -> None:
-        """The iteration ended (its wall time stops here)."""
-        if self.ended is None and self.root is not None:
+        """The iteration ended: its wall time stops, the sampler stops watching it."""
+        if self.ended is None:
             self.ended = time.perf_counter() - self._t0
+        _Sampler.unwatch(self)
 
     def wall_seconds(self) -> float:
         return self.ended if self.ended is not None else time.perf_counter() - self._t0
 
     def rows(self) -> list[dict[str, Any]]:
-        """One plain-data row per op, source first (see :func:`bottleneck` for the rule)."""
+        """One plain-data row per op, source first (see the module doc for the rule)."""
         recs = list(self._records.values())
         if self.root is not None:  # source first: the reverse of the walk from the root
             from ._base import walk
@@ -226,13 +215,8 @@ class PipelineStats:
             recs.sort(key=lambda r: (order.get(id(r.op), len(order)), r.index))
         out = []
         for pos, r in enumerate(recs):
-            incl = r.inclusive_seconds()
+            seconds = r.samples * SAMPLE_INTERVAL
             is_async = getattr(r.op, "name", "") in ASYNC_OPS
-            if is_async:
-                own, wait = 0.0, incl
-            else:
-                own = max(0.0, incl - sum(i.inclusive_seconds() for i in r.inputs))
-                wait = 0.0
             fill = None
             if r.buffer is not None:
                 try:
@@ -243,12 +227,84 @@ class PipelineStats:
             out.append({
                 "index": pos, "op": r.label,
                 "elements_in": sum(i.count() for i in r.inputs) if r.inputs else None,
-                "elements_out": r.count(), "seconds": own, "wait_seconds": wait,
+                "elements_out": r.count(),
+                "seconds": 0.0 if is_async else seconds,
+                "wait_seconds": seconds if is_async else 0.0,
                 "buffer": fill})
         return finish_rows(out)
 
     def snapshot(self) -> DatasetStats:
         return DatasetStats.of(self.rows(), self.wall_seconds())
+
+
+def ended_iterator(it: Iterator[Any], stats: PipelineStats) -> Iterator[Any]:
+    """``it``, ending ``stats`` when it ends or is closed (a local iteration's root)."""
+    try:
+        yield from it
+    finally:
+        stats.end()
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+class _Sampler:
+    """The process's sampling thread: charges each interval to the innermost op on each
+    thread's stack (see the module doc). It runs while some iteration is watched and exits
+    within an interval once none is."""
+
+    _lock = threading.Lock()
+    _watched: weakref.WeakSet[PipelineStats] = weakref.WeakSet()
+    #: ``{id(op): the iteration it belongs to}`` (the latest to start it).
+    _owners: weakref.WeakValueDictionary[int, PipelineStats] = weakref.WeakValueDictionary()
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def watch(cls, stats: PipelineStats) -> None:
+        with cls._lock:
+            cls._watched.add(stats)
+            if cls._thread is None:
+                cls._thread = threading.Thread(target=cls._run, name="dds-op-sampler",
+                                               daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def unwatch(cls, stats: PipelineStats) -> None:
+        with cls._lock:
+            cls._watched.discard(stats)
+
+    @classmethod
+    def owner(cls, op: Any, stats: PipelineStats) -> None:
+        cls._owners[id(op)] = stats
+
+    @classmethod
+    def _run(cls) -> None:
+        me = threading.get_ident()
+        while True:
+            time.sleep(SAMPLE_INTERVAL)  # the sampling clock itself, not a synchronisation
+            with cls._lock:
+                if not cls._watched:
+                    cls._thread = None
+                    return
+            for ident, frame in sys._current_frames().items():
+                if ident != me:
+                    _charge(frame, cls._owners)
+
+
+def _charge(frame: FrameType | None, owners: Any) -> None:
+    """Charge one interval to the innermost op frame of a stack (if it is watched)."""
+    depth = 0
+    while frame is not None and depth < 64:
+        if id(frame.f_code) in _OP_CODES:
+            op = frame.f_locals.get("self")
+            stats = owners.get(id(op)) if op is not None else None
+            if stats is not None:
+                rec = stats._records.get(id(op))
+                if rec is not None and rec.op is op:
+                    rec.samples += 1
+                    return
+        frame = frame.f_back
+        depth += 1
 
 
 def finish_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

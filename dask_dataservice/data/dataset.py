@@ -437,12 +437,14 @@ class Dataset:
         ``split_provider`` is a :class:`~dask_dataservice.data.splits.SplitProvider` or a list
         of splits (served once per repetition). ``stats``: keep per-op figures for
         :meth:`stats` (the default), ``False`` not to, or a
-        :class:`~dask_dataservice.data._stats.PipelineStats` to keep them in.
+        :class:`~dask_dataservice.data._stats.PipelineStats` to keep them in (whose
+        ``end()`` the caller then calls when the iteration is over).
         """
         if split_provider is not None:
             self.check_splittable()
             if not isinstance(split_provider, SplitProvider):
                 split_provider = ListSplitProvider(split_provider)
+        end = stats is True  # figures of our own: they end with the iterator
         if stats is True:
             stats = _stats.PipelineStats(self._op)
         elif stats is False:
@@ -454,7 +456,8 @@ class Dataset:
             if stats.root is None:
                 stats.root = self._op
             _stats.LATEST[self._op] = stats
-        return self._op.iterate(IterContext(split_provider=split_provider, stats=stats))
+        it = self._op.iterate(IterContext(split_provider=split_provider, stats=stats))
+        return _stats.ended_iterator(it, stats) if end and stats is not None else it
 
     def stats(self) -> _stats.DatasetStats:
         """Per-op figures of this dataset's latest (or ongoing) iteration in this process, as

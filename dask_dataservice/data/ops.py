@@ -734,9 +734,13 @@ class Prefetch(Unary):
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         if self.buffer_size == 0:
             return self.input.iterate(ctx)
+        return self._prefetched(ctx)
+
+    def _prefetched(self, ctx: IterContext) -> Iterator[Any]:
+        # a frame of this op's while its consumer waits on the buffer (Dataset.stats())
         watch = None if ctx.stats is None else functools.partial(ctx.stats.watch_buffer, self)
-        return _threaded(lambda: self.input.iterate(ctx), self.buffer_size, "dds-prefetch",
-                         watch)
+        yield from _threaded(lambda: self.input.iterate(ctx), self.buffer_size, "dds-prefetch",
+                             watch)
 
 
 class Enumerate(Unary):

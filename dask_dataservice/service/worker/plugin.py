@@ -213,6 +213,7 @@ class TaskRunner:
                 except Exception:  # noqa: BLE001
                     pass
             _local.task = None
+            self.pipeline_stats.end()
             self.buffer.finish(error)
             if not self.cancelled:
                 self.plugin.submit(self.plugin._input_ended, self)
