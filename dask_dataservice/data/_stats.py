@@ -35,6 +35,7 @@ the figures the dashboard polls, and :func:`merge_rows` adds up the rows of seve
 
 from __future__ import annotations
 
+import inspect
 import operator
 import sys
 import threading
@@ -96,8 +97,9 @@ class OpRecord:
         self.index = index
         #: Records of this op's pipeline inputs.
         self.inputs: list[OpRecord] = []
-        #: Live counting generators, and the elements of those that ended.
-        self.counters: list[Iterator[Any]] = []
+        #: Live counting generators (weakly: an abandoned iterator is collected and closed
+        #: as without figures), and the elements of those that ended.
+        self.counters: list[weakref.ref[Iterator[Any]]] = []
         self.counted = 0
         #: C iterators the op returned: ``[(iterator, its length then)]``.
         self.hinted: list[tuple[Iterator[Any], int]] = []
@@ -112,11 +114,12 @@ class OpRecord:
             return None
         n = self.counted
         live = []
-        for g in self.counters:
+        for ref in self.counters:
+            g = ref()
             frame = getattr(g, "gi_frame", None)
             if frame is None:  # ended: its finally added its count
                 continue
-            live.append(g)
+            live.append(ref)
             n += int(frame.f_locals.get("n", 0))
         self.counters = live
         for it, length in self.hinted:
@@ -189,12 +192,22 @@ class PipelineStats:
             rec.hinted.append((it, operator.length_hint(it)))
             return it
         g = _counted(it, rec)
-        rec.counters.append(g)
+        rec.counters.append(weakref.ref(g))
         return g
 
     def watch_buffer(self, op: Any, fill: Callable[[], tuple[int, int]]) -> None:
-        """Show ``op``'s buffer: ``fill()`` returns (elements buffered, capacity)."""
-        self.record(op).buffer = fill
+        """Show ``op``'s buffer: ``fill()`` returns (elements buffered, capacity). A bound
+        method is held weakly (its object must go when the iteration is abandoned)."""
+        if inspect.ismethod(fill):
+            method = weakref.WeakMethod(fill)
+
+            def weak_fill() -> tuple[int, int]:
+                f = method()
+                return f() if f is not None else (0, 0)
+
+            self.record(op).buffer = weak_fill
+        else:
+            self.record(op).buffer = fill
 
     def end(self) -> None:
         """The iteration ended: its wall time stops, the sampler stops watching it."""
