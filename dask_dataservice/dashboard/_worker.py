@@ -112,6 +112,7 @@ def worker_figures(worker: Any) -> dict[str, Any]:
                            "time": time.time(), "plugin_cpu_seconds": plugin_cpu_seconds()}
     data = worker.plugins.get(DATA_PLUGIN)
     if data is not None and hasattr(data, "stats"):
+        figures = data.figures
         tasks = {}
         for tid, r in list(data.tasks.items()):
             if r is None:
@@ -129,8 +130,8 @@ def worker_figures(worker: Any) -> dict[str, Any]:
             "tasks": tasks,
             "threads": len(getattr(data, "_runners", ())),
             "finished_ops": {str(t): {"job_id": j, "iteration_id": i, "ops": rows}
-                             for t, (j, i, rows) in list(getattr(data, "finished_ops", {}).items())},
-            "request_seconds": latency_percentiles(getattr(data, "request_seconds", ())),
+                             for t, (j, i, rows) in list(figures.finished_ops.items())},
+            "request_seconds": latency_percentiles(figures.request_seconds),
             "served_by_task": {str(t): [int(c[0]), int(c[1])]
                                for t, c in list(getattr(data, "served_by_task", {}).items())},
         }

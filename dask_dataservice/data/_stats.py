@@ -58,7 +58,8 @@ ASYNC_OPS = frozenset({"prefetch"})
 #: Ops that yield one element per input element (not wrapped: they show their input's count).
 ONE_TO_ONE = frozenset({"map", "prefetch", "enumerate"})
 #: Iterators counted by their length hint instead of a wrapper (C code).
-_HINTED = frozenset(type(iter(x)) for x in (range(0), range(1 << 70), [], ()))
+_HINTED: frozenset[type] = frozenset(
+    type(iter(x)) for x in (range(0), range(1 << 70), [], ()))  # type: ignore[var-annotated]
 #: Ids of the code objects of ops' methods (``register_op_code``; the classes keep them
 #: alive): a frame running one is that op's.
 _OP_CODES: set[int] = set()
@@ -222,9 +223,7 @@ class PipelineStats:
         """One plain-data row per op, source first (see the module doc for the rule)."""
         recs = list(self._records.values())
         if self.root is not None:  # source first: the reverse of the walk from the root
-            from ._base import walk
-
-            order = {id(op): i for i, op in enumerate(reversed(list(walk(self.root))))}
+            order = {id(op): i for i, op in enumerate(reversed(list(_walk(self.root))))}
             recs.sort(key=lambda r: (order.get(id(r.op), len(order)), r.index))
         out = []
         for pos, r in enumerate(recs):
@@ -248,6 +247,15 @@ class PipelineStats:
 
     def snapshot(self) -> DatasetStats:
         return DatasetStats.of(self.rows(), self.wall_seconds())
+
+
+def _walk(op: Any) -> Iterator[Any]:
+    """Every op of the pipeline rooted at ``op``, parents first (as ``_base.walk``)."""
+    stack = [op]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(getattr(node, "inputs", ())))
 
 
 def ended_iterator(it: Iterator[Any], stats: PipelineStats) -> Iterator[Any]:

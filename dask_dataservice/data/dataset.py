@@ -445,19 +445,22 @@ class Dataset:
             if not isinstance(split_provider, SplitProvider):
                 split_provider = ListSplitProvider(split_provider)
         end = stats is True  # figures of our own: they end with the iterator
+        figures: _stats.PipelineStats | None
         if stats is True:
-            stats = _stats.PipelineStats(self._op)
+            figures = _stats.PipelineStats(self._op)
         elif stats is False:
-            stats = None  # type: ignore[assignment]
-        elif not isinstance(stats, _stats.PipelineStats):
+            figures = None
+        elif isinstance(stats, _stats.PipelineStats):
+            figures = stats
+        else:
             raise TypeError(f"iterate(): stats must be a bool or a PipelineStats, got "
                             f"{type(stats).__name__}")
-        if stats is not None:
-            if stats.root is None:
-                stats.root = self._op
-            _stats.LATEST[self._op] = stats
-        it = self._op.iterate(IterContext(split_provider=split_provider, stats=stats))
-        return _stats.ended_iterator(it, stats) if end and stats is not None else it
+        if figures is not None:
+            if figures.root is None:
+                figures.root = self._op
+            _stats.LATEST[self._op] = figures
+        it = self._op.iterate(IterContext(split_provider=split_provider, stats=figures))
+        return _stats.ended_iterator(it, figures) if end and figures is not None else it
 
     def stats(self) -> _stats.DatasetStats:
         """Per-op figures of this dataset's latest (or ongoing) iteration in this process, as

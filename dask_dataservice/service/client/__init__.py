@@ -204,7 +204,7 @@ class DistributedDataset(Dataset):
     def job_name(self) -> str | None:
         return self._service.spec.job_name
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> _stats.DatasetStats:
         """What reading this dataset cost so far, as plain data (Ray's ``Dataset.stats()``).
 
         Over every pass (``for``) of this object: ``elements``, ``passes``,

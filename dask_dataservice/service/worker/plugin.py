@@ -25,12 +25,10 @@ so a consumer that sees every task end can ask the dispatcher once and trust its
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -57,6 +55,7 @@ from ..protocol._positions import tagged_elements
 from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
+from ._figures import WorkerFigures
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
 from ._worker_util import TurnFutures, offload_bytes, serialized_batch
@@ -127,8 +126,7 @@ class TaskRunner:
                 self.loop, config.get_bytes("worker.buffer-bytes"),
                 int(config.get("worker.buffer-elements")),
             )
-        #: Per-op figures of the pipeline (``Dataset.stats()``'s; shipped with the figures).
-        self.pipeline_stats = PipelineStats()
+        self.pipeline_stats = PipelineStats()  #: per-op figures (the dashboard polls them)
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
         self._waiting_on: concurrent.futures.Future[Any] | None = None
@@ -267,10 +265,7 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
                       "batches_compressed": 0, "requests_replayed": 0}
-        #: Seconds each of the latest element requests took to answer (long polls included).
-        self.request_seconds: collections.deque[float] = collections.deque(maxlen=1024)
-        #: ``{task_id: (job_id, iteration_id, per-op rows)}`` of the latest tasks that ended.
-        self.finished_ops: OrderedDict[int, tuple[int, int, list[dict[str, Any]]]] = OrderedDict()
+        self.figures = WorkerFigures()  # request latency, ended tasks' per-op figures
         #: ``{task_id: [elements, bytes]}`` served per task (the dashboard's figures).
         self.served_by_task: dict[int, list[int]] = {}
         self._task_arrived = asyncio.Event()
@@ -391,8 +386,8 @@ class DataWorkerPlugin(WorkerPlugin):
         elements instead of losing them.
         """
         if seq is None:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger, job_token, codecs)
+            return await self.figures.timed(self._get_elements(  # the dashboard's latency
+                task_id, max_elements, max_bytes, wait, trainer_id, linger, job_token, codecs))
         key = (task_id, consumer)
         turn = self.core.turn(key, seq, ack)
         turns = self._turns
@@ -409,8 +404,8 @@ class DataWorkerPlugin(WorkerPlugin):
             turns.drop(key, seq, kept)
             raise
         try:
-            reply = await self._get_elements(task_id, max_elements, max_bytes, wait,
-                                             trainer_id, linger, job_token, codecs)
+            reply = await self.figures.timed(self._get_elements(
+                task_id, max_elements, max_bytes, wait, trainer_id, linger, job_token, codecs))
         except asyncio.CancelledError:
             turns.drop(key, seq, kept)  # a request sent again computes its reply afresh
             raise
@@ -440,17 +435,10 @@ class DataWorkerPlugin(WorkerPlugin):
                 pass
         return runner
 
-    async def _get_elements(self, *args: Any) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        try:
-            return await self._take_elements(*args)
-        finally:  # per request, not per element: the dashboard's latency percentiles
-            self.request_seconds.append(time.perf_counter() - t0)
-
-    async def _take_elements(self, task_id: int, max_elements: int, max_bytes: int,
-                             wait: float, trainer_id: str | None = None, linger: float = 0.0,
-                             job_token: str | None = None,
-                             codecs: list[str] | None = None) -> dict[str, Any]:
+    async def _get_elements(self, task_id: int, max_elements: int, max_bytes: int, wait: float,
+                            trainer_id: str | None = None, linger: float = 0.0,
+                            job_token: str | None = None,
+                            codecs: list[str] | None = None) -> dict[str, Any]:
         runner = self.tasks.get(task_id)
         if runner is None:
             # The consumer learnt of the task from the dispatcher before the task reached
@@ -695,10 +683,7 @@ class DataWorkerPlugin(WorkerPlugin):
 
     async def _input_ended(self, runner: TaskRunner) -> None:
         """The task's pipeline ended (its thread returned, not cancelled)."""
-        self.finished_ops[runner.task_id] = (runner.task["job_id"], runner.task["iteration_id"],
-                                             runner.pipeline_stats.rows())
-        while len(self.finished_ops) > 64:  # the dashboard's next poll takes them
-            self.finished_ops.popitem(last=False)
+        self.figures.task_ended(runner)
         self._execute(self.core.input_ended(runner.task_id, runner.buffer.error is not None),
                       runner)
 
