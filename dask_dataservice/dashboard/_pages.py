@@ -57,13 +57,13 @@ def _table(name: str, columns: list[tuple[str, str]], height: int = 180,
 
 
 def fmt_bytes(n: float) -> str:
-    """Bytes for people: ``1.5 MB``, ``512 B`` (decimal units, as the bytes axes)."""
+    """Bytes for people: ``1.5 MiB``, ``512 B`` (binary units, as the bytes axis shows)."""
     value = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} PB"  # not reached
+        value /= 1024
+    return f"{value:.1f} TiB"  # not reached
 
 
 def fmt_seconds(s: float) -> str:
@@ -132,7 +132,7 @@ class DataServicePage(_Page):
                                            [("elements_per_second", "elements/s", "#1f77b4")])
         self.bytes, fig_b = _timeline("dds-bytes", "Bytes served per second",
                                       [("bytes_per_second", "bytes/s", "#ff7f0e")],
-                                      fmt="0.0 b")  # numeral's bytes: kB, MB, GB
+                                      fmt="0.0 b")  # numeral's bytes: KiB, MiB, GiB
         self.per_worker, fig_w = _bars("dds-workers-rate", "Elements served per second, per "
                                        "data worker", "elements_per_second", "#2ca02c")
         self.fig_w = fig_w

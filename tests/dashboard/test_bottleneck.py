@@ -81,7 +81,7 @@ async def test_the_page_names_a_sleeping_map_the_bottleneck(c, s, a, tmp_path_fa
         # a one-thread worker's service threads: a CPU share, never the old 453 %
         cpu = [float(v) for v in src["dds-workers"]["cpu"]]
         assert len(cpu) == 1 and 0 <= cpu[0] <= 100
-        # bytes are bytes on the page (kB, MB), not numeral's "m"
+        # bytes are bytes on the page (KiB, MiB), not numeral's "m"
         assert all(v.endswith(("B", "B/s")) for v in src["dds-workers"]["bytes_served"])
     finally:
         HOLD.set()

@@ -36,8 +36,8 @@ def test_latency_percentiles():
 
 
 def test_bytes_are_formatted_as_bytes():
-    assert [fmt_bytes(n) for n in (0, 999, 1000, 1_500_000, 2.5e9)] == [
-        "0 B", "999 B", "1.0 kB", "1.5 MB", "2.5 GB"]
+    assert [fmt_bytes(n) for n in (0, 1023, 1024, 3 << 19, 5 << 29)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 MiB", "2.5 GiB"]
 
 
 def test_shard_names_lose_the_strategys_id():
