@@ -26,6 +26,7 @@ from distributed.utils import log_errors
 __all__ = ["add_pages", "dataservice_doc", "parameter_servers_doc"]
 
 _APP_ATTR = "_dataservice_bokeh_app"
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
 
 
 def _plugin(scheduler: Any) -> Any:
@@ -136,6 +137,15 @@ class DataServicePage(_Page):
         self.per_worker, fig_w = _bars("dds-workers-rate", "Elements served per second, per "
                                        "data worker", "elements_per_second", "#2ca02c")
         self.fig_w = fig_w
+        # per job: its elements per second at each poll (the kept samples)
+        self.job_history = ColumnDataSource({"xs": [], "ys": [], "job": [], "color": []},
+                                            name="dds-job-history")
+        fig_h = figure(title="Elements served per second, per job", x_axis_type="datetime",
+                       height=250, sizing_mode="stretch_width", tools="", toolbar_location=None)
+        fig_h.multi_line("xs", "ys", source=self.job_history, line_color="color", line_width=2,
+                         legend_field="job")
+        fig_h.legend.location = "top_left"
+        fig_h.yaxis.formatter = NumeralTickFormatter(format="0.0a")
         self.workers, t_w = _table("dds-workers", [
             ("worker", "Data worker"), ("elements_served", "Elements served"),
             ("bytes_served", "Bytes served"), ("elements_per_second", "Elements/s"),
@@ -160,7 +170,7 @@ class DataServicePage(_Page):
             ("consumer", "Consumer"), ("job_id", "Job"), ("iteration_id", "Iteration"),
             ("seconds_since_heartbeat", "Seconds since heartbeat")], height=120)
         self.root = column(self.summary, row(fig_t, fig_b, sizing_mode="stretch_width"),
-                           row(fig_w, sizing_mode="stretch_width"),
+                           row(fig_w, fig_h, sizing_mode="stretch_width"),
                            Div(text="<h3>Jobs</h3>"), t_j,
                            Div(text="<h3>Pipeline ops</h3><p>Per op of each job's pipeline, "
                                     "summed over its data workers: the bottleneck is the op "
@@ -207,6 +217,12 @@ class DataServicePage(_Page):
             "bytes_per_second": [fmt_bytes(j["bytes_per_second"]) + "/s" for j in jobs],
             "buffered_elements": [j["buffered_elements"] for j in jobs],
             "bottleneck": [j.get("bottleneck") or "" for j in jobs]}
+        hist = [(j["job_id"], j.get("history") or {"time": [], "rate": []}) for j in jobs]
+        self.job_history.data = {
+            "xs": [[1000.0 * t for t in h["time"]] for _, h in hist],
+            "ys": [list(h["rate"]) for _, h in hist],
+            "job": [f"job {j}" for j, _ in hist],
+            "color": [_COLORS[i % len(_COLORS)] for i in range(len(hist))]}
         rows = [(j["job_id"], r) for j in jobs for r in j.get("ops", [])]
         self.ops.data = {
             "job_id": [j for j, _ in rows], "op": [r["op"] for _, r in rows],

@@ -78,6 +78,10 @@ async def test_the_page_names_a_sleeping_map_the_bottleneck(c, s, a, tmp_path_fa
         assert ops["share"][1] > 50
         assert src["dds-jobs"]["bottleneck"] == ["map(_sleepy)"]
         assert "map(_sleepy)" in state["cells"]
+        # the job's rate over time: one line, a rate per poll, some of them non-zero
+        hist = src["dds-job-history"]
+        assert hist["job"] == [f"job {src['dds-jobs']['job_id'][0]}"]
+        assert len(hist["xs"][0]) == len(hist["ys"][0]) >= 2 and max(hist["ys"][0]) > 0
         # a one-thread worker's service threads: a CPU share, never the old 453 %
         cpu = [float(v) for v in src["dds-workers"]["cpu"]]
         assert len(cpu) == 1 and 0 <= cpu[0] <= 100
