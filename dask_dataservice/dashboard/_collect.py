@@ -32,6 +32,8 @@ PLUGIN_NAME = "dataservice-dashboard"
 _DISPATCHER = "dataservice-dispatcher"
 #: Seconds over which rates are averaged (at least two poll intervals).
 WINDOW = 2.0
+#: Consumers whose wait/compute reports are kept (the latest to report).
+READERS = 256
 #: Tasks whose per-op figures are kept (the newest; those of tasks that ended included).
 TASK_OPS = 1024
 
@@ -76,6 +78,13 @@ class DashboardPlugin(SchedulerPlugin):
         scheduler.handlers["dataservice_status"] = self.status
         scheduler.handlers["dataservice_coordinator_report"] = self.coordinator_report
         scheduler.handlers["dataservice_job_ops"] = self.job_ops
+        scheduler.handlers["dataservice_consumer_report"] = self.consumer_report
+        #: ``{iteration client id: [(time, wait seconds, compute seconds)]}`` of the latest
+        #: READERS consumers (bounded), and each one's iteration.
+        self._reading: collections.OrderedDict[
+            int, collections.deque[tuple[float, float, float]]] = collections.OrderedDict()
+        self._reading_iteration: dict[int, int] = {}
+        self._history = history
         #: ``{coordinator uid: its last report}`` (the coordinator's queue is in its process).
         self.coordinators: dict[int, dict[str, Any]] = {}
         self._group.spawn(self._poll_loop)
@@ -224,6 +233,51 @@ class DashboardPlugin(SchedulerPlugin):
         prev.update(fsyncs=m.fsyncs, sync_seconds=m.sync_seconds)
         self._series["journal_records", ""].add(now, m.records_written)
 
+    def consumer_report(self, consumer: int, iteration_id: int, wait_seconds: float,
+                        compute_seconds: float, elements: int) -> dict[str, Any]:
+        """A consumer's totals of time waiting on the service and computing (each second)."""
+        consumer = int(consumer)
+        series = self._reading.setdefault(consumer, collections.deque(maxlen=self._history))
+        self._reading.move_to_end(consumer)
+        self._reading_iteration[consumer] = int(iteration_id)
+        series.append((time.time(), float(wait_seconds), float(compute_seconds)))
+        while len(self._reading) > READERS:
+            gone, _ = self._reading.popitem(last=False)
+            self._reading_iteration.pop(gone, None)
+        return {"status": "OK"}
+
+    def _job_input_bound(self, state: Any, job_id: int) -> float | None:
+        """The mean input-bound share of the job's consumers that reported one."""
+        shares = []
+        for consumer, it in self._reading_iteration.items():
+            try:
+                if state.iteration(it).job_id != job_id:
+                    continue
+            except KeyError:
+                continue
+            share = self._input_bound(consumer)[0]
+            if share is not None:
+                shares.append(share)
+        return sum(shares) / len(shares) if shares else None
+
+    def _input_bound(self, consumer: int) -> tuple[float | None, dict[str, list[float]]]:
+        """The consumer's input-bound share (waited / (waited + computed)) over the last
+        window, or over its latest report interval with reading in it if it read nothing in
+        the window; and the share per report interval."""
+        s = list(self._reading.get(consumer, ()))
+        times, shares, spans = [], [], []
+        for (_, w0, c0), (t1, w1, c1) in zip(s, s[1:], strict=False):
+            busy = (w1 - w0) + (c1 - c0)
+            times.append(t1)
+            shares.append((w1 - w0) / busy if busy > 0 else 0.0)
+            if busy > 0:
+                spans.append((t1, w1 - w0, busy))
+        window = max(WINDOW, 2 * self.interval)
+        recent = [x for x in spans if s[-1][0] - x[0] <= window] or spans[-1:]
+        busy = sum(b for _, _, b in recent)
+        share = sum(w for _, w, _ in recent) / busy if busy > 0 else None
+        return share, {"time": times, "wait_fraction": shares}
+
     def job_ops(self, iteration_id: int) -> dict[str, Any]:
         """The per-op rows of the job an iteration reads (``DistributedDataset.stats()``), as
         of the last poll, summed over the job's tasks on every data worker."""
@@ -306,9 +360,11 @@ class DashboardPlugin(SchedulerPlugin):
         for c in state.list_iteration_clients():
             clients_by_iteration[c.iteration_id] += 1
             seen = plugin._client_seen.get(c.iteration_client_id, c.last_seen_micros)
+            share, shares = self._input_bound(c.iteration_client_id)
             consumers.append({"consumer": c.iteration_client_id, "iteration_id": c.iteration_id,
                               "job_id": state.iteration(c.iteration_id).job_id,
-                              "seconds_since_heartbeat": max(0.0, (now_us - seen) / 1e6)})
+                              "seconds_since_heartbeat": max(0.0, (now_us - seen) / 1e6),
+                              "wait_fraction": share, "wait_fraction_history": shares})
         jobs = []
         for job in state.list_jobs():
             if job.garbage_collected:
@@ -341,6 +397,7 @@ class DashboardPlugin(SchedulerPlugin):
                 "elements_per_second": self.rate("job_elements", str(job.job_id)),
                 "history": _history(self._series.get(("job_elements", str(job.job_id)))),
                 "ops": self._job_ops.get(job.job_id, []),
+                "input_bound": self._job_input_bound(state, job.job_id),
                 "bottleneck": _bottleneck_name(self._job_ops.get(job.job_id, [])),
                 "bytes_per_second": self.rate("job_bytes", str(job.job_id)),
                 "iterations": iterations})

@@ -158,7 +158,7 @@ class DataServicePage(_Page):
             ("consumers", "Consumers"), ("progress", "Epoch progress"),
             ("elements_served", "Elements served"), ("elements_per_second", "Elements/s"),
             ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered (lag)"),
-            ("bottleneck", "Bottleneck op")],
+            ("input_bound", "Consumers input-bound %"), ("bottleneck", "Bottleneck op")],
             widths={"job_id": 50, "progress": 300, "bottleneck": 160})
         self.ops, t_o = _table("dds-ops", [
             ("job_id", "Job"), ("op", "Op (source first)"), ("elements_in", "Elements in"),
@@ -168,7 +168,9 @@ class DataServicePage(_Page):
             widths={"job_id": 50, "op": 220})
         self.consumers, t_c = _table("dds-consumers", [
             ("consumer", "Consumer"), ("job_id", "Job"), ("iteration_id", "Iteration"),
-            ("seconds_since_heartbeat", "Seconds since heartbeat")], height=120)
+            ("seconds_since_heartbeat", "Seconds since heartbeat"),
+            ("input_bound", "Input-bound % (waited on the service)")], height=120,
+            widths={"input_bound": 200})
         self.root = column(self.summary, row(fig_t, fig_b, sizing_mode="stretch_width"),
                            row(fig_w, fig_h, sizing_mode="stretch_width"),
                            Div(text="<h3>Jobs</h3>"), t_j,
@@ -216,7 +218,9 @@ class DataServicePage(_Page):
             "elements_per_second": [round(j["elements_per_second"], 1) for j in jobs],
             "bytes_per_second": [fmt_bytes(j["bytes_per_second"]) + "/s" for j in jobs],
             "buffered_elements": [j["buffered_elements"] for j in jobs],
-            "bottleneck": [j.get("bottleneck") or "" for j in jobs]}
+            "bottleneck": [j.get("bottleneck") or "" for j in jobs],
+            "input_bound": ["n/a" if j.get("input_bound") is None else
+                            round(100 * j["input_bound"], 1) for j in jobs]}
         hist = [(j["job_id"], j.get("history") or {"time": [], "rate": []}) for j in jobs]
         self.job_history.data = {
             "xs": [[1000.0 * t for t in h["time"]] for _, h in hist],
@@ -241,7 +245,9 @@ class DataServicePage(_Page):
         self.consumers.data = {
             "consumer": [c["consumer"] for c in cs], "job_id": [c["job_id"] for c in cs],
             "iteration_id": [c["iteration_id"] for c in cs],
-            "seconds_since_heartbeat": [round(c["seconds_since_heartbeat"], 1) for c in cs]}
+            "seconds_since_heartbeat": [round(c["seconds_since_heartbeat"], 1) for c in cs],
+            "input_bound": ["n/a" if c.get("wait_fraction") is None else
+                            round(100 * c["wait_fraction"], 1) for c in cs]}
         journal = svc["journal"]
         if journal is None:
             jtext = "journal: off (not fault tolerant)"

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(120), pytest.mark.slow]
 
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed")
 
-N = 48
+N = 96
 HOLD = threading.Event()
 
 
@@ -47,8 +47,9 @@ def _read_and_hold(client) -> list[int]:
 
 
 def _ops_done(state) -> bool:
-    ops = state["sources"].get("dds-ops", {})
-    return ops.get("elements_out", []) == [N, N, N // 4]
+    src = state["sources"]
+    return (src.get("dds-ops", {}).get("elements_out", []) == [N, N, N // 4]
+            and src.get("dds-jobs", {}).get("input_bound", ["n/a"])[:1] not in (["n/a"], []))
 
 
 @needs_chromium
@@ -82,6 +83,9 @@ async def test_the_page_names_a_sleeping_map_the_bottleneck(c, s, a, tmp_path_fa
         hist = src["dds-job-history"]
         assert hist["job"] == [f"job {src['dds-jobs']['job_id'][0]}"]
         assert len(hist["xs"][0]) == len(hist["ys"][0]) >= 2 and max(hist["ys"][0]) > 0
+        # the consumer does nothing but read a slow pipeline: it is input-bound
+        bound = src["dds-jobs"]["input_bound"]
+        assert len(bound) == 1 and 50 <= float(bound[0]) <= 100
         # a one-thread worker's service threads: a CPU share, never the old 453 %
         cpu = [float(v) for v in src["dds-workers"]["cpu"]]
         assert len(cpu) == 1 and 0 <= cpu[0] <= 100

@@ -18,6 +18,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import Any
@@ -171,6 +172,7 @@ class IterationReader:
     job_token: str | None = None
     #: Counts elements per data worker (issue 14: ``DistributedDataset.stats()``).
     stats: ReadStats | None = None
+    _reported = float("-inf")  # when the dashboard last got this consumer's figures
 
     def __init__(self, client: Client, spec: ReadSpec, iteration_id: int, client_id: int,
                  channel: Channel) -> None:
@@ -265,6 +267,7 @@ class IterationReader:
                 except TimeoutError:
                     pass
             view = await self._heartbeat()
+            await self._report_reading()
             self._update_tasks(view)
             if ended and not view["finished"]:
                 await asyncio.sleep(ask_again_after(view, self.heartbeat_interval))
@@ -315,6 +318,24 @@ class IterationReader:
             self.stopped = True
             self.channel.put_nowait(Failure(e))
         self.stop()
+
+    async def _report_reading(self) -> None:
+        """Tell the scheduler's dashboard how long this consumer waited on the service and
+        how long it computed (once per ``dataservice.dashboard.interval`` at most, with a
+        heartbeat: the dashboard's input-bound share)."""
+        stats, scheduler = self.stats, self.client.scheduler
+        now = time.monotonic()
+        every = max(self.heartbeat_interval, config.get_seconds("dashboard.interval"))
+        if stats is None or scheduler is None or now - self._reported < every:
+            return
+        self._reported = now
+        try:
+            await asyncio.wait_for(scheduler.dataservice_consumer_report(
+                consumer=self.client_id, iteration_id=self.iteration_id,
+                wait_seconds=stats.wait_seconds,
+                compute_seconds=stats.compute_seconds, elements=stats.elements), 1.0)
+        except Exception:  # noqa: BLE001 - no dashboard there, or it is slow: figures only
+            pass
 
     async def _heartbeat(self) -> dict[str, Any]:
         """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
