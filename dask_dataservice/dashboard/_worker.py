@@ -112,7 +112,7 @@ def worker_figures(worker: Any) -> dict[str, Any]:
                            "time": time.time(), "plugin_cpu_seconds": plugin_cpu_seconds()}
     data = worker.plugins.get(DATA_PLUGIN)
     if data is not None and hasattr(data, "stats"):
-        figures = data.figures
+        figures = getattr(data, "figures", None)
         tasks = {}
         for tid, r in list(data.tasks.items()):
             if r is None:
@@ -123,15 +123,17 @@ def worker_figures(worker: Any) -> dict[str, Any]:
                                "done": bool(buf.end_visible),
                                "job_id": int(r.task["job_id"]),
                                "iteration_id": int(r.task["iteration_id"]),
-                               "ops": r.pipeline_stats.rows()}
+                               "ops": r.pipeline_stats.rows()
+                               if hasattr(r, "pipeline_stats") else []}
         out["data"] = {
             "is_data_worker": bool(getattr(data, "is_data_worker", True)),
             "stats": {k: int(v) for k, v in data.stats.items()},
             "tasks": tasks,
             "threads": len(getattr(data, "_runners", ())),
             "finished_ops": {str(t): {"job_id": j, "iteration_id": i, "ops": rows}
-                             for t, (j, i, rows) in list(figures.finished_ops.items())},
-            "request_seconds": latency_percentiles(figures.request_seconds),
+                             for t, (j, i, rows) in list(getattr(figures, "finished_ops",
+                                                                 {}).items())},
+            "request_seconds": latency_percentiles(getattr(figures, "request_seconds", ())),
             "served_by_task": {str(t): [int(c[0]), int(c[1])]
                                for t, c in list(getattr(data, "served_by_task", {}).items())},
         }
