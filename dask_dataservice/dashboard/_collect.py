@@ -21,6 +21,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
 from .._async import TaskGroup
+from ..data._stats import bottleneck, merge_rows
 from ..service.protocol._metrics import RateSeries
 
 __all__ = ["DashboardPlugin", "PLUGIN_NAME"]
@@ -31,6 +32,10 @@ PLUGIN_NAME = "dataservice-dashboard"
 _DISPATCHER = "dataservice-dispatcher"
 #: Seconds over which rates are averaged (at least two poll intervals).
 WINDOW = 2.0
+#: Consumers whose wait/compute reports are kept (the latest to report).
+READERS = 256
+#: Tasks whose per-op figures are kept (the newest; those of tasks that ended included).
+TASK_OPS = 1024
 
 
 class DashboardPlugin(SchedulerPlugin):
@@ -62,11 +67,24 @@ class DashboardPlugin(SchedulerPlugin):
         self.timeline: collections.deque[dict[str, float]] = collections.deque(maxlen=history)
         self._journal: dict[str, float] = {}
         self._job_totals: dict[int, list[int]] = {}
+        #: ``{task_id: (job_id, iteration_id, its pipeline's per-op rows)}`` (latest seen;
+        #: the newest TASK_OPS tasks, so a finished read's figures stay a while).
+        self._task_ops: collections.OrderedDict[int, tuple[int, int, list[dict[str, Any]]]] = \
+            collections.OrderedDict()
+        self._job_ops: dict[int, list[dict[str, Any]]] = {}
         self.polls = 0
         self._closed = False
         self._group = TaskGroup("dataservice dashboard")
         scheduler.handlers["dataservice_status"] = self.status
         scheduler.handlers["dataservice_coordinator_report"] = self.coordinator_report
+        scheduler.handlers["dataservice_job_ops"] = self.job_ops
+        scheduler.handlers["dataservice_consumer_report"] = self.consumer_report
+        #: ``{iteration client id: [(time, wait seconds, compute seconds)]}`` of the latest
+        #: READERS consumers (bounded), and each one's iteration.
+        self._reading: collections.OrderedDict[
+            int, collections.deque[tuple[float, float, float]]] = collections.OrderedDict()
+        self._reading_iteration: dict[int, int] = {}
+        self._history = history
         #: ``{coordinator uid: its last report}`` (the coordinator's queue is in its process).
         self.coordinators: dict[int, dict[str, Any]] = {}
         self._group.spawn(self._poll_loop)
@@ -135,6 +153,14 @@ class DashboardPlugin(SchedulerPlugin):
             self._series["served", address].add(now, stats.get("elements_served", 0))
             self._series["bytes", address].add(now, stats.get("bytes_served", 0))
             served, tasks = data.get("served_by_task", {}), data["tasks"]
+            seen = {**data.get("finished_ops", {}), **tasks}
+            for tid, task in seen.items():
+                if task.get("ops"):
+                    self._task_ops[int(tid)] = (int(task["job_id"]), int(task["iteration_id"]),
+                                                list(task["ops"]))
+                    self._task_ops.move_to_end(int(tid))
+            while len(self._task_ops) > TASK_OPS:
+                self._task_ops.popitem(last=False)
             for tid in served.keys() | tasks.keys():
                 counts = self._tasks.setdefault(int(tid), [0, 0, 0])
                 e, b = served.get(tid, (0, 0))
@@ -184,6 +210,10 @@ class DashboardPlugin(SchedulerPlugin):
                     and int(k[1]) not in totals]:
             del self._series[key]
         self._job_totals = totals
+        latest: dict[int, int] = {}  # job: its latest iteration with figures
+        for job, it, _ in self._task_ops.values():
+            latest[job] = max(it, latest.get(job, it))
+        self._job_ops = {job: self._iteration_ops(it) for job, it in latest.items()}
         if state is not None:  # forget the counts of tasks whose iteration is gone
             for tid in [t for t in self._tasks if t not in live]:
                 del self._tasks[tid]
@@ -202,6 +232,60 @@ class DashboardPlugin(SchedulerPlugin):
                 m.fsyncs - prev.get("fsyncs", 0))
         prev.update(fsyncs=m.fsyncs, sync_seconds=m.sync_seconds)
         self._series["journal_records", ""].add(now, m.records_written)
+
+    def consumer_report(self, consumer: int, iteration_id: int, wait_seconds: float,
+                        compute_seconds: float, elements: int) -> dict[str, Any]:
+        """A consumer's totals of time waiting on the service and computing (each second)."""
+        consumer = int(consumer)
+        series = self._reading.setdefault(consumer, collections.deque(maxlen=self._history))
+        self._reading.move_to_end(consumer)
+        self._reading_iteration[consumer] = int(iteration_id)
+        series.append((time.time(), float(wait_seconds), float(compute_seconds)))
+        while len(self._reading) > READERS:
+            gone, _ = self._reading.popitem(last=False)
+            self._reading_iteration.pop(gone, None)
+        return {"status": "OK"}
+
+    def _job_input_bound(self, state: Any, job_id: int) -> float | None:
+        """The mean input-bound share of the job's consumers that reported one."""
+        shares = []
+        for consumer, it in self._reading_iteration.items():
+            try:
+                if state.iteration(it).job_id != job_id:
+                    continue
+            except KeyError:
+                continue
+            share = self._input_bound(consumer)[0]
+            if share is not None:
+                shares.append(share)
+        return sum(shares) / len(shares) if shares else None
+
+    def _input_bound(self, consumer: int) -> tuple[float | None, dict[str, list[float]]]:
+        """The consumer's input-bound share (waited / (waited + computed)) over the last
+        window, or over its latest report interval with reading in it if it read nothing in
+        the window; and the share per report interval."""
+        s = list(self._reading.get(consumer, ()))
+        times, shares, spans = [], [], []
+        for (_, w0, c0), (t1, w1, c1) in zip(s, s[1:], strict=False):
+            busy = (w1 - w0) + (c1 - c0)
+            times.append(t1)
+            shares.append((w1 - w0) / busy if busy > 0 else 0.0)
+            if busy > 0:
+                spans.append((t1, w1 - w0, busy))
+        window = max(WINDOW, 2 * self.interval)
+        recent = [x for x in spans if s[-1][0] - x[0] <= window] or spans[-1:]
+        busy = sum(b for _, _, b in recent)
+        share = sum(w for _, w, _ in recent) / busy if busy > 0 else None
+        return share, {"time": times, "wait_fraction": shares}
+
+    def job_ops(self, iteration_id: int) -> dict[str, Any]:
+        """The per-op rows of the job an iteration reads (``DistributedDataset.stats()``), as
+        of the last poll, summed over the job's tasks on every data worker."""
+        rows = self._iteration_ops(int(iteration_id))
+        return {"status": "OK", "ops": rows, "bottleneck": _bottleneck_name(rows)}
+
+    def _iteration_ops(self, iteration_id: int) -> list[dict[str, Any]]:
+        return merge_rows(rows for _, it, rows in self._task_ops.values() if it == iteration_id)
 
     # status ----------------------------------------------------------------------------
     def rate(self, kind: str, address: str, key: str | None = None) -> float:
@@ -245,7 +329,11 @@ class DashboardPlugin(SchedulerPlugin):
         stats = data.get("stats", {})
         tasks = data.get("tasks", {})
         cpu = fig.get("plugin_cpu_seconds")
+        served = self._series.get(("served", address))
         return {
+            "history": _history(served),
+            "request_seconds": data.get("request_seconds"),
+            "plugin_threads": fig.get("plugin_threads"),
             "name": fig.get("name", address),
             "data_worker": bool(data.get("is_data_worker", False)),
             "elements_served": stats.get("elements_served", 0),
@@ -272,9 +360,11 @@ class DashboardPlugin(SchedulerPlugin):
         for c in state.list_iteration_clients():
             clients_by_iteration[c.iteration_id] += 1
             seen = plugin._client_seen.get(c.iteration_client_id, c.last_seen_micros)
+            share, shares = self._input_bound(c.iteration_client_id)
             consumers.append({"consumer": c.iteration_client_id, "iteration_id": c.iteration_id,
                               "job_id": state.iteration(c.iteration_id).job_id,
-                              "seconds_since_heartbeat": max(0.0, (now_us - seen) / 1e6)})
+                              "seconds_since_heartbeat": max(0.0, (now_us - seen) / 1e6),
+                              "wait_fraction": share, "wait_fraction_history": shares})
         jobs = []
         for job in state.list_jobs():
             if job.garbage_collected:
@@ -305,6 +395,10 @@ class DashboardPlugin(SchedulerPlugin):
                 "elements_produced": produced, "elements_served": served,
                 "bytes_served": nbytes, "buffered_elements": buffered,
                 "elements_per_second": self.rate("job_elements", str(job.job_id)),
+                "history": _history(self._series.get(("job_elements", str(job.job_id)))),
+                "ops": self._job_ops.get(job.job_id, []),
+                "input_bound": self._job_input_bound(state, job.job_id),
+                "bottleneck": _bottleneck_name(self._job_ops.get(job.job_id, [])),
                 "bytes_per_second": self.rate("job_bytes", str(job.job_id)),
                 "iterations": iterations})
         journal = None
@@ -318,3 +412,14 @@ class DashboardPlugin(SchedulerPlugin):
         return {"installed": True, "fault_tolerant": bool(plugin.fault_tolerant_mode),
                 "datasets": [{"num_splits": d.num_splits} for d in state.list_datasets()],
                 "jobs": jobs, "consumers": consumers, "journal": journal}
+
+
+def _history(series: RateSeries | None) -> dict[str, list[float]]:
+    """A counter's rate per sample, over the kept samples (``dataservice.dashboard.history``)."""
+    rates = series.rates() if series is not None else []
+    return {"time": [t for t, _ in rates], "rate": [r for _, r in rates]}
+
+
+def _bottleneck_name(rows: list[dict[str, Any]]) -> str | None:
+    worst = bottleneck(rows)
+    return None if worst is None else str(worst["op"])

@@ -26,6 +26,7 @@ from distributed.utils import log_errors
 __all__ = ["add_pages", "dataservice_doc", "parameter_servers_doc"]
 
 _APP_ATTR = "_dataservice_bokeh_app"
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
 
 
 def _plugin(scheduler: Any) -> Any:
@@ -44,21 +45,51 @@ def _ms(scheduler: Any) -> int:
     return int(1000 * (plugin.interval if plugin is not None else 1.0))
 
 
-def _table(name: str, columns: list[tuple[str, str]], height: int = 180) -> tuple[Any, Any]:
+def _table(name: str, columns: list[tuple[str, str]], height: int = 180,
+           widths: dict[str, int] | None = None) -> tuple[Any, Any]:
+    """A table; ``widths``: relative widths of some columns (the others get 100)."""
+    widths = widths or {}
     source = ColumnDataSource({k: [] for k, _ in columns}, name=name)
-    table = DataTable(source=source, columns=[TableColumn(field=k, title=t) for k, t in columns],
+    table = DataTable(source=source, columns=[TableColumn(field=k, title=t,
+                                                          width=widths.get(k, 100))
+                                              for k, t in columns],
                       height=height, sizing_mode="stretch_width", index_position=None)
     return source, table
 
 
-def _timeline(name: str, title: str, fields: list[tuple[str, str, str]]) -> tuple[Any, Any]:
+def fmt_bytes(n: float) -> str:
+    """Bytes for people: ``1.5 MiB``, ``512 B`` (binary units, as the bytes axis shows)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # not reached
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{1e3 * s:.2f} ms"
+    return f"{1e6 * s:.1f} us"
+
+
+def shard_label(key: str) -> str:
+    """A variable shard's readable name: its key without the strategy's id prefix."""
+    parts = str(key).split("/", 2)
+    return parts[2] if len(parts) == 3 and parts[1].isdigit() else str(key)
+
+
+def _timeline(name: str, title: str, fields: list[tuple[str, str, str]],
+              fmt: str = "0.0a") -> tuple[Any, Any]:
     source = ColumnDataSource({"time": [], **{f: [] for f, _, _ in fields}}, name=name)
     fig = figure(title=title, x_axis_type="datetime", height=250, sizing_mode="stretch_width",
                  tools="", toolbar_location=None)
     for f, label, color in fields:
         fig.line("time", f, source=source, legend_label=label, color=color, line_width=2)
     fig.legend.location = "top_left"
-    fig.yaxis.formatter = NumeralTickFormatter(format="0.0a")
+    fig.yaxis.formatter = NumeralTickFormatter(format=fmt)
     return source, fig
 
 
@@ -101,27 +132,52 @@ class DataServicePage(_Page):
         self.throughput, fig_t = _timeline("dds-throughput", "Elements served per second",
                                            [("elements_per_second", "elements/s", "#1f77b4")])
         self.bytes, fig_b = _timeline("dds-bytes", "Bytes served per second",
-                                      [("bytes_per_second", "bytes/s", "#ff7f0e")])
+                                      [("bytes_per_second", "bytes/s", "#ff7f0e")],
+                                      fmt="0.0 b")  # numeral's bytes: KiB, MiB, GiB
         self.per_worker, fig_w = _bars("dds-workers-rate", "Elements served per second, per "
                                        "data worker", "elements_per_second", "#2ca02c")
         self.fig_w = fig_w
+        # per job: its elements per second at each poll (the kept samples)
+        self.job_history = ColumnDataSource({"xs": [], "ys": [], "job": [], "color": []},
+                                            name="dds-job-history")
+        fig_h = figure(title="Elements served per second, per job", x_axis_type="datetime",
+                       height=250, sizing_mode="stretch_width", tools="", toolbar_location=None)
+        fig_h.multi_line("xs", "ys", source=self.job_history, line_color="color", line_width=2,
+                         legend_field="job")
+        fig_h.legend.location = "top_left"
+        fig_h.yaxis.formatter = NumeralTickFormatter(format="0.0a")
         self.workers, t_w = _table("dds-workers", [
             ("worker", "Data worker"), ("elements_served", "Elements served"),
             ("bytes_served", "Bytes served"), ("elements_per_second", "Elements/s"),
             ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered"),
             ("buffered_bytes", "Buffered bytes"), ("tasks", "Tasks"),
-            ("cpu", "Service threads CPU %")])
+            ("cpu", "Service threads CPU %"), ("latency", "Request latency p50 / p99")],
+            widths={"worker": 180, "latency": 160})
         self.jobs, t_j = _table("dds-jobs", [
             ("job_id", "Job"), ("mode", "Sharding"),
             ("consumers", "Consumers"), ("progress", "Epoch progress"),
             ("elements_served", "Elements served"), ("elements_per_second", "Elements/s"),
-            ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered (lag)")])
+            ("bytes_per_second", "Bytes/s"), ("buffered_elements", "Buffered (lag)"),
+            ("input_bound", "Consumers input-bound %"), ("bottleneck", "Bottleneck op")],
+            widths={"job_id": 50, "progress": 300, "bottleneck": 160})
+        self.ops, t_o = _table("dds-ops", [
+            ("job_id", "Job"), ("op", "Op (source first)"), ("elements_in", "Elements in"),
+            ("elements_out", "Elements out"), ("time_per_element", "Own time / element"),
+            ("share", "Share of own time %"), ("wait", "Waited on buffer"),
+            ("buffer", "Buffer fill"), ("bottleneck", "Bottleneck")], height=200,
+            widths={"job_id": 50, "op": 220})
         self.consumers, t_c = _table("dds-consumers", [
             ("consumer", "Consumer"), ("job_id", "Job"), ("iteration_id", "Iteration"),
-            ("seconds_since_heartbeat", "Seconds since heartbeat")], height=120)
+            ("seconds_since_heartbeat", "Seconds since heartbeat"),
+            ("input_bound", "Input-bound % (waited on the service)")], height=120,
+            widths={"input_bound": 200})
         self.root = column(self.summary, row(fig_t, fig_b, sizing_mode="stretch_width"),
-                           row(fig_w, sizing_mode="stretch_width"),
-                           Div(text="<h3>Jobs</h3>"), t_j, Div(text="<h3>Data workers</h3>"),
+                           row(fig_w, fig_h, sizing_mode="stretch_width"),
+                           Div(text="<h3>Jobs</h3>"), t_j,
+                           Div(text="<h3>Pipeline ops</h3><p>Per op of each job's pipeline, "
+                                    "summed over its data workers: the bottleneck is the op "
+                                    "with the largest own time (see docs/dashboard.md)</p>"),
+                           t_o, Div(text="<h3>Data workers</h3>"),
                            t_w, Div(text="<h3>Consumers</h3>"), t_c,
                            sizing_mode="stretch_width")
 
@@ -139,13 +195,19 @@ class DataServicePage(_Page):
         self.workers.data = {
             "worker": names,
             **{k: [w[k] for w in data_workers.values()] for k in (
-                "elements_served", "bytes_served", "buffered_elements", "buffered_bytes",
-                "tasks")},
+                "elements_served", "buffered_elements", "tasks")},
+            **{k: [fmt_bytes(w[k]) for w in data_workers.values()] for k in (
+                "bytes_served", "buffered_bytes")},
             "elements_per_second": [round(w["elements_per_second"], 1)
                                     for w in data_workers.values()],
-            "bytes_per_second": [round(w["bytes_per_second"]) for w in data_workers.values()],
+            "bytes_per_second": [fmt_bytes(w["bytes_per_second"]) + "/s"
+                                 for w in data_workers.values()],
             "cpu": ["n/a" if w["plugin_cpu_fraction"] is None else
-                    f"{100 * w['plugin_cpu_fraction']:.0f}" for w in data_workers.values()]}
+                    f"{100 * w['plugin_cpu_fraction']:.0f}" for w in data_workers.values()],
+            "latency": ["n/a" if not w.get("request_seconds") else
+                        f"{fmt_seconds(w['request_seconds']['p50'])} / "
+                        f"{fmt_seconds(w['request_seconds']['p99'])}"
+                        for w in data_workers.values()]}
         jobs = svc["jobs"]
         self.jobs.data = {
             "job_id": [j["job_id"] for j in jobs],
@@ -154,13 +216,38 @@ class DataServicePage(_Page):
             "progress": [_progress(j) for j in jobs],
             "elements_served": [j["elements_served"] for j in jobs],
             "elements_per_second": [round(j["elements_per_second"], 1) for j in jobs],
-            "bytes_per_second": [round(j["bytes_per_second"]) for j in jobs],
-            "buffered_elements": [j["buffered_elements"] for j in jobs]}
+            "bytes_per_second": [fmt_bytes(j["bytes_per_second"]) + "/s" for j in jobs],
+            "buffered_elements": [j["buffered_elements"] for j in jobs],
+            "bottleneck": [j.get("bottleneck") or "" for j in jobs],
+            "input_bound": ["n/a" if j.get("input_bound") is None else
+                            round(100 * j["input_bound"], 1) for j in jobs]}
+        hist = [(j["job_id"], j.get("history") or {"time": [], "rate": []}) for j in jobs]
+        self.job_history.data = {
+            "xs": [[1000.0 * t for t in h["time"]] for _, h in hist],
+            "ys": [list(h["rate"]) for _, h in hist],
+            "job": [f"job {j}" for j, _ in hist],
+            "color": [_COLORS[i % len(_COLORS)] for i in range(len(hist))]}
+        rows = [(j["job_id"], r) for j in jobs for r in j.get("ops", [])]
+        self.ops.data = {
+            "job_id": [j for j, _ in rows], "op": [r["op"] for _, r in rows],
+            "elements_in": ["" if r["elements_in"] is None else r["elements_in"]
+                            for _, r in rows],
+            "elements_out": [r["elements_out"] for _, r in rows],
+            "time_per_element": [fmt_seconds(r["seconds_per_element"]) for _, r in rows],
+            "seconds_per_element": [r["seconds_per_element"] for _, r in rows],
+            "share": [round(100 * r["share"], 1) for _, r in rows],
+            "wait": [fmt_seconds(r["wait_seconds"]) if r["wait_seconds"] else ""
+                     for _, r in rows],
+            "buffer": ["" if r["buffer"] is None else f"{r['buffer'][0]}/{r['buffer'][1]}"
+                       for _, r in rows],
+            "bottleneck": ["yes" if r["bottleneck"] else "" for _, r in rows]}
         cs = svc["consumers"]
         self.consumers.data = {
             "consumer": [c["consumer"] for c in cs], "job_id": [c["job_id"] for c in cs],
             "iteration_id": [c["iteration_id"] for c in cs],
-            "seconds_since_heartbeat": [round(c["seconds_since_heartbeat"], 1) for c in cs]}
+            "seconds_since_heartbeat": [round(c["seconds_since_heartbeat"], 1) for c in cs],
+            "input_bound": ["n/a" if c.get("wait_fraction") is None else
+                            round(100 * c["wait_fraction"], 1) for c in cs]}
         journal = svc["journal"]
         if journal is None:
             jtext = "journal: off (not fault tolerant)"
@@ -169,11 +256,14 @@ class DataServicePage(_Page):
             jtext = (f"journal: {journal['records']} records, {journal['bytes']} bytes, "
                      f"last fsync {'n/a' if last is None else f'{1000 * last:.2f} ms'}")
         t = st["totals"]
+        slow = "; ".join(f"job {j['job_id']}: {j['bottleneck']}" for j in jobs
+                         if j.get("bottleneck"))
         self.summary.text = (
             f"<b>Data service</b> on {st['scheduler']}: {len(svc['datasets'])} datasets, "
             f"{len(jobs)} jobs, {len(cs)} consumers, {len(data_workers)} data workers; "
             f"{t.get('elements_per_second', 0.0):,.0f} elements/s, "
-            f"{t.get('bytes_per_second', 0.0):,.0f} bytes/s; {jtext}")
+            f"{fmt_bytes(t.get('bytes_per_second', 0.0))}/s; {jtext}"
+            + (f"; <b>bottleneck</b> {slow}" if slow else ""))
 
 
 def _progress(job: dict[str, Any]) -> str:
@@ -198,16 +288,18 @@ class ParameterServersPage(_Page):
         self.fig_p = fig_p
         self.shards, t_s = _table("dds-shards", [
             ("ps", "Parameter server"), ("variable", "Variable shard"), ("shape", "Shape"),
-            ("rows", "Rows"), ("bytes", "Bytes"), ("dtype", "dtype"),
+            ("rows", "Rows"), ("size", "Bytes"), ("dtype", "dtype"),
             ("optimizers", "Optimizer slots"), ("gathers_per_second", "Gathers/s"),
-            ("updates_per_second", "Update requests/s")], height=220)
+            ("updates_per_second", "Update requests/s")], height=220,
+            widths={"ps": 180, "variable": 200})
         self.servers, t_p = _table("dds-ps", [
             ("ps", "Parameter server"), ("shards", "Shards"), ("gathers", "Gathers"),
             ("updates", "Updates"), ("gathers_per_second", "Gathers/s"),
             ("updates_per_second", "Updates/s"), ("dropped", "Duplicates dropped")], height=140)
         self.trainers, t_t = _table("dds-trainers", [
-            ("worker", "Training worker"), ("steps", "Steps"), ("batches", "Batches"),
-            ("steps_per_second", "Steps/s")], height=140)
+            ("worker", "Training worker"), ("steps", "Steps"),
+            ("batches", "Function batches received"), ("steps_per_second", "Steps/s")],
+            height=140, widths={"worker": 180})
         self.root = column(self.summary, row(fig_s, fig_o, sizing_mode="stretch_width"),
                            row(fig_p, sizing_mode="stretch_width"),
                            Div(text="<h3>Parameter servers</h3>"), t_p,
@@ -234,9 +326,10 @@ class ParameterServersPage(_Page):
             "dropped": [p["duplicates_dropped"] for p in pss.values()]}
         rows = [(a, k, s) for a, p in pss.items() for k, s in sorted(p["shards"].items())]
         self.shards.data = {
-            "ps": [a for a, _, _ in rows], "variable": [k for _, k, _ in rows],
+            "ps": [a for a, _, _ in rows], "variable": [shard_label(k) for _, k, _ in rows],
             "shape": [str(tuple(s["shape"])) for _, _, s in rows],
             "rows": [s["rows"] for _, _, s in rows], "bytes": [s["bytes"] for _, _, s in rows],
+            "size": [fmt_bytes(s["bytes"]) for _, _, s in rows],
             "dtype": [s["dtype"] for _, _, s in rows],
             "optimizers": [", ".join(s["optimizers"]) for _, _, s in rows],
             "gathers_per_second": [round(s["gathers_per_second"], 1) for _, _, s in rows],

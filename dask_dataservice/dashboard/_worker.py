@@ -19,7 +19,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from ..service.worker.plugin import PLUGIN_NAME as DATA_PLUGIN
 from ._prometheus import register_worker, unregister_worker
 
-__all__ = ["DashboardWorkerPlugin", "WORKER_PLUGIN_NAME", "worker_figures", "plugin_cpu_seconds"]
+__all__ = ["DashboardWorkerPlugin", "WORKER_PLUGIN_NAME", "worker_figures", "plugin_cpu_seconds",
+           "cpu_delta", "latency_percentiles"]
 
 WORKER_PLUGIN_NAME = "dataservice-dashboard-worker"
 _PS_PLUGIN = "dataservice-ps"
@@ -29,11 +30,12 @@ DIGEST_KEY = ("dataservice", "plugin-threads", "thread-cpu", "seconds")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def plugin_cpu_seconds() -> float | None:
-    """CPU seconds used so far by this process's live ``dds-*`` threads (None off Linux)."""
+def thread_cpu_seconds() -> dict[int, float] | None:
+    """``{native thread id: CPU seconds}`` of this process's live ``dds-*`` threads (None off
+    Linux)."""
     if not os.path.isdir("/proc/self/task"):
         return None
-    total = 0.0
+    out: dict[int, float] = {}
     for t in threading.enumerate():
         if not t.name.startswith("dds-") or t.native_id is None:
             continue
@@ -42,8 +44,29 @@ def plugin_cpu_seconds() -> float | None:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:  # the thread exited meanwhile
             continue
-        total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime
-    return total
+        out[t.native_id] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime
+    return out
+
+
+def plugin_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process's live ``dds-*`` threads (None off Linux)."""
+    per_thread = thread_cpu_seconds()
+    return None if per_thread is None else sum(per_thread.values())
+
+
+def cpu_delta(previous: dict[int, float], now: dict[int, float]) -> float:
+    """CPU seconds the threads used between two readings (``{thread id: seconds}``).
+
+    Per thread: a thread seen before adds what it used since; a new thread (or a new one
+    that reuses an id: its seconds went down) adds all it used; a thread that exited adds
+    nothing more (what it used since the last reading is lost: the figure errs low, never
+    high). So the sum over an interval never exceeds the threads' number times the interval.
+    """
+    delta = 0.0
+    for tid, seconds in now.items():
+        before = previous.get(tid, 0.0)
+        delta += seconds - before if seconds >= before else seconds
+    return delta
 
 
 class DashboardWorkerPlugin(WorkerPlugin):
@@ -54,7 +77,7 @@ class DashboardWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        self._cpu_seen = 0.0
+        self._cpu_seen: dict[int, float] = {}
         self._cpu_total = 0.0
         worker.handlers["dataservice_figures"] = self.figures
         register_worker(worker, worker_figures)
@@ -69,16 +92,17 @@ class DashboardWorkerPlugin(WorkerPlugin):
 
     def figures(self) -> dict[str, Any]:
         out = worker_figures(self.worker)
-        cpu = out.get("plugin_cpu_seconds")
-        if cpu is not None:
-            # live threads only: a thread that exited takes its seconds with it, so count
-            # increments and never let the total go down
-            delta = cpu - self._cpu_seen if cpu >= self._cpu_seen else cpu
-            self._cpu_seen = cpu
+        per_thread = thread_cpu_seconds()
+        if per_thread is not None:
+            # per thread and per interval: a thread that exits takes its seconds with it,
+            # which must not make the live threads' whole total count again
+            delta = cpu_delta(self._cpu_seen, per_thread)
+            self._cpu_seen = per_thread
             if delta > 0:
                 self._cpu_total += delta
                 self.worker.digest_metric(DIGEST_KEY, delta)
             out["plugin_cpu_seconds"] = self._cpu_total
+            out["plugin_threads"] = len(per_thread)
         return out
 
 
@@ -88,6 +112,7 @@ def worker_figures(worker: Any) -> dict[str, Any]:
                            "time": time.time(), "plugin_cpu_seconds": plugin_cpu_seconds()}
     data = worker.plugins.get(DATA_PLUGIN)
     if data is not None and hasattr(data, "stats"):
+        figures = getattr(data, "figures", None)
         tasks = {}
         for tid, r in list(data.tasks.items()):
             if r is None:
@@ -95,12 +120,20 @@ def worker_figures(worker: Any) -> dict[str, Any]:
             buf = r.buffer
             tasks[str(tid)] = {"produced": int(buf.produced), "buffered": len(buf),
                                "buffered_bytes": int(getattr(buf, "_bytes", 0)),
-                               "done": bool(buf.end_visible)}
+                               "done": bool(buf.end_visible),
+                               "job_id": int(r.task["job_id"]),
+                               "iteration_id": int(r.task["iteration_id"]),
+                               "ops": r.pipeline_stats.rows()
+                               if hasattr(r, "pipeline_stats") else []}
         out["data"] = {
             "is_data_worker": bool(getattr(data, "is_data_worker", True)),
             "stats": {k: int(v) for k, v in data.stats.items()},
             "tasks": tasks,
             "threads": len(getattr(data, "_runners", ())),
+            "finished_ops": {str(t): {"job_id": j, "iteration_id": i, "ops": rows}
+                             for t, (j, i, rows) in list(getattr(figures, "finished_ops",
+                                                                 {}).items())},
+            "request_seconds": latency_percentiles(getattr(figures, "request_seconds", ())),
             "served_by_task": {str(t): [int(c[0]), int(c[1])]
                                for t, c in list(getattr(data, "served_by_task", {}).items())},
         }
@@ -123,6 +156,16 @@ def worker_figures(worker: Any) -> dict[str, Any]:
     if runner is not None and hasattr(runner, "stats"):
         out["runner"] = {"stats": {k: int(v) for k, v in runner.stats.items()}}
     return out
+
+
+def latency_percentiles(seconds: Any) -> dict[str, float] | None:
+    """p50, p90, p99 and the count of a sample of latencies (None when empty)."""
+    values = sorted(seconds)
+    if not values:
+        return None
+    def pick(q: float) -> float:
+        return float(values[min(len(values) - 1, int(q * len(values)))])
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "count": len(values)}
 
 
 def _no_figures() -> None:

@@ -22,6 +22,7 @@ repetition starts.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import reprlib
@@ -113,6 +114,8 @@ class IterContext:
     log_errors: bool = False
     #: Per-op counters of how often an op was (re)started in this iteration (shuffle epochs).
     epochs: dict[int, int] = field(default_factory=dict)
+    #: Per-op figures of this iteration (a :class:`~._stats.PipelineStats`), or None.
+    stats: Any = None
 
     def next_epoch(self, op: Op) -> int:
         """Return how many times ``op`` was started before in this iteration, and count one."""
@@ -143,6 +146,28 @@ class Op:
     """
 
     name: str = "op"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every op's iterator is counted when the iteration keeps figures (``ctx.stats``,
+        # see ._stats): one check per ``iterate`` call, none per element here.
+        super().__init_subclass__(**kwargs)
+        from ._stats import register_op_code
+
+        register_op_code(cls)  # a sampled frame running one of its methods is this op's
+        fn = cls.__dict__.get("iterate")
+        if fn is None or getattr(fn, "_dds_counted", False):
+            return
+
+        @functools.wraps(fn)
+        def iterate(self: Op, ctx: IterContext) -> Iterator[Any]:
+            stats = ctx.stats
+            if stats is None or type(self).iterate is not iterate:  # off, or super().iterate
+                return fn(self, ctx)  # type: ignore[no-any-return]
+            return stats.wrap(self, fn(self, ctx))  # type: ignore[no-any-return]
+
+        iterate._dds_counted = True  # type: ignore[attr-defined]
+        cls.iterate = iterate  # type: ignore[method-assign]
+
     #: Inputs that are part of the pipeline (not datasets built inside user functions).
     inputs: tuple[Op, ...] = ()
     #: True for ops that produce elements from outside the pipeline.

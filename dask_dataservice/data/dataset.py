@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import formats, ops, ops_more, sources
+from . import _stats, formats, ops, ops_more, sources
 from ._adapters import adapter
 from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
@@ -445,20 +445,51 @@ class Dataset:
     # iteration
     # ------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return self._op.iterate(IterContext())
+        return self.iterate()
 
-    def iterate(self, split_provider: SplitProvider | Iterable[Any] | None = None) -> Iterator[Any]:
+    def iterate(self, split_provider: SplitProvider | Iterable[Any] | None = None, *,
+                stats: _stats.PipelineStats | bool = True) -> Iterator[Any]:
         """Iterate, reading only the splits that ``split_provider`` serves (if given).
 
         ``split_provider`` is a :class:`~dask_dataservice.data.splits.SplitProvider` or a list
-        of splits (served once per repetition).
+        of splits (served once per repetition). ``stats``: keep per-op figures for
+        :meth:`stats` (the default), ``False`` not to, or a
+        :class:`~dask_dataservice.data._stats.PipelineStats` to keep them in (whose
+        ``end()`` the caller then calls when the iteration is over).
         """
-        if split_provider is None:
-            return iter(self)
-        self.check_splittable()
-        if not isinstance(split_provider, SplitProvider):
-            split_provider = ListSplitProvider(split_provider)
-        return self._op.iterate(IterContext(split_provider=split_provider))
+        if split_provider is not None:
+            self.check_splittable()
+            if not isinstance(split_provider, SplitProvider):
+                split_provider = ListSplitProvider(split_provider)
+        end = stats is True  # figures of our own: they end with the iterator
+        figures: _stats.PipelineStats | None
+        if stats is True:
+            figures = _stats.PipelineStats(self._op)
+        elif stats is False:
+            figures = None
+        elif isinstance(stats, _stats.PipelineStats):
+            figures = stats
+        else:
+            raise TypeError(f"iterate(): stats must be a bool or a PipelineStats, got "
+                            f"{type(stats).__name__}")
+        if figures is not None:
+            if figures.root is None:
+                figures.root = self._op
+            _stats.LATEST[self._op] = figures
+        it = self._op.iterate(IterContext(split_provider=split_provider, stats=figures))
+        return _stats.ended_iterator(it, figures) if end and figures is not None else it
+
+    def stats(self) -> _stats.DatasetStats:
+        """Per-op figures of this dataset's latest (or ongoing) iteration in this process, as
+        Ray's ``Dataset.stats()``: a dict (``ops``: one row per op, source first, with
+        elements in and out, own time per element, share of the time, buffer fill;
+        ``bottleneck``: the op with the largest own time; ``wall_seconds``) that prints as a
+        table (``print(ds.stats())``). See docs/dashboard.md for how each figure is counted.
+        """
+        latest = _stats.LATEST.get(self._op)
+        if latest is None:
+            return _stats.DatasetStats.of([])
+        return latest.snapshot()
 
     def as_numpy_iterator(self) -> Iterator[Any]:
         """Iterate with every leaf as a numpy value (Python scalars become numpy scalars)."""

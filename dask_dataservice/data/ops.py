@@ -200,6 +200,10 @@ class ThreadedIterator:
             raise exc
         raise StopIteration
 
+    def fill(self) -> tuple[int, int]:
+        """(elements ready for the consumer, the most it holds): ``Dataset.stats()``."""
+        return len(self._buf) + len(self._pending), 2 * self._cap
+
     def close(self) -> None:
         with self._cv:
             self._stopped = True
@@ -211,9 +215,13 @@ class ThreadedIterator:
         self._stopped = True
 
 
-def _threaded(make_iter: Callable[[], Iterator[Any]], buffer_size: int, name: str) -> Iterator[Any]:
-    """A generator over a :class:`ThreadedIterator` that stops the thread when closed."""
+def _threaded(make_iter: Callable[[], Iterator[Any]], buffer_size: int, name: str,
+              watch: Callable[[Callable[[], tuple[int, int]]], None] | None = None) -> Iterator[Any]:
+    """A generator over a :class:`ThreadedIterator` that stops the thread when closed
+    (``watch(fill)`` is given the buffer's fill, for the iteration's figures)."""
     ti = ThreadedIterator(make_iter, buffer_size, name)
+    if watch is not None:
+        watch(ti.fill)
     try:
         yield from ti
     finally:
@@ -279,7 +287,10 @@ class Map(Unary):
         assert n is not None  # the parallel path
         pool = ThreadPoolExecutor(n, thread_name_prefix="dds-map")
         pending: deque[Any] = deque()
+        running: set[Any] = set()
         in_flight = 2 * n
+        if ctx.stats is not None:  # calls in flight, of the most there are
+            ctx.stats.watch_buffer(self, lambda: (len(pending) + len(running), in_flight))
         try:
             if self.deterministic:
                 for x in it:
@@ -289,7 +300,6 @@ class Map(Unary):
                 while pending:
                     yield pending.popleft().result()
             else:
-                running: set[Any] = set()
                 for x in it:
                     running.add(pool.submit(call, self.fn, x, "map"))
                     if len(running) >= in_flight:
@@ -724,7 +734,13 @@ class Prefetch(Unary):
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         if self.buffer_size == 0:
             return self.input.iterate(ctx)
-        return _threaded(lambda: self.input.iterate(ctx), self.buffer_size, "dds-prefetch")
+        return self._prefetched(ctx)
+
+    def _prefetched(self, ctx: IterContext) -> Iterator[Any]:
+        # a frame of this op's while its consumer waits on the buffer (Dataset.stats())
+        watch = None if ctx.stats is None else functools.partial(ctx.stats.watch_buffer, self)
+        yield from _threaded(lambda: self.input.iterate(ctx), self.buffer_size, "dds-prefetch",
+                             watch)
 
 
 class Enumerate(Unary):

@@ -23,7 +23,7 @@ from typing import Any, cast
 import cloudpickle
 from distributed import Client
 
-from ...data import Dataset
+from ...data import Dataset, _stats
 from ...data._base import UNKNOWN
 from ...data._base import sources as sources_of
 from ...data.dask_source import FromDask, locality_metadata, pickling_with, pin_persisted
@@ -232,7 +232,7 @@ class DistributedDataset(Dataset):
         total = self._service.total
         return UNKNOWN if total is None else total
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> _stats.DatasetStats:
         """What reading this dataset cost so far, as plain data (Ray's ``Dataset.stats()``).
 
         Over every pass (``for``) of this object: ``elements``, ``passes``,
@@ -243,9 +243,21 @@ class DistributedDataset(Dataset):
         worker (both for ``for`` and ``async for``; coordinated reads count no per-worker
         figures). Kept per batch the reader received (no cost per element): while a pass
         runs, ``elements`` lags by at most the batch being read.
+
+        Also, as a local ``Dataset.stats()``: ``ops`` (this process's ops of the latest pass,
+        the read from the service included), ``wait_per_batch_seconds`` (percentiles of the
+        time a batch took to arrive), ``wait_fraction_history`` (the input-bound share per
+        half second), and ``service_ops`` / ``service_bottleneck``: the per-op rows of the
+        job's pipeline summed over its data workers, as of the dashboard's last poll (empty
+        where the scheduler has no dashboard). ``print(ds.stats())`` shows a table.
         """
-        snapshot: dict[str, Any] = self._service.stats.snapshot()
-        return snapshot
+        source = self._service
+        snapshot: dict[str, Any] = source.stats.snapshot()
+        local = Dataset.stats(self)
+        out = _stats.DatasetStats.of(local["ops"], local.get("wall_seconds"), **snapshot)
+        out["service_ops"], out["service_bottleneck"] = _service_ops(
+            source, source.stats.iteration_id)
+        return out
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """``async for x in dataset``: one pass, read on the client's own event loop.
@@ -275,6 +287,29 @@ class DistributedDataset(Dataset):
         ds = resume(self, position, nonce)
         assert isinstance(ds, DistributedDataset)  # no local ops on self
         return ds
+
+
+def _service_ops(source: ServiceSource, iteration_id: int | None
+                 ) -> tuple[list[dict[str, Any]], str | None]:
+    """The job's per-op rows from the scheduler's dashboard (empty when it cannot tell)."""
+    if iteration_id is None:
+        return [], None
+    client = source.reader_client()
+    if _connection.on_loop_thread(client):
+        return [], None  # a synchronous stats() cannot wait on its own loop
+
+    async def go() -> Any:
+        scheduler = client.scheduler
+        return None if scheduler is None else await scheduler.dataservice_job_ops(
+            iteration_id=iteration_id)
+
+    try:
+        reply = _connection.run_blocking(client, go)
+    except Exception:  # noqa: BLE001 - no dashboard on that scheduler: no service rows
+        return [], None
+    if not isinstance(reply, dict):
+        return [], None
+    return [dict(r) for r in reply.get("ops", ())], reply.get("bottleneck")
 
 
 def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client | str,

@@ -18,6 +18,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import Any
@@ -29,6 +30,7 @@ from distributed.comm.addressing import get_address_host
 from ... import config
 from ..._async import TaskGroup
 from ...data._base import UNKNOWN, IterContext, Op
+from ._progress import progress_bar
 from ...errors import DataServiceError
 from ..protocol._frames import reader_codecs
 from ..protocol._malloc import tune_malloc_from_config
@@ -167,7 +169,8 @@ class ServiceSource(Op):
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         return self.stats.wrap(  # issue 14: time waiting vs computing, elements per worker
-            read(self.spec, self.next_repetition(), self.reader_client(), self.stats))
+            read(self.spec, self.next_repetition(), self.reader_client(), self.stats),
+            progress_bar(self.cardinality(), self.spec.dataset_label))
 
     def check_repetition(self, repetition: int) -> None:
         """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:
@@ -214,6 +217,7 @@ class IterationReader:
     job_token: str | None = None
     #: Counts elements per data worker (issue 14: ``DistributedDataset.stats()``).
     stats: ReadStats | None = None
+    _reported = float("-inf")  # when the dashboard last got this consumer's figures
 
     def __init__(self, client: Client, spec: ReadSpec, iteration_id: int, client_id: int,
                  channel: Channel) -> None:
@@ -308,6 +312,7 @@ class IterationReader:
                 except TimeoutError:
                     pass
             view = await self._heartbeat()
+            await self._report_reading()
             self._update_tasks(view)
             if ended and not view["finished"]:
                 await asyncio.sleep(ask_again_after(view, self.heartbeat_interval))
@@ -358,6 +363,24 @@ class IterationReader:
             self.stopped = True
             self.channel.put_nowait(Failure(e))
         self.stop()
+
+    async def _report_reading(self) -> None:
+        """Tell the scheduler's dashboard how long this consumer waited on the service and
+        how long it computed (once per ``dataservice.dashboard.interval`` at most, with a
+        heartbeat: the dashboard's input-bound share)."""
+        stats, scheduler = self.stats, self.client.scheduler
+        now = time.monotonic()
+        every = max(self.heartbeat_interval, config.get_seconds("dashboard.interval"))
+        if stats is None or scheduler is None or now - self._reported < every:
+            return
+        self._reported = now
+        try:
+            await asyncio.wait_for(scheduler.dataservice_consumer_report(
+                consumer=self.client_id, iteration_id=self.iteration_id,
+                wait_seconds=stats.wait_seconds,
+                compute_seconds=stats.compute_seconds, elements=stats.elements), 1.0)
+        except Exception:  # noqa: BLE001 - no dashboard there, or it is slow: figures only
+            pass
 
     async def _heartbeat(self) -> dict[str, Any]:
         """Ask the dispatcher for the iteration's tasks; ride out a dispatcher restart.
@@ -636,6 +659,8 @@ async def _start(client: Client, spec: ReadSpec, repetition: int,
     reader = cls(client, spec, view["iteration_id"], view["iteration_client_id"], channel)
     reader.job_token = job.get("job_token")
     reader.stats = stats
+    if stats is not None:
+        stats.iteration_id = view["iteration_id"]
     reader.start(view)
     return reader
 

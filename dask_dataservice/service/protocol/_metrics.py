@@ -20,7 +20,8 @@ import numpy as np
 
 from ...data.structure import nbytes
 
-__all__ = ["RateSeries", "ReadStats", "count_served", "element_size"]
+__all__ = ["RateSeries", "ReadStats", "count_served", "element_size", "percentiles",
+           "wait_history"]
 
 T = TypeVar("T")
 
@@ -100,6 +101,13 @@ class ReadStats:
         self.compute_seconds = 0.0
         self._first: float | None = None
         self._last: float | None = None
+        #: The iteration the latest pass reads (its job's per-op figures, from the scheduler).
+        self.iteration_id: int | None = None
+        #: Seconds the consumer waited for each of its latest batches.
+        self._waits: collections.deque[float] = collections.deque(maxlen=1024)
+        #: ``(time, wait_seconds, compute_seconds)`` samples, at most one per HISTORY_STEP.
+        self._history: collections.deque[tuple[float, float, float]] = collections.deque(
+            maxlen=600)
 
     def received(self, address: str, elements: int, nbytes: int = 0) -> None:
         """The reader got ``elements`` (``nbytes``) from the data worker at ``address``."""
@@ -109,7 +117,7 @@ class ReadStats:
             counts[1] += nbytes
             counts[2] += 1
 
-    def wrap(self, batches: Iterator[list[T]]) -> Iterator[T]:
+    def wrap(self, batches: Iterator[list[T]], progress: Any = None) -> Iterator[T]:
         """The elements of ``batches`` (lists, as the reader takes them from its channel),
         timing how long each ``next(batches)`` waited (the service) and how long the consumer
         took over a batch's elements before asking for the next (its own work).
@@ -119,7 +127,7 @@ class ReadStats:
         list's element costs (issue 22: per-element timing had cut one consumer's scalar
         throughput in half). The element count of the batch being read grows when the
         consumer asks for the next batch or stops (the elements it took, the one it holds
-        included).
+        included). ``progress``: a tqdm-like bar, updated per batch and closed at the end.
         """
         clock = time.perf_counter
         with self._lock:
@@ -137,9 +145,13 @@ class ReadStats:
                 try:
                     yield from elements
                 finally:  # the consumer had the batch until now (also when it stops here)
-                    self._account(t0, t1, clock() - t1,
-                                  len(batch) - operator.length_hint(elements))
+                    n = len(batch) - operator.length_hint(elements)
+                    self._account(t0, t1, clock() - t1, n)
+                    if progress is not None:
+                        progress.update(n)
         finally:  # a consumer that stops early closes the read (it releases its job)
+            if progress is not None:
+                progress.close()
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
@@ -173,6 +185,10 @@ class ReadStats:
     def _account(self, t0: float, t1: float, computing: float, n: int) -> None:
         with self._lock:
             self.wait_seconds += t1 - t0
+            if n:
+                self._waits.append(t1 - t0)
+            if not self._history or t1 - self._history[-1][0] >= HISTORY_STEP:
+                self._history.append((t1, self.wait_seconds, self.compute_seconds + computing))
             self.compute_seconds += computing
             self.elements += n
             if self._first is None:
@@ -195,7 +211,37 @@ class ReadStats:
                 "wait_fraction": self.wait_seconds / busy if busy > 0 else 0.0,
                 "workers": {a: {"elements": c[0], "bytes": c[1], "batches": c[2]}
                             for a, c in sorted(self._by_worker.items())},
+                "wait_per_batch_seconds": percentiles(self._waits),
+                "wait_fraction_history": wait_history(list(self._history)),
             }
+
+
+#: Seconds between two samples of the consumer's wait/compute history.
+HISTORY_STEP = 0.5
+
+
+def percentiles(values: Collection[float]) -> dict[str, float] | None:
+    """p50, p90, p99 and the count of a sample (None when empty)."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+
+    def pick(q: float) -> float:
+        return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "count": len(ordered)}
+
+
+def wait_history(samples: list[tuple[float, float, float]]) -> dict[str, list[float]]:
+    """The consumer's input-bound share per interval between samples ``(time, cumulative
+    wait, cumulative compute)``: ``{"time": [...], "wait_fraction": [...]}`` (times in
+    seconds since the first sample)."""
+    times, fractions = [], []
+    for (t0, w0, c0), (t1, w1, c1) in zip(samples, samples[1:], strict=False):
+        busy = (w1 - w0) + (c1 - c0)
+        times.append(t1 - samples[0][0])
+        fractions.append((w1 - w0) / busy if busy > 0 else 0.0)
+    return {"time": times, "wait_fraction": fractions}
 
 
 def count_served(stats: dict[str, int], by_task: dict[int, list[int]],

@@ -43,6 +43,7 @@ from distributed.utils_comm import retry
 from ... import config
 from ..._async import TaskGroup, owned_executor, shutdown_executor
 from ..._rpc import error_message, handler
+from ...data._stats import PipelineStats
 from ...data.splits import ListSplitProvider, PipelineSplits
 from ...errors import DataServiceError
 from ..protocol._frames import choose_codec
@@ -54,6 +55,7 @@ from ..protocol._positions import tagged_elements
 from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
 from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
+from ._figures import WorkerFigures
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
 from ._worker_util import TurnFutures, offload_bytes, serialized_batch
@@ -124,6 +126,7 @@ class TaskRunner:
                 self.loop, config.get_bytes("worker.buffer-bytes"),
                 int(config.get("worker.buffer-elements")),
             )
+        self.pipeline_stats = PipelineStats()  #: per-op figures (the dashboard polls them)
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
         self._waiting_on: concurrent.futures.Future[Any] | None = None
@@ -154,20 +157,21 @@ class TaskRunner:
             provider = DispatcherSplitProvider(self, self.splits or [])
             return tagged_elements(ds._op, mode, provider, self.task["position"],
                                    str(self.plugin.worker.name))
+        st = self.pipeline_stats  # per-op figures: the dashboard polls them
         if mode == ShardingPolicy.DYNAMIC:
             assert self.splits is not None  # DYNAMIC datasets have splits
-            return ds.iterate(DispatcherSplitProvider(self, self.splits))
+            return ds.iterate(DispatcherSplitProvider(self, self.splits), stats=st)
         index, n = self.task.get("worker_index"), self.task.get("num_workers")
         if mode == ShardingPolicy.FILE:
             # this worker's files: every n-th, from its index (each repetition again)
             assert self.splits is not None  # FILE datasets have splits
-            return ds.iterate(ListSplitProvider(self.splits[index::n]))
+            return ds.iterate(ListSplitProvider(self.splits[index::n]), stats=st)
         if mode == ShardingPolicy.DATA:
-            return iter(ds.shard(n, index))
+            return ds.shard(n, index).iterate(stats=st)
         if mode == ShardingPolicy.HINT:
             assert n is not None and index is not None  # static modes have both
-            return iter(ds.with_shard_hint(n, index) if ds.has_shard_hint else ds)
-        return iter(ds)
+            return (ds.with_shard_hint(n, index) if ds.has_shard_hint else ds).iterate(stats=st)
+        return ds.iterate(stats=st)
 
     def _run(self) -> None:
         error = None
@@ -207,6 +211,7 @@ class TaskRunner:
                 except Exception:  # noqa: BLE001
                     pass
             _local.task = None
+            self.pipeline_stats.end()
             self.buffer.finish(error)
             if not self.cancelled:
                 self.plugin.submit(self.plugin._input_ended, self)
@@ -260,6 +265,7 @@ class DataWorkerPlugin(WorkerPlugin):
         #: Counters for tests and dashboards: tasks finished, elements they produced.
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
                       "batches_compressed": 0, "requests_replayed": 0}
+        self.figures = WorkerFigures()  # request latency, ended tasks' per-op figures
         #: ``{task_id: [elements, bytes]}`` served per task (the dashboard's figures).
         self.served_by_task: dict[int, list[int]] = {}
         self._task_arrived = asyncio.Event()
@@ -381,8 +387,8 @@ class DataWorkerPlugin(WorkerPlugin):
         how many consumers read the task (``consumers``).
         """
         if seq is None:
-            return await self._get_elements(task_id, max_elements, max_bytes, wait, trainer_id,
-                                            linger, job_token, codecs)
+            return await self.figures.timed(self._get_elements(  # the dashboard's latency
+                task_id, max_elements, max_bytes, wait, trainer_id, linger, job_token, codecs))
         key = (task_id, consumer)
         turn = self.core.turn(key, seq, ack)
         turns = self._turns
@@ -399,8 +405,8 @@ class DataWorkerPlugin(WorkerPlugin):
             turns.drop(key, seq, kept)
             raise
         try:
-            reply = await self._get_elements(task_id, max_elements, max_bytes, wait,
-                                             trainer_id, linger, job_token, codecs)
+            reply = await self.figures.timed(self._get_elements(
+                task_id, max_elements, max_bytes, wait, trainer_id, linger, job_token, codecs))
         except asyncio.CancelledError:
             turns.drop(key, seq, kept)  # a request sent again computes its reply afresh
             raise
@@ -682,6 +688,7 @@ class DataWorkerPlugin(WorkerPlugin):
 
     async def _input_ended(self, runner: TaskRunner) -> None:
         """The task's pipeline ended (its thread returned, not cancelled)."""
+        self.figures.task_ended(runner)
         self._execute(self.core.input_ended(runner.task_id, runner.buffer.error is not None),
                       runner)
 
