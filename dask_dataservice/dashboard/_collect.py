@@ -23,6 +23,7 @@ from .. import config
 from .._async import TaskGroup
 from ..data._stats import bottleneck, merge_rows
 from ..service.protocol._metrics import RateSeries
+from ._worker import FIGURES_READY
 
 __all__ = ["DashboardPlugin", "PLUGIN_NAME"]
 
@@ -122,7 +123,8 @@ class DashboardPlugin(SchedulerPlugin):
 
     async def poll(self) -> None:
         """Ask every worker for its figures once and update the rates."""
-        addresses = list(self.scheduler.workers)
+        addresses = [a for a, ws in self.scheduler.workers.items()
+                     if ws.metrics.get(FIGURES_READY)]  # set up: see DashboardWorkerPlugin
         replies = await asyncio.gather(*(self._ask(a) for a in addresses))
         now = time.time()
         for address in [a for a in self.workers if a not in self.scheduler.workers]:

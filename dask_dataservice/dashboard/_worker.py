@@ -80,6 +80,10 @@ class DashboardWorkerPlugin(WorkerPlugin):
         self._cpu_seen: dict[int, float] = {}
         self._cpu_total = 0.0
         worker.handlers["dataservice_figures"] = self.figures
+        # the scheduler polls only workers whose heartbeat says the handler is there: a worker
+        # in the scheduler's list that is still setting up its plugins would log an unknown-op
+        # warning with a traceback for each poll (a user's first script showed one)
+        worker.metrics[FIGURES_READY] = _ready
         register_worker(worker, worker_figures)
         from ._http_tls import secure_http
 
@@ -88,6 +92,7 @@ class DashboardWorkerPlugin(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         # a poll still in flight gets "nothing" rather than an unknown-op error in the log
         worker.handlers["dataservice_figures"] = _no_figures
+        worker.metrics.pop(FIGURES_READY, None)
         unregister_worker(worker)
 
     def figures(self) -> dict[str, Any]:
@@ -166,6 +171,14 @@ def latency_percentiles(seconds: Any) -> dict[str, float] | None:
     def pick(q: float) -> float:
         return float(values[min(len(values) - 1, int(q * len(values)))])
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "count": len(values)}
+
+
+#: the heartbeat metric (``WorkerState.metrics``) that says ``dataservice_figures`` answers
+FIGURES_READY = "dataservice_figures_ready"
+
+
+def _ready(worker: Any) -> bool:
+    return True
 
 
 def _no_figures() -> None:

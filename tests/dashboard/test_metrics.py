@@ -290,11 +290,15 @@ def test_journal_metrics_by_value(tmp_path):
 @gen_cluster(client=True, nthreads=[WK], config=FAST)
 async def test_plugin_thread_cpu_reaches_dasks_worker_metrics(c, s, a):
     """The service's thread CPU time goes to Dask's fine performance metrics (Linux)."""
-    from dask_dataservice.dashboard._worker import DIGEST_KEY, plugin_cpu_seconds
+    from dask_dataservice.dashboard._worker import DIGEST_KEY, FIGURES_READY, plugin_cpu_seconds
 
     if plugin_cpu_seconds() is None:
         pytest.skip("no /proc: thread CPU time is Linux only")
     await _install_async(c)
+    # the dashboard polls the worker (and reads its threads' CPU) once a heartbeat said its
+    # figures are ready; a thread's CPU is read while it lives, so the read starts after that
+    await poll(lambda: s.workers[a.address].metrics.get(FIGURES_READY), timeout=30,
+               what="the worker's figures ready")
 
     def burn(x):
         return float(np.linalg.norm(np.random.default_rng(x).random((120, 120)) @ np.eye(120)))

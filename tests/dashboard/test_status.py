@@ -16,6 +16,7 @@ from distributed import Client, LocalCluster
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
+from dask_dataservice.dashboard._worker import FIGURES_READY
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -58,6 +59,9 @@ def _served(cluster) -> dict[str, int]:
 def _polled_after(cluster, check) -> dict:
     """dds.status once the dashboard has polled the state ``check`` waits for."""
     plugin = cluster.scheduler.plugins[PLUGIN_NAME]
+    # the dashboard polls a worker once a heartbeat said its figures handler is set up
+    wait(lambda: all(ws.metrics.get(FIGURES_READY) for ws in cluster.scheduler.workers.values()),
+         what="every worker's heartbeat saying its figures are ready")
     start = plugin.polls
     wait(lambda: plugin.polls >= start + 2, what="two dashboard polls")
     return check()

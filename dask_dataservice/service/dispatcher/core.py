@@ -93,8 +93,7 @@ class CoreConfig:
     #: Seconds a named job's iteration may have no clients before it is collected (and a
     #: job that never got an iteration, at least ``client_timeout`` after its creation).
     job_gc_timeout: float = 300.0
-    #: Seconds a dataset that was never read (no job of it ever got an iteration) may have no
-    #: job before it is collected (None: never). A dataset that was read is kept.
+    #: Seconds a dataset never read (no iteration) may have no job until collected (None: never).
     dataset_gc_timeout: float | None = 3600.0
     #: Seconds without a heartbeat after which a client is released.
     client_timeout: float = 30.0

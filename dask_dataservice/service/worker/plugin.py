@@ -157,7 +157,7 @@ class TaskRunner:
             provider = DispatcherSplitProvider(self, self.splits or [])
             return tagged_elements(ds._op, mode, provider, self.task["position"],
                                    str(self.plugin.worker.name))
-        st = self.pipeline_stats  # per-op figures: the dashboard polls them
+        st = self.pipeline_stats
         if mode == ShardingPolicy.DYNAMIC:
             assert self.splits is not None  # DYNAMIC datasets have splits
             return ds.iterate(DispatcherSplitProvider(self, self.splits), stats=st)
@@ -383,9 +383,7 @@ class DataWorkerPlugin(WorkerPlugin):
         ``ack``: the consumer received every reply up to that ``seq``. A consumer that sends
         acks gets its replies kept until acknowledged: a request sent again because its
         connection broke (the reply may have been lost on the way) is answered with the same
-        elements instead of losing them. A reply with elements to such a consumer also says
-        how many consumers read the task (``consumers``).
-        """
+        elements instead of losing them, and says how many read the task (``consumers``)."""
         if seq is None:
             return await self.figures.timed(self._get_elements(  # the dashboard's latency
                 task_id, max_elements, max_bytes, wait, trainer_id, linger, job_token, codecs))
@@ -417,9 +415,7 @@ class DataWorkerPlugin(WorkerPlugin):
             raise
         finally:
             turns.done(key, seq)
-        if reply.get("elements") is not None:
-            # how many consumers read this task (a reader of a shared job holds little ahead
-            # once it is not alone: what it holds, the others do not get)
+        if reply.get("elements") is not None:  # a shared job's reader holds little when not alone
             reply["consumers"] = self.core.consumers(task_id)
         if kept is not None:
             kept.set_result(reply)  # a replay under way gets it; later ones only if kept
