@@ -147,11 +147,49 @@ if __name__ == "__main__":
     print("ddp ok: batches per rank and epoch", [[len(r[e]) for r in ranks] for e in range(EPOCHS)])
 """
 
+DASHBOARD = """\
+import json
+import time
+import urllib.request
+
+from distributed import Client, LocalCluster
+
+import dask_dataservice as dds
+
+
+def decode(x):
+    time.sleep(0.004)  # the slow op of this pipeline
+    return x
+
+
+def status(base):
+    with urllib.request.urlopen(f"{base}/dataservice/status.json", timeout=10) as r:
+        return json.load(r)
+
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address="127.0.0.1:0") \\
+            as cluster, Client(cluster) as client:
+        base = client.dashboard_link.rsplit("/", 1)[0]
+        ds = (dds.Dataset.range(100_000).map(decode).batch(8)
+              .apply(dds.distribute("distributed_epoch", client)))
+        it = iter(ds)
+        deadline, named = time.monotonic() + 60, None
+        while named is None and time.monotonic() < deadline:
+            next(it)  # the job is running while we look at the dashboard
+            jobs = status(base)["service"]["jobs"]
+            named = next((j["bottleneck"] for j in jobs if j.get("bottleneck")), None)
+        it.close()
+    assert named == "map(decode)", named
+    print("dashboard ok: the bottleneck is", named)
+"""
+
 STEPS: dict[str, str | None] = {
     "readme": None,  # built from the README at run time
     "big-array": BIG_ARRAY,
     "parquet-dir": PARQUET_DIR,
     "ddp": DDP,
+    "dashboard": DASHBOARD,
 }
 
 
