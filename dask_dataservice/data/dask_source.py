@@ -366,13 +366,16 @@ def _scheduler_id(client: Any) -> str:
     return str(ident) if ident else str(client.scheduler.address)
 
 
-async def pin_persisted(client: Any, dataset_op: Any) -> None:
+async def pin_persisted(client: Any, dataset_op: Any) -> dict[str, list[Any]]:
     """Registration hook (``register_dataset``, on the client's loop): the Futures of every
-    Dask-collection source are published on the service's scheduler under the source's
-    ``pin_name``, so their data stays in memory while the dataset is registered; a collection
-    persisted on another cluster is a ValueError naming both schedulers."""
+    persisted Dask-collection source, by the source's ``pin_name``, for ``register_dataset``
+    to publish on the service's scheduler once the dataset is registered, so that their data
+    stays in memory while the dataset is (until the dispatcher frees it); a collection
+    persisted on another cluster is a ValueError naming both schedulers (before anything is
+    sent)."""
     from ._base import walk
 
+    pins: dict[str, list[Any]] = {}
     for op in walk(dataset_op):
         if not isinstance(op, FromDask) or op.scheduler_id is None:
             continue
@@ -380,8 +383,8 @@ async def pin_persisted(client: Any, dataset_op: Any) -> None:
         if mine != op.scheduler_id:
             raise ValueError(_other_cluster(op.scheduler_id, mine, "the data service's scheduler"))
         if op._collection is not None and op.pin_name is not None:
-            futures = op._futures(dict(op._collection.__dask_graph__()))
-            await client._publish_dataset(override=True, **{op.pin_name: futures})
+            pins[op.pin_name] = op._futures(dict(op._collection.__dask_graph__()))
+    return pins
 
 
 def _other_cluster(theirs: str, mine: str, who: str) -> str:

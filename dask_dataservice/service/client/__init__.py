@@ -146,6 +146,8 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
         "cardinality": dataset.cardinality(), "has_shard_hint": dataset.has_shard_hint,
+        # from_dataset_id's cardinality() (service/client/_cardinality.py)
+        "count_preserving": count_preserving(dataset._op),
         **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
     }
 
@@ -153,15 +155,18 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         installing = _connection.ensure_installed(client)
         if installing is not None:
             await installing
-        await pin_persisted(client, dataset._op)  # Dask collections: keep their data alive
+        # Dask collections: keep their data alive (published once registered)
+        pins = dict(await pin_persisted(client, dataset._op) or {})
         sent = pipeline
         if large:  # scattered (persisted) now; the pipeline holds their keys
-            moved = await _scatter.move(client, large, split_size)
+            moved = await _scatter.move(client, large, split_size, pins)
             sent = await asyncio.to_thread(_pickle, dataset, moved)
             source = sources_of(dataset._op)
             if len(source) == 1 and isinstance(moved.get(id(source[0])), FromDask):
                 # persisted now: the dispatcher may hand out its partitions where they are
                 metadata.update(locality_metadata(moved[id(source[0])]))
+        if pins:  # the dispatcher unpublishes them when it frees the last dataset using them
+            metadata["published"] = sorted(pins)
         # registration is idempotent (by fingerprint): retried across a dispatcher restart
         resp = await _connection.call_dispatcher(
             client, "dataservice_register_dataset", "dataset registration",
@@ -170,6 +175,7 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
             client_id=client.id,
         )
         dataset_id_: str = resp["dataset_id"]
+        await _scatter.publish(client, pins)  # after: see service/client/_scatter.py
         return dataset_id_
 
     if client.asynchronous and _connection.on_loop_thread(client):

@@ -28,7 +28,7 @@ from distributed.comm.addressing import get_address_host
 
 from ... import config
 from ..._async import TaskGroup
-from ...data._base import UNKNOWN, IterContext, Op
+from ...data._base import REPR_ONLY, UNKNOWN, IterContext, Op
 from ...errors import DataServiceError
 from ..protocol._frames import reader_codecs
 from ..protocol._malloc import tune_malloc_from_config
@@ -86,9 +86,14 @@ class ServiceSource(Op):
         self._lock = threading.Lock()
         self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
         #: The registered pipeline's cardinality and whether its ops keep one element per
-        #: element, when this process registered it (``distribute``); see ``_cardinality``.
+        #: element: known when this process registered it (``distribute``), else asked of
+        #: the dispatcher on the first ``cardinality()`` (:meth:`_ask_metadata`); see
+        #: ``_cardinality``.
         self.total: int | None = None
         self.preserving = False
+        self._asked = False
+        #: Why the cardinality is unknown when the dispatcher's answer leaves it so.
+        self._note: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec}
@@ -101,6 +106,8 @@ class ServiceSource(Op):
         self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
         self.total = None
         self.preserving = False
+        self._asked = False
+        self._note = None
 
     def reader_client(self) -> Client:
         """The client to read with: the one given as ``service`` while usable, else the one
@@ -113,7 +120,37 @@ class ServiceSource(Op):
     def params(self) -> tuple[Any, ...]:
         return (dataclasses.astuple(self.spec),)
 
+    def _ask_metadata(self) -> None:
+        """Ask the dispatcher what the registration said of the dataset (its cardinality
+        and whether its ops keep one element per element), once per object; not from a
+        repr, nor on the client's event loop (where it cannot block)."""
+        if self._asked or self.total is not None or REPR_ONLY.get():
+            return
+        client = self.reader_client()
+        if _connection.on_loop_thread(client):
+            self._note = ("from_dataset_id() asks the dispatcher for the dataset's cardinality, "
+                          "which cannot be waited for on the client's event loop: call "
+                          "cardinality() from another thread (await asyncio.to_thread(...))")
+            return
+        what = f"the cardinality of dataset {self.spec.dataset_label!r}"
+        resp = _connection.run_blocking(
+            client, _connection.call_dispatcher, client, "dataservice_dataset_metadata", what,
+            dataset_id=self.spec.dataset_id)
+        with self._lock:
+            self._asked, self._note = True, None
+            total, preserving = resp.get("cardinality"), resp.get("count_preserving")
+            self.total = total if isinstance(total, int) else None
+            self.preserving = bool(preserving)
+            if self.total is None:
+                self._note = ("the dataset was registered without its cardinality (by an older "
+                              "version of dask_dataservice): register it again to know it")
+            elif preserving is None:
+                self._note = ("the dataset was registered without saying whether its ops keep "
+                              "one element per element (by an older version of "
+                              "dask_dataservice): register it again to know its cardinality")
+
     def cardinality(self) -> int:
+        self._ask_metadata()
         spec = self.spec
         return service_cardinality(spec.processing_mode, spec.job_name,
                                    spec.consumer_index is not None, self.total, self.preserving)
@@ -140,6 +177,10 @@ class ServiceSource(Op):
         if self.cardinality() != UNKNOWN:
             return None
         spec = self.spec
+        if self._note is not None and (self.total is None or (
+                self.total > 0 and spec.job_name is None and not self.preserving
+                and spec.processing_mode != ShardingPolicy.OFF)):
+            return self._note
         return why_unknown(spec.processing_mode, spec.job_name, self.total, self.preserving)
 
     def why_not(self) -> str:

@@ -193,6 +193,9 @@ class DispatcherCore:
         #: candidates); datasets some job of which got an iteration (kept, as TensorFlow's).
         self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
         self.read_datasets: set[int] = set()
+        #: Which live datasets use each Dask dataset published for them (unpublished once
+        #: the last is collected; :class:`._gc.PublishedNames`).
+        self.published = _gc.PublishedNames()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -263,6 +266,7 @@ class DispatcherCore:
         }
         self.idle_jobs, self.idle_datasets, self.read_datasets = _gc.idle_queues(
             state, self.recovered_at)
+        self.published = _gc.PublishedNames.of(state)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
@@ -333,6 +337,7 @@ class DispatcherCore:
             compression=compression, dataset_name=dataset_id, secret=self._new_token(),
         ))
         self.quotas.add_dataset(host, size)
+        self.published.add(new_id, metadata)
         self.idle_datasets.add(new_id, None if now is None else micros(now))  # no job yet
         return {"status": "OK", "dataset_id": credential(self.state.dataset(new_id))}
 
