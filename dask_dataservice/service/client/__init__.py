@@ -232,9 +232,10 @@ class DistributedDataset(Dataset):
 
     def total_cardinality(self) -> int:
         """The registered pipeline's own cardinality: the elements of one pass of all its
-        consumers together (``UNKNOWN`` unless this process registered it with
-        ``distribute``). ``cardinality()`` is one consumer's pass, where it is determined
-        (see docs/data-service.md, "Cardinality")."""
+        consumers together (known to ``distribute``; a ``from_dataset_id`` dataset asks the
+        dispatcher once, as ``cardinality()`` does). ``cardinality()`` is one consumer's
+        pass, where it is determined (see docs/data-service.md, "Cardinality")."""
+        self._service.cardinality()  # asks the dispatcher once, if needed
         total = self._service.total
         return UNKNOWN if total is None else total
 
