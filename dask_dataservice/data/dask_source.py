@@ -16,7 +16,8 @@ computes it as Dask would). When it is pickled into a pipeline it keeps only:
   partition (``partition_keys``), the id of the scheduler that holds them, and the name under
   which ``register_dataset`` publishes the futures on that scheduler (``pin_name``, see
   :func:`pin_persisted`: published data stays in memory while it is published, so it outlives
-  the client objects that made it; ``client.unpublish_dataset(name)`` releases it);
+  the client objects that made it; ``client.unpublish_dataset(name)`` releases it, and so does
+  the dispatcher when it frees the last dataset that lists the name in its metadata);
 - a collection built on persisted ones (its graph holds Futures and tasks): the materialized
   graph with every Future replaced by its key (a Future cannot travel in a pickle: it belongs to
   a client; the worker re-resolves the keys against its own client) and each split's output

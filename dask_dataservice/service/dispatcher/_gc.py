@@ -163,11 +163,12 @@ def collectable(state: DispatcherState, iteration: Iteration, gc_dynamic_jobs: b
 
 
 def idle_queues(state: DispatcherState,
-                since: int) -> tuple[IdleQueue, IdleQueue, set[int]]:
-    """``(jobs without iterations, datasets never read without live jobs, datasets read)``
-    of a state replayed at a start, the idle ones all idle ``since`` it (O(jobs + datasets),
-    once per start, as the quotas' recount). A dataset is read once a job of it got an
-    iteration (collected jobs and iterations stay in the state, so this survives restarts)."""
+                since: int) -> tuple[IdleQueue, IdleQueue, set[int], PublishedNames]:
+    """``(jobs without iterations, datasets never read without live jobs, datasets read,
+    the names the live datasets published)`` of a state replayed at a start, the idle ones
+    all idle ``since`` it (O(jobs + datasets), once per start, as the quotas' recount). A
+    dataset is read once a job of it got an iteration (collected jobs and iterations stay in
+    the state, so this survives restarts)."""
     jobs, datasets, read = IdleQueue(), IdleQueue(), set()
     for job in state.list_jobs():
         if job.num_iterations:
@@ -177,7 +178,7 @@ def idle_queues(state: DispatcherState,
     for dataset in state.list_datasets():
         if dataset.dataset_id not in read and not state.num_live_jobs(dataset.dataset_id):
             datasets.add(dataset.dataset_id, since)
-    return jobs, datasets, read
+    return jobs, datasets, read, PublishedNames.of(state)
 
 
 def job_gc_seconds(config: CoreConfig) -> float:

@@ -193,9 +193,7 @@ class DispatcherCore:
         #: candidates); datasets some job of which got an iteration (kept, as TensorFlow's).
         self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
         self.read_datasets: set[int] = set()
-        #: Which live datasets use each Dask dataset published for them (unpublished once
-        #: the last is collected; :class:`._gc.PublishedNames`).
-        self.published = _gc.PublishedNames()
+        self.published = _gc.PublishedNames()  #: the Dask data live datasets published
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -264,9 +262,8 @@ class DispatcherCore:
             if not it.num_clients
             and it.last_client_released_micros is not None
         }
-        self.idle_jobs, self.idle_datasets, self.read_datasets = _gc.idle_queues(
-            state, self.recovered_at)
-        self.published = _gc.PublishedNames.of(state)
+        (self.idle_jobs, self.idle_datasets, self.read_datasets,
+         self.published) = _gc.idle_queues(state, self.recovered_at)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
