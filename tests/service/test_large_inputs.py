@@ -25,7 +25,7 @@ from dask_dataservice import Dataset
 from dask_dataservice.data import DaskPartitionLostError
 from dask_dataservice.data.dask_source import LOCALITY_KEY, ScatteredArray
 from dask_dataservice.service.client._connection import _install_async
-from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, unpublish
 from dask_dataservice.service.worker import current_task
 from dask_dataservice.testing import gen_cluster
 
@@ -217,6 +217,8 @@ async def test_a_collected_dataset_unpublishes_its_chunks_and_the_workers_releas
     await poll(lambda: not published(s), what="the chunks unpublished")
     await poll(lambda: not chunk_keys(s) and not chunk_keys(a, b), timeout=20,
                what="the chunks released from the workers' memory")
+    unpublish(s, [pin])  # a name already gone (a replay, or unpublished by hand): skipped
+    assert not published(s)
 
 
 @gen_cluster(client=True, nthreads=TWO,
