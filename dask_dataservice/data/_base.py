@@ -22,6 +22,7 @@ repetition starts.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
@@ -34,6 +35,10 @@ from typing import Any
 INFINITE = -1
 #: Cardinality that cannot be known without running the pipeline (``filter``, generators).
 UNKNOWN = -2
+#: True while ``Dataset.__repr__`` runs: an op answers ``cardinality()`` from what it knows,
+#: without asking anything over the network (a source reading from the data service).
+REPR_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "dask_dataservice_repr_only", default=False)
 #: Let the library pick a degree of parallelism (the number of CPUs of this process).
 AUTOTUNE = -1
 

@@ -164,7 +164,6 @@ class PipelineStats:
         self._lock = threading.Lock()  # taken once per op and iterator start, never per element
         self._t0 = time.perf_counter()
         self.ended: float | None = None
-        _Sampler.watch(self)
 
     def record(self, op: Any) -> OpRecord:
         rec = self._records.get(id(op))
@@ -258,12 +257,19 @@ def _walk(op: Any) -> Iterator[Any]:
         stack.extend(reversed(getattr(node, "inputs", ())))
 
 
-def ended_iterator(it: Iterator[Any], stats: PipelineStats) -> Iterator[Any]:
-    """``it``, ending ``stats`` when it ends or is closed (a local iteration's root)."""
+def ended_iterator(it: Iterator[Any], stats: PipelineStats, end: bool = True) -> Iterator[Any]:
+    """``it``, sampled for ``stats`` from its first element until it ends or is closed, then
+    ending ``stats`` (``end``: the iteration's own figures) or only no longer sampled (figures
+    a caller ends). The sampler watches only iterations under way: one that fails to start,
+    or is created and never iterated, leaves no thread behind."""
+    _Sampler.watch(stats)
     try:
         yield from it
     finally:
-        stats.end()
+        if end:
+            stats.end()
+        else:
+            _Sampler.unwatch(stats)
         close = getattr(it, "close", None)
         if close is not None:
             close()

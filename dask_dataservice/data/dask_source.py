@@ -16,7 +16,8 @@ computes it as Dask would). When it is pickled into a pipeline it keeps only:
   partition (``partition_keys``), the id of the scheduler that holds them, and the name under
   which ``register_dataset`` publishes the futures on that scheduler (``pin_name``, see
   :func:`pin_persisted`: published data stays in memory while it is published, so it outlives
-  the client objects that made it; ``client.unpublish_dataset(name)`` releases it);
+  the client objects that made it; ``client.unpublish_dataset(name)`` releases it, and so does
+  the dispatcher when it frees the last dataset that lists the name in its metadata);
 - a collection built on persisted ones (its graph holds Futures and tasks): the materialized
   graph with every Future replaced by its key (a Future cannot travel in a pickle: it belongs to
   a client; the worker re-resolves the keys against its own client) and each split's output
@@ -366,13 +367,16 @@ def _scheduler_id(client: Any) -> str:
     return str(ident) if ident else str(client.scheduler.address)
 
 
-async def pin_persisted(client: Any, dataset_op: Any) -> None:
+async def pin_persisted(client: Any, dataset_op: Any) -> dict[str, list[Any]]:
     """Registration hook (``register_dataset``, on the client's loop): the Futures of every
-    Dask-collection source are published on the service's scheduler under the source's
-    ``pin_name``, so their data stays in memory while the dataset is registered; a collection
-    persisted on another cluster is a ValueError naming both schedulers."""
+    persisted Dask-collection source, by the source's ``pin_name``, for ``register_dataset``
+    to publish on the service's scheduler once the dataset is registered, so that their data
+    stays in memory while the dataset is (until the dispatcher frees it); a collection
+    persisted on another cluster is a ValueError naming both schedulers (before anything is
+    sent)."""
     from ._base import walk
 
+    pins: dict[str, list[Any]] = {}
     for op in walk(dataset_op):
         if not isinstance(op, FromDask) or op.scheduler_id is None:
             continue
@@ -380,8 +384,8 @@ async def pin_persisted(client: Any, dataset_op: Any) -> None:
         if mine != op.scheduler_id:
             raise ValueError(_other_cluster(op.scheduler_id, mine, "the data service's scheduler"))
         if op._collection is not None and op.pin_name is not None:
-            futures = op._futures(dict(op._collection.__dask_graph__()))
-            await client._publish_dataset(override=True, **{op.pin_name: futures})
+            pins[op.pin_name] = op._futures(dict(op._collection.__dask_graph__()))
+    return pins
 
 
 def _other_cluster(theirs: str, mine: str, who: str) -> str:

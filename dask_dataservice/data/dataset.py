@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _stats, formats, ops, ops_more, sources
 from ._adapters import adapter
-from ._base import AUTOTUNE, INFINITE, UNKNOWN, IterContext, Op, walk
+from ._base import AUTOTUNE, INFINITE, REPR_ONLY, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
 from ._fs import expand as _expand_globs
@@ -477,7 +477,7 @@ class Dataset:
                 figures.root = self._op
             _stats.LATEST[self._op] = figures
         it = self._op.iterate(IterContext(split_provider=split_provider, stats=figures))
-        return _stats.ended_iterator(it, figures) if end and figures is not None else it
+        return it if figures is None else _stats.ended_iterator(it, figures, end)
 
     def stats(self) -> _stats.DatasetStats:
         """Per-op figures of this dataset's latest (or ongoing) iteration in this process, as
@@ -621,11 +621,14 @@ class Dataset:
         ``<Dataset.range(1000).shuffle(1024).batch(32) cardinality=32>``."""
         from ._repr import cardinality_name, pipeline_repr
 
+        token = REPR_ONLY.set(True)  # no RPC from a repr (a from_dataset_id source)
         try:
             text = pipeline_repr(self._op)
             card = cardinality_name(self.cardinality())
         except Exception as e:  # noqa: BLE001 - a repr must not raise
             return f"<{type(self).__name__} ({type(e).__name__} in repr)>"
+        finally:
+            REPR_ONLY.reset(token)
         if type(self) is not Dataset:  # a DistributedDataset
             text = f"{type(self).__name__} {text}"
         return f"<{text} cardinality={card}>"

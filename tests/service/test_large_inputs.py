@@ -9,6 +9,7 @@ Real clusters throughout.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import cloudpickle
@@ -17,13 +18,14 @@ import dask.array as da
 import numpy as np
 import pytest
 from _helpers import distribute, poll, read
+from distributed.utils_test import gen_test
 
 import dask_dataservice as dds
 from dask_dataservice import Dataset
 from dask_dataservice.data import DaskPartitionLostError
 from dask_dataservice.data.dask_source import LOCALITY_KEY, ScatteredArray
 from dask_dataservice.service.client._connection import _install_async
-from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME
+from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, unpublish
 from dask_dataservice.service.worker import current_task
 from dask_dataservice.testing import gen_cluster
 
@@ -185,3 +187,80 @@ def test_the_chunk_cache_keeps_the_chunks_read_last_within_its_bytes():
     assert cache.get(("a",))[0] is one and cache.get(("c",))[0] is three
     cache.put(("huge",), [np.zeros(1_000)])  # bigger than the cache: kept alone
     assert cache.get(("huge",)) is not None and cache.get(("a",)) is None
+
+
+#: A dataset nobody reads is collected within a few GC rounds.
+FAST_GC = {"dataservice.dispatcher.dataset-gc-timeout": "200ms",
+           "dataservice.dispatcher.gc-interval": "20ms"}
+
+
+def chunk_keys(*servers) -> set:
+    """The scattered chunks' keys the scheduler knows and the workers hold in memory."""
+    return {k for server in servers for k in (server.tasks if hasattr(server, "tasks") and
+                                              not hasattr(server, "data") else server.data)
+            if str(k).startswith("dds-slices-")}
+
+
+@gen_cluster(client=True, nthreads=TWO, config=FAST_GC)
+async def test_a_collected_dataset_unpublishes_its_chunks_and_the_workers_release_them(c, s, a, b):
+    with dask.config.set(SMALL):
+        await _install_async(c)
+        ds = Dataset.from_tensor_slices(indexed(2_000, 64) + 11)  # no other test's chunks
+        dataset_id = await asyncio.to_thread(dds.register_dataset, c, ds)
+    plugin = s.extensions["dataservice"]
+    key = int(dataset_id.partition(":")[0])
+    [pin] = published(s)
+    assert plugin.core.dataset(dataset_id).metadata["published"] == [pin]
+    assert chunk_keys(a, b)  # scattered to the workers' memory
+    await poll(lambda: plugin.state.dataset_collected(key), timeout=20,
+               what="the dataset collected")
+    await poll(lambda: not published(s), what="the chunks unpublished")
+    await poll(lambda: not chunk_keys(s) and not chunk_keys(a, b), timeout=20,
+               what="the chunks released from the workers' memory")
+    unpublish(s, [pin])  # a name already gone (a replay, or unpublished by hand): skipped
+    assert not published(s)
+
+
+@gen_cluster(client=True, nthreads=TWO,
+             config={**FAST_GC, "dataservice.dispatcher.dataset-gc-timeout": "1s"})
+async def test_a_collected_dataset_keeps_the_chunks_another_dataset_shares(c, s, a, b):
+    x = indexed(2_000, 64) + 13  # the same array in two pipelines: one published name
+    with dask.config.set(SMALL):
+        await _install_async(c)
+        unread = await asyncio.to_thread(
+            dds.register_dataset, c, Dataset.from_tensor_slices(x).map(lambda e: int(e[0])))
+        read_ = await asyncio.to_thread(
+            dds.register_dataset, c, Dataset.from_tensor_slices(x).map(lambda e: -int(e[0])))
+    assert unread != read_
+    [pin] = published(s)
+    out = await read(dds.from_dataset_id("DYNAMIC", c, read_))  # read: kept (as in TF)
+    assert sorted(out) == sorted(-i - 13 for i in range(2_000))
+    plugin = s.extensions["dataservice"]
+    await poll(lambda: plugin.state.dataset_collected(int(unread.partition(":")[0])),
+               timeout=20, what="the unread dataset collected")
+    assert list(published(s)) == [pin]  # the other still uses it
+    rounds = plugin.gc_rounds
+    await poll(lambda: plugin.gc_rounds >= rounds + 3, what="three more GC rounds")
+    assert list(published(s)) == [pin] and chunk_keys(a, b)
+    out = await read(dds.from_dataset_id("DYNAMIC", c, read_))
+    assert sorted(out) == sorted(-i - 13 for i in range(2_000))
+
+
+@gen_test(timeout=60)
+async def test_a_scheduler_shutting_down_releases_the_published_chunks_before_its_workers():
+    """``client.shutdown()`` (the scheduler closes first): the published chunks are
+    released before the workers go, so the scheduler does not log them as lost data."""
+    from distributed import Client, Scheduler, Worker
+    from distributed.utils_test import captured_logger
+
+    async with Scheduler(dashboard_address=":0") as s, Worker(s.address, nthreads=1) as a:
+        async with Client(s.address, asynchronous=True) as c:
+            with dask.config.set(SMALL):
+                await _install_async(c)
+                await asyncio.to_thread(
+                    dds.register_dataset, c, Dataset.from_tensor_slices(indexed(2_000, 64) + 17))
+            assert published(s) and chunk_keys(a)
+        with captured_logger("distributed.scheduler", level=logging.ERROR) as log:
+            await s.close()
+        assert "lose scattered data" not in log.getvalue()
+        assert not s.extensions["publish"].datasets

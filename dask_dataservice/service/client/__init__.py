@@ -35,7 +35,8 @@ from . import _connection, _equal_reader, _fixed_readers, _scatter  # noqa: F401
 from ._cardinality import count_preserving
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
-from ._reader import ReadSpec, ServiceSource, aread
+from ._reader import aread
+from ._service_source import ReadSpec, ServiceSource
 from ._scope import scoped_fingerprint
 
 __all__ = [
@@ -146,6 +147,8 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
         "cardinality": dataset.cardinality(), "has_shard_hint": dataset.has_shard_hint,
+        # from_dataset_id's cardinality() (service/client/_cardinality.py)
+        "count_preserving": count_preserving(dataset._op),
         **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
     }
 
@@ -153,15 +156,18 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
         installing = _connection.ensure_installed(client)
         if installing is not None:
             await installing
-        await pin_persisted(client, dataset._op)  # Dask collections: keep their data alive
+        # Dask collections: keep their data alive (published once registered)
+        pins = dict(await pin_persisted(client, dataset._op) or {})
         sent = pipeline
         if large:  # scattered (persisted) now; the pipeline holds their keys
-            moved = await _scatter.move(client, large, split_size)
+            moved = await _scatter.move(client, large, split_size, pins)
             sent = await asyncio.to_thread(_pickle, dataset, moved)
             source = sources_of(dataset._op)
             if len(source) == 1 and isinstance(moved.get(id(source[0])), FromDask):
                 # persisted now: the dispatcher may hand out its partitions where they are
                 metadata.update(locality_metadata(moved[id(source[0])]))
+        if pins:  # the dispatcher unpublishes them when it frees the last dataset using them
+            metadata["published"] = sorted(pins)
         # registration is idempotent (by fingerprint): retried across a dispatcher restart
         resp = await _connection.call_dispatcher(
             client, "dataservice_register_dataset", "dataset registration",
@@ -170,6 +176,7 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
             client_id=client.id,
         )
         dataset_id_: str = resp["dataset_id"]
+        await _scatter.publish(client, pins)  # after: see service/client/_scatter.py
         return dataset_id_
 
     if client.asynchronous and _connection.on_loop_thread(client):
@@ -226,9 +233,10 @@ class DistributedDataset(Dataset):
 
     def total_cardinality(self) -> int:
         """The registered pipeline's own cardinality: the elements of one pass of all its
-        consumers together (``UNKNOWN`` unless this process registered it with
-        ``distribute``). ``cardinality()`` is one consumer's pass, where it is determined
-        (see docs/data-service.md, "Cardinality")."""
+        consumers together (known to ``distribute``; a ``from_dataset_id`` dataset asks the
+        dispatcher once, as ``cardinality()`` does). ``cardinality()`` is one consumer's
+        pass, where it is determined (see docs/data-service.md, "Cardinality")."""
+        self._service.cardinality()  # asks the dispatcher once, if needed
         total = self._service.total
         return UNKNOWN if total is None else total
 

@@ -4,7 +4,10 @@ TensorFlow's ``distribute``/``from_dataset_id`` report ``INFINITE`` for coordina
 and for an infinite dataset under OFF, DYNAMIC and DATA sharding, ``0`` for an empty one,
 and ``UNKNOWN`` otherwise: a finite dataset never has a known cardinality once distributed.
 We report the same, except where the number of elements a pass yields is determined by what
-the registering process knows (no RPC is made):
+the registration said of the pipeline: its cardinality ``N`` and whether its ops keep one
+element per element (``count_preserving``, in the registered metadata). ``distribute`` knows
+both (no RPC); a ``from_dataset_id`` dataset asks the dispatcher for them once, on its first
+``cardinality()``/``len()`` (never from a repr: ``REPR_ONLY``), by its credential:
 
 - a private job (no ``job_name``: this consumer reads every element the job produces) under
   DYNAMIC, FILE, DATA, FILE_OR_DATA or HINT sharding of a pipeline whose ops above the source
@@ -62,8 +65,7 @@ def service_cardinality(mode: int, job_name: str | None, coordinated: bool,
 def why_unknown(mode: int, job_name: str | None, total: int | None, preserving: bool) -> str:
     """Why :func:`service_cardinality` is UNKNOWN, for ``len()``'s error."""
     if total is None:
-        return ("this process did not register the dataset (from_dataset_id), so it does not "
-                "know the dataset's cardinality")
+        return "the dataset's cardinality is not known to this process"
     if total == UNKNOWN:
         return "the registered pipeline's own cardinality is unknown"
     if total == INFINITE:

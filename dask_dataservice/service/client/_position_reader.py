@@ -31,7 +31,7 @@ from ..protocol._positions import (
 )
 from ..protocol._sharding import ShardingPolicy
 from . import _connection
-from ._reader import ReadSpec, ServiceSource
+from ._service_source import ReadSpec, ServiceSource
 
 __all__ = ["PositionedSource", "dataset_position", "positioned_spec", "resume"]
 

@@ -13,7 +13,6 @@ stopped when the reader ends or the consumer stops reading.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import queue
@@ -29,8 +28,6 @@ from distributed.comm.addressing import get_address_host
 
 from ... import config
 from ..._async import TaskGroup
-from ...data._base import UNKNOWN, IterContext, Op
-from ._progress import progress_bar
 from ...errors import DataServiceError
 from ..protocol._frames import reader_codecs
 from ..protocol._malloc import tune_malloc_from_config
@@ -39,147 +36,11 @@ from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
-from ._cardinality import service_cardinality, why_unknown
 from ._read_channel import END, Channel, Failure
+from ._service_source import ReadSpec, ServiceSource
 from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker, ask_again_after
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadSpec:
-    """What a ``DistributedDataset`` reads (the arguments of ``from_dataset_id``)."""
-
-    address: str
-    dataset_id: int | str
-    processing_mode: int
-    job_name: str | None
-    consumer_index: int | None
-    num_consumers: int | None
-    max_outstanding_requests: int | None
-    target_workers: str
-    cross_trainer_cache: Any  # CrossTrainerCache | None
-    #: A job tracking input positions: ``CreateJob.position`` (issue 13, ``_positions``).
-    position: str | None = None
-    #: An equal split (``from_dataset_id(equal=...)``): ``"drop"`` or ``"pad"``, else None.
-    equal: str | None = None
-
-    @property
-    def job_request(self) -> tuple[str | None, int | None]:
-        """The job name and ``num_consumers`` the dispatcher is asked for: the consumers of
-        an equal split share a job of their own (never one read otherwise), and their
-        ``num_consumers`` is the split's, not a coordinated read's."""
-        if self.equal is None:
-            return self.job_name, self.num_consumers
-        return f"{self.job_name}#equal", None
-
-    @property
-    def dataset_label(self) -> str:
-        """The dataset's id without its secret (``"<id or name>:<secret>"``), for messages."""
-        key, sep, _ = str(self.dataset_id).rpartition(":")
-        return key if sep else str(self.dataset_id)
-
-
-class ServiceSource(Op):
-    """A source op that streams elements of a registered dataset from the service."""
-
-    name = "from_dataset_id"
-    is_source = True
-    splittable = False
-    file_based = False
-
-    def __init__(self, spec: ReadSpec, client: Client | None = None) -> None:
-        self.spec = spec
-        #: The Client given as ``service`` (this process only: never pickled). Reads use it,
-        #: not whichever client this process has for the address: an asynchronous client
-        #: must be read on its own loop.
-        self.client = client
-        # How many times this object started reading a named job (its repetition).
-        self._repetitions = 0
-        self._lock = threading.Lock()
-        self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
-        #: The registered pipeline's cardinality and whether its ops keep one element per
-        #: element, when this process registered it (``distribute``); see ``_cardinality``.
-        self.total: int | None = None
-        self.preserving = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.spec = state["spec"]
-        self.client = None
-        self._repetitions = 0
-        self._lock = threading.Lock()
-        self.stats = ReadStats()  # issue 14: DistributedDataset.stats()
-        self.total = None
-        self.preserving = False
-
-    def reader_client(self) -> Client:
-        """The client to read with: the one given as ``service`` while usable, else the one
-        this process has (or opens) for the address."""
-        client = self.client
-        if client is not None and client.status not in ("closed", "closing"):
-            return client
-        return _connection.client_for(self.spec.address)
-
-    def params(self) -> tuple[Any, ...]:
-        return (dataclasses.astuple(self.spec),)
-
-    def cardinality(self) -> int:
-        spec = self.spec
-        return service_cardinality(spec.processing_mode, spec.job_name,
-                                   spec.consumer_index is not None, self.total, self.preserving)
-
-    def repr_args(self) -> list[str]:
-        """The job this source reads, as ``from_dataset_id``'s arguments (the dataset id
-        without its secret: a repr ends up in logs)."""
-        spec = self.spec
-        args = [f"processing_mode={ShardingPolicy(spec.processing_mode).name}",
-                f"service={spec.address!r}", f"dataset_id={spec.dataset_label!r}"]
-        for name in ("job_name", "consumer_index", "num_consumers", "max_outstanding_requests"):
-            value = getattr(spec, name)
-            if value is not None:
-                args.append(f"{name}={value!r}")
-        if spec.target_workers != "AUTO":
-            args.append(f"target_workers={spec.target_workers!r}")
-        if spec.cross_trainer_cache is not None:
-            args.append(f"cross_trainer_cache={spec.cross_trainer_cache!r}")
-        if spec.position is not None:
-            args.append("track_position=True")
-        return args
-
-    def cardinality_note(self) -> str | None:
-        if self.cardinality() != UNKNOWN:
-            return None
-        spec = self.spec
-        return why_unknown(spec.processing_mode, spec.job_name, self.total, self.preserving)
-
-    def why_not(self) -> str:
-        return "the dataset already reads from the data service"
-
-    def next_repetition(self) -> int:
-        """The repetition of the job the next pass reads (named jobs count passes)."""
-        with self._lock:
-            repetition = self._repetitions
-            if self.spec.job_name is not None:
-                self._repetitions += 1
-        self.check_repetition(repetition)
-        return repetition
-
-    def iterate(self, ctx: IterContext) -> Iterator[Any]:
-        return self.stats.wrap(  # issue 14: time waiting vs computing, elements per worker
-            read(self.spec, self.next_repetition(), self.reader_client(), self.stats),
-            progress_bar(self.cardinality(), self.spec.dataset_label))
-
-    def check_repetition(self, repetition: int) -> None:
-        """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:
-        it would be a new repetition of the job, which reuses nothing from the cache)."""
-        if repetition > 0 and self.spec.cross_trainer_cache is not None:
-            raise ValueError(
-                "Cross-trainer caching requires infinite datasets and disallows multiple "
-                "repetitions of the same dataset: iterate this distributed dataset once (it "
-                "is infinite), or call from_dataset_id again for another pass")
 
 
 # ---------------------------------------------------------------------------------------
@@ -787,3 +648,5 @@ def _fixed_readers() -> ModuleType:
     """The readers over a fixed task list."""
     return _FIXED_READERS[0]
 
+
+ServiceSource.read_pass = staticmethod(read)

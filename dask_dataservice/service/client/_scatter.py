@@ -16,10 +16,17 @@ When a dataset is registered, :func:`large_inputs` finds (on the registering thr
   cluster and scatters nothing;
 - persists each such collection (its graph goes through the scheduler once, as
   ``client.persist`` sends it: the scheduler then keeps it for recomputation);
-- publishes the chunks (or the persisted partitions) on the scheduler under a name derived
-  from their keys (``dask-dataservice-<digest>``), so that they outlive the registering
-  client: they stay on the cluster while the scheduler runs, until the name is unpublished
-  (``client.unpublish_dataset(name)``).
+- gives ``register_dataset`` the futures of the chunks (or of the persisted partitions) by a
+  name derived from their keys (``dask-dataservice-<digest>``). Once the dispatcher has
+  registered the dataset (the names are in its metadata, ``"published"``),
+  :func:`publish` publishes them on the scheduler, so that they outlive the registering
+  client. They stay while a live dataset lists the name: when the dispatcher collects the
+  last such dataset (``dataservice.dispatcher.dataset-gc-timeout``, a dataset never read),
+  it unpublishes the name and the keys are released; else until the scheduler stops (or
+  ``client.unpublish_dataset(name)``). Publishing after the registration, not before, is
+  what keeps a name shared with a dataset being collected at the same moment: either the
+  dispatcher counts the new dataset before it collects the old one, or it unpublished the
+  name before this client publishes it again (this client's futures hold the keys meanwhile).
 
 The pipeline is then pickled with :func:`~dask_dataservice.data.dask_source.pickling_with`:
 the moved sources carry :class:`~dask_dataservice.data.dask_source.ScatteredArray`
@@ -46,7 +53,7 @@ from ...data.sources import TensorSlices
 from ...data.splits import default_split_size
 from ...data.structure import flatten, map_structure
 
-__all__ = ["large_inputs", "move", "threshold"]
+__all__ = ["large_inputs", "move", "publish", "threshold"]
 
 #: Arrays this small stay in the pipeline even when their source is moved.
 MIN_LEAF_BYTES = 64 << 10
@@ -83,16 +90,18 @@ def large_inputs(op: Op) -> list[Op]:
     return found
 
 
-async def move(client: Any, ops: list[Op], split_size: int | None) -> dict[int, Any]:
+async def move(client: Any, ops: list[Op], split_size: int | None,
+               pins: dict[str, list[Any]]) -> dict[int, Any]:
     """Move ``ops`` (from :func:`large_inputs`) to the cluster: ``{id(op): replacement}`` for
-    :func:`~dask_dataservice.data.dask_source.pickling_with`."""
+    :func:`~dask_dataservice.data.dask_source.pickling_with`; the futures to publish once the
+    dataset is registered go to ``pins`` (by name, see :func:`publish`)."""
     replacements: dict[int, Any] = {}
     for op in ops:
         if isinstance(op, TensorSlices):
-            replacements[id(op)] = await _scatter_slices(client, op, split_size)
+            replacements[id(op)] = await _scatter_slices(client, op, split_size, pins)
         else:
             assert isinstance(op, FromDask)
-            replacements[id(op)] = await _persist(client, op)
+            replacements[id(op)] = await _persist(client, op, pins)
     return replacements
 
 
@@ -112,7 +121,8 @@ def _digest(leaf: np.ndarray, rows: int) -> str:
     return h.hexdigest()
 
 
-async def _scatter_slices(client: Any, op: TensorSlices, split_size: int | None) -> Any:
+async def _scatter_slices(client: Any, op: TensorSlices, split_size: int | None,
+                          pins: dict[str, list[Any]]) -> Any:
     leaves = flatten(op.data)
     scheduler_id = _scheduler_id(client)
     refs: list[Any] = []
@@ -133,22 +143,27 @@ async def _scatter_slices(client: Any, op: TensorSlices, split_size: int | None)
             scattered = await client.scatter(chunks, direct=True, hash=False)
             futures = [scattered[k] for k in keys]
         pin = _pin_name(keys)
-        await _publish(client, pin, futures)
+        pins[pin] = futures
         refs.append(ScatteredArray(keys, rows, tuple(leaf.shape), leaf.dtype.str,
                                    scheduler_id, pin))
     it = iter(refs)
     return map_structure(lambda _leaf: next(it), op.data)
 
 
-async def _publish(client: Any, name: str, futures: list[Any]) -> None:
-    """Publish ``futures`` under ``name``: kept while the scheduler runs, beyond this client.
-    A name published already holds the same keys (it is derived from them) and is left alone:
+async def publish(client: Any, pins: dict[str, list[Any]]) -> None:
+    """Publish each name's futures (after the registration, see the module docstring): kept
+    beyond this client, until the dispatcher frees the last dataset using the name. A name
+    published already holds the same keys (it is derived from them) and is left alone:
     replacing it would release them before these futures' own claim reaches the scheduler."""
-    if name not in await client.scheduler.publish_list():
-        await client._publish_dataset(**{name: futures})
+    if not pins:
+        return
+    published = set(await client.scheduler.publish_list())
+    fresh = {name: futures for name, futures in pins.items() if name not in published}
+    if fresh:
+        await client._publish_dataset(**fresh)
 
 
-async def _persist(client: Any, op: FromDask) -> FromDask:
+async def _persist(client: Any, op: FromDask, pins: dict[str, list[Any]]) -> FromDask:
     collection = op._collection
     if client.asynchronous:
         persisted = client.persist(collection)
@@ -156,6 +171,5 @@ async def _persist(client: Any, op: FromDask) -> FromDask:
         persisted = await asyncio.to_thread(client.persist, collection)
     moved = FromDask(persisted, op.rows, op.locality)
     assert moved.pin_name is not None  # persisted: its graph holds Futures
-    futures = moved._futures(dict(persisted.__dask_graph__()))
-    await _publish(client, moved.pin_name, futures)
+    pins[moved.pin_name] = moved._futures(dict(persisted.__dask_graph__()))
     return moved

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 
-__all__ = ["IdleQueue", "collect_idle", "collect_iteration", "collectable",
+__all__ = ["IdleQueue", "PublishedNames", "collect_idle", "collect_iteration", "collectable",
            "collected_job_error", "idle_queues", "job_gc_seconds", "job_gone"]
 
 
@@ -84,6 +84,63 @@ class IdleQueue:
         return out
 
 
+class PublishedNames:
+    """Which live datasets use each Dask dataset published on the scheduler for them.
+
+    ``register_dataset`` publishes a large array's chunks (a persisted collection's
+    partitions) under ``dask-dataservice-<digest>`` and lists the names in the dataset's
+    metadata (``"published"``). Several datasets may share a name (the same array in two
+    pipelines), so a name is unpublished once the last live dataset using it is collected:
+    :meth:`release` queues it, the shell takes the queue (:meth:`take`) and unpublishes
+    once the collection is durable. Rebuilt from the live datasets at a start (not
+    journaled): a collection replayed from the journal has dropped its metadata, so it
+    names nothing to unpublish again. Add and release cost O(names of the dataset).
+    """
+
+    def __init__(self) -> None:
+        self._users: dict[str, set[int]] = {}
+        self._pending: list[str] = []
+
+    @staticmethod
+    def names(metadata: dict[str, object] | None) -> list[str]:
+        """The published names a dataset's metadata lists (none for older registrations)."""
+        names = (metadata or {}).get("published")
+        if not isinstance(names, list | tuple):
+            return []
+        return [n for n in names if isinstance(n, str)]
+
+    def add(self, dataset_id: int, metadata: dict[str, object] | None) -> None:
+        for name in self.names(metadata):
+            self._users.setdefault(name, set()).add(dataset_id)
+
+    def release(self, dataset_id: int, metadata: dict[str, object] | None) -> None:
+        """``dataset_id`` was collected: queue the names no other live dataset uses."""
+        for name in self.names(metadata):
+            users = self._users.get(name)
+            if users is None:
+                continue
+            users.discard(dataset_id)
+            if not users:
+                del self._users[name]
+                self._pending.append(name)
+
+    def users(self, name: str) -> frozenset[int]:
+        return frozenset(self._users.get(name, ()))
+
+    def take(self) -> list[str]:
+        """The names to unpublish now (the queue is emptied)."""
+        out, self._pending = self._pending, []
+        return out
+
+    @classmethod
+    def of(cls, state: DispatcherState) -> PublishedNames:
+        """The names the live datasets of a replayed state use (O(datasets), per start)."""
+        published = cls()
+        for dataset in state.list_datasets():  # collected ones are not listed
+            published.add(dataset.dataset_id, dataset.metadata)
+        return published
+
+
 def collectable(state: DispatcherState, iteration: Iteration, gc_dynamic_jobs: bool) -> bool:
     """Whether an idle named iteration may be collected once ``job-gc-timeout`` passed.
 
@@ -106,11 +163,12 @@ def collectable(state: DispatcherState, iteration: Iteration, gc_dynamic_jobs: b
 
 
 def idle_queues(state: DispatcherState,
-                since: int) -> tuple[IdleQueue, IdleQueue, set[int]]:
-    """``(jobs without iterations, datasets never read without live jobs, datasets read)``
-    of a state replayed at a start, the idle ones all idle ``since`` it (O(jobs + datasets),
-    once per start, as the quotas' recount). A dataset is read once a job of it got an
-    iteration (collected jobs and iterations stay in the state, so this survives restarts)."""
+                since: int) -> tuple[IdleQueue, IdleQueue, set[int], PublishedNames]:
+    """``(jobs without iterations, datasets never read without live jobs, datasets read,
+    the names the live datasets published)`` of a state replayed at a start, the idle ones
+    all idle ``since`` it (O(jobs + datasets), once per start, as the quotas' recount). A
+    dataset is read once a job of it got an iteration (collected jobs and iterations stay in
+    the state, so this survives restarts)."""
     jobs, datasets, read = IdleQueue(), IdleQueue(), set()
     for job in state.list_jobs():
         if job.num_iterations:
@@ -120,7 +178,7 @@ def idle_queues(state: DispatcherState,
     for dataset in state.list_datasets():
         if dataset.dataset_id not in read and not state.num_live_jobs(dataset.dataset_id):
             datasets.add(dataset.dataset_id, since)
-    return jobs, datasets, read
+    return jobs, datasets, read, PublishedNames.of(state)
 
 
 def job_gc_seconds(config: CoreConfig) -> float:
@@ -187,7 +245,9 @@ def collect_idle(core: DispatcherCore, now: float) -> None:
                             field_bytes(Limits(max_field_bytes=None), "metadata", ds.metadata))
         logger.info("dataservice: collecting dataset %s (%d bytes): no job for %gs",
                     dataset_id, size, timeout)
+        metadata = ds.metadata
         core._apply(GarbageCollectDataset(dataset_id=dataset_id))
+        core.published.release(dataset_id, metadata)  # its Dask data, unless shared
         core.quotas.datasets -= 1
         core.quotas.bytes -= size
 

@@ -188,10 +188,10 @@ class DispatcherCore:
         self.client_seen: dict[int, int] = {}
         #: Iterations of named jobs that lost their last client (candidates for GC).
         self.idle_iterations: set[int] = set()
-        #: Live jobs without an iteration, and datasets never read without live jobs (GC
-        #: candidates); datasets some job of which got an iteration (kept, as TensorFlow's).
+        #: GC candidates (jobs without iteration, unread datasets without jobs); read datasets.
         self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
-        self.read_datasets: set[int] = set()
+        self.read_datasets: set[int] = set()  # and the Dask data live datasets published:
+        self.published = _gc.PublishedNames()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
         #: When this start began (micros): client and GC timers start again from it.
@@ -261,8 +261,8 @@ class DispatcherCore:
             if not it.num_clients
             and it.last_client_released_micros is not None
         }
-        self.idle_jobs, self.idle_datasets, self.read_datasets = _gc.idle_queues(
-            state, self.recovered_at)
+        (self.idle_jobs, self.idle_datasets, self.read_datasets,
+         self.published) = _gc.idle_queues(state, self.recovered_at)
         self._warn_changed_worker_lists()
 
     def _warn_changed_worker_lists(self) -> None:
@@ -333,6 +333,7 @@ class DispatcherCore:
             compression=compression, dataset_name=dataset_id, secret=self._new_token(),
         ))
         self.quotas.add_dataset(host, size)
+        self.published.add(new_id, metadata)
         self.idle_datasets.add(new_id, None if now is None else micros(now))  # no job yet
         return {"status": "OK", "dataset_id": credential(self.state.dataset(new_id))}
 
@@ -441,11 +442,9 @@ class DispatcherCore:
         self.client_seen[iteration_client_id] = micros(now)
         version = self.views.version
         consumers = self.state.iteration(client.iteration_id).num_clients  # who shares (22)
-        if view_version == version:
-            return {"status": "OK", "unchanged": True, "view_version": version,
-                    "consumers": consumers}
-        return {"status": "OK", "view_version": version, "consumers": consumers,
-                **self.iteration_view(client.iteration_id)}
+        reply = {"status": "OK", "view_version": version, "consumers": consumers}
+        return {**reply, "unchanged": True} if view_version == version else {
+            **reply, **self.iteration_view(client.iteration_id)}
 
     equal_sync = _stimulus(_equal.equal_sync)  # a consumer of an equal split reports
 

@@ -56,6 +56,7 @@ from ..protocol._messages import send_tasks
 from ..protocol._start_read import start_read_handlers
 from ._access import AccessGuard, limits_from_config, new_token, peer_host, redact_summary
 from ._liveness import WorkerLiveness
+from ._metadata_handlers import metadata_handlers
 from ._position_handlers import position_handlers
 from ._recovery import recover
 from .core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
@@ -288,6 +289,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_state": self.state_summary,
             # issue 13: input positions (_position_handlers.py)
             **position_handlers(self._core.dataset),
+            **metadata_handlers(self._core.dataset),  # from_dataset_id's cardinality()
             # issue 16: job and iteration in one round trip
             **start_read_handlers(self.get_or_create_job, self.get_or_create_iteration),
         }
@@ -623,4 +625,54 @@ class DispatcherPlugin(SchedulerPlugin):
             self._run(self._core.gc_tick, time.time())
         except Exception:  # noqa: BLE001 - a periodic callback must not die
             logger.exception("dataservice: garbage collection failed")
+        names = self._core.published.take()
+        if names:  # the Dask data of collected datasets, once their collection is durable
+            self._when_durable(lambda: unpublish(self.scheduler, names))
         self.gc_rounds += 1
+
+    def _when_durable(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once every update applied so far is in the journal (now without
+        one); never if the journal failed (the update may be undone by a restart)."""
+        tail = self._journal_tail
+        if tail is None or tail.done():
+            if tail is None or (not tail.cancelled() and tail.exception() is None):
+                action()
+            return
+
+        def run(fut: asyncio.Future[Any]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                action()
+
+        tail.add_done_callback(run)
+
+    async def before_close(self) -> None:
+        """The scheduler is closing: unpublish the Dask data published for datasets, so
+        that its keys are released before the workers go (else the scheduler logs each
+        worker's chunks as "lost scattered data"; they die with the cluster anyway)."""
+        ext = self.scheduler.extensions.get("publish")
+        names = [n for n in getattr(ext, "datasets", {}) if isinstance(n, str)
+                 and n.startswith(PUBLISHED_PREFIX)]
+        unpublish(self.scheduler, names)
+
+
+#: The prefix of the names ``register_dataset`` publishes Dask data under
+#: (``data/dask_source.py``, ``_pin_name``).
+PUBLISHED_PREFIX = "dask-dataservice-"
+
+
+def unpublish(scheduler: Scheduler, names: Iterable[str]) -> None:
+    """Unpublish ``names`` on the scheduler, as ``client.unpublish_dataset`` does (the publish
+    extension's ``delete``, without its wait for a client's stream): drop each name and release
+    its keys; a name already gone is skipped. O(keys), on the scheduler's loop, no I/O."""
+    from dask.utils import stringify
+
+    ext = scheduler.extensions.get("publish")
+    if ext is None:
+        return
+    for name in names:
+        out = ext.datasets.pop(name, None)
+        if out is not None:
+            logger.info("dataservice: unpublishing %s (%d keys): no dataset uses it",
+                        name, len(out["keys"]))
+            scheduler.client_releases_keys(list(out["keys"]), f"published-{stringify(name)}",
+                                           stimulus_id=f"dataservice-unpublish-{time.time()}")

@@ -11,7 +11,8 @@ from distributed.utils_test import gen_test
 
 from dask_dataservice.service.client import _reader
 from dask_dataservice.service.client._read_channel import END, Channel, Failure
-from dask_dataservice.service.client._reader import IterationReader, ReadSpec
+from dask_dataservice.service.client._reader import IterationReader
+from dask_dataservice.service.client._service_source import ReadSpec
 from dask_dataservice.testing.fakes import FakeClient, FakeDispatcher, FakeWorker
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(30)]

@@ -6,7 +6,8 @@ import pytest
 
 import dask_dataservice as dds
 from dask_dataservice.service.client._fixed_readers import CoordinatedReader, CrossTrainerReader
-from dask_dataservice.service.client._reader import IterationReader, ReadSpec, reader_class
+from dask_dataservice.service.client._reader import IterationReader, reader_class
+from dask_dataservice.service.client._service_source import ReadSpec
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 
 pytestmark = pytest.mark.pure

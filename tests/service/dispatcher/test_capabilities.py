@@ -204,6 +204,10 @@ async def test_a_stranger_cannot_find_or_join_a_named_job(c, s, a, b):
                     dataset_id=guess, processing_mode="DYNAMIC")
                 with pytest.raises(dds.DatasetNotFoundError):
                     raise_for_status(reply, "stranger's position check")
+                reply = await stranger.scheduler.dataservice_dataset_metadata(dataset_id=guess)
+                with pytest.raises(dds.DatasetNotFoundError):
+                    raise_for_status(reply, "stranger's metadata")
+                assert secret[:16] not in repr(reply)
             # a wrong credential does not widen the view either
             refused(await stranger.scheduler.dataservice_state(dataset_id="train-data"),
                     "no dataset's credential")

@@ -447,3 +447,47 @@ async def test_an_unused_registration_is_freed_on_a_real_cluster(c, s, a, b):
     assert int(again.partition(":")[0]) == key + 1
     assert sorted(await read(dds.from_dataset_id("parallel_epochs", c, again))) == \
         sorted(list(range(1, 101)) * 2)  # OFF: each of the two workers reads it all
+
+
+# Published Dask data
+#####################
+def register_publishing(r: Recorder, fingerprint: str, names: list[str],
+                        now: float = 100.0) -> str:
+    return r(r.core.register_dataset, fingerprint, PIPELINE, SPLITS, 4,
+             metadata={**METADATA, "published": names}, now=now)["dataset_id"]
+
+
+@pytest.mark.pure
+def test_a_published_name_is_freed_with_the_last_live_dataset_using_it():
+    r = Recorder(dataset_gc_timeout=10.0)
+    core = r.core
+    a = register_publishing(r, "a", ["dask-dataservice-shared", "dask-dataservice-a"])
+    plain = r.register("plain")  # lists no name (as registrations of older versions)
+    b = register_publishing(r, "b", ["dask-dataservice-shared"], now=105.0)
+    assert core.published.users("dask-dataservice-shared") == {number(a), number(b)}
+    assert r.tick(110.0) == [GarbageCollectDataset(number(a)),
+                             GarbageCollectDataset(number(plain))]
+    assert core.published.take() == ["dask-dataservice-a"]  # the other still uses "shared"
+    assert core.published.take() == []  # taken once
+    # a restart (the journal replayed) counts the live datasets only: a collection replayed
+    # names nothing to unpublish again
+    restarted = Recorder(now=112.0, records=list(r.records), dataset_gc_timeout=10.0)
+    assert restarted.core.published.users("dask-dataservice-shared") == {number(b)}
+    assert restarted.core.published.users("dask-dataservice-a") == frozenset()
+    assert restarted.core.published.take() == []
+    assert restarted.tick(122.0) == [GarbageCollectDataset(number(b))]
+    assert restarted.core.published.take() == ["dask-dataservice-shared"]
+    # registering the pipeline again (a new dataset) counts it from then on
+    again = register_publishing(restarted, "a", ["dask-dataservice-a"], now=123.0)
+    assert restarted.core.published.users("dask-dataservice-a") == {number(again)}
+
+
+@pytest.mark.pure
+def test_a_read_dataset_keeps_its_published_names():
+    r = Recorder(dataset_gc_timeout=10.0)
+    kept = register_publishing(r, "kept", ["dask-dataservice-x"])
+    job, view = r.read(kept)
+    r.release(job, view, 101.0)
+    r.tick(200.0)
+    assert not r.core.state.dataset_collected(number(kept))
+    assert r.core.published.take() == []
