@@ -14,13 +14,18 @@ leaves of the column                          Arrow type (``layout`` in the meta
 Python ``bool``/``int``/``float``/``str``/    ``bool`` / ``int64`` / ``double`` / ``string`` /
 ``bytes``; numpy scalars                      ``binary``; the numpy type (``scalar``)
 arrays of one shape, 0-d                      the numpy type (``fixed``)
-arrays of one shape, 1-d (or strings, any     ``fixed_size_list<T>[size]``, values row-major
-rank)                                         (``fixed_list``)
-numeric arrays of one shape, 2-d and more     ``arrow.fixed_shape_tensor`` (``tensor``)
+arrays of one shape ``(a, b, ...)``           nested ``fixed_size_list``: ``[[T; b]; a]``, the
+                                              shape in the type (``fixed_list``)
 1-d arrays whose length varies                ``list<T>`` (``list``)
 n-d arrays whose shape varies                 ``struct<data: list<T>, shape:
-                                              fixed_size_list<int64>[n]>`` (``shaped_list``)
+                                              fixed_size_list<int64>[n]>``, data row-major
+                                              (``shaped_list``)
 ============================================  =================================================
+
+Nested fixed-size lists rather than pyarrow's ``arrow.fixed_shape_tensor`` extension type:
+``dask.dataframe.read_parquet`` fails on that type (pyarrow cannot build its empty table) and
+pandas flattens it to 1-d; nested lists keep the shape in the schema for every reader (polars
+reads them as ``Array`` of that shape, pandas as nested arrays).
 
 The schema's metadata key ``dask_dataservice`` holds a JSON document: the chunk format's name
 and version, the number of elements and the structure, whose leaves give each column's numpy
@@ -204,7 +209,11 @@ def _encode_column(pa: Any, leaf: dict[str, Any], values: list[Any]) -> Any:
         if t in (np.str_, np.bytes_):  # the dtype's length is the value's own
             leaf.update(kind="numpy_scalar", dtype=np.dtype(t).char, shape=[], layout="scalar")
             return pa.array(values, pa.string() if t is np.str_ else pa.binary())
-        dtype = np.dtype(t)
+        dtypes = {v.dtype for v in values}  # a datetime64's unit is in the value, not the type
+        if len(dtypes) != 1:
+            raise Unrepresentable(f"column {leaf['column']!r}: scalars of different dtypes "
+                                  f"{sorted(map(str, dtypes))}")
+        (dtype,) = dtypes
         _check_dtype(dtype)
         leaf.update(kind="numpy_scalar", dtype=dtype.str, shape=[], layout="scalar")
         return _prim(pa, np.array(values, dtype=dtype))
@@ -231,11 +240,11 @@ def _encode_column(pa: Any, leaf: dict[str, Any], values: list[Any]) -> Any:
             if rank == 0:
                 leaf["layout"] = "fixed"
                 return _prim(pa, stacked)
-            if rank >= 2 and dtype.kind in "iuf":
-                leaf["layout"] = "tensor"
-                return pa.FixedShapeTensorArray.from_numpy_ndarray(_native(stacked))
             leaf["layout"] = "fixed_list"
-            return pa.FixedSizeListArray.from_arrays(_prim(pa, stacked.reshape(-1)), size)
+            arr = _prim(pa, stacked.reshape(-1))
+            for d in reversed(shape):  # the shape is in the type: (2, 3) is [[T; 3]; 2]
+                arr = pa.FixedSizeListArray.from_arrays(arr, d)
+            return arr
     dims = np.array([s for s in shapes])
     leaf["shape"] = [int(d[0]) if (d == d[0]).all() else None for d in dims.T]
     sizes = np.fromiter((v.size for v in values), np.int64, len(values))
@@ -274,9 +283,10 @@ def _decode_column(a: Any, leaf: dict[str, Any], n: int) -> list[Any]:
     if layout == "fixed":
         values = _to_numpy(a, dtype)
         return [values[i, ...] for i in range(n)]
-    if layout in ("tensor", "fixed_list"):
-        flat = (a.storage if layout == "tensor" else a).flatten()
-        return list(_to_numpy(flat, dtype).reshape(n, *leaf["shape"]))
+    if layout == "fixed_list":
+        for _ in leaf["shape"]:
+            a = a.flatten()
+        return list(_to_numpy(a, dtype).reshape(n, *leaf["shape"]))
     if layout == "list":
         data, shapes = a, None
     else:
