@@ -151,7 +151,7 @@ def _namedtuple_class(tpl: dict[str, Any]) -> Any:
     if isinstance(obj, type) and issubclass(obj, tuple) and list(getattr(obj, "_fields", ())) == fields:
         return obj
     name = tpl["name"].rsplit(".", 1)[-1]
-    return collections.namedtuple(name if name.isidentifier() else "Element", fields)  # type: ignore[misc]
+    return collections.namedtuple(name if name.isidentifier() else "Element", fields)
 
 
 def _builder(tpl: dict[str, Any]) -> Callable[[tuple[Any, ...]], Any]:
@@ -422,7 +422,7 @@ def _footer_start(data: bytes | bytearray, where: str) -> int:
     if footer <= 0 or start < 8:
         raise SnapshotCorruptedError(f"{where}: the Arrow footer's length {footer} does not fit "
                                      f"the file ({len(data)} bytes)")
-    return start
+    return int(start)
 
 
 def read_arrow(data: bytes, where: str) -> Any:

@@ -161,7 +161,7 @@ def test_chunks_are_read_by_pyarrow_pandas_and_dask(tmp_path, fmt):
     if fmt == "parquet":
         import dask.dataframe as dd
 
-        ddf = dd.read_parquet(where).compute().sort_values("id")
+        ddf = dd.read_parquet(where).compute(scheduler="sync").sort_values("id")  # no pool
         assert list(ddf.columns) == ["id", "x", "image", "name"]
         assert ddf["id"].tolist() == list(range(30))
         assert all(np.array_equal(v, np.full(3, i, np.float32)) for i, v in enumerate(ddf["x"]))

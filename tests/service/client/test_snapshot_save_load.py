@@ -290,3 +290,36 @@ async def test_a_failing_pipeline_marks_the_save_failed(c, s, a, b):
                    timeout=30, what="the save's task threads to end")
         got = [int(x) for x in load(path)]  # what was committed
         assert len(got) == len(set(got)) and 700 not in got and set(got) <= set(range(1000))
+
+
+def _with_objects(i):
+    return {"i": i, "meta": None if i % 2 else [i]}  # lists and None: no Arrow type
+
+
+@pytest.mark.cluster
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_objects_are_pickled_under_auto_and_refused_under_arrow(c, s, a, b):
+    """The data workers fall back to pickle chunks for arbitrary objects (AUTO) and say so in
+    the manifest; loading them needs allow_pickle; format='arrow' fails the save instead."""
+    import tempfile
+
+    ds = Dataset.range(40).map(_with_objects)
+    with tempfile.TemporaryDirectory() as d:
+        manifest = await asyncio.to_thread(dds.distributed_save, ds, f"{d}/auto", c, True,
+                                           max_chunk_elements=10)
+        assert manifest["chunk_format"] == "arrow" and manifest["pickle_fallback"] is True
+        assert manifest["pickle_chunks"] == len(manifest["chunks"]) >= 4
+        assert manifest["structure"] is None and manifest["num_elements"] == 40
+        with pytest.raises(ValueError, match="it holds pickle chunks .* pass allow_pickle=True"):
+            load(f"{d}/auto")
+        out = list(load(f"{d}/auto", allow_pickle=True))
+        assert sorted(out, key=lambda e: e["i"]) == [_with_objects(i) for i in range(40)]
+        save = await asyncio.to_thread(dds.distributed_save, ds, f"{d}/strict", c,
+                                       max_chunk_elements=10, format="arrow")
+        with pytest.raises(TypeError, match=r"distributed_save\(format='arrow'\): the elements "
+                           r"cannot be stored in arrow \(column 'meta'"):
+            await asyncio.to_thread(save.result, 60)
+        assert read_manifest(f"{d}/strict")["state"] == "failed"
+        await poll(lambda: not any(r.thread.is_alive() for w in (a, b)
+                                   for r in w.extensions["dataservice"]._runners),
+                   timeout=30, what="the save's task threads to end")
