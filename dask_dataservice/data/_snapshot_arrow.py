@@ -36,8 +36,8 @@ columns. What does not fit (other leaf types such as lists, ``None`` or objects,
 object dtypes, other dict keys, elements of different structures or dtypes in one chunk) raises
 :class:`Unrepresentable`, and the writer falls back to a pickled chunk or reports it.
 
-An Arrow IPC chunk also carries the CRC-32 of everything before its footer, in the footer's
-custom metadata (``dask_dataservice.crc32``); a Parquet chunk has Parquet's own CRC-32 on every
+An Arrow IPC chunk also carries the CRC-32 of its record batch messages (all its data) in the
+schema metadata (``dask_dataservice.crc32``); a Parquet chunk has Parquet's own CRC-32 on every
 page. pyarrow is imported only here, by the functions that need it.
 """
 
@@ -62,7 +62,7 @@ __all__ = ["Unrepresentable", "encode_table", "decode_table", "write_arrow", "re
 
 #: The schema metadata key holding the chunk's JSON description.
 META_KEY = b"dask_dataservice"
-#: Footer metadata key of an Arrow IPC chunk: CRC-32 (8 hex digits) of the bytes before the footer.
+#: Schema metadata key of an Arrow IPC chunk: CRC-32 (8 hex digits) of its record batch messages.
 CRC_KEY = b"dask_dataservice.crc32"
 CHUNK_FORMAT = "dask-dataservice-snapshot-chunk"
 CHUNK_VERSION = 1
@@ -118,6 +118,16 @@ def _flattener(tpl: dict[str, Any], first: Any) -> Callable[[Any, list[list[Any]
     if kind == "dict":
         keys = tpl["keys"]
         pairs = [(k, _flattener(s, first[k])) for k, s in zip(keys, tpl["items"], strict=True)]
+        if all(s["type"] == "leaf" for s in tpl["items"]):  # the common case, without calls
+            direct = [(k, s["index"]) for k, s in zip(keys, tpl["items"], strict=True)]
+
+            def flat_dict(x: Any, out: list[list[Any]]) -> None:
+                if type(x) is not dict or list(x) != keys:
+                    raise Unrepresentable(f"elements of different structures in one chunk (keys "
+                                          f"{keys!r:.60} and {type(x).__name__} {x!r:.60})")
+                for k, i in direct:
+                    out[i].append(x[k])
+            return flat_dict
 
         def dict_(x: Any, out: list[list[Any]]) -> None:
             if type(x) is not dict or list(x) != keys:
@@ -398,45 +408,55 @@ CODECS: dict[str | None, tuple[str | None, str]] = {
 
 
 def write_arrow(table: Any, compression: str | None) -> bytes:
-    """An Arrow IPC file (Feather v2) of ``table``, with the CRC-32 of its body in the footer."""
+    """An Arrow IPC file (Feather v2) of ``table``, with the CRC-32 of its record batches.
+
+    The CRC goes in the schema's metadata (key ``dask_dataservice.crc32``), which the file holds
+    twice: in the schema message at its start and in its footer. Both are written with an
+    8-byte placeholder and patched once the CRC of the bytes between them (every record batch
+    message: all the data) is known; works with every pyarrow (no footer metadata needed).
+    """
     pa = _pa()
     options = pa.ipc.IpcWriteOptions(compression=CODECS[compression][0])
+    schema = table.schema.with_metadata({**(table.schema.metadata or {}), CRC_KEY: _PLACEHOLDER})
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema, options=options,
-                         metadata={CRC_KEY: _PLACEHOLDER}) as writer:
-        writer.write_table(table)
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
+        writer.write_table(table.replace_schema_metadata(schema.metadata))
     data = bytearray(sink.getvalue().to_pybytes())
-    body_end = _footer_start(data, "the chunk being written")
-    where = data.find(_PLACEHOLDER, body_end)
-    if where < 0 or data.find(_PLACEHOLDER, where + 1) >= 0:
-        raise RuntimeError("the Arrow footer does not hold the CRC placeholder exactly once")
-    data[where:where + len(_PLACEHOLDER)] = b"%08x" % zlib.crc32(memoryview(data)[:body_end])
+    begin, end = _data_region(data, "the chunk being written")
+    crc = b"%08x" % zlib.crc32(memoryview(data)[begin:end])
+    for lo, hi in ((0, begin), (end, len(data))):
+        where = data.find(_PLACEHOLDER, lo, hi)
+        if where < 0 or data.find(_PLACEHOLDER, where + 1, hi) >= 0:
+            raise RuntimeError("an Arrow schema does not hold the CRC placeholder exactly once")
+        data[where:where + len(_PLACEHOLDER)] = crc
     return bytes(data)
 
 
-def _footer_start(data: bytes | bytearray, where: str) -> int:
-    if len(data) < 18 or data[:6] != b"ARROW1" or data[-6:] != b"ARROW1":
+def _data_region(data: bytes | bytearray, where: str) -> tuple[int, int]:
+    """Where an Arrow IPC file's record batches are: after the schema message, before the footer."""
+    if len(data) < 26 or data[:6] != b"ARROW1" or data[-6:] != b"ARROW1":
         raise SnapshotCorruptedError(f"{where}: not an Arrow IPC file (bad magic; cut short?)")
+    marker, schema_len = struct.unpack_from("<Ii", data, 8)  # continuation, then metadata size
     (footer,) = struct.unpack_from("<i", data, len(data) - 10)
-    start = len(data) - 10 - footer
-    if footer <= 0 or start < 8:
-        raise SnapshotCorruptedError(f"{where}: the Arrow footer's length {footer} does not fit "
-                                     f"the file ({len(data)} bytes)")
-    return int(start)
+    begin, end = 16 + schema_len, len(data) - 10 - footer
+    if marker != 0xFFFFFFFF or schema_len <= 0 or footer <= 0 or not 16 < begin <= end:
+        raise SnapshotCorruptedError(f"{where}: the Arrow schema ({schema_len} bytes) and footer "
+                                     f"({footer} bytes) do not fit the file ({len(data)} bytes)")
+    return begin, end
 
 
 def read_arrow(data: bytes, where: str) -> Any:
     """The table of an Arrow IPC chunk, its CRC checked (SnapshotCorruptedError if damaged)."""
     pa = _pa()
-    body_end = _footer_start(data, where)
+    begin, end = _data_region(data, where)
     try:
         reader = pa.ipc.open_file(pa.py_buffer(data))
-        crc = (reader.metadata or {}).get(CRC_KEY)
+        crc = (reader.schema.metadata or {}).get(CRC_KEY)
     except (pa.ArrowException, OSError) as e:
         raise SnapshotCorruptedError(f"{where}: unreadable Arrow IPC file ({e})") from None
     if crc is None:
-        raise SnapshotCorruptedError(f"{where}: no checksum in the Arrow footer (not a snapshot chunk)")
-    if crc != b"%08x" % zlib.crc32(memoryview(data)[:body_end]):
+        raise SnapshotCorruptedError(f"{where}: no checksum in the Arrow schema (not a snapshot chunk)")
+    if crc != b"%08x" % zlib.crc32(memoryview(data)[begin:end]):
         raise SnapshotCorruptedError(f"{where}: checksum mismatch (the chunk is damaged)")
     try:
         return reader.read_all()
