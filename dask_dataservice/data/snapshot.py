@@ -39,8 +39,8 @@ Rules
    the chunk is one put of the whole object. A writer killed at any moment leaves committed
    chunks intact and at most a temporary file, which readers ignore.
 2. Every chunk is checksummed: a damaged chunk is a :class:`SnapshotCorruptedError` naming the
-   file, never wrong elements (an Arrow chunk's footer holds the CRC-32 of the bytes before
-   it; Parquet has a CRC-32 per page; a pickle chunk's header holds its length and CRC-32).
+   file, never wrong elements (an Arrow chunk's schema metadata holds the CRC-32 of its record
+   batches; Parquet has a CRC-32 per page; a pickle chunk's header holds its length and CRC-32).
 3. Chunks never overlap: DYNAMIC sharding hands each split out once, so the committed chunks of
    a save (finished, failed or killed) hold distinct elements. The final manifest lists every
    committed chunk, also those whose descriptor never reached the client.
