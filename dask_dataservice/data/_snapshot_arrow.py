@@ -407,13 +407,14 @@ CODECS: dict[str | None, tuple[str | None, str]] = {
 }
 
 
-def write_arrow(table: Any, compression: str | None) -> bytes:
+def write_arrow(table: Any, compression: str | None) -> list[Any]:
     """An Arrow IPC file (Feather v2) of ``table``, with the CRC-32 of its record batches.
 
     The CRC goes in the schema's metadata (key ``dask_dataservice.crc32``), which the file holds
     twice: in the schema message at its start and in its footer. Both are written with an
     8-byte placeholder and patched once the CRC of the bytes between them (every record batch
     message: all the data) is known; works with every pyarrow (no footer metadata needed).
+    Returns the file as pieces to write in order (the data is not copied again).
     """
     pa = _pa()
     options = pa.ipc.IpcWriteOptions(compression=CODECS[compression][0])
@@ -421,18 +422,21 @@ def write_arrow(table: Any, compression: str | None) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema, options=options) as writer:
         writer.write_table(table.replace_schema_metadata(schema.metadata))
-    data = bytearray(sink.getvalue().to_pybytes())
+    data = memoryview(sink.getvalue())
     begin, end = _data_region(data, "the chunk being written")
-    crc = b"%08x" % zlib.crc32(memoryview(data)[begin:end])
+    crc = b"%08x" % zlib.crc32(data[begin:end])
+    pieces: list[Any] = []
     for lo, hi in ((0, begin), (end, len(data))):
-        where = data.find(_PLACEHOLDER, lo, hi)
-        if where < 0 or data.find(_PLACEHOLDER, where + 1, hi) >= 0:
+        part = bytearray(data[lo:hi])  # the schema message or the footer: small
+        where = part.find(_PLACEHOLDER)
+        if where < 0 or part.find(_PLACEHOLDER, where + 1) >= 0:
             raise RuntimeError("an Arrow schema does not hold the CRC placeholder exactly once")
-        data[where:where + len(_PLACEHOLDER)] = crc
-    return bytes(data)
+        part[where:where + len(_PLACEHOLDER)] = crc
+        pieces.append(part)
+    return [pieces[0], data[begin:end], pieces[1]]
 
 
-def _data_region(data: bytes | bytearray, where: str) -> tuple[int, int]:
+def _data_region(data: Any, where: str) -> tuple[int, int]:
     """Where an Arrow IPC file's record batches are: after the schema message, before the footer."""
     if len(data) < 26 or data[:6] != b"ARROW1" or data[-6:] != b"ARROW1":
         raise SnapshotCorruptedError(f"{where}: not an Arrow IPC file (bad magic; cut short?)")
@@ -464,7 +468,7 @@ def read_arrow(data: bytes, where: str) -> Any:
         raise SnapshotCorruptedError(f"{where}: unreadable Arrow IPC file ({e})") from None
 
 
-def write_parquet(table: Any, compression: str | None) -> bytes:
+def write_parquet(table: Any, compression: str | None) -> list[Any]:
     """A Parquet file of ``table``: one row group, a CRC-32 on every page."""
     pa = _pa()
     pq = optional_import("pyarrow.parquet", "parquet", "a snapshot in Parquet format")
@@ -473,7 +477,7 @@ def write_parquet(table: Any, compression: str | None) -> bytes:
     pq.write_table(table, sink, compression=CODECS[compression][1], use_dictionary=text,
                    write_statistics=False, write_page_checksum=True,
                    row_group_size=max(1, table.num_rows))
-    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+    return [memoryview(sink.getvalue())]
 
 
 def read_parquet(data: bytes, where: str) -> Any:

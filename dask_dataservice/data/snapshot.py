@@ -116,18 +116,21 @@ def _fs(path: str) -> Any:
     return fsspec.get_fs_token_paths(path)[0]
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Make ``path`` hold ``data``, all or nothing (see rule 1)."""
+def _write_atomic(path: str, data: bytes | list[Any]) -> None:
+    """Make ``path`` hold ``data`` (bytes, or buffers to write in order), all or nothing (see
+    rule 1)."""
+    pieces = [data] if isinstance(data, bytes) else data
     if not is_url(path):
         head, tail = os.path.split(path)
         tmp = os.path.join(head, f".{tail}.{uuid.uuid4().hex[:8]}.tmp")
         with open(tmp, "wb") as f:
-            f.write(data)
+            for piece in pieces:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return
-    _fs(path).pipe_file(path, data)  # one put: an object store shows the whole object or none
+    _fs(path).pipe_file(path, b"".join(pieces))  # one put: an object store shows the whole object or none
 
 
 def _makedirs(path: str) -> None:
@@ -238,10 +241,11 @@ def chunk_num_elements(path: str) -> int:
 
 
 def encode_elements(elements: list[Any], fmt: str, compression: str | None,
-                    fallback: bool) -> tuple[bytes, str, dict[str, Any] | None]:
+                    fallback: bool) -> tuple[list[Any], str, dict[str, Any] | None]:
     """A chunk of ``elements`` in ``fmt`` ("arrow", "parquet" or "pickle").
 
-    Returns ``(data, format used, element structure or None)``. Elements Arrow cannot represent
+    Returns ``(data, format used, element structure or None)``, ``data`` a list of buffers
+    whose concatenation is the file. Elements Arrow cannot represent
     are pickled when ``fallback`` is true, else raise TypeError naming what does not fit.
     """
     if fmt != "pickle":
@@ -259,7 +263,7 @@ def encode_elements(elements: list[Any], fmt: str, compression: str | None,
             data = (arrow.write_arrow(table, compression) if fmt == "arrow"
                     else arrow.write_parquet(table, compression))
             return data, fmt, arrow.element_spec_json(meta)
-    return encode_chunk(elements, compression not in (None, "AUTO")), "pickle", None
+    return [encode_chunk(elements, compression not in (None, "AUTO"))], "pickle", None
 
 
 class WriteChunks(Op):
@@ -314,7 +318,8 @@ class WriteChunks(Op):
             if seq == 0:  # a worker on another machine may not have the directory yet
                 _makedirs(where)
             _write_atomic(_join(where, name), data)
-            out = {"chunk": name, "elements": len(buffer), "bytes": len(data), "format": fmt,
+            out = {"chunk": name, "elements": len(buffer),
+                   "bytes": sum(memoryview(piece).nbytes for piece in data), "format": fmt,
                    "structure": structure}
             buffer, size, seq = [], 0, seq + 1
             return out
