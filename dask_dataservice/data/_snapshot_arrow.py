@@ -363,6 +363,11 @@ def chunk_meta(schema_metadata: dict[bytes, bytes] | None, where: str) -> dict[s
     return meta
 
 
+def _one_array(column: Any) -> Any:
+    """A column as one array (combine_chunks copies even a single chunk)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def decode_table(table: Any, where: str) -> list[Any]:
     """The elements of a table written by :func:`encode_table`, exactly as they were."""
     meta = chunk_meta(table.schema.metadata, where)
@@ -373,7 +378,7 @@ def decode_table(table: Any, where: str) -> list[Any]:
     structure = meta["structure"]
     leaves = _leaves(structure)
     try:
-        columns = [_decode_column(table.column(leaf["column"]).combine_chunks(), leaf, n)
+        columns = [_decode_column(_one_array(table.column(leaf["column"])), leaf, n)
                    for leaf in leaves]
     except (KeyError, ValueError, TypeError, IndexError) as e:
         raise SnapshotCorruptedError(f"{where}: columns do not match the metadata ({e})") from None
