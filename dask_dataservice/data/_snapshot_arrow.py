@@ -273,11 +273,27 @@ def _encode_column(pa: Any, leaf: dict[str, Any], values: list[Any]) -> Any:
     return pa.StructArray.from_arrays([data, shape_arr], names=["data", "shape"])
 
 
+#: Elements at least this large (bytes, on average) are copied out of the chunk one by one:
+#: allocations of their own size reuse the allocator's pages, where one copy of a 64 MiB
+#: column takes fresh pages (a page fault every 4 KiB) each time.
+_PER_ELEMENT_COPY = 1 << 16
+
+
 def _to_numpy(a: Any, dtype: np.dtype) -> np.ndarray:
-    """A writable numpy copy of an Arrow array's values, in exactly ``dtype``."""
+    """An Arrow array's values in exactly ``dtype``: a read-only view where Arrow allows it."""
     if dtype.kind in "US":
         return np.array(a.to_pylist(), dtype=dtype)
-    return np.array(a.to_numpy(zero_copy_only=False), dtype=dtype)
+    values: np.ndarray = a.to_numpy(zero_copy_only=False)
+    return values if values.dtype == dtype else values.astype(dtype)
+
+
+def _owned(values: np.ndarray, pieces: Callable[[np.ndarray], list[np.ndarray]], n: int) -> list[np.ndarray]:
+    """Writable elements (``pieces`` cuts them out of ``values``), copied once in all."""
+    if values.flags.writeable:
+        return pieces(values)
+    if values.nbytes >= n * _PER_ELEMENT_COPY:
+        return [np.array(x) for x in pieces(values)]
+    return pieces(np.array(values))
 
 
 def _decode_column(a: Any, leaf: dict[str, Any], n: int) -> list[Any]:
@@ -291,23 +307,24 @@ def _decode_column(a: Any, leaf: dict[str, Any], n: int) -> list[Any]:
         return list(_to_numpy(a, np.dtype(leaf["dtype"])))
     dtype = np.dtype(leaf["dtype"])
     if layout == "fixed":
-        values = _to_numpy(a, dtype)
-        return [values[i, ...] for i in range(n)]
+        return _owned(_to_numpy(a, dtype), lambda v: [v[i, ...] for i in range(n)], n)
     if layout == "fixed_list":
-        for _ in leaf["shape"]:
+        shape = leaf["shape"]
+        for _ in shape:
             a = a.flatten()
-        return list(_to_numpy(a, dtype).reshape(n, *leaf["shape"]))
+        return _owned(_to_numpy(a, dtype), lambda v: list(v.reshape(n, *shape)), n)
     if layout == "list":
         data, shapes = a, None
     else:
         data, shape_arr = a.flatten()
         shapes = shape_arr.flatten().to_numpy().reshape(n, -1).tolist()
     offsets = data.offsets.to_numpy()
-    offsets = (offsets - offsets[0]).tolist()
-    flat = _to_numpy(data.flatten(), dtype)
+    o = (offsets - offsets[0]).tolist()
     if shapes is None:
-        return [flat[offsets[i]:offsets[i + 1]] for i in range(n)]
-    return [flat[offsets[i]:offsets[i + 1]].reshape(shapes[i]) for i in range(n)]
+        return _owned(_to_numpy(data.flatten(), dtype),
+                      lambda v: [v[o[i]:o[i + 1]] for i in range(n)], n)
+    return _owned(_to_numpy(data.flatten(), dtype),
+                  lambda v: [v[o[i]:o[i + 1]].reshape(shapes[i]) for i in range(n)], n)
 
 
 # -- tables ----------------------------------------------------------------------------------------
