@@ -190,17 +190,22 @@ class Dataset:
         return cls(FromDask(collection, rows, locality))
 
     @classmethod
-    def load(cls, path: str, wait: bool = False, timeout: float | None = None) -> Dataset:
+    def load(cls, path: str, wait: bool = False, timeout: float | None = None, *,
+             allow_pickle: bool = False) -> Dataset:
         """The elements of a snapshot written by :func:`dask_dataservice.distributed_save`.
 
         Each chunk is a split (DYNAMIC and FILE sharding hand out chunks). While the save
         still runs, the chunks committed so far are read; ``wait=True`` instead follows the
         save until it is done (not splittable then; ``timeout`` seconds without a new chunk
-        raise TimeoutError). See :mod:`dask_dataservice.data.snapshot`.
+        raise TimeoutError). Arrow and Parquet chunks need pyarrow. Pickle chunks (snapshots
+        written with ``format="pickle"``, elements Arrow cannot represent, or snapshots of
+        older versions) are read only with ``allow_pickle=True``, as ``numpy.load``: loading a
+        pickle can run arbitrary code, so allow it only for snapshots you trust. See
+        :mod:`dask_dataservice.data.snapshot`.
         """
         from .snapshot import LoadSnapshot
 
-        return cls(LoadSnapshot(path, wait, timeout))
+        return cls(LoadSnapshot(path, wait, timeout, allow_pickle))
 
     @classmethod
     def from_generator(cls, generator: Callable[..., Iterable[Any]], args: tuple[Any, ...] = ()) -> Dataset:

@@ -13,10 +13,14 @@ from typing import Any
 
 from ...data import Dataset
 from ...data._base import INFINITE, UNKNOWN
+from ...data.formats import optional_import
 from ...data.snapshot import (
     CHUNKS,
+    COMPRESSIONS,
     FORMAT,
+    FORMATS,
     MANIFEST,
+    VERSION,
     SnapshotSave,
     WriteChunks,
     _check_positive,
@@ -24,8 +28,8 @@ from ...data.snapshot import (
     _join,
     _makedirs,
     _write_manifest,
+    chunk_num_elements,
     committed_chunks,
-    read_chunk,
 )
 from . import distribute
 
@@ -35,7 +39,8 @@ __all__ = ["distributed_save"]
 def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, *,
                      max_chunk_elements: int = 100_000, max_chunk_bytes: int = 64 << 20,
                      max_chunk_seconds: float = 10.0,
-                     compression: str | None = "AUTO") -> SnapshotSave | dict[str, Any]:
+                     compression: str | None = "AUTO",
+                     format: str = "AUTO") -> SnapshotSave | dict[str, Any]:
     """Write ``dataset``'s elements to ``path`` (a directory or fsspec URL), in parallel, on
     the data workers of ``service`` (TensorFlow's ``tf.data.experimental.distributed_save``).
 
@@ -58,9 +63,18 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
         seconds after its first element. The bytes bound is also the memory each worker task
         uses for the save.
     compression
-        ``"GZIP"``: each chunk is zlib-compressed (level 1) by its worker; ``"AUTO"`` (as
-        TensorFlow's default) or None: not compressed (numeric data rarely shrinks enough to
-        pay for the CPU).
+        The chunks' codec: ``"AUTO"`` (as TensorFlow's default) or None: not compressed (numeric
+        data rarely shrinks enough to pay for the CPU); ``"LZ4"``, ``"ZSTD"``: Arrow's and
+        Parquet's own codecs; ``"GZIP"`` (TensorFlow's name): gzip in Parquet, zstd in Arrow
+        IPC (which has no gzip), zlib for pickle chunks; ``"SNAPPY"``: snappy in Parquet, lz4
+        in Arrow IPC. Pickle chunks are zlib-compressed under any codec.
+    format
+        ``"AUTO"`` (the default): Arrow IPC files (Feather v2), and a pickle chunk for elements
+        Arrow cannot represent (arbitrary Python objects); ``"arrow"``, ``"parquet"``: only that
+        format (TypeError from the worker for elements it cannot represent); ``"pickle"``: every
+        chunk a pickle (any element; ``Dataset.load`` then needs ``allow_pickle=True``). Arrow
+        and Parquet need pyarrow on the client and the data workers
+        (``pip install 'dask-dataservice[parquet]'``).
 
     Returns
     -------
@@ -75,8 +89,16 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
     _check_positive("max_chunk_elements", max_chunk_elements)
     _check_positive("max_chunk_bytes", max_chunk_bytes)
     _check_positive("max_chunk_seconds", max_chunk_seconds, float)
-    if compression not in ("AUTO", "GZIP", None):
-        raise ValueError(f"compression must be 'AUTO', 'GZIP' or None, got {compression!r:.40}")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}, "
+                         f"got {compression!r:.40}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, "
+                         f"got {format!r:.40}")
+    chunk_format = "arrow" if format == "AUTO" else format
+    if chunk_format != "pickle":  # here, before any worker starts: say what to install
+        optional_import("pyarrow", "parquet", f"distributed_save(format={format!r}) (or "
+                        "format='pickle', which needs Dataset.load(allow_pickle=True))")
     dataset.check_splittable()
     cardinality = dataset.cardinality()
     if cardinality == INFINITE:
@@ -86,12 +108,15 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
                               "choose another path or delete it")
     _makedirs(_join(path, CHUNKS))
     manifest: dict[str, Any] = {
-        "format": FORMAT, "version": 1, "state": "running", "fingerprint": dataset.fingerprint(),
-        "cardinality": cardinality, "started": time.time(), "compression": compression,
+        "format": FORMAT, "version": VERSION, "state": "running",
+        "fingerprint": dataset.fingerprint(), "cardinality": cardinality, "started": time.time(),
+        "chunk_format": chunk_format, "pickle_fallback": format == "AUTO",
+        "compression": compression,
     }
     _write_manifest(path, manifest)
     writer = Dataset(WriteChunks(dataset._op, path, max_chunk_elements, max_chunk_bytes,
-                                 float(max_chunk_seconds), compression == "GZIP"))
+                                 float(max_chunk_seconds), chunk_format, compression,
+                                 fallback=format == "AUTO"))
     try:
         job = writer.apply(distribute("distributed_epoch", service))
     except BaseException as e:
@@ -118,9 +143,14 @@ def distributed_save(dataset: Any, path: str, service: Any, wait: bool = False, 
         names = [d["chunk"] for d in received]
         names += sorted(set(committed_chunks(path)) - set(names))
         counts = {d["chunk"]: d["elements"] for d in received}
-        total = sum(counts.get(n) or len(read_chunk(_join(path, CHUNKS, n))) for n in names)
+        counts = {n: counts[n] if n in counts else chunk_num_elements(_join(path, CHUNKS, n))
+                  for n in names}
+        total = sum(counts.values())
+        structures = [d["structure"] for d in received if d.get("structure") is not None]
         final = {**manifest, "state": "done", "finished": time.time(), "chunks": names,
-                 "num_elements": total,
+                 "chunk_elements": counts, "num_elements": total,
+                 "pickle_chunks": sum(n.endswith(".chunk") for n in names),
+                 "structure": structures[0] if structures else None,
                  "complete": None if cardinality == UNKNOWN else total == cardinality}
         _write_manifest(path, final)
         return final

@@ -48,7 +48,7 @@ def test_chunk_roundtrip_and_every_kind_of_damage(tmp_path, compress):
     assert (len(data) < 4000) is compress  # 1,000 zeros shrink when compressed
     p = tmp_path / "c.chunk"
     p.write_bytes(data)
-    out = read_chunk(str(p))
+    out = read_chunk(str(p), allow_pickle=True)
     assert np.array_equal(out[0], elements[0]) and out[1:3] == elements[1:3]
     assert np.array_equal(out[3], elements[3])
     for damaged, what in ((b"XXXXXXXX" + data[8:], "bad magic"), (data[:-1], "header says"),
@@ -56,7 +56,7 @@ def test_chunk_roundtrip_and_every_kind_of_damage(tmp_path, compress):
                           (data[:10], "short header")):
         p.write_bytes(damaged)
         with pytest.raises(SnapshotCorruptedError, match=what) as e:
-            read_chunk(str(p))
+            read_chunk(str(p), allow_pickle=True)
         assert str(p) in str(e.value)
 
 
@@ -87,8 +87,12 @@ def test_bad_input_is_refused_clearly(tmp_path):
         distributed_save(Dataset.from_generator(lambda: iter([1])), str(tmp_path), "tcp://127.0.0.1:1")
     with pytest.raises(ValueError, match="infinite"):
         distributed_save(Dataset.range(3).repeat(), str(tmp_path), "tcp://127.0.0.1:1")
-    with pytest.raises(ValueError, match="compression must be 'AUTO', 'GZIP' or None"):
+    with pytest.raises(ValueError, match="compression must be one of 'AUTO', None, 'LZ4', "
+                                         "'ZSTD', 'GZIP', 'SNAPPY', got 'lz4'"):
         distributed_save(Dataset.range(3), str(tmp_path), "tcp://127.0.0.1:1", compression="lz4")
+    with pytest.raises(ValueError, match="format must be one of 'AUTO', 'arrow', 'parquet', "
+                                         "'pickle', got 'npz'"):
+        distributed_save(Dataset.range(3), str(tmp_path), "tcp://127.0.0.1:1", format="npz")
     with pytest.raises(ValueError, match="max_chunk_elements must be a positive int"):
         distributed_save(Dataset.range(3), str(tmp_path), "tcp://127.0.0.1:1", max_chunk_elements=0)
     with pytest.raises(FileNotFoundError, match="no snapshot at"):
@@ -121,15 +125,22 @@ async def test_save_then_load_local_and_memory(c, s, a, b):
     ds = Dataset.from_tensor_slices(data).map(lambda e: {"x": e["x"], "v": e["v"] * 2})
     with tempfile.TemporaryDirectory() as d:
         for path in (f"{d}/snap", f"memory://snap{uuid.uuid4().hex}"):
+            memory = path.startswith("memory://")
             manifest = await asyncio.to_thread(
                 dds.distributed_save, ds, path, c, True, max_chunk_elements=64,
-                compression="GZIP" if path.startswith("memory://") else "AUTO")
+                compression="ZSTD" if memory else "AUTO", format="parquet" if memory else "AUTO")
             assert manifest["state"] == "done" and manifest["num_elements"] == 1000
-            assert manifest["complete"] is True
+            assert manifest["complete"] is True and manifest["version"] == 2
+            assert manifest["chunk_format"] == ("parquet" if memory else "arrow")
+            assert manifest["pickle_chunks"] == 0
+            assert sum(manifest["chunk_elements"].values()) == 1000
+            assert set(manifest["chunk_elements"]) == set(manifest["chunks"])
+            assert [leaf["column"] for leaf in manifest["structure"]["items"]] == ["x", "v"]
             assert read_manifest(path)["chunks"] == manifest["chunks"]
             with fsspec.open(f"{path}/{CHUNKS}/{manifest['chunks'][0]}", "rb") as f:
-                magic = f.read(8)
-            assert magic == (b"DDSCHNKZ" if path.startswith("memory://") else b"DDSCHNK1")
+                magic = f.read(6)
+            assert magic[:4] == b"PAR1" if memory else magic == b"ARROW1"
+            assert all(n.endswith(".parquet" if memory else ".arrow") for n in manifest["chunks"])
             # both workers wrote (two streams at least), and the chunks are the splits
             assert len({n.split("-")[0] for n in manifest["chunks"]}) >= 2
             loaded = load(path)
@@ -279,3 +290,36 @@ async def test_a_failing_pipeline_marks_the_save_failed(c, s, a, b):
                    timeout=30, what="the save's task threads to end")
         got = [int(x) for x in load(path)]  # what was committed
         assert len(got) == len(set(got)) and 700 not in got and set(got) <= set(range(1000))
+
+
+def _with_objects(i):
+    return {"i": i, "meta": None if i % 2 else [i]}  # lists and None: no Arrow type
+
+
+@pytest.mark.cluster
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_objects_are_pickled_under_auto_and_refused_under_arrow(c, s, a, b):
+    """The data workers fall back to pickle chunks for arbitrary objects (AUTO) and say so in
+    the manifest; loading them needs allow_pickle; format='arrow' fails the save instead."""
+    import tempfile
+
+    ds = Dataset.range(40).map(_with_objects)
+    with tempfile.TemporaryDirectory() as d:
+        manifest = await asyncio.to_thread(dds.distributed_save, ds, f"{d}/auto", c, True,
+                                           max_chunk_elements=10)
+        assert manifest["chunk_format"] == "arrow" and manifest["pickle_fallback"] is True
+        assert manifest["pickle_chunks"] == len(manifest["chunks"]) >= 4
+        assert manifest["structure"] is None and manifest["num_elements"] == 40
+        with pytest.raises(ValueError, match="it holds pickle chunks .* pass allow_pickle=True"):
+            load(f"{d}/auto")
+        out = list(load(f"{d}/auto", allow_pickle=True))
+        assert sorted(out, key=lambda e: e["i"]) == [_with_objects(i) for i in range(40)]
+        save = await asyncio.to_thread(dds.distributed_save, ds, f"{d}/strict", c,
+                                       max_chunk_elements=10, format="arrow")
+        with pytest.raises(TypeError, match=r"distributed_save\(format='arrow'\): the elements "
+                           r"cannot be stored in arrow \(column 'meta'"):
+            await asyncio.to_thread(save.result, 60)
+        assert read_manifest(f"{d}/strict")["state"] == "failed"
+        await poll(lambda: not any(r.thread.is_alive() for w in (a, b)
+                                   for r in w.extensions["dataservice"]._runners),
+                   timeout=30, what="the save's task threads to end")
