@@ -147,6 +147,32 @@ if __name__ == "__main__":
     print("ddp ok: batches per rank and epoch", [[len(r[e]) for r in ranks] for e in range(EPOCHS)])
 """
 
+SNAPSHOT = """\
+import numpy as np
+import pyarrow.dataset as pds
+from distributed import Client, LocalCluster
+
+import dask_dataservice as dds
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \\
+            Client(cluster) as client:
+        features = dds.Dataset.range(5_000).map(
+            lambda i: {"id": i, "x": np.full(4, i % 7, np.float32)})
+        manifest = dds.distributed_save(features, "snap", client, wait=True,
+                                        max_chunk_elements=1_000)
+    assert manifest["state"] == "done" and manifest["num_elements"] == 5_000, manifest
+    table = pds.dataset("snap/chunks", format="ipc").to_table()  # pyarrow alone
+    assert table.num_rows == 5_000 and table.column_names == ["id", "x"], table.schema
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == list(range(5_000))
+    x = table.column("x").to_pylist()[ids.index(12)]
+    assert x == [12 % 7] * 4, x
+    back = sorted(int(e["id"]) for e in dds.Dataset.load("snap"))  # and the package again
+    assert back == list(range(5_000))
+    print("snapshot ok: pyarrow read", table.num_rows, "rows of", table.column_names)
+"""
+
 DASHBOARD = """\
 import json
 import time
@@ -189,6 +215,7 @@ STEPS: dict[str, str | None] = {
     "big-array": BIG_ARRAY,
     "parquet-dir": PARQUET_DIR,
     "ddp": DDP,
+    "snapshot": SNAPSHOT,
     "dashboard": DASHBOARD,
 }
 
