@@ -16,6 +16,7 @@ import zlib
 
 import numpy as np
 import pytest
+from _helpers import needs
 
 from dask_dataservice.data import Dataset
 from dask_dataservice.data.snapshot import (
@@ -27,6 +28,7 @@ from dask_dataservice.data.snapshot import (
     encode_chunk,
     read_chunk,
 )
+from dask_dataservice.errors import install_hint
 
 pytestmark = pytest.mark.pure
 
@@ -126,7 +128,7 @@ def nested(v):
 
 @pytest.mark.parametrize("fmt", ["arrow", "parquet"])
 def test_chunks_are_read_by_pyarrow_pandas_and_dask(tmp_path, fmt):
-    pa = pytest.importorskip("pyarrow")
+    pa = needs("pyarrow", "parquet")
     import pandas as pd
     import pyarrow.dataset as pds
 
@@ -273,7 +275,7 @@ def test_a_torn_or_damaged_chunk_is_a_clear_error(tmp_path, fmt):
 
 
 def test_a_chunk_without_our_metadata_is_refused(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    pa = needs("pyarrow", "parquet")
     import pyarrow.parquet as pq
 
     os.makedirs(tmp_path / CHUNKS)
@@ -304,7 +306,7 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch):
     assert str(e.value) == (
         "distributed_save(format='AUTO') (or format='pickle', which needs "
         "Dataset.load(allow_pickle=True)) needs the optional dependency 'pyarrow': "
-        "pip install 'dask-dataservice[parquet]'")
+        + install_hint("parquet"))
     with pytest.raises(ImportError, match=r"a snapshot in Arrow or Parquet format needs the "
                        r"optional dependency 'pyarrow': pip install 'dask-dataservice\[parquet\]'"):
         list(Dataset.load(str(tmp_path / "s")))
