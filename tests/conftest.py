@@ -99,18 +99,3 @@ def pytest_collection_modifyitems(session, config, items):
     for item, mark in chosen.items():
         item.own_markers[:] = [m for m in item.own_markers if m.name not in TIERS]
         item.add_marker(mark.name)
-    _slow_first(items)
-
-
-
-#: Slow tests that wait on work started when the collection ends (tests/project/conftest.py:
-#: the mypy run): kept where they are, so that the run has time to finish before they start.
-WAIT_ON_BACKGROUND = {"test_package_and_a_users_snippets_pass_mypy_strict"}
-
-
-def _slow_first(items) -> None:
-    """The ``slow`` tests first, each group in collection order: pytest-xdist hands tests out
-    in this order, so the long ones start early and the short ones fill the gaps at the end
-    (collected last, a few 10-60 s tests left one process running alone at the end)."""
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None
-                      or getattr(item, "originalname", item.name) in WAIT_ON_BACKGROUND)
