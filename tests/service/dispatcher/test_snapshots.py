@@ -421,8 +421,10 @@ CHILD = textwrap.dedent("""
                       CreateJob(5000, "job", 1000, "DYNAMIC"), CreateIteration(2000, 5000, 0)]:
                 state.apply(u)
                 await writer.append(encode_update(u))
-        else:  # what a restarted dispatcher does: the previous run's worker is gone
-            for u in [RemoveWorker("tcp://w:1"), RegisterWorker("tcp://w:1", "w", 1)]:
+        else:  # what a restarted dispatcher does: the previous run's worker is gone (unless
+            # the previous run was killed between its own RemoveWorker and RegisterWorker)
+            live = [w.address for w in state.list_workers()]
+            for u in [RemoveWorker("tcp://w:1")] * len(live) + [RegisterWorker("tcp://w:1", "w", 1)]:
                 state.apply(u)
                 await writer.append(encode_update(u))
         while True:
