@@ -23,6 +23,8 @@ from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from distributed.utils import log_errors
 
+from ..data import _stats
+
 __all__ = ["add_pages", "dataservice_doc", "parameter_servers_doc"]
 
 _APP_ATTR = "_dataservice_bokeh_app"
@@ -68,11 +70,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{1e3 * s:.2f} ms"
-    return f"{1e6 * s:.1f} us"
+    return _stats.fmt_seconds(s, " ")
 
 
 def shard_label(key: str) -> str:

@@ -49,7 +49,8 @@ from typing import Any
 LATEST: weakref.WeakKeyDictionary[Any, PipelineStats] = weakref.WeakKeyDictionary()
 
 __all__ = ["LATEST", "PipelineStats", "OpRecord", "DatasetStats", "merge_rows", "bottleneck",
-           "format_rows", "op_label", "register_op_code", "ended_iterator", "SAMPLE_INTERVAL", "ONE_TO_ONE"]
+           "format_rows", "op_label", "register_op_code", "ended_iterator", "fmt_seconds",
+           "SAMPLE_INTERVAL", "ONE_TO_ONE"]
 
 #: Seconds between two samples of the threads' stacks.
 SAMPLE_INTERVAL = 0.005
@@ -392,12 +393,16 @@ def format_rows(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _seconds(s: float) -> str:
+def fmt_seconds(s: float, sep: str = "") -> str:
+    """``s`` seconds in s, ms or us (``sep`` between number and unit)."""
     if s >= 1:
-        return f"{s:.2f}s"
+        return f"{s:.2f}{sep}s"
     if s >= 1e-3:
-        return f"{1e3 * s:.2f}ms"
-    return f"{1e6 * s:.1f}us"
+        return f"{1e3 * s:.2f}{sep}ms"
+    return f"{1e6 * s:.1f}{sep}us"
+
+
+_seconds = fmt_seconds
 
 
 class DatasetStats(dict[str, Any]):
