@@ -16,11 +16,12 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from ..service.protocol._metrics import percentiles
 from ..service.worker.plugin import PLUGIN_NAME as DATA_PLUGIN
 from ._prometheus import register_worker, unregister_worker
 
 __all__ = ["DashboardWorkerPlugin", "WORKER_PLUGIN_NAME", "worker_figures", "plugin_cpu_seconds",
-           "cpu_delta", "latency_percentiles"]
+           "cpu_delta"]
 
 WORKER_PLUGIN_NAME = "dataservice-dashboard-worker"
 _PS_PLUGIN = "dataservice-ps"
@@ -138,7 +139,7 @@ def worker_figures(worker: Any) -> dict[str, Any]:
             "finished_ops": {str(t): {"job_id": j, "iteration_id": i, "ops": rows}
                              for t, (j, i, rows) in list(getattr(figures, "finished_ops",
                                                                  {}).items())},
-            "request_seconds": latency_percentiles(getattr(figures, "request_seconds", ())),
+            "request_seconds": percentiles(getattr(figures, "request_seconds", ())),
             "served_by_task": {str(t): [int(c[0]), int(c[1])]
                                for t, c in list(getattr(data, "served_by_task", {}).items())},
         }
@@ -161,16 +162,6 @@ def worker_figures(worker: Any) -> dict[str, Any]:
     if runner is not None and hasattr(runner, "stats"):
         out["runner"] = {"stats": {k: int(v) for k, v in runner.stats.items()}}
     return out
-
-
-def latency_percentiles(seconds: Any) -> dict[str, float] | None:
-    """p50, p90, p99 and the count of a sample of latencies (None when empty)."""
-    values = sorted(seconds)
-    if not values:
-        return None
-    def pick(q: float) -> float:
-        return float(values[min(len(values) - 1, int(q * len(values)))])
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "count": len(values)}
 
 
 #: the heartbeat metric (``WorkerState.metrics``) that says ``dataservice_figures`` answers

@@ -234,7 +234,7 @@ def _train(opts: DemoOptions, client: Any) -> int:
 def _progress(opts: DemoOptions, total: int, label: str) -> Any:
     """A tqdm bar on stderr: drawn on a terminal and in Jupyter (a widget with ipywidgets),
     off in a pipe or a log (where it would repeat itself) and with ``quiet``."""
-    from ..ps.callbacks import interactive, progress_bar_class
+    from .._tqdm import interactive, progress_bar_class
 
     bar = progress_bar_class("DemoProgress")
     return bar(total=total, desc=f"demo {label}", unit="ex", unit_scale=True, file=sys.stderr,

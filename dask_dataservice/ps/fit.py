@@ -50,7 +50,8 @@ from typing import Any, Literal
 from ..errors import InputExhaustedError
 from ._fit_run import FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
-from .callbacks import BackupAndRestore, Callback, History, ProgressBar, interactive
+from .._tqdm import interactive
+from .callbacks import BackupAndRestore, Callback, History, ProgressBar
 from .coordinator import ClosureCancelledError, ClusterCoordinator, RemoteValue
 from .strategy import InputContext, ParameterServerStrategy
 

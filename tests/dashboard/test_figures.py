@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dask_dataservice.dashboard._pages import fmt_bytes, shard_label
-from dask_dataservice.dashboard._worker import cpu_delta, latency_percentiles
+from dask_dataservice.dashboard._worker import cpu_delta
+from dask_dataservice.service.protocol._metrics import percentiles as latency_percentiles
 from dask_dataservice.service.protocol._metrics import ReadStats, percentiles, wait_history
 
 pytestmark = pytest.mark.pure

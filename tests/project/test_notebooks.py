@@ -153,7 +153,7 @@ if HIDE:
     sys.modules["ipywidgets"] = None  # as if not installed
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    from dask_dataservice.ps.callbacks import interactive, progress_bar_class
+    from dask_dataservice._tqdm import interactive, progress_bar_class
     bar = progress_bar_class()(total=3)
     bar.update(3)
     bar.close()
