@@ -43,14 +43,14 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 #: ``{root op: the figures of its latest iteration in this process}`` (``Dataset.stats()``).
 LATEST: weakref.WeakKeyDictionary[Any, PipelineStats] = weakref.WeakKeyDictionary()
 
 __all__ = ["LATEST", "PipelineStats", "OpRecord", "DatasetStats", "merge_rows", "bottleneck",
            "format_rows", "op_label", "register_op_code", "ended_iterator", "fmt_seconds",
-           "SAMPLE_INTERVAL", "ONE_TO_ONE"]
+           "SAMPLE_INTERVAL", "ONE_TO_ONE", "counts_itself"]
 
 #: Seconds between two samples of the threads' stacks.
 SAMPLE_INTERVAL = 0.005
@@ -61,6 +61,9 @@ ONE_TO_ONE = frozenset({"map", "prefetch", "enumerate"})
 #: Iterators counted by their length hint instead of a wrapper (C code).
 _HINTED: frozenset[type] = frozenset(
     type(iter(x)) for x in (range(0), range(1 << 70), [], ()))  # type: ignore[var-annotated]
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: Code objects of generators that count their own parts (:func:`counts_itself`): not wrapped.
+_SELF_COUNTED: set[CodeType] = set()
 #: Ids of the code objects of ops' methods (``register_op_code``; the classes keep them
 #: alive): a frame running one is that op's.
 _OP_CODES: set[int] = set()
@@ -85,6 +88,13 @@ def op_label(op: Any) -> str:
             or type(fn).__name__
         return f"{name}({str(fname).rsplit('.', 1)[-1]})"
     return name
+
+
+def counts_itself(fn: _F) -> _F:
+    """Mark generator function ``fn`` as counting its own output (with :meth:`OpRecord.part`,
+    per split): the iterator an op returns from it gets no per-element wrapper."""
+    _SELF_COUNTED.add(fn.__code__)
+    return fn
 
 
 class OpRecord:
@@ -128,6 +138,30 @@ class OpRecord:
             n += length - operator.length_hint(it)
         return n
 
+    def part(self, it: Iterable[Any]) -> Iterator[Any]:
+        """``it``, one part of this op's output (a source's split), counted as :meth:`PipelineStats.wrap`
+        counts a whole output; the parts that ended are folded into ``counted`` now and then,
+        so a long iteration keeps a few entries, not one per split."""
+        if len(self.hinted) + len(self.counters) > 8:
+            self._fold()
+        it = iter(it)
+        if type(it) in _HINTED:
+            self.hinted.append((it, operator.length_hint(it)))
+            return it
+        g = _counted(it, self)
+        self.counters.append(weakref.ref(g))
+        return g
+
+    def _fold(self) -> None:
+        # only the iterating thread calls this; a reader meanwhile may see a count off for
+        # an instant, never a count lost (an entry leaves only once its count is in counted)
+        done = [(it, n) for it, n in self.hinted if operator.length_hint(it) == 0]
+        if done:
+            gone = {id(it) for it, _ in done}
+            self.hinted = [e for e in self.hinted if id(e[0]) not in gone]
+            self.counted += sum(n for _, n in done)
+        self.counters = [r for r in self.counters if getattr(r(), "gi_frame", None) is not None]
+
     def count(self) -> int:
         n = self.own_count()
         if n is not None:
@@ -165,6 +199,11 @@ class PipelineStats:
         self._lock = threading.Lock()  # taken once per op and iterator start, never per element
         self._t0 = time.perf_counter()
         self.ended: float | None = None
+        #: The root op's iterator calls :meth:`started` and :meth:`finished` itself
+        #: (:meth:`take_ends`), so :func:`ended_iterator` adds nothing around it.
+        self.self_ending = False
+        #: :meth:`finished` ends these figures (else the caller ends them: it only unwatches).
+        self.ends_own = True
 
     def record(self, op: Any) -> OpRecord:
         rec = self._records.get(id(op))
@@ -186,7 +225,7 @@ class PipelineStats:
     def wrap(self, op: Any, it: Iterator[Any]) -> Iterator[Any]:
         """``it`` (what ``op.iterate`` returned), counted as ``op``'s output."""
         rec = self.record(op)
-        if getattr(op, "name", "") in ONE_TO_ONE:
+        if getattr(op, "name", "") in ONE_TO_ONE or getattr(it, "gi_code", None) in _SELF_COUNTED:
             return it
         it = iter(it)
         if type(it) in _HINTED:  # counted by its length hint: no wrapper at all
@@ -209,6 +248,27 @@ class PipelineStats:
             self.record(op).buffer = weak_fill
         else:
             self.record(op).buffer = fill
+
+    def take_ends(self, op: Any) -> bool:
+        """Whether ``op``, starting its iterator, is this iteration's root and so is to call
+        :meth:`started` at its first element and :meth:`finished` when it ends or closes
+        (it then does; :func:`ended_iterator` adds no generator of its own)."""
+        if self.root is not op:
+            return False
+        self.self_ending = True
+        return True
+
+    def started(self) -> None:
+        """The iteration's first element is asked for: the sampler watches it."""
+        _Sampler.watch(self)
+
+    def finished(self) -> None:
+        """The iteration ended or was closed: end the figures (or, for figures a caller
+        ends, stop sampling them)."""
+        if self.ends_own:
+            self.end()
+        else:
+            _Sampler.unwatch(self)
 
     def end(self) -> None:
         """The iteration ended: its wall time stops, the sampler stops watching it."""
@@ -262,15 +322,23 @@ def ended_iterator(it: Iterator[Any], stats: PipelineStats, end: bool = True) ->
     """``it``, sampled for ``stats`` from its first element until it ends or is closed, then
     ending ``stats`` (``end``: the iteration's own figures) or only no longer sampled (figures
     a caller ends). The sampler watches only iterations under way: one that fails to start,
-    or is created and never iterated, leaves no thread behind."""
-    _Sampler.watch(stats)
+    or is created and never iterated, leaves no thread behind.
+
+    A root op whose iterator does this itself (:meth:`PipelineStats.take_ends`: a read from
+    the service, which sees every batch start and end) is returned as it is: no generator
+    more between the consumer and its elements."""
+    stats.ends_own = end
+    if stats.self_ending:
+        return it
+    return _ended(it, stats)
+
+
+def _ended(it: Iterator[Any], stats: PipelineStats) -> Iterator[Any]:
+    stats.started()
     try:
         yield from it
     finally:
-        if end:
-            stats.end()
-        else:
-            _Sampler.unwatch(stats)
+        stats.finished()
         close = getattr(it, "close", None)
         if close is not None:
             close()

@@ -17,6 +17,7 @@ import numpy as np
 from ._base import _NO_ELEMENT, UNKNOWN, IterContext, Op, annotate_user_error, callable_name
 from ._fs import expand
 from ._pickling import replacement
+from ._stats import OpRecord, counts_itself
 from .ops import _close, check_int
 from .splits import (
     FileSplit,
@@ -60,7 +61,7 @@ class Source(Op):
             return self._iterate_ignoring(ctx, provider)
         if provider is None:
             return self.iterate_all(ctx)
-        return self._iterate_provider(provider)
+        return self._iterate_provider(provider, None if ctx.stats is None else ctx.stats.record(self))
 
     def _iterate_ignoring(self, ctx: IterContext,
                           provider: SplitProvider | None) -> Iterator[Any]:
@@ -80,14 +81,17 @@ class Source(Op):
                 if not ctx.ignored(e):
                     raise
 
-    def _iterate_provider(self, provider: SplitProvider) -> Iterator[Any]:
+    @counts_itself
+    def _iterate_provider(self, provider: SplitProvider, rec: OpRecord | None) -> Iterator[Any]:
+        # with figures (rec), counted per split: a split of range() or from_list() by its
+        # length hint, with no wrapper per element (the DYNAMIC hot path)
         while (split := provider.get_next()) is not None:
             if not isinstance(split, self.split_type):
                 raise TypeError(
                     f"Dataset.{self.name} reads {self.split_type.__name__} splits, "
                     f"the split provider served {split!r}"
                 )
-            yield from self.read_split(split)
+            yield from (self.read_split(split) if rec is None else rec.part(self.read_split(split)))
 
 
 def _user_iterable(fn: Callable[..., Any], args: tuple[Any, ...], op: str, call_context: Any,

@@ -117,7 +117,8 @@ class ReadStats:
             counts[1] += nbytes
             counts[2] += 1
 
-    def wrap(self, batches: Iterator[list[T]], progress: Any = None) -> Iterator[T]:
+    def wrap(self, batches: Iterator[list[T]], progress: Any = None,
+             counted: Any = None, figures: Any = None) -> Iterator[T]:
         """The elements of ``batches`` (lists, as the reader takes them from its channel),
         timing how long each ``next(batches)`` waited (the service) and how long the consumer
         took over a batch's elements before asking for the next (its own work).
@@ -128,10 +129,16 @@ class ReadStats:
         throughput in half). The element count of the batch being read grows when the
         consumer asks for the next batch or stops (the elements it took, the one it holds
         included). ``progress``: a tqdm-like bar, updated per batch and closed at the end.
+        ``counted``: the pass's per-op record (``data._stats.OpRecord``), whose ``counted``
+        grows per batch too (so no counting wrapper sits on the elements). ``figures``: the
+        pass's ``data._stats.PipelineStats`` when this pass is its root, started at the
+        first element and finished at the end (so no generator more sits on them either).
         """
         clock = time.perf_counter
         with self._lock:
             self.passes += 1
+        if figures is not None:
+            figures.started()
         try:
             while True:
                 t0 = clock()
@@ -147,9 +154,13 @@ class ReadStats:
                 finally:  # the consumer had the batch until now (also when it stops here)
                     n = len(batch) - operator.length_hint(elements)
                     self._account(t0, t1, clock() - t1, n)
+                    if counted is not None:
+                        counted.counted += n
                     if progress is not None:
                         progress.update(n)
         finally:  # a consumer that stops early closes the read (it releases its job)
+            if figures is not None:
+                figures.finished()
             if progress is not None:
                 progress.close()
             close = getattr(batches, "close", None)

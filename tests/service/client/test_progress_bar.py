@@ -49,3 +49,34 @@ def test_reading_a_distributed_dataset_prints_a_bar_only_when_on(capsys):
         err = capsys.readouterr().err
         assert "100 elements" in err or "100/" in err
         assert ds.stats()["elements"] == 200
+
+
+@pytest.mark.cluster
+def test_a_read_counts_and_ends_its_figures_itself_with_no_generator_on_its_elements():
+    # the scalar hot path: the consumer's iterator is the read itself (ReadStats.wrap), which
+    # counts per batch and starts/ends the per-op figures; below another op it is counted
+    # the same way and the root's figures still end when the read does
+    from dask_dataservice.data import _stats
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        ds = dds.Dataset.range(300).apply(dds.distribute("parallel_epochs", client))
+        it = iter(ds)
+        assert it.gi_code is ReadStats.wrap.__code__
+        figures = _stats.LATEST[ds._op]
+        assert [next(it) for _ in range(3)] == [0, 1, 2] and figures.ended is None
+        assert sorted([0, 1, 2, *it]) == list(range(300))
+        assert figures.ended is not None
+        assert [r["elements_out"] for r in figures.rows()] == [300]
+
+        it = iter(ds)  # closed early: its figures end too
+        next(it)
+        it.close()
+        assert _stats.LATEST[ds._op].ended is not None
+
+        mapped = ds.map(lambda x: x + 1).filter(lambda x: x % 2 == 0)
+        assert sorted(mapped) == list(range(2, 301, 2))
+        figures = _stats.LATEST[mapped._op]
+        assert figures.ended is not None
+        assert [(r["elements_in"], r["elements_out"]) for r in figures.rows()] == [
+            (None, 300), (300, 300), (300, 150)]
