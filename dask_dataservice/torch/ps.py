@@ -47,10 +47,11 @@ __all__ = ["ShardedEmbedding", "TorchModuleOnPS", "torch_module"]
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
+    return np.asarray(t.detach().cpu().numpy())
 
 
-class ShardedEmbedding(torch.nn.Module):
+# torch is typed as Any here (pyproject.toml: mypy skips its 1,400 modules)
+class ShardedEmbedding(torch.nn.Module):  # type: ignore[misc]
     """An embedding whose table is a (sharded) variable on the parameter servers.
 
     Parameters
