@@ -328,7 +328,8 @@ def ended_iterator(it: Iterator[Any], stats: PipelineStats, end: bool = True) ->
     the service, which sees every batch start and end) is returned as it is: no generator
     more between the consumer and its elements."""
     stats.ends_own = end
-    if stats.self_ending:
+    if stats.self_ending:  # taken by the iterator just created: reset for a later iteration
+        stats.self_ending = False
         return it
     return _ended(it, stats)
 

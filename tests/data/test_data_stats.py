@@ -154,3 +154,17 @@ def test_a_source_read_through_a_split_provider_is_counted_per_split_not_per_ele
     assert [r["elements_out"] for r in st.rows()] == [len(want)]
     rec = st.record(op)
     assert len(rec.hinted) + len(rec.counters) <= 9  # ended splits folded, not kept
+
+
+@pytest.mark.component
+def test_a_pipeline_stats_reused_after_a_self_ending_read_still_samples_the_next_one():
+    # a root that ends its own figures (a service read) takes the ends once: a later iteration
+    # into the same explicit PipelineStats gets the usual wrapper (else it would go unsampled)
+    from dask_dataservice.data._stats import ended_iterator
+
+    st = PipelineStats()
+    st.self_ending = True  # as ServiceSource.iterate leaves it (take_ends) for its own read
+    raw = iter([1, 2])
+    assert ended_iterator(raw, st, end=False) is raw
+    wrapped = ended_iterator(iter([3]), st, end=False)
+    assert wrapped is not raw and list(wrapped) == [3]

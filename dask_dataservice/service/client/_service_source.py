@@ -12,17 +12,11 @@ from typing import Any, ClassVar
 from distributed import Client
 
 from ...data._base import REPR_ONLY, UNKNOWN, IterContext, Op
-from ...data._stats import counts_itself
 from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from . import _connection
 from ._cardinality import service_cardinality, why_unknown
 from ._progress import progress_bar
-
-# a pass counts its elements per batch (ReadStats.wrap's ``counted``) and, as the root, starts
-# and ends its figures: the figures put no generator on the consumer's elements (two cost a
-# scalar read 10-15%)
-counts_itself(ReadStats.wrap)
 
 
 @dataclasses.dataclass(frozen=True)
