@@ -28,6 +28,7 @@ from distributed.utils import LoopRunner, sync
 from ... import config
 from ..._rpc import normalize_address
 from ...errors import DataServiceError
+from ._address import parse_service
 from ..protocol._hooks import new_plugins
 from ..protocol._messages import raise_for_status
 
@@ -43,15 +44,18 @@ _INSTALLED: weakref.WeakKeyDictionary[Client, bool] = weakref.WeakKeyDictionary(
 
 
 def service_address(service: Any) -> str:
-    """The scheduler address of ``service`` (a Client or an address string)."""
+    """The scheduler address of ``service``: a Client, an address string or TensorFlow's
+    ``(protocol, address)`` tuple (``"grpc://host:port"`` and ``"host:port"`` included:
+    :mod:`._address`)."""
     if isinstance(service, Client):
         return str(service.scheduler.address)  # type: ignore[union-attr]  # a connected client
-    if isinstance(service, str) and service.strip():
-        return normalize_address(service)
-    raise TypeError(
-        "service must be a distributed.Client or a scheduler address such as "
-        f"'tcp://host:8786', got {type(service).__name__} {service!r:.60}"
-    )
+    return parse_service(service, _known_addresses)
+
+
+def _known_addresses() -> list[str]:
+    """The scheduler addresses of the clients this process has open (for ``grpc``)."""
+    with _CLIENTS_LOCK:
+        return [a for a, c in _CLIENTS.items() if _usable(c)]
 
 
 def _usable(client: Client | None) -> bool:
