@@ -36,8 +36,8 @@ from ._cardinality import count_preserving
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import aread
-from ._service_source import ReadSpec, ServiceSource
 from ._scope import NAME_SCOPE, name_scope, scoped_fingerprint
+from ._service_source import ReadSpec, ServiceSource
 
 __all__ = [
     "ShardingPolicy",

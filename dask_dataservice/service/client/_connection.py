@@ -28,9 +28,9 @@ from distributed.utils import LoopRunner, sync
 from ... import config
 from ..._rpc import normalize_address
 from ...errors import DataServiceError
-from ._address import parse_service
 from ..protocol._hooks import new_plugins
 from ..protocol._messages import raise_for_status
+from ._address import parse_service
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
 
