@@ -7,8 +7,8 @@ protocols (``tcp``, ``tls``, ``ws``...), so TensorFlow's gRPC names are mapped o
 
 - ``"grpc"`` (TensorFlow's default protocol, also what a bare ``"host:port"`` means) and
   ``"grpc+local"`` are *this cluster's own protocol*: ``tls`` when this process is set up to
-  talk TLS to the scheduler (a ``distributed.Client`` of ``tls://host:port`` is already open
-  here, or Dask's ``distributed.comm.require-encryption`` is set), ``tcp`` otherwise;
+  talk TLS to the scheduler (a ``distributed.Client`` of ``tls://host:port`` is open in this
+  process, or Dask's ``distributed.comm.require-encryption`` is set), ``tcp`` otherwise;
 - ``"grpc+tls"`` is ``tls``;
 - a Dask protocol (``tcp``, ``tls``, ``ws``, ``wss``, ``inproc``, ``ucx``) is kept.
 

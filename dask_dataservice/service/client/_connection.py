@@ -53,9 +53,19 @@ def service_address(service: Any) -> str:
 
 
 def _known_addresses() -> list[str]:
-    """The scheduler addresses of the clients this process has open (for ``grpc``)."""
+    """The scheduler addresses of the ``distributed.Client``s open in this process (for
+    ``grpc``: a client of ``tls://host:port`` makes it TLS). distributed tracks every client
+    it creates in ``Client._instances`` (a weak set; private, so read defensively)."""
+    clients: list[Client] = list(getattr(Client, "_instances", ()))
     with _CLIENTS_LOCK:
-        return [a for a, c in _CLIENTS.items() if _usable(c)]
+        clients += _CLIENTS.values()
+    found = []
+    for client in clients:
+        scheduler = getattr(client, "scheduler", None) if _usable(client) else None
+        address = getattr(scheduler, "address", None)
+        if isinstance(address, str):
+            found.append(address)
+    return found
 
 
 def _usable(client: Client | None) -> bool:
@@ -72,7 +82,8 @@ def on_loop_thread(client: Client) -> bool:
 
 
 def client_for(service: Any) -> Client:
-    """A connected client for ``service`` (a Client, or an address: reuse or connect)."""
+    """A connected client for ``service`` (a Client, or an address: reuse one, this module's
+    or a synchronous one the user opened for it, or connect)."""
     if isinstance(service, Client):
         if not _usable(service):
             raise _closed(service, "the distributed.Client given as service")
@@ -86,7 +97,7 @@ def client_for(service: Any) -> Client:
         known = _CLIENTS.get(address)
         if known is not None and _usable(known):
             return known
-    client = _worker_client(address)
+    client = _worker_client(address) or _open_client(address)
     if client is None:
         timeout = config.get_seconds("client.connect-timeout")
         probe(address, timeout)
@@ -99,6 +110,16 @@ def client_for(service: Any) -> Client:
     with _CLIENTS_LOCK:
         _CLIENTS[address] = client
     return client
+
+
+def _open_client(address: str) -> Client | None:
+    """A synchronous ``distributed.Client`` of ``address`` the user opened in this process
+    (with its own security, say), to reuse rather than connect again."""
+    for client in list(getattr(Client, "_instances", ())):
+        if _usable(client) and not client.asynchronous and \
+                getattr(client.scheduler, "address", None) == address:
+            return client
+    return None
 
 
 def probe(address: str, timeout: float) -> None:
