@@ -62,7 +62,7 @@ class AdvertisingWorker(ReconnectingWorker):
         self.contact_template = contact_template
 
     async def listen(self, *args: Any, **kwargs: Any) -> None:
-        await super().listen(*args, **kwargs)
+        await super().listen(*args, **kwargs)  # type: ignore[no-untyped-call]  # distributed
         if self.contact_template is not None:
             assert self.listener is not None  # listening now
             _, port = get_address_host_port(self.listener.contact_address)

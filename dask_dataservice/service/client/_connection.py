@@ -115,7 +115,8 @@ def client_for(service: Any) -> Client:
 def _open_client(address: str) -> Client | None:
     """A synchronous ``distributed.Client`` of ``address`` the user opened in this process
     (with its own security, say), to reuse rather than connect again."""
-    for client in list(getattr(Client, "_instances", ())):
+    clients: list[Client] = list(getattr(Client, "_instances", ()))
+    for client in clients:
         if _usable(client) and not client.asynchronous and \
                 getattr(client.scheduler, "address", None) == address:
             return client
