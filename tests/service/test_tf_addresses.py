@@ -216,3 +216,20 @@ def test_a_dataset_id_in_use_registers_nothing_new(servers):
     with pytest.raises(ValueError, match="under another registration key"):  # no key at all
         dds.register_dataset(service, dds.Dataset.range(4), dataset_id="keyed")
     assert len(plugin.state.list_datasets()) == before + 2
+
+
+@pytest.mark.pure
+def test_worker_address_forms():
+    """``WorkerConfig.worker_address`` as TF writes it: ``host:%port%`` (TF's default form), a
+    bare host (the same), a fixed port (advertised as given, as TF does: a port forward's),
+    TF's ``grpc://`` prefix (the worker's own protocol), an IPv6 host."""
+    from dask_dataservice.service._worker_address import advertised_address
+
+    assert advertised_address("localhost:%port%", "tcp") == ("localhost", "tcp://localhost:%port%")
+    assert advertised_address("10.0.0.7", "tls") == ("10.0.0.7", "tls://10.0.0.7:%port%")
+    assert advertised_address("10.0.0.7:6000", "tcp") == ("10.0.0.7", "tcp://10.0.0.7:6000")
+    assert advertised_address("grpc://h:%port%", "tcp") == ("h", "tcp://h:%port%")
+    assert advertised_address("[::1]:%port%", "tcp") == ("::1", "tcp://[::1]:%port%")
+    for bad in ("", "h:x", "h:1:2:%port%x"):
+        with pytest.raises(ValueError, match="worker_address"):
+            advertised_address(bad, "tcp")

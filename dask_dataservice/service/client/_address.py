@@ -92,5 +92,6 @@ def parse_service(service: Any, known: Callable[[], Iterable[str]] = tuple) -> s
             f"{type(service).__name__} {service!r:.60}")
     if not location:
         raise ValueError(f"service {service!r} names no address (host:port)")
-    scheme = dask_protocol(protocol, location, known())
+    grpc = isinstance(protocol, str) and protocol.strip().lower() in GRPC
+    scheme = dask_protocol(protocol, location, known() if grpc else ())
     return normalize_address(f"{scheme}://{location}")
