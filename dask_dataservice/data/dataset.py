@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import _stats, formats, ops, ops_more, sources
+from . import _file_shard, _stats, formats, ops, ops_more, sources
 from ._adapters import adapter
 from ._base import AUTOTUNE, INFINITE, REPR_ONLY, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
@@ -573,6 +573,7 @@ class Dataset:
         """
         if split_size is not None:
             split_size = ops.check_int("split_size", split_size, minimum=1)
+        split_size = _file_shard.split_size(self._op, split_size)  # a file name per split
         if len(_sources(self._op)) == 1:
             self.check_splittable()
             return self.source.splits(split_size)
@@ -588,8 +589,19 @@ class Dataset:
 
     @property
     def is_file_based(self) -> bool:
-        """True when every source of the pipeline reads files (FILE sharding applies)."""
-        return all(cast(sources.Source, src).file_based for src in _sources(self._op))
+        """True when every source of the pipeline is a list of files (FILE sharding applies:
+        see :meth:`why_not_file_shardable`)."""
+        return _file_shard.why_not_file_shardable(self._op) is None
+
+    def why_not_file_shardable(self) -> str | None:
+        """Why FILE sharding cannot give each worker whole files of this pipeline, or None.
+
+        As TensorFlow's auto-shard, it looks below ``interleave`` / ``flat_map`` / ``map``
+        (the readers) for the file names: ``list_files``, ``from_files``, the format readers
+        and ``from_tensor_slices(filenames)`` read by such an op (see
+        :mod:`dask_dataservice.data._file_shard`); the pipeline must also be splittable.
+        """
+        return _file_shard.why_not_file_shardable(self._op) or self.why_not_splittable()
 
     @property
     def has_shard_hint(self) -> bool:
