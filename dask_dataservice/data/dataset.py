@@ -29,6 +29,7 @@ from .splits import (
     ListSplitProvider,
     NotSplittableError,
     SplitProvider,
+    mixed_splits,
     shared_splits,
 )
 
@@ -542,7 +543,7 @@ class Dataset:
     def why_not_splittable(self) -> str | None:
         """Why this pipeline cannot be cut into splits (DYNAMIC / FILE sharding), or None."""
         srcs = _sources(self._op)
-        if len(srcs) > 1:  # zip / concatenate: the plan decides (it enumerates the splits)
+        if _planned(self._op):  # zip / concatenate / mixes: the plan decides (it enumerates)
             plan = _split_plan(self._op, None)
             return plan if isinstance(plan, str) else None
         source = cast(sources.Source, srcs[0])
@@ -574,7 +575,7 @@ class Dataset:
         if split_size is not None:
             split_size = ops.check_int("split_size", split_size, minimum=1)
         split_size = _file_shard.split_size(self._op, split_size)  # a file name per split
-        if len(_sources(self._op)) == 1:
+        if not _planned(self._op):
             self.check_splittable()
             return self.source.splits(split_size)
         plan = _split_plan(self._op, split_size)
@@ -664,6 +665,14 @@ def _to_numpy(x: Any) -> Any:
     return x
 
 
+def _planned(op: Op) -> bool:
+    """Whether the pipeline's splits come from :func:`_split_plan` (several sources, or a
+    sample/choose, whose inputs read tagged splits), not straight from its one source."""
+    return len(_sources(op)) > 1 or any(
+        isinstance(n, (ops_more.SampleFromDatasets, ops_more.ChooseFromDatasets))
+        for n in walk(op))
+
+
 def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> Sequence[Any] | str:
     """The splits of the pipeline rooted at ``op``, or the reason it has none.
 
@@ -678,9 +687,9 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> S
     if reason:
         return reason
     if in_component and isinstance(op, ops.Repeat):
-        return ("repeat() inside a zip/concatenate component cannot be split (each repetition "
-                "would need the component's splits again); apply repeat() after the "
-                "zip/concatenate")
+        return ("repeat() inside an input of zip, concatenate, sample_from_datasets or "
+                "choose_from_datasets cannot be split (each repetition would need the input's "
+                "splits again); apply repeat() after them")
     if isinstance(op, ops_more.Concatenate):
         plan: list[Any] = []
         for k, child in enumerate(op.inputs):
@@ -689,6 +698,14 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> S
                 return part
             plan.extend(ComponentSplit(k, s) for s in part)
         return plan
+    if isinstance(op, (ops_more.SampleFromDatasets, ops_more.ChooseFromDatasets)):
+        data = op.mixed_inputs()  # choose_from_datasets' choice input is not split
+        parts = [_split_plan(child, split_size, True) for child in data]
+        for part in parts:
+            if isinstance(part, str):
+                return part
+        return mixed_splits(cast(list[Sequence[Any]], parts), op.rates(),
+                            [child.cardinality() for child in data])
     if isinstance(op, ops_more.Zip):
         parts = [_split_plan(child, split_size, True) for child in op.inputs]
         for part in parts:
