@@ -88,8 +88,9 @@ async def test_file_or_data_falls_back_to_data_and_says_so(c, s, a, b):
     DATA), ``testRangeDataset_FileShard`` (FILE refuses range: "Found an unshardable source
     dataset"), ``testTFRecordDataset_FewerFilesThanWorkers`` (FILE refuses one file for two
     workers, "not enough for the required 2 shards/workers"; FILE_OR_DATA reads it with DATA
-    sharding here, where TensorFlow raises: see docs/compatibility.md). A log line on the
-    dispatcher says which policy FILE_OR_DATA chose and why."""
+    sharding here, where TensorFlow raises: see docs/compatibility.md),
+    ``testTFRecordDataset_ReadFromAllWorkers`` (static sharding read with ANY is refused). A
+    log line on the dispatcher says which policy FILE_OR_DATA chose and why."""
     paths = _records(3, 4)
     one_file = dds.Dataset.from_tensor_slices(paths[:1]).interleave(dds.Dataset.from_tfrecord)
     with captured_logger(LOGGER, level=logging.INFO) as log:
@@ -127,6 +128,10 @@ async def test_file_or_data_falls_back_to_data_and_says_so(c, s, a, b):
                        r"shards/workers \(each worker reads whole files\) \(use DATA or "
                        r"FILE_OR_DATA\)$"):
         await read(await distribute(one_file.map(tag), "FILE", c))
+    with pytest.raises(ValueError, match=re.escape(
+            "static sharding (FILE) reads each worker's shard from that worker's host: "
+            "target_workers='ANY' is not allowed (use 'AUTO' or 'LOCAL')")):
+        await read(await distribute(three, "FILE_OR_DATA", c, target_workers="ANY"))
     strings = dds.Dataset.from_tensor_slices(["a", "b"])  # names no reader reads
     with pytest.raises(ValueError, match=r"from_tensor_slices\(\) of strings that no "
                        "interleave, flat_map or map reads as file names"):

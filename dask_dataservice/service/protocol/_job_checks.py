@@ -1,6 +1,7 @@
 """What a job request may ask: the dispatcher's validations of processing modes, target
 workers and dataset cardinalities, and the static worker list. Pure functions (no state, no
-scheduler): :mod:`..dispatcher.plugin` calls them before it builds any update."""
+scheduler; :func:`check_mode` logs the policy FILE_OR_DATA chose): :mod:`..dispatcher.plugin`
+calls them before it builds any update."""
 
 from __future__ import annotations
 
