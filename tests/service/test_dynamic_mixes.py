@@ -23,12 +23,17 @@ async def test_sample_and_choose_from_datasets_under_dynamic_sharding(c, s, a, b
     .6/.3/.1: the input of the largest weight comes most often) and ``testChooseFromDatasets``
     (num_workers=3: every worker runs the whole choice dataset, the data inputs' splits are
     handed out). Inputs are finite here (a ``repeat()`` inside an input is refused under
-    DYNAMIC), so the sample also shows every element of every input read exactly once."""
+    DYNAMIC): the sample shows every element of every input read exactly once, and, with
+    ``stop_on_empty_dataset=True`` (every element drawn while all inputs were live, as from
+    TensorFlow's endless inputs), the weights in the counts, each element at most once."""
     inputs = [dds.Dataset.range(1000 * k, 1000 * k + 300) for k in range(3)]
     mixed = dds.Dataset.sample_from_datasets(inputs, [.6, .3, .1], seed=5)
     out = [int(x) for x in await read(await distribute(mixed, "DYNAMIC", c))]
     assert sorted(out) == [1000 * k + i for k in range(3) for i in range(300)]
-    freqs = collections.Counter(x // 1000 for x in out[:200])
+    mixed = dds.Dataset.sample_from_datasets(inputs, [.6, .3, .1], stop_on_empty_dataset=True)
+    out = [int(x) for x in await read(await distribute(mixed, "DYNAMIC", c))]
+    assert len(set(out)) == len(out)
+    freqs = collections.Counter(x // 1000 for x in out)
     assert freqs[0] > freqs[1] > freqs[2], freqs
 
     words = ["foo", "bar", "baz"]
