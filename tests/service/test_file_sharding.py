@@ -83,6 +83,21 @@ async def test_file_sharding_finds_the_file_names_below_the_readers(c, s, a, b):
 
 
 @gen_cluster(client=True, nthreads=TWO, config=FIXED)
+async def test_every_sharding_policy_reads_the_file_pipeline(c, s, a, b):
+    """``auto_shard_test.py`` ``testEnumerateShardingPolicies``: every policy reads
+    ``list_files(...).flat_map(reader)`` with no error; here with the exact elements: each
+    record once under DYNAMIC, FILE, DATA and FILE_OR_DATA, once per worker under OFF and
+    under HINT without a ``SHARD_HINT`` (``testTFRecordDataset_NoShard``)."""
+    paths = _records(4, 2)
+    records = sorted(b"Record %d of file %d" % (r, f) for f in range(4) for r in range(2))
+    pipeline = dds.Dataset.list_files(paths).flat_map(dds.Dataset.from_tfrecord)
+    for policy in dds.ShardingPolicy:
+        out = sorted(bytes(x) for x in await read(await distribute(pipeline, policy, c)))
+        copies = 2 if policy in (dds.ShardingPolicy.OFF, dds.ShardingPolicy.HINT) else 1
+        assert out == sorted(records * copies), policy
+
+
+@gen_cluster(client=True, nthreads=TWO, config=FIXED)
 async def test_file_or_data_falls_back_to_data_and_says_so(c, s, a, b):
     """``auto_shard_test.py``: ``testRangeDataset_AutoShard`` (FILE_OR_DATA over range is
     DATA), ``testRangeDataset_FileShard`` (FILE refuses range: "Found an unshardable source
