@@ -27,7 +27,8 @@ import numpy as np
 from . import ops, sources
 from ._base import Op
 
-__all__ = ["filename_source", "split_size", "why_not_file_shardable"]
+__all__ = ["filename_source", "is_reader", "source_split_size", "split_size",
+           "why_not_file_shardable"]
 
 #: Ops that turn an element (a file name) into the file's elements.
 _READERS = (ops.Interleave, ops.Map)  # flat_map is an Interleave
@@ -49,7 +50,7 @@ def _walk(op: Op, read_above: bool, out: list[tuple[Op, bool]]) -> None:
     if op.is_source:
         out.append((op, read_above))
         return
-    read_above = read_above or isinstance(op, _READERS)
+    read_above = read_above or is_reader(op)
     for child in op.inputs:
         _walk(child, read_above, out)
 
@@ -88,10 +89,23 @@ def filename_source(op: Op) -> sources.TensorSlices | None:
     return None
 
 
+def is_reader(op: Op) -> bool:
+    """Whether ``op`` reads its input's elements as file names (see the module docstring)."""
+    return isinstance(op, _READERS)
+
+
+def source_split_size(source: Op, read: bool, given: int | None) -> int | None:
+    """The split size to cut ``source`` with (``read``: a reader op is above it): ``given`` if
+    set; one file name per split for a list of file names (each file is read whole by one
+    worker, under FILE and DYNAMIC sharding alike, as in TensorFlow); else None (the
+    source's default)."""
+    if given is None and read and _is_filename_array(source):
+        return 1
+    return given
+
+
 def split_size(op: Op, given: int | None) -> int | None:
-    """The split size to cut the pipeline's source with: ``given`` if set; one file name per
-    split for a list of file names (each file is read whole by one worker, under FILE and
-    DYNAMIC sharding alike, as in TensorFlow); else None (the source's default)."""
+    """:func:`source_split_size` for a pipeline with one source."""
     if given is None and filename_source(op) is not None:
         return 1
     return given

@@ -673,16 +673,22 @@ def _planned(op: Op) -> bool:
         for n in walk(op))
 
 
-def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> Sequence[Any] | str:
+def _split_plan(op: Op, split_size: int | None, in_component: bool = False,
+                read: bool = False) -> Sequence[Any] | str:
     """The splits of the pipeline rooted at ``op``, or the reason it has none.
 
     One source: its splits. ``concatenate``: the inputs' splits one after the other, tagged
     with the input (:class:`~dask_dataservice.data.splits.ComponentSplit`). ``zip``: the splits
     every component shares (see :func:`~dask_dataservice.data.splits.shared_splits`).
+    ``read``: a reader op (interleave, flat_map, map) is above ``op``, so a list of file names
+    below it is cut one name per split (:mod:`._file_shard`).
     """
     if op.is_source:
         source = cast(sources.Source, op)
-        return source.splits(split_size) if source.splittable else source.why_not()
+        if not source.splittable:
+            return source.why_not()
+        return source.splits(_file_shard.source_split_size(source, read, split_size))
+    read = read or _file_shard.is_reader(op)
     reason = op.split_blocker()
     if reason:
         return reason
@@ -693,29 +699,29 @@ def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> S
     if isinstance(op, ops_more.Concatenate):
         plan: list[Any] = []
         for k, child in enumerate(op.inputs):
-            part = _split_plan(child, split_size, True)
+            part = _split_plan(child, split_size, True, read)
             if isinstance(part, str):
                 return part
             plan.extend(ComponentSplit(k, s) for s in part)
         return plan
     if isinstance(op, (ops_more.SampleFromDatasets, ops_more.ChooseFromDatasets)):
         data = op.mixed_inputs()  # choose_from_datasets' choice input is not split
-        parts = [_split_plan(child, split_size, True) for child in data]
+        parts = [_split_plan(child, split_size, True, read) for child in data]
         for part in parts:
             if isinstance(part, str):
                 return part
         return mixed_splits(cast(list[Sequence[Any]], parts), op.rates(),
                             [child.cardinality() for child in data])
     if isinstance(op, ops_more.Zip):
-        parts = [_split_plan(child, split_size, True) for child in op.inputs]
+        parts = [_split_plan(child, split_size, True, read) for child in op.inputs]
         for part in parts:
             if isinstance(part, str):
                 return part
         return shared_splits(cast(list[Sequence[Any]], parts), op.cardinality(), split_size,
-                             lambda size: [_split_plan(c, size, True) for c in op.inputs])
+                             lambda size: [_split_plan(c, size, True, read) for c in op.inputs])
     if len(op.inputs) != 1:
         return f"{op.name}() reads {len(op.inputs)} inputs and cannot be split"
-    return _split_plan(op.inputs[0], split_size, in_component)
+    return _split_plan(op.inputs[0], split_size, in_component, read)
 
 
 #: Ops that keep the shape of their input's elements (``element_spec`` looks through them).

@@ -45,6 +45,9 @@ def test_file_names_below_the_readers_are_a_file_source():
     assert names.flat_map(read).splits() == IndexRanges(300, 1)
     assert names.flat_map(read).splits(7) == IndexRanges(300, 7)  # asked for: as asked
     assert Dataset.from_tensor_slices(NAMES).splits() == IndexRanges(300, 2)  # no reader
+    both = names.flat_map(read).concatenate(Dataset.list_files(__file__).flat_map(read))
+    assert [s.split for s in both.splits()][:300] == list(IndexRanges(300, 1))
+    assert len(both.splits()) == 301
 
 
 @pytest.mark.parametrize(("ds", "reason"), [
