@@ -154,6 +154,7 @@ def register_dataset(service: Client | str | tuple[str, str], dataset: Dataset,
     client = _connection.client_for(service)
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
+        "why_not_file_shardable": dataset.why_not_file_shardable(),  # FILE / FILE_OR_DATA
         "cardinality": dataset.cardinality(), "has_shard_hint": dataset.has_shard_hint,
         # from_dataset_id's cardinality() (service/client/_cardinality.py)
         "count_preserving": count_preserving(dataset._op),

@@ -36,6 +36,7 @@ from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
+from ._locality import local_workers_mode, process_workers
 from ._read_channel import END, Channel, Failure
 from ._service_source import ReadSpec, ServiceSource
 from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker, ask_again_after
@@ -121,7 +122,8 @@ class IterationReader:
         self.stalls = _tracker("client.stall-warning", "client.stall-timeout")
         #: Which tasks this pass reads, and when it is over (:mod:`.reader_core`).
         self.core = ReaderCore(iteration_id, spec.target_workers, self.local_host,
-                               _tracker("client.no-workers-warning", "client.no-workers-timeout"))
+                               _tracker("client.no-workers-warning", "client.no-workers-timeout"),
+                               process_workers if local_workers_mode() == "process" else None)
 
     def start(self, view: dict[str, Any]) -> None:
         self.group.spawn(self.run, view)
