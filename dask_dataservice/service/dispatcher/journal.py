@@ -185,7 +185,6 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ._journal_compaction import Compactor, _Compacting
@@ -219,6 +218,7 @@ from ._journal_format import (
     snapshot_path,
     write_snapshot,
 )
+from ._journal_fs import JournalPath, RemotePath, RemoteSegment, location
 from ._journal_lineage import (
     Manifest,
     check_closed,
@@ -329,12 +329,13 @@ class JournalWriter(_Compacting):
     >>> writer.metrics.records_per_fsync                 # doctest: +SKIP
     """
 
-    def __init__(self, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
+    def __init__(self, work_dir: str | os.PathLike[str] | RemotePath, *, repair_tail: bool = True,
                  compact: Compactor | None = None, snapshot_records: int | None = None,
                  snapshot_bytes: int | None = None, lineage: str | None = None,
                  counters: Callable[[], list[int]] | None = None) -> None:
-        #: The journal directory.
-        self.work_dir = Path(work_dir)
+        #: The journal directory: a local :class:`~pathlib.Path`, or a
+        #: :class:`~._journal_fs.RemotePath` on a URL's filesystem (:mod:`._journal_fs`).
+        self.work_dir: JournalPath = location(work_dir)
         #: The work_dir's identity: its manifest's, else ``lineage`` (else a fresh one) on
         #: the first start (set by :meth:`start`).
         self.lineage = lineage
@@ -347,13 +348,14 @@ class JournalWriter(_Compacting):
         self._crc = 0
         self._named_closed = False  # the manifest names the segment closed (aclose)
         #: This writer's segment file (``None`` until started).
-        self.path: Path | None = None
+        self.path: JournalPath | None = None
         #: This writer's segment number (``None`` until started).
         self.segment: int | None = None
         #: Counters; safe to read at any time.
         self.metrics = JournalWriterMetrics()
         self._repair_tail = repair_tail
-        self._fd = -1
+        # The segment: a file descriptor, or a URL's chain of objects; -1 once closed.
+        self._fd: int | RemoteSegment = -1
         self._io: ThreadPoolExecutor | None = None
         # Held while writing + syncing, so append_sync from another thread and the executor
         # never interleave bytes.
@@ -383,7 +385,7 @@ class JournalWriter(_Compacting):
     # -- lifecycle --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
+    def open(cls, work_dir: str | os.PathLike[str] | RemotePath, *, repair_tail: bool = True,
              **snapshots: Any) -> JournalWriter:
         """Create a writer and :meth:`start` it.
 
@@ -458,6 +460,8 @@ class JournalWriter(_Compacting):
             self._compactor = ThreadPoolExecutor(1, thread_name_prefix="dds-journal-compact")
             if snapshots:
                 self.metrics.last_snapshot_bytes = snapshots[-1][1].stat().st_size
+        if isinstance(self.work_dir, RemotePath):
+            logger.info("journal %s: each group commit is written as one object", self.work_dir)
 
     def _write_manifest(self, change: Callable[[Manifest], None]) -> None:
         """Change the manifest and write it, atomically (any thread)."""
@@ -469,10 +473,12 @@ class JournalWriter(_Compacting):
                 manifest.raise_high_water(list(self._counters()))
             write_manifest(self.work_dir, manifest)
 
-    def _new_segment(self, number: int,
-                     closing: tuple[int, int, int] | None = None) -> tuple[int, Path]:
+    def _new_segment(self, number: int, closing: tuple[int, int, int] | None = None,
+                     ) -> tuple[int | RemoteSegment, JournalPath]:
         """Create segment ``number`` with its header, durably (file and directory entry)."""
         path = segment_path(self.work_dir, number)
+        if isinstance(path, RemotePath):
+            return self._new_remote_segment(path, closing), path
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
         fd = os.open(path, flags, 0o600)
         try:
@@ -492,6 +498,22 @@ class JournalWriter(_Compacting):
             os.close(fd)
             raise
         return fd, path
+
+    def _new_remote_segment(self, path: RemotePath,
+                            closing: tuple[int, int, int] | None) -> RemoteSegment:
+        """Segment ``path`` on a URL: its header object (:mod:`._journal_fs`)."""
+        header = _segment_header()
+        segment = RemoteSegment(path, header)
+        self._size, self._crc = len(header), zlib.crc32(header)
+        number = int(path.name.split("_", 1)[1])
+
+        def newest(m: Manifest) -> None:
+            m.segment = number
+            if closing is not None:
+                m.closed[closing[0]] = closing[1:]
+
+        self._write_manifest(newest)
+        return segment
 
     @property
     def closed(self) -> bool:
@@ -533,8 +555,9 @@ class JournalWriter(_Compacting):
             self._compactor.shutdown(wait=True, cancel_futures=True)
             self._compactor = None
         with self._file_lock:
-            if self._fd >= 0:
-                os.close(self._fd)
+            if self._fd != -1:
+                if isinstance(self._fd, int):
+                    os.close(self._fd)
                 self._fd = -1
                 if self._failure is None and self.segment is not None and not self._named_closed:
                     self._close_manifest(self.segment)
@@ -627,7 +650,7 @@ class JournalWriter(_Compacting):
             ) from self._failure
         if self._closed:
             raise JournalClosedError(f"journal writer for {self.path} is closed")
-        if self._fd < 0:
+        if self._fd == -1:
             raise JournalError(f"journal writer for {self.work_dir} was not started; call start()")
 
     def append(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[None]:
@@ -755,11 +778,15 @@ class JournalWriter(_Compacting):
         """Write and fsync one batch (on the I/O thread, or the caller's for append_sync)."""
         data = pieces[0] + pieces[1] if len(pieces) == 2 else b"".join(pieces)
         with self._file_lock:
-            if self._fd < 0:
+            fd = self._fd
+            if fd == -1:
                 raise JournalClosedError(f"journal writer for {self.path} is closed")
             start = time.perf_counter()
-            _write_all(self._fd, data)
-            _sync(self._fd)
+            if type(fd) is int:
+                _write_all(fd, data)
+                _sync(fd)
+            else:  # a URL: the batch is the segment's next object
+                fd.append(data)
             elapsed = time.perf_counter() - start
             m = self.metrics
             m.records_written += count
