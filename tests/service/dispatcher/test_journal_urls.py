@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-import subprocess
-import sys
-import time
 import uuid
 import warnings
 
 import fsspec
 import pytest
-from _helpers import wait
+from _helpers import s3_emulator, wait
 from distributed import Client
 
 import dask_dataservice as dds
@@ -37,45 +34,9 @@ pytestmark = [pytest.mark.component, pytest.mark.timeout(90)]
 
 @pytest.fixture(scope="module")
 def s3():
-    """An S3 emulator (moto's server) on 127.0.0.1 and a bucket; yields ``s3://bucket``.
-
-    fsspec's configuration gives every ``s3://`` filesystem the emulator's endpoint, as a
-    user's would give theirs (or ``AWS_ENDPOINT_URL``)."""
-    from _helpers import needs
-
-    needs("moto.server", "test")
-    s3fs = needs("s3fs", "test")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = fsspec.config.conf.get("s3")
-    fsspec.config.conf["s3"] = {"key": "testing", "secret": "testing",
-                                "client_kwargs": {"endpoint_url": endpoint}}
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # until the emulator answers
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = fsspec.filesystem("s3")
-        fs.mkdir("dds-journal")  # the bucket (and fsspec's I/O thread, before any test)
-        yield "s3://dds-journal"
-    finally:
-        if saved is None:
-            fsspec.config.conf.pop("s3", None)
-        else:
-            fsspec.config.conf["s3"] = saved
-        s3fs.S3FileSystem.clear_instance_cache()
-        proc.terminate()
-        proc.wait(20)
+    """An S3 emulator and a bucket: ``s3://dds-journal``."""
+    with s3_emulator("dds-journal") as url:
+        yield url
 
 
 #: s3fs runs its requests on fsspec's process-wide I/O thread (and that loop's executor),
