@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import zarr
-from ._store import checkpoint_store
 
 from ._fit_run import _metrics
+from ._store import checkpoint_store
 from .checkpoint import FORMAT, Checkpoint
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from ...errors import JournalClosedError, JournalCorruptedError, JournalError
-from ._journal_fs import JournalPath, RemotePath, location, open_read
+from ._journal_fs import JournalPath, RemotePath, RemoteSegment, location, open_read
 
 __all__ = [
     "FORMAT_VERSION",
@@ -215,6 +215,22 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def create_segment(path: JournalPath, header: bytes) -> int | RemoteSegment:
+    """Create a segment holding ``header``, durably and exclusively (``O_EXCL``; fsync of
+    the file and of its directory): its file descriptor, or a URL's chain of objects."""
+    if isinstance(path, RemotePath):
+        return RemoteSegment(path, header)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+    try:
+        _write_all(fd, header)
+        _sync(fd)
+        _sync_dir(path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _truncate(path: JournalPath, length: int) -> None:

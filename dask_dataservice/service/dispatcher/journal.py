@@ -32,6 +32,11 @@ in an empty directory) with ``O_EXCL``: a writer never appends to an older segme
 run's file is never written again. After creating the file it writes the segment header,
 fsyncs the file and fsyncs the directory, so the new name itself is durable.
 
+``work_dir`` may also be an fsspec URL (``s3://bucket/dds``): the same files, each segment a
+chain of immutable objects, one per group commit, and snapshots and the manifest written
+whole; ``file://`` is the local directory; a URL that cannot be kept durably is refused
+(:mod:`._journal_fs`).
+
 Segment format (all integers little-endian)
 -------------------------------------------
 A segment is a 16-byte header followed by zero or more records::
@@ -206,9 +211,9 @@ from ._journal_format import (
     _segment_header,
     _segments_after,
     _sync,
-    _sync_dir,
     _write_all,
     covered_files,
+    create_segment,
     encode_record,
     list_segments,
     list_snapshots,
@@ -475,17 +480,12 @@ class JournalWriter(_Compacting):
 
     def _new_segment(self, number: int, closing: tuple[int, int, int] | None = None,
                      ) -> tuple[int | RemoteSegment, JournalPath]:
-        """Create segment ``number`` with its header, durably (file and directory entry)."""
+        """Create segment ``number`` with its header, durably (file and directory entry; on
+        a URL, the header object)."""
         path = segment_path(self.work_dir, number)
-        if isinstance(path, RemotePath):
-            return self._new_remote_segment(path, closing), path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-        fd = os.open(path, flags, 0o600)
+        header = _segment_header()
+        fd = create_segment(path, header)
         try:
-            header = _segment_header()
-            _write_all(fd, header)
-            _sync(fd)
-            _sync_dir(self.work_dir)
             self._size, self._crc = len(header), zlib.crc32(header)
 
             def newest(m: Manifest) -> None:
@@ -495,25 +495,10 @@ class JournalWriter(_Compacting):
 
             self._write_manifest(newest)  # before any record goes into the segment
         except BaseException:
-            os.close(fd)
+            if isinstance(fd, int):
+                os.close(fd)
             raise
         return fd, path
-
-    def _new_remote_segment(self, path: RemotePath,
-                            closing: tuple[int, int, int] | None) -> RemoteSegment:
-        """Segment ``path`` on a URL: its header object (:mod:`._journal_fs`)."""
-        header = _segment_header()
-        segment = RemoteSegment(path, header)
-        self._size, self._crc = len(header), zlib.crc32(header)
-        number = int(path.name.split("_", 1)[1])
-
-        def newest(m: Manifest) -> None:
-            m.segment = number
-            if closing is not None:
-                m.closed[closing[0]] = closing[1:]
-
-        self._write_manifest(newest)
-        return segment
 
     @property
     def closed(self) -> bool:
@@ -782,7 +767,7 @@ class JournalWriter(_Compacting):
             if fd == -1:
                 raise JournalClosedError(f"journal writer for {self.path} is closed")
             start = time.perf_counter()
-            if type(fd) is int:
+            if isinstance(fd, int):
                 _write_all(fd, data)
                 _sync(fd)
             else:  # a URL: the batch is the segment's next object
