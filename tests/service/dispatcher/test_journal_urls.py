@@ -221,3 +221,13 @@ def test_dispatcher_restart_during_reading_from_a_url_journal(kind, request):
         dispatcher.stop()
         if kind == "memory":
             fsspec.filesystem("memory").rm(location(work_dir).path, recursive=True)
+
+
+@pytest.mark.pure
+def test_dispatch_server_refuses_the_url_before_it_starts():
+    """``DispatchServer(DispatcherConfig(fault_tolerant_mode=True, work_dir=URL))`` refuses a URL
+    the journal cannot keep with the ValueError itself, before a scheduler starts."""
+    cfg = dds.DispatcherConfig(fault_tolerant_mode=True, work_dir="https://example.com/dds")
+    with pytest.raises(ValueError, match=r"^the journal cannot be kept at "
+                                         r"https://example.com/dds: https:// is read-only"):
+        dds.DispatchServer(cfg)
