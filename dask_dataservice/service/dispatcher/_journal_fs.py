@@ -114,9 +114,6 @@ class RemotePath:
     def exists(self) -> bool:
         return any(name == self.name for name, _ in self.parent.entries())
 
-    def is_dir(self) -> bool:
-        return True  # object stores have no directories to be in the way
-
     def stat(self) -> _Stat:
         parts = parts_of(self)
         if not parts:
@@ -206,9 +203,6 @@ def location(work_dir: str | os.PathLike[str] | RemotePath) -> JournalPath:
     if not isinstance(fs, cls):  # pragma: no cover - a chained URL
         raise ValueError(f"the journal cannot be kept at {url}: chained URLs are not supported")
     return RemotePath(fs, path)
-
-
-_PART_RE_CACHE: dict[str, re.Pattern[str]] = {}
 
 
 def parts_of(path: RemotePath) -> list[tuple[RemotePath, int]]:
