@@ -124,7 +124,11 @@ class RemotePath:
         parts = parts_of(self)
         if not parts:
             raise FileNotFoundError(str(self))
-        return b"".join(bytes(self.fs.cat_file(p.path)) for p, _ in parts)
+        if len(parts) == 1:
+            return bytes(self.fs.cat_file(self.path))
+        # every part at once (an async filesystem such as s3fs fetches them concurrently)
+        data = self.fs.cat([p.path for p, _ in parts], on_error="raise")
+        return b"".join(bytes(data[p.path]) for p, _ in parts)
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
