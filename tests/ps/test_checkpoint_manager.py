@@ -200,7 +200,7 @@ def s3():
         yield url
 
 
-@pytest.mark.cluster
+@pytest.mark.process  # the S3 emulator is a process of its own
 @gen_cluster(client=False, nthreads=[PS, WK])
 async def test_checkpoint_manager_on_s3(s, p0, w0, s3):
     """The same on an S3 emulator (``s3://``): numbered saves, deletion, restore, iterations."""

@@ -39,9 +39,10 @@ def s3():
         yield url
 
 
-#: s3fs runs its requests on fsspec's process-wide I/O thread (and that loop's executor),
-#: started by the first s3:// call and shared with every later one: the S3 tests leave them.
-S3 = pytest.param("s3", marks=pytest.mark.no_leak_check)
+#: The S3 cases talk to the emulator's process; s3fs runs their requests on fsspec's
+#: process-wide I/O thread (and that loop's executor), started by the first s3:// call and
+#: shared with every later one: the S3 tests leave them.
+S3 = pytest.param("s3", marks=[pytest.mark.process, pytest.mark.no_leak_check])
 
 
 def _memory_url() -> str:
@@ -183,8 +184,7 @@ def test_a_filesystem_not_installed_is_named():
     assert str(info.value).endswith("); install it on the scheduler's machine")
 
 
-@pytest.mark.cluster
-@pytest.mark.parametrize("kind", ["memory", S3])
+@pytest.mark.parametrize("kind", [pytest.param("memory", marks=pytest.mark.cluster), S3])
 def test_dispatcher_restart_during_reading_from_a_url_journal(kind, request):
     """TF's fault_tolerance_test.py ``testDispatcherRestartDuringReading`` with the journal on
     a URL: the dispatcher stops mid-epoch and starts again on the same ``work_dir`` URL; the
