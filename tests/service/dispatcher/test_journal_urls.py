@@ -164,6 +164,10 @@ def test_a_torn_last_object_is_cut_off():
      "the journal cannot be kept at nosuchfs://bucket/dds: fsspec knows no filesystem "
      "nosuchfs://; use a local directory, a file:// URL or an object store (s3://, gs://, "
      "az://)"),
+    ("simplecache::s3://bucket/dds",
+     "the journal cannot be kept at simplecache::s3://bucket/dds: not a URL of one filesystem "
+     "(chained URLs cache or wrap another filesystem); use a local directory, a file:// URL or "
+     "an object store (s3://, gs://, az://)"),
 ])
 def test_a_url_that_cannot_hold_a_journal_is_refused(work_dir, message):
     """A URL the journal cannot keep durably is refused with a ValueError saying why and what
