@@ -87,6 +87,7 @@ _LAZY: dict[str, str] = {
     "Variable": "dask_dataservice.ps.variables",
     "ShardedVariable": "dask_dataservice.ps.variables",
     "Checkpoint": "dask_dataservice.ps.checkpoint",
+    "CheckpointManager": "dask_dataservice.ps.checkpoint_manager",
     "partitioners": "dask_dataservice.ps.partitioners",
     "fit": "dask_dataservice.ps.fit",
     "DatasetCreator": "dask_dataservice.ps.fit",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .dashboard import status as status
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
+    from .ps.checkpoint_manager import CheckpointManager as CheckpointManager
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
     from .ps.evaluator import SidecarEvaluator as SidecarEvaluator
     from .ps.fit import DatasetCreator as DatasetCreator

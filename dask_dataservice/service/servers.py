@@ -233,6 +233,10 @@ class DispatchServer(_BackgroundServer):
             raise TypeError(f"config must be a DispatcherConfig, got {type(self.config).__name__}")
         if self.config.fault_tolerant_mode and not self.config.work_dir:
             raise ValueError("fault_tolerant_mode=True needs a work_dir for the journal")
+        if self.config.fault_tolerant_mode and self.config.work_dir:
+            from .dispatcher._journal_fs import location
+
+            location(self.config.work_dir)  # a URL the journal cannot keep: refused here
         self._protocol = _protocol(self.config.protocol)
         if start:
             self.start()
