@@ -44,13 +44,14 @@ from .. import config
 from . import _kernels, _routing
 from ._runner_plugin import TrainingWorkerPlugin
 from ._types import Call, wire
+from .cluster_resolver import ClusterResolver, Connection, connect, resolver_from_environment
 from .partitioners import check_partitions, div_offsets
 from .server import ParameterServerPlugin
 from .variables import ShardedVariable, Variable, current_strategy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "InputContext", "ReduceOp", "cluster_roles"]
+__all__ = ["ParameterServerStrategy", "InputContext", "ReduceOp", "ValueContext", "cluster_roles"]
 
 #: The variable new variables are colocated with (``strategy.extended.colocate_vars_with``).
 _colocate: contextvars.ContextVar[Variable | None] = contextvars.ContextVar("dds_ps_colocate", default=None)
@@ -113,6 +114,44 @@ class ReduceOp:
 
     SUM = "SUM"
     MEAN = "MEAN"
+
+
+class ValueContext:
+    """What ``value_fn`` learns in ``experimental_distribute_values_from_function``
+    (TensorFlow's ``tf.distribute.experimental.ValueContext``)."""
+
+    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1) -> None:
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def __repr__(self) -> str:
+        return (f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+                f"num_replicas_in_sync={self.num_replicas_in_sync})")
+
+
+#: Logged (as TensorFlow logs it) when ``run`` or ``reduce`` is called outside a function
+#: scheduled with ``ClusterCoordinator.schedule``.
+NOT_SCHEDULED_WARNING = (
+    "ParameterServerStrategy.{method}() was called outside a function scheduled with "
+    "ClusterCoordinator.schedule, so it runs right here (on the coordinator, most likely), "
+    "which can be slow: call `run` and `reduce` inside the function you pass to "
+    "`coordinator.schedule` to run them on the training workers.")
+
+
+def _warn_unless_scheduled(method: str) -> None:
+    if getattr(_routing._thread, "fn", None) is None:
+        logger.warning(NOT_SCHEDULED_WARNING.format(method=method))
+
+
+def _map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` applied to each leaf of a structure of tuples, lists, dicts and namedtuples."""
+    if isinstance(value, dict):
+        return type(value)((k, _map_structure(fn, v)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_map_structure(fn, v) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(_map_structure(fn, v) for v in value)
+    return fn(value)
 
 
 def _on_worker() -> bool:
@@ -184,7 +223,7 @@ def _strategy_by_ref(uid: str, ps: list[str], ps_names: list[str],
     if live is not None:
         return live  # type: ignore[no-any-return]
     stand_in = object.__new__(ParameterServerStrategy)
-    stand_in.__dict__.update(_client=None, _uid=uid, _ps=list(ps), _ps_names=list(ps_names),
+    stand_in.__dict__.update(_client=None, _connection=None, _cluster_resolver=None, _uid=uid, _ps=list(ps), _ps_names=list(ps_names),
                              _variable_partitioner=partitioner, _variables=[],
                              _cluster_coordinator=None, _lock=threading.Lock())
     return stand_in
@@ -195,15 +234,47 @@ class ParameterServerStrategy:
 
     Parameters
     ----------
-    client : distributed.Client
-        A synchronous client of the cluster; this process becomes the coordinator.
+    client : distributed.Client or ClusterResolver, optional
+        A synchronous client of the cluster; this process becomes the coordinator. A
+        cluster resolver may be given here too (TensorFlow's first argument).
     variable_partitioner : callable, optional
         ``partitioner(shape, dtype) -> [k, 1, ...]`` (see :mod:`.partitioners`). ``None``:
         variables are not partitioned.
+    cluster_resolver : ClusterResolver, optional
+        TensorFlow's cluster setup instead of a client: a
+        :class:`~.cluster_resolver.TFConfigClusterResolver` (``TF_CONFIG``) or a
+        :class:`~.cluster_resolver.SimpleClusterResolver`. The chief's address is the Dask
+        scheduler's (started here when this process is the chief and none listens there),
+        the ``ps`` and ``worker`` tasks are the Dask workers at their addresses; the strategy
+        waits ``dataservice.ps.cluster-timeout`` for all of them (see
+        :mod:`.cluster_resolver`). With neither a client nor a resolver, ``TF_CONFIG`` is
+        read; without it, ValueError.
     """
 
-    def __init__(self, client: Client,
-                 variable_partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+    def __init__(self, client: Client | ClusterResolver | None = None,
+                 variable_partitioner: Callable[..., Sequence[int]] | None = None, *,
+                 cluster_resolver: ClusterResolver | None = None) -> None:
+        if isinstance(client, ClusterResolver):
+            if cluster_resolver is not None:
+                raise TypeError("give the cluster resolver once (client or cluster_resolver)")
+            client, cluster_resolver = None, client
+        if client is not None and cluster_resolver is not None:
+            raise TypeError("give a client or a cluster_resolver, not both")
+        if client is None and cluster_resolver is None:
+            cluster_resolver = resolver_from_environment()
+            if cluster_resolver is None:
+                raise ValueError(
+                    "ParameterServerStrategy needs a cluster: a distributed.Client of it, or "
+                    "cluster_resolver=TFConfigClusterResolver() with the TF_CONFIG environment "
+                    "variable set (TF_CONFIG is not set), or a SimpleClusterResolver")
+        #: What this strategy opened itself (a resolver's client and scheduler): close() closes it.
+        self._connection: Connection | None = None
+        self._cluster_resolver = cluster_resolver
+        ordered_ps: list[str] | None = None
+        if cluster_resolver is not None:
+            self._connection = connect(cluster_resolver,
+                                       config.get_seconds("ps.cluster-timeout"))
+            client, ordered_ps = self._connection.client, self._connection.ps
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         if client.asynchronous:
@@ -215,6 +286,8 @@ class ParameterServerStrategy:
         self._client = client
         self._variable_partitioner = variable_partitioner
         ps, workers = cluster_roles(client)
+        if ordered_ps is not None:  # TensorFlow's task order: ps task i is /job:ps/task:i
+            ps = ordered_ps
         if len(ps) < 1:
             raise ValueError(
                 f"There must be at least one ps: no worker has the {config.get('ps.resource')!r} "
@@ -222,6 +295,9 @@ class ParameterServerStrategy:
         if len(workers) < 1:
             raise ValueError("There must be at least one worker: every worker is a parameter server.")
         self._ps = ps
+        #: TensorFlow's counts: the tasks of the cluster spec, or the workers found now.
+        self._num_ps = len(ps)
+        self._num_workers = len(self._connection.workers) if self._connection else len(workers)
         names = _names(client)
         #: Worker names of the parameter servers: a PS restarted by its nanny keeps its name.
         self._ps_names = [names[a] for a in ps]
@@ -236,6 +312,24 @@ class ParameterServerStrategy:
         client.register_plugin(TrainingWorkerPlugin())
         _routing.register_owner(self._uid, self)
         logger.info("ParameterServerStrategy: %d parameter servers, %d workers", len(ps), len(workers))
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver | None:
+        """The resolver the strategy was built from (None: from a client)."""
+        return self._cluster_resolver
+
+    def close(self) -> None:
+        """Close what the strategy opened itself: the client (and the scheduler, on the
+        chief) of a cluster resolver. A client you passed stays yours: nothing is closed."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+    def __enter__(self) -> ParameterServerStrategy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # by reference: the coordinator gets its live strategy back, a worker a stand-in
@@ -264,10 +358,15 @@ class ParameterServerStrategy:
 
     @property
     def num_ps(self) -> int:
+        """The number of parameter servers (``ps`` tasks)."""
         return len(self._ps)
 
     @property
     def num_workers(self) -> int:
+        """The number of training workers: the cluster spec's ``worker`` tasks when built
+        from a resolver (as TensorFlow counts them), else the training workers now."""
+        if self._connection is not None:
+            return self._num_workers
         return len(self.worker_addresses)
 
     @property
@@ -301,20 +400,51 @@ class ParameterServerStrategy:
 
     def run[T](self, fn: Callable[..., T], args: Sequence[Any] = (),
                kwargs: dict[str, Any] | None = None) -> T:
-        """Run ``fn`` here (one replica per worker); use it inside scheduled functions."""
+        """Run ``fn`` here (one replica per worker); use it inside scheduled functions.
+
+        Called anywhere else (on the coordinator, say) it still runs ``fn`` and logs
+        TensorFlow's warning that the call is not inside ``ClusterCoordinator.schedule``."""
+        _warn_unless_scheduled("run")
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: Any, value: Any,
-               axis: int | tuple[int, ...] | None = None) -> np.ndarray:
+               axis: int | tuple[int, ...] | None = None) -> Any:
         """TensorFlow's ``strategy.reduce``: one replica per worker, so across replicas the
-        value is unchanged; with ``axis`` it is then summed or averaged along that axis."""
+        value is unchanged; with ``axis`` it is then summed or averaged along that axis.
+
+        ``value`` may be a nested structure (tuples, lists, dicts, namedtuples) of arrays,
+        variables and ``None``: each leaf is reduced and the structure kept, as TensorFlow
+        maps the reduction over the structure. Outside a scheduled function it logs
+        TensorFlow's warning (see :meth:`run`)."""
         op = str(getattr(reduce_op, "value", reduce_op)).upper().rsplit(".", 1)[-1]
         if op not in (ReduceOp.SUM, ReduceOp.MEAN):
             raise ValueError(f"reduce_op must be ReduceOp.SUM or ReduceOp.MEAN, got {reduce_op!r}")
-        value = np.asarray(value.read_value() if hasattr(value, "read_value") else value)
-        if axis is None:
-            return value  # type: ignore[no-any-return]
-        return value.sum(axis=axis) if op == ReduceOp.SUM else value.mean(axis=axis)  # type: ignore[no-any-return]
+        _warn_unless_scheduled("reduce")
+
+        def leaf(x: Any) -> Any:
+            if x is None:
+                return None
+            x = np.asarray(x.read_value() if hasattr(x, "read_value") else x)
+            if axis is None:
+                return x
+            return x.sum(axis=axis) if op == ReduceOp.SUM else x.mean(axis=axis)
+
+        return _map_structure(leaf, value)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        """``value_fn(ValueContext())``: the value of the one replica of this worker.
+
+        TensorFlow calls ``value_fn`` once per replica and wraps the results; with one
+        replica per worker (as TensorFlow's PS strategy without GPUs) that is one call, and
+        the value is given as it is: pass it to :meth:`run`, read it with
+        :meth:`experimental_local_results`."""
+        if not callable(value_fn):
+            raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}")
+        return value_fn(ValueContext(replica_id_in_sync_group=0, num_replicas_in_sync=1))
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The values of the local replicas as a tuple: ``(value,)`` (one replica per worker)."""
+        return (value,)
 
     def reconnect(self, timeout: float = 30.0) -> dict[str, str]:
         """Point every variable at the current address of its parameter server.

@@ -388,12 +388,11 @@ class ShardedVariable(_Handle):
     """
 
     def __init__(self, variables: list[Variable], name: str | None = None) -> None:
-        if not isinstance(variables, list | tuple) or \
+        if not isinstance(variables, list | tuple) or not variables or \
                 not all(isinstance(v, Variable) for v in variables):
-            raise TypeError("ShardedVariable takes a list of Variable objects, got "
-                            f"{type(variables).__name__}")
-        if not variables:
-            raise ValueError("a ShardedVariable needs at least one variable")
+            # TensorFlow's type for all three: not a list, an empty one, a non-variable in it
+            raise TypeError("ShardedVariable: `variables` should be a non-empty list of "
+                            f"Variable objects, got {variables!r:.200}")
         first = variables[0]
         for v in variables:
             if v.dtype != first.dtype or v.shape[1:] != first.shape[1:] or not v.shape:
