@@ -33,6 +33,7 @@ import secrets
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ from ._types import Call, wire
 from .cluster_resolver import ClusterResolver, Connection, connect, resolver_from_environment
 from .partitioners import check_partitions, div_offsets
 from .server import ParameterServerPlugin
+from .per_worker import PerWorkerVariable
 from .variables import ShardedVariable, Variable, current_strategy
 
 logger = logging.getLogger(__name__)
@@ -223,8 +225,9 @@ def _strategy_by_ref(uid: str, ps: list[str], ps_names: list[str],
     if live is not None:
         return live  # type: ignore[no-any-return]
     stand_in = object.__new__(ParameterServerStrategy)
-    stand_in.__dict__.update(_client=None, _connection=None, _cluster_resolver=None, _uid=uid, _ps=list(ps), _ps_names=list(ps_names),
-                             _variable_partitioner=partitioner, _variables=[],
+    stand_in.__dict__.update(_client=None, _connection=None, _cluster_resolver=None, _uid=uid,
+                             _ps=list(ps), _ps_names=list(ps_names),
+                             _variable_partitioner=partitioner, _variables=[], _per_worker={},
                              _cluster_coordinator=None, _lock=threading.Lock())
     return stand_in
 
@@ -308,6 +311,9 @@ class ParameterServerStrategy:
         self._cluster_coordinator: Any = None
         #: Every variable created in scope, in creation order (checkpoints use them).
         self._variables: list[Variable | ShardedVariable] = []
+        #: ``{uid: PerWorkerVariable}`` created in scope (a handle coming back finds its own).
+        self._per_worker: weakref.WeakValueDictionary[str, PerWorkerVariable] = \
+            weakref.WeakValueDictionary()
         client.register_plugin(ParameterServerPlugin())
         client.register_plugin(TrainingWorkerPlugin())
         _routing.register_owner(self._uid, self)
@@ -505,9 +511,11 @@ class ParameterServerStrategy:
                          name: str | None = None, dtype: Any = None, shape: Any = None,
                          **kwargs: Any) -> Variable | ShardedVariable:
         name = name or "Variable"
-        if self._client is None:
-            raise RuntimeError("variables are created on the coordinator, in the scope of the "
-                               "strategy that holds the client (this is a stand-in for it)")
+        if self._client is None and getattr(_routing._thread, "fn", None) is None:
+            raise ValueError(
+                "variables of a ParameterServerStrategy are created on the coordinator or "
+                "inside a function scheduled with ClusterCoordinator.schedule, in "
+                "strategy.scope(); not in a dataset_fn or another Dask task")
         if initial_value is None:
             raise ValueError("initial_value must be given to create a variable in scope")
         init_from_fn = callable(initial_value)
@@ -529,8 +537,9 @@ class ParameterServerStrategy:
             var = self._create_shards(name, [0, shape[0]] if shape else None, shape, dtype,
                                       trainable, initial_value, value, partitioned=False,
                                       ps_index=colocate._ps_index)[0]
-            with self._lock:
-                self._variables.append(var)
+            if getattr(_routing._thread, "fn", None) is None:
+                with self._lock:
+                    self._variables.append(var)
             return var
         # a variable without rows has nothing to split: one shard of zero rows, whatever the
         # partitioner (TensorFlow's partitioners answer 0 shards and the strategy refuses)
@@ -546,8 +555,20 @@ class ParameterServerStrategy:
             shards = self._create_shards(name, offsets, shape, dtype, trainable, initial_value,
                                          value, partitioned=True)
             var = ShardedVariable(shards, name=name)
-        with self._lock:
-            self._variables.append(var)
+        if getattr(_routing._thread, "fn", None) is None:  # not in a scheduled function
+            with self._lock:
+                self._variables.append(var)
+        return var
+
+    def _create_per_worker_variable(self, initial_value: Any, name: str | None, dtype: Any,
+                                    shape: Any) -> PerWorkerVariable:
+        if self._client is None or getattr(_routing._thread, "fn", None) is not None:
+            raise ValueError("a per-worker variable is created on the coordinator, in "
+                             "strategy.scope(), not inside a scheduled function")
+        if initial_value is None:
+            raise ValueError("initial_value must be given to create a variable in scope")
+        var = PerWorkerVariable._create(self, initial_value, name, dtype, shape)
+        self._per_worker[var.uid] = var
         return var
 
     def _warn_if_large(self, name: str, shape: tuple[int, ...]) -> None:
@@ -557,19 +578,35 @@ class ParameterServerStrategy:
     def _create_shards(self, name: str, offsets: list[int] | None, shape: tuple[int, ...],
                        dtype: np.dtype[Any], trainable: bool, initial_value: Any,
                        value: np.ndarray | None, partitioned: bool, ps_index: int | None = None) -> list[Variable]:
-        n = next(self._ids)
+        fn = getattr(_routing._thread, "fn", None)
+        if fn is not None:
+            # Inside a scheduled function (this is the strategy's stand-in on a training
+            # worker): the key and the PS follow from the function's id and the variable's
+            # rank in it, so a function re-run after its worker died finds the variables its
+            # first run created (exist_ok) instead of making new ones.
+            rank = _routing._thread.__dict__.setdefault("created", {})
+            k = rank[fn.fn_id] = rank.get(fn.fn_id, -1) + 1
+            if len(rank) > 64:  # only the running function's count matters
+                for old in [f for f in rank if f != fn.fn_id]:
+                    del rank[old]
+            stem, first = f"fn{fn.fn_id}.{k}", fn.fn_id + k
+        else:
+            stem, first = str(next(self._ids)), None
         pieces = [(0, None)] if offsets is None else list(zip(offsets, offsets[1:], strict=False))
         init = cloudpickle.dumps(initial_value) if value is None else None
         handles, calls = [], []
         for i, (a, b) in enumerate(pieces):
-            if ps_index is None or partitioned:
+            if first is not None and (ps_index is None or partitioned):
+                ps_index = (first + i) % len(self._ps)
+            elif ps_index is None or partitioned:
                 ps_index = self._next_ps()
             address = self._ps[ps_index]
             part_name = f"{name}/part_{i}" if partitioned else name
-            key = f"{self._uid}/{n}/{part_name}"
+            key = f"{self._uid}/{stem}/{part_name}"
             part_shape = tuple(shape) if b is None else (b - a, *shape[1:])
             kw: dict[str, Any] = {"key": key, "shape": list(part_shape), "dtype": dtype.str,
-                                  "offset": a, "full_shape": list(shape)}
+                                  "offset": a, "full_shape": list(shape),
+                                  "exist_ok": first is not None}
             if value is None:
                 kw["init"] = init
             else:
@@ -577,7 +614,14 @@ class ParameterServerStrategy:
             calls.append(Call(address, "ps_create", kw))
             handles.append(Variable._remote(part_name, part_shape, dtype, trainable, address, key,
                                             ps_index, self._client, self._uid))
-        replies = _routing.call_many(calls, self._client)
+        if fn is None:
+            replies = _routing.call_many(calls, self._client)
+        else:  # not on the function's channels (they carry reads and updates): Dask's comms
+            pipeline, _routing._thread.pipeline = _routing._thread.pipeline, None
+            try:
+                replies = _routing.call_many(calls, None)
+            finally:
+                _routing._thread.pipeline = pipeline
         if partitioned and any(r.get("sliced") for r in replies):
             self._warn_if_large(name, shape)
         return handles
