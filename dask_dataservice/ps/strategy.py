@@ -584,20 +584,22 @@ class ParameterServerStrategy:
             # worker): the key and the PS follow from the function's id and the variable's
             # rank in it, so a function re-run after its worker died finds the variables its
             # first run created (exist_ok) instead of making new ones.
-            rank = _routing._thread.__dict__.setdefault("created", {})
-            k = rank[fn.fn_id] = rank.get(fn.fn_id, -1) + 1
-            if len(rank) > 64:  # only the running function's count matters
-                for old in [f for f in rank if f != fn.fn_id]:
-                    del rank[old]
-            stem, first = f"fn{fn.fn_id}.{k}", fn.fn_id + k
+            # ``{fn id: [variables made, shards placed round-robin]}`` of this thread
+            made = _routing._thread.__dict__.setdefault("created", {})
+            for old in [f for f in made if f != fn.fn_id]:
+                del made[old]  # only the running function's counts matter
+            counts = made.setdefault(fn.fn_id, [0, 0])
+            stem = f"fn{fn.fn_id}.{counts[0]}"
+            counts[0] += 1
         else:
-            stem, first = str(next(self._ids)), None
+            stem, counts = str(next(self._ids)), None
         pieces = [(0, None)] if offsets is None else list(zip(offsets, offsets[1:], strict=False))
         init = cloudpickle.dumps(initial_value) if value is None else None
         handles, calls = [], []
         for i, (a, b) in enumerate(pieces):
-            if first is not None and (ps_index is None or partitioned):
-                ps_index = (first + i) % len(self._ps)
+            if counts is not None and (ps_index is None or partitioned):
+                ps_index = counts[1] % len(self._ps)  # round-robin within the function
+                counts[1] += 1
             elif ps_index is None or partitioned:
                 ps_index = self._next_ps()
             address = self._ps[ps_index]
@@ -606,7 +608,7 @@ class ParameterServerStrategy:
             part_shape = tuple(shape) if b is None else (b - a, *shape[1:])
             kw: dict[str, Any] = {"key": key, "shape": list(part_shape), "dtype": dtype.str,
                                   "offset": a, "full_shape": list(shape),
-                                  "exist_ok": first is not None}
+                                  "exist_ok": counts is not None}
             if value is None:
                 kw["init"] = init
             else:
