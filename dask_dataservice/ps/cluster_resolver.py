@@ -223,7 +223,7 @@ class TFConfigClusterResolver(ClusterResolver):
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec(self._config().get("cluster") or {})
 
-    @property  # type: ignore[override]
+    @property
     def task_type(self) -> str | None:
         if self._task_type is not None:
             return self._task_type
@@ -234,7 +234,7 @@ class TFConfigClusterResolver(ClusterResolver):
     def task_type(self, value: str | None) -> None:
         self._task_type = value
 
-    @property  # type: ignore[override]
+    @property
     def task_id(self) -> int | None:
         if self._task_id is not None:
             return self._task_id
@@ -245,7 +245,7 @@ class TFConfigClusterResolver(ClusterResolver):
     def task_id(self, value: int | None) -> None:
         self._task_id = value
 
-    @property  # type: ignore[override]
+    @property
     def rpc_layer(self) -> str | None:
         if self._rpc_layer is not None:
             return self._rpc_layer
@@ -513,7 +513,7 @@ def connect(resolver: ClusterResolver, timeout: float = 60.0) -> Connection:
             server.stop()
         raise
     try:
-        ps, workers = _wait_for_tasks(client, spec, timeout)
+        ps, workers = _wait_for_tasks(client, address, spec, timeout)
         _give_resources(client, ps, config.get("ps.resource"))
         _give_resources(client, workers, config.get("ps.worker-resource"))
     except BaseException:
@@ -524,7 +524,7 @@ def connect(resolver: ClusterResolver, timeout: float = 60.0) -> Connection:
     return Connection(client, ps, workers, server)
 
 
-def _wait_for_tasks(client: Client, spec: ClusterSpec,
+def _wait_for_tasks(client: Client, address: str, spec: ClusterSpec,
                     timeout: float) -> tuple[list[str], list[str]]:
     want = {(job, i): _normal(spec.task_address(job, i))
             for job in ("ps", "worker") for i in spec.task_indices(job)}
@@ -539,7 +539,7 @@ def _wait_for_tasks(client: Client, spec: ClusterSpec,
             names = ", ".join(f"{task_name(j, i)} ({spec.task_address(j, i)})"
                               for j, i in missing)
             raise TimeoutError(f"{len(missing)} task(s) of the cluster spec did not join the "
-                               f"scheduler at {client.scheduler.address} within {timeout:g} "
+                               f"scheduler at {address} within {timeout:g} "
                                f"s: {names}")
         time.sleep(0.05)
     found = {task: listed[where] for task, where in want.items()}

@@ -20,12 +20,12 @@ re-run after its worker died updates the copy of the worker it re-runs on.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _routing
+from ._runner_plugin import RUNNER_NAME
 from ._types import Call, unwire
 from .variables import Variable, current_strategy
 
@@ -83,8 +83,6 @@ class PerWorkerVariable(Variable):
         coordinator's."""
         worker = getattr(_routing._thread, "worker", None)
         if worker is not None and getattr(_routing._thread, "fn", None) is not None:
-            from ._runner_plugin import RUNNER_NAME
-
             values: dict[str, Variable] = getattr(worker.extensions[RUNNER_NAME], RUNNER_VALUES)
             var = values.get(self._uid)
             if var is None:
@@ -128,23 +126,12 @@ class PerWorkerVariable(Variable):
         if strategy is None or strategy.client is None:
             raise RuntimeError(f"read_all() of per-worker variable {self._name!r} is called on "
                                "the coordinator, while its strategy is alive")
-        workers = _ordered_workers(strategy)
+        workers = strategy._workers_by_index()
         replies = _routing.call_many(
             [Call(a, "ps_per_worker_read", {"key": self._uid}) for a in workers],
             strategy.client, self._owner)
         return [self._init.copy() if r.get("value") is None else np.asarray(unwire(r["value"]))
                 for r in replies]
-
-
-def _ordered_workers(strategy: Any) -> list[str]:
-    """The training workers now, by TensorFlow's worker index (the coordinator's), then name."""
-    from .strategy import _names
-
-    names = _names(strategy.client)
-    workers: Sequence[str] = strategy.worker_addresses
-    coordinator = strategy._cluster_coordinator
-    index: dict[str, int] = dict(getattr(coordinator, "_worker_index", {}) or {})
-    return sorted(workers, key=lambda a: (index.get(names.get(a, a), len(index)), names.get(a, a)))
 
 
 def _per_worker_handle(uid: str, name: str, init: np.ndarray, owner: str | None) -> Variable:

@@ -47,8 +47,8 @@ from ._runner_plugin import TrainingWorkerPlugin
 from ._types import Call, wire
 from .cluster_resolver import ClusterResolver, Connection, connect, resolver_from_environment
 from .partitioners import check_partitions, div_offsets
-from .server import ParameterServerPlugin
 from .per_worker import PerWorkerVariable
+from .server import ParameterServerPlugin
 from .variables import ShardedVariable, Variable, current_strategy
 
 logger = logging.getLogger(__name__)
@@ -361,6 +361,18 @@ class ParameterServerStrategy:
     def worker_addresses(self) -> list[str]:
         """The training workers now (they may come and go)."""
         return cluster_roles(self._client)[1]
+
+    def _workers_by_index(self) -> list[str]:
+        """The training workers now, in TensorFlow's worker-index order (the coordinator's
+        ``get_current_worker_index``), then by name."""
+        names = _names(self._client)
+        index: dict[str, int] = dict(getattr(self._cluster_coordinator, "_worker_index", {}))
+
+        def key(address: str) -> tuple[int, str]:
+            name = names.get(address, address)
+            return index.get(name, len(index)), name
+
+        return sorted(self.worker_addresses, key=key)
 
     @property
     def num_ps(self) -> int:
