@@ -273,11 +273,18 @@ class ParameterServerStrategy:
         #: What this strategy opened itself (a resolver's client and scheduler): close() closes it.
         self._connection: Connection | None = None
         self._cluster_resolver = cluster_resolver
-        ordered_ps: list[str] | None = None
-        if cluster_resolver is not None:
-            self._connection = connect(cluster_resolver,
-                                       config.get_seconds("ps.cluster-timeout"))
-            client, ordered_ps = self._connection.client, self._connection.ps
+        self._variable_partitioner = variable_partitioner
+        if cluster_resolver is None:
+            self._start(client, None)
+            return
+        self._connection = connect(cluster_resolver, config.get_seconds("ps.cluster-timeout"))
+        try:
+            self._start(self._connection.client, self._connection.ps)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, client: Any, ordered_ps: list[str] | None) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         if client.asynchronous:
@@ -287,7 +294,6 @@ class ParameterServerStrategy:
                 "synchronous client of the same cluster, Client(address), and run the "
                 "training loop in a thread: `await asyncio.to_thread(train)`")
         self._client = client
-        self._variable_partitioner = variable_partitioner
         ps, workers = cluster_roles(client)
         if ordered_ps is not None:  # TensorFlow's task order: ps task i is /job:ps/task:i
             ps = ordered_ps

@@ -12,6 +12,8 @@ from collections import namedtuple
 import dask
 import numpy as np
 import pytest
+from distributed import Worker
+from distributed.utils import LoopRunner, sync
 
 import dask_dataservice as dds
 from dask_dataservice.ps import cluster_resolver as cr
@@ -44,6 +46,12 @@ def _loopback_cluster(num_ps: int, num_workers: int) -> dict[str, list[str]]:
     ports = _free_ports(1 + num_ps + num_workers)
     addr = [f"127.0.0.1:{p}" for p in ports]
     return {"chief": addr[:1], "ps": addr[1:1 + num_ps], "worker": addr[1 + num_ps:]}
+
+
+async def _plain_worker(scheduler: str, host: str, port: int) -> Worker:
+    worker = Worker(scheduler, host=host, port=port, nthreads=1)
+    await worker
+    return worker
 
 
 def _add_one(v):
@@ -119,23 +127,32 @@ def test_a_simple_cluster_resolver_finds_a_running_scheduler_and_waits_for_its_t
     """
     cluster = _loopback_cluster(num_ps=1, num_workers=1)
     chief = cr.Server(dds.ClusterSpec(cluster), job_name="chief", task_index=0)
-    servers = [cr.Server(cluster, "ps", 0), cr.Server(cluster, "worker", 0)]
+    servers = [cr.Server(cluster, "ps", 0)]
+    # the worker task is a plain Dask worker (`dask worker ... --listen-address`): no resource
+    runner = LoopRunner(asynchronous=False)
+    runner.start()
+    host, port = cr._host_port(cluster["worker"][0])
+    plain = sync(runner.loop, _plain_worker, chief.target, host, port)
     try:
         spec = dds.ClusterSpec(cluster)
         strategy = dds.ParameterServerStrategy(dds.SimpleClusterResolver(spec, rpc_layer="grpc"))
         try:
             assert strategy.ps_addresses == [servers[0].target]
-            assert strategy.worker_addresses == [servers[1].target]
+            assert strategy.worker_addresses == [plain.address] == [f"tcp://{cluster['worker'][0]}"]
+            assert strategy.client.scheduler_info(n_workers=-1)["workers"][plain.address][
+                "resources"] == {"worker": 1}  # given by the strategy
             with strategy.scope():
                 v = dds.Variable(np.arange(3, dtype="i8"), name="v")
             assert v.numpy().tolist() == [0, 1, 2]
         finally:
             for server in servers:
                 server.stop()
+            sync(runner.loop, plain.close)
             strategy.close()
     finally:
         for server in servers:
             server.stop()
+        runner.stop()
         chief.stop()
     # nobody at the ps and worker addresses: the chief starts its scheduler, waits, gives up
     lonely = _loopback_cluster(num_ps=1, num_workers=1)
