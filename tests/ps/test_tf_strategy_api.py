@@ -9,6 +9,7 @@ import logging
 import socket
 from collections import namedtuple
 
+import cloudpickle
 import dask
 import numpy as np
 import pytest
@@ -333,11 +334,14 @@ def _create_vars(strategy):
     return v1, v2, v3
 
 
-@gen_cluster(client=False, nthreads=[PS, PS, WK])
-async def test_variables_created_in_a_scheduled_function_are_placed_on_the_ps(s, p0, p1, w0):
+@gen_cluster(client=False, nthreads=[PS, PS, WK, WK])
+async def test_variables_created_in_a_scheduled_function_are_placed_on_the_ps(s, p0, p1, w0, w1):
     """Variables created in the strategy's scope inside a scheduled function are partitioned
     and placed on the parameter servers, as TensorFlow places those created inside a
     tf.function; each call creates its own, and the handles come back to the coordinator.
+    A function run again on another worker (what the coordinator does when a worker dies:
+    the same closure, same id) finds the variables of its first run, and their updates
+    count once.
 
     Re-expresses tensorflow/python/distribute/parameter_server_strategy_v2_test.py
     (VariablePartitioningTest.testCreateInsideTFFunction).
@@ -357,6 +361,18 @@ async def test_variables_created_in_a_scheduled_function_are_placed_on_the_ps(s,
                                                      [[1.0, 0.0], [0.0, 1.0]]]
         assert len({p.key for v in (*first, *second) for p in v.variables}) == 12
         assert strategy._variables == []  # the coordinator's list: only its own
+        # the same closure run on w0, then again on w1 (a re-run after a worker loss)
+        payload = cloudpickle.dumps([((1234 << 32) + 1, _create_vars, (strategy,), {})])
+        runs = [c.sync(c.rpc(w).ps_run_closures, payload=payload, coordinator=1234,
+                       generation=0) for w in (w0.address, w1.address)]
+        (ok0, v0), (ok1, v1) = (r["results"][0] for r in runs)
+        assert ok0 and ok1
+        again, rerun = cloudpickle.loads(v0), cloudpickle.loads(v1)
+        assert [p.key for v in again for p in v.variables] == \
+            [p.key for v in rerun for p in v.variables]
+        assert again[0].numpy().tolist() == [[2.0, 1.0], [1.0, 2.0]]  # assign_add counted once
+        held = {k for a in strategy.ps_addresses for k in c.sync(c.rpc(a).ps_info)["shards"]}
+        assert len(held) == 18  # 6 variables of 2 shards: the re-run made none
         coordinator.shutdown()
 
     await in_thread(s, body)
