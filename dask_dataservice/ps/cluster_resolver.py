@@ -500,12 +500,8 @@ def connect(resolver: ClusterResolver, timeout: float = 60.0) -> Connection:
     proto = _protocol(resolver.rpc_layer)
     address = f"{proto}://{spec.task_address('chief', 0)}"
     server = None
-    if resolver.task_type == "chief":
-        try:
-            server = Server(spec, "chief", 0, protocol=proto)
-        except OSError as e:  # the port is taken: a scheduler someone started, we hope
-            logger.info("chief: not starting a scheduler at %s (%s): connecting to it",
-                        address, e)
+    if resolver.task_type == "chief" and not _listening(spec.task_address("chief", 0)):
+        server = Server(spec, "chief", 0, protocol=proto)
     try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except BaseException:
@@ -522,6 +518,15 @@ def connect(resolver: ClusterResolver, timeout: float = 60.0) -> Connection:
             server.stop()
         raise
     return Connection(client, ps, workers, server)
+
+
+def _listening(address: str) -> bool:
+    """Whether something accepts connections at ``host:port`` (a scheduler started already)."""
+    try:
+        with socket.create_connection(_host_port(address), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def _wait_for_tasks(client: Client, address: str, spec: ClusterSpec,

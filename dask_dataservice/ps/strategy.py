@@ -12,6 +12,10 @@ coordinator. Like TensorFlow, at least one PS and one training worker are requir
         emb = dds.Variable(lambda shape, dtype, partition_offset: np.zeros(shape, dtype),
                            shape=(100_000, 16), dtype="f4", name="emb")   # ShardedVariable
 
+TensorFlow's cluster setup works too: ``ParameterServerStrategy(cluster_resolver=
+dds.TFConfigClusterResolver())`` reads ``TF_CONFIG`` and maps its ``chief`` / ``ps`` /
+``worker`` tasks onto a Dask scheduler and workers (see :mod:`.cluster_resolver`).
+
 Placement is round-robin: each variable, and each shard of a partitioned variable, goes to
 the next PS in turn. Partitioning follows TensorFlow: the partitioner decides the number of
 shards of axis 0 (rank-0 variables are never partitioned), rows are dealt out with the

@@ -136,7 +136,9 @@ def test_a_simple_cluster_resolver_finds_a_running_scheduler_and_waits_for_its_t
     plain = sync(runner.loop, _plain_worker, chief.target, host, port)
     try:
         spec = dds.ClusterSpec(cluster)
-        strategy = dds.ParameterServerStrategy(dds.SimpleClusterResolver(spec, rpc_layer="grpc"))
+        # this process is the chief, but a scheduler listens at its address: it is used
+        strategy = dds.ParameterServerStrategy(dds.SimpleClusterResolver(
+            spec, task_type="chief", task_id=0, rpc_layer="grpc"))
         try:
             assert strategy.ps_addresses == [servers[0].target]
             assert strategy.worker_addresses == [plain.address] == [f"tcp://{cluster['worker'][0]}"]
