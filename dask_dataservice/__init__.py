@@ -83,6 +83,9 @@ _LAZY: dict[str, str] = {
     "status": "dask_dataservice.dashboard",
     # parameter-server training
     "ParameterServerStrategy": "dask_dataservice.ps.strategy",
+    "ClusterSpec": "dask_dataservice.ps.cluster_resolver",
+    "SimpleClusterResolver": "dask_dataservice.ps.cluster_resolver",
+    "TFConfigClusterResolver": "dask_dataservice.ps.cluster_resolver",
     "ClusterCoordinator": "dask_dataservice.ps.coordinator",
     "Variable": "dask_dataservice.ps.variables",
     "ShardedVariable": "dask_dataservice.ps.variables",
@@ -107,6 +110,9 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
     from .ps.checkpoint_manager import CheckpointManager as CheckpointManager
+    from .ps.cluster_resolver import ClusterSpec as ClusterSpec
+    from .ps.cluster_resolver import SimpleClusterResolver as SimpleClusterResolver
+    from .ps.cluster_resolver import TFConfigClusterResolver as TFConfigClusterResolver
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
     from .ps.evaluator import SidecarEvaluator as SidecarEvaluator
     from .ps.fit import DatasetCreator as DatasetCreator
