@@ -337,7 +337,13 @@ class WorkerSupervisor:
 
         plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
         # rides out a scheduler restart with its data tasks; a new worker only when it closed
-        return ReconnectingWorker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
+        worker = ReconnectingWorker(self.scheduler_address, plugins={plugin},
+                                    **self.worker_kwargs)
+        # the dispatcher pushes its own (default) data-worker plugin to every worker that
+        # registers: the first push must not replace this one, which carries the config's
+        # heartbeat interval (WorkerConfig.heartbeat_interval_ms)
+        worker._plugins_to_keep = {plugin.name}
+        return worker
 
     async def start(self) -> WorkerSupervisor:
         self.worker = worker = self._new_worker()
