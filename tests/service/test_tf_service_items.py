@@ -4,6 +4,7 @@ reader fields that are accepted here, each with what it does on Dask."""
 from __future__ import annotations
 
 import pytest
+from _helpers import wait
 from distributed import Client
 
 import dask_dataservice as dds
@@ -17,8 +18,11 @@ def test_worker_config_fields_and_data_transfer_protocol():
     with ``data_transfer_protocol="grpc"`` and a reader that asks for it read ``range(10)``
     (elements travel over Dask's comms whatever the field says, and ``distribute`` takes the
     field too). ``heartbeat_interval_ms`` reaches the data worker's plugin: the default plugin the
-    dispatcher pushes to a registering worker used to replace it (the interval was lost)."""
-    dispatcher = dds.DispatchServer(dds.DispatcherConfig())
+    dispatcher pushes to a registering worker used to replace it (the interval was lost).
+    ``DispatcherConfig``'s ``job_gc_check_interval_ms`` / ``job_gc_timeout_ms`` collect a named
+    job whose iterator is gone, as data_service_ops_test.testGcUnusedJob (which sets them)."""
+    dispatcher = dds.DispatchServer(dds.DispatcherConfig(job_gc_check_interval_ms=50,
+                                                         job_gc_timeout_ms=20))
     config = dds.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1],
                               heartbeat_interval_ms=250, data_transfer_protocol="grpc",
                               data_transfer_address="localhost:%port%")
@@ -34,6 +38,12 @@ def test_worker_config_fields_and_data_transfer_protocol():
                                            service=dispatcher.target,
                                            data_transfer_protocol="grpc"))
         assert list(ds.as_numpy_iterator()) == list(range(10))
+        tasks = worker.server.worker.extensions["dataservice"].tasks
+        it = iter(range_ds.apply(dds.distribute("parallel_epochs", dispatcher.target,
+                                                job_name="test")))
+        assert next(it) == 0 and len(tasks) == 1
+        it.close()
+        wait(lambda: not tasks, timeout=10, what="the unused job's task to be dropped")
         with Client(dispatcher.target, set_as_default=False) as c:
             state = c.sync(c.scheduler.dataservice_state)
             assert list(state["workers"]) == [worker.worker_address]
