@@ -20,7 +20,8 @@ def test_worker_config_fields_and_data_transfer_protocol():
     field too). ``heartbeat_interval_ms`` reaches the data worker's plugin: the default plugin the
     dispatcher pushes to a registering worker used to replace it (the interval was lost).
     ``DispatcherConfig``'s ``job_gc_check_interval_ms`` / ``job_gc_timeout_ms`` collect a named
-    job whose iterator is gone, as data_service_ops_test.testGcUnusedJob (which sets them)."""
+    job whose iterator is gone, as data_service_ops_test.testGcUnusedJob (which sets them).
+    An empty ``job_name`` is a ValueError, as data_service_ops_test.testEmptyJobName."""
     dispatcher = dds.DispatchServer(dds.DispatcherConfig(job_gc_check_interval_ms=50,
                                                          job_gc_timeout_ms=20))
     config = dds.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1],
@@ -38,6 +39,9 @@ def test_worker_config_fields_and_data_transfer_protocol():
                                            service=dispatcher.target,
                                            data_transfer_protocol="grpc"))
         assert list(ds.as_numpy_iterator()) == list(range(10))
+        with pytest.raises(ValueError, match="job_name must be a non-empty string or None"):
+            dds.from_dataset_id(dataset_id=dataset_id, processing_mode="parallel_epochs",
+                                service=dispatcher.target, job_name="")
         tasks = worker.server.worker.extensions["dataservice"].tasks
         it = iter(range_ds.apply(dds.distribute("parallel_epochs", dispatcher.target,
                                                 job_name="test")))
