@@ -398,9 +398,14 @@ class WorkerSupervisor:
 
         plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
         # rides out a scheduler restart with its data tasks; a new worker only when it closed
-        return AdvertisingWorker(self.scheduler_address, plugins={plugin},
-                                 contact_template=self.contact_template,
-                                 death_timeout=death_timeout, **self.worker_kwargs)
+        worker = AdvertisingWorker(self.scheduler_address, plugins={plugin},
+                                   contact_template=self.contact_template,
+                                   death_timeout=death_timeout, **self.worker_kwargs)
+        # the dispatcher pushes its own (default) data-worker plugin to every worker that
+        # registers: the first push must not replace this one, which carries the config's
+        # heartbeat interval (WorkerConfig.heartbeat_interval_ms)
+        worker._plugins_to_keep = {plugin.name}
+        return worker
 
     async def start(self, timeout: float | None = None) -> WorkerSupervisor:
         """Start the first worker: ``TimeoutError`` if it cannot register with the scheduler
