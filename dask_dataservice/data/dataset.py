@@ -24,6 +24,7 @@ from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
 from ._fs import expand as _expand_globs
 from .spec import relax_leading_dim, spec_of
+from .structure import map_structure
 from .splits import (
     ComponentSplit,
     ListSplitProvider,
@@ -90,6 +91,16 @@ class Dataset:
         arrays with the same length, giving tuple or dict elements.
         """
         return cls(sources.TensorSlices(tensors))
+
+    @classmethod
+    def from_tensors(cls, tensors: Any) -> Dataset:
+        """One element: ``tensors`` whole (TensorFlow's ``Dataset.from_tensors``).
+
+        ``tensors`` is an array, a scalar, or a tuple or dict of them; the element has the
+        same structure, with numpy arrays (and numpy scalars) as leaves. Typically followed
+        by ``repeat()``.
+        """
+        return cls(sources.TensorSlices(map_structure(lambda t: np.asarray(t)[np.newaxis], tensors)))
 
     @classmethod
     def list_files(cls, file_pattern: str | list[str], shuffle: bool = False,
