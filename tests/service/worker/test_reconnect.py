@@ -120,11 +120,11 @@ async def test_a_dask_heartbeat_in_flight_across_the_restart_does_not_close_the_
     """Dask's heartbeat that is on its way when the scheduler dies (its periodic callback is
     stopped, but a run already started goes on) tries to connect until a scheduler listens
     at the address again. Reaching the restarted scheduler before the worker registered
-    there, it hears "missing", and Dask closes the worker: its supervisor started a fresh
-    one, which got a new OFF task, served from element 0, while readers had read part of
-    the old one (8,454 duplicates of 80,000 in
-    ``test_invisible_restart.py::test_sigkill_scheduler_readers_lose_nothing[parallel_epochs]``).
-    Here that heartbeat is forced to arrive first."""
+    there, it hears "missing", and Dask closes the worker: its supervisor starts a fresh
+    one, which gets a new OFF task, served from element 0, after readers read part of the
+    old one (the path found to the 8,454 duplicates of 80,000 of one run of
+    ``test_invisible_restart.py::test_sigkill_scheduler_readers_lose_nothing[parallel_epochs]``
+    under load). Here that heartbeat is forced to arrive first."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     first = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
