@@ -17,8 +17,8 @@ from typing import Any
 __all__ = ["pickling_with", "replacement"]
 
 #: ``{id(op): what to pickle instead}`` while a pipeline is pickled for registration.
-_REPLACING: contextvars.ContextVar[dict[int, Any]] = contextvars.ContextVar(
-    "dask_dataservice_replacing", default={})
+_REPLACING: contextvars.ContextVar[dict[int, Any] | None] = contextvars.ContextVar(
+    "dask_dataservice_replacing", default=None)
 
 
 @contextlib.contextmanager
@@ -33,4 +33,5 @@ def pickling_with(replacements: dict[int, Any]) -> Iterator[None]:
 
 def replacement(op: object) -> Any:
     """What ``op`` pickles as in this :func:`pickling_with` block, or None."""
-    return _REPLACING.get().get(id(op))
+    replacing = _REPLACING.get()
+    return None if replacing is None else replacing.get(id(op))

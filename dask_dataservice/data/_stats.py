@@ -43,7 +43,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import CodeType, FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 #: ``{root op: the figures of its latest iteration in this process}`` (``Dataset.stats()``).
 LATEST: weakref.WeakKeyDictionary[Any, PipelineStats] = weakref.WeakKeyDictionary()
@@ -61,7 +61,6 @@ ONE_TO_ONE = frozenset({"map", "prefetch", "enumerate"})
 #: Iterators counted by their length hint instead of a wrapper (C code).
 _HINTED: frozenset[type] = frozenset(
     type(iter(x)) for x in (range(0), range(1 << 70), [], ()))  # type: ignore[var-annotated]
-_F = TypeVar("_F", bound=Callable[..., Any])
 #: Code objects of generators that count their own parts (:func:`counts_itself`): not wrapped.
 _SELF_COUNTED: set[CodeType] = set()
 #: Ids of the code objects of ops' methods (``register_op_code``; the classes keep them
@@ -90,7 +89,7 @@ def op_label(op: Any) -> str:
     return name
 
 
-def counts_itself(fn: _F) -> _F:
+def counts_itself[F: Callable[..., Any]](fn: F) -> F:
     """Mark generator function ``fn`` as counting its own output (with :meth:`OpRecord.part`,
     per split): the iterator an op returns from it gets no per-element wrapper."""
     _SELF_COUNTED.add(fn.__code__)

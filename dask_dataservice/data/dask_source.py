@@ -68,8 +68,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DaskPartitionLostError
-from ._pickling import pickling_with, replacement
 from ._base import UNKNOWN
+from ._pickling import pickling_with, replacement
 from .sources import Source
 
 __all__ = ["DaskPartition", "DaskPartitionLostError", "FromDask", "ScatteredArray",

@@ -24,7 +24,6 @@ from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
 from ._fs import expand as _expand_globs
 from .spec import relax_leading_dim, spec_of
-from .structure import map_structure
 from .splits import (
     ComponentSplit,
     ListSplitProvider,
@@ -33,6 +32,7 @@ from .splits import (
     mixed_splits,
     shared_splits,
 )
+from .structure import map_structure
 
 __all__ = ["Dataset", "AUTOTUNE", "INFINITE", "UNKNOWN"]
 

@@ -6,8 +6,8 @@ import pytest
 
 from dask_dataservice.dashboard._pages import fmt_bytes, shard_label
 from dask_dataservice.dashboard._worker import cpu_delta
-from dask_dataservice.service.protocol._metrics import percentiles as latency_percentiles
 from dask_dataservice.service.protocol._metrics import ReadStats, percentiles, wait_history
+from dask_dataservice.service.protocol._metrics import percentiles as latency_percentiles
 
 pytestmark = pytest.mark.pure
 

@@ -10,8 +10,6 @@ combinations fail clearly.
 from __future__ import annotations
 
 import asyncio
-import collections
-import threading
 import time
 
 import pytest
@@ -175,8 +173,8 @@ def test_an_equal_split_rides_a_dispatcher_restart(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     from _helpers import wait
-    from test_fault_tolerance import _free_port
     from distributed import Client
+    from test_fault_tolerance import _free_port
 
     cfg = dds.DispatcherConfig(port=_free_port(), fault_tolerant_mode=True,
                                work_dir=str(tmp_path))

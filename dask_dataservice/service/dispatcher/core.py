@@ -26,7 +26,7 @@ import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ...errors import (
     DataServiceError,
@@ -77,8 +77,6 @@ __all__ = ["ClusterView", "CoreConfig", "DispatcherCore", "Outcome", "WorkerInfo
 #: The stream op of a task push (``._messages.TASKS_OP``; the same string, kept here so the
 #: core imports no wire code).
 TASKS_OP = "dataservice-tasks"
-
-R = TypeVar("R")
 
 
 def micros(now: float) -> int:
@@ -134,7 +132,7 @@ class ClusterView(Protocol):
 
 
 @dataclass
-class Outcome(Generic[R]):
+class Outcome[R]:
     """What one stimulus did: its reply, the records applied (in order) and the pushes to
     send once those records are durable (``(worker address, TaskChanges)``)."""
 
@@ -143,7 +141,7 @@ class Outcome(Generic[R]):
     messages: list[tuple[str, TaskChanges]] = field(default_factory=list)
 
 
-def _stimulus(method: Callable[..., R]) -> Callable[..., Outcome[R]]:
+def _stimulus[R](method: Callable[..., R]) -> Callable[..., Outcome[R]]:
     """Run a stimulus and hand back its effects with its reply (see the module docstring)."""
 
     @functools.wraps(method)

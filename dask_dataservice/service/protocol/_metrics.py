@@ -252,7 +252,7 @@ def wait_history(samples: list[tuple[float, float, float]]) -> dict[str, list[fl
     wait, cumulative compute)``: ``{"time": [...], "wait_fraction": [...]}`` (times in
     seconds since the first sample)."""
     times, fractions = [], []
-    for (t0, w0, c0), (t1, w1, c1) in zip(samples, samples[1:], strict=False):
+    for (_t0, w0, c0), (t1, w1, c1) in zip(samples, samples[1:], strict=False):
         busy = (w1 - w0) + (c1 - c0)
         times.append(t1 - samples[0][0])
         fractions.append((w1 - w0) / busy if busy > 0 else 0.0)

@@ -10,8 +10,8 @@ from _helpers import distribute, read
 
 import dask_dataservice as dds
 from dask_dataservice import Dataset
-from dask_dataservice.service.client._connection import _install_async
 from dask_dataservice.service.client._cardinality import count_preserving, service_cardinality
+from dask_dataservice.service.client._connection import _install_async
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.testing import gen_cluster
 
@@ -171,10 +171,10 @@ async def test_from_dataset_id_of_an_older_registration_says_what_it_lacks(c, s,
 
 @pytest.mark.pure
 def test_tensorflow_answers_and_ours():
-    D, O, F = ShardingPolicy.DYNAMIC, ShardingPolicy.OFF, ShardingPolicy.FILE
+    D, OFF, F = ShardingPolicy.DYNAMIC, ShardingPolicy.OFF, ShardingPolicy.FILE
     inf, unk = dds.INFINITE, dds.UNKNOWN
     assert service_cardinality(D, "j", True, 10, True) == inf  # coordinated reads (TF)
-    assert service_cardinality(O, None, False, inf, True) == inf  # TF
+    assert service_cardinality(OFF, None, False, inf, True) == inf  # TF
     assert service_cardinality(F, None, False, inf, True) == unk  # TF
     assert service_cardinality(F, None, False, 0, False) == 0  # TF
     assert service_cardinality(F, None, False, 10, True) == 10  # TF: UNKNOWN

@@ -8,12 +8,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_dispatcher_core import dataset, make, read
 
 from dask_dataservice.errors import DataServiceError
 from dask_dataservice.service.client.equal_core import EqualGate, take
 from dask_dataservice.service.dispatcher._equal import EqualGroup, EqualGroups
-
-from test_dispatcher_core import dataset, make, read
 
 pytestmark = [pytest.mark.pure, pytest.mark.timeout(60)]
 
@@ -193,7 +192,7 @@ def simulate(seed: int, n: int, remainder: str, total: int, held_cap: int, chunk
     done = [False] * n
     pool = list(range(total))
     rng.shuffle(pool)
-    for step in range(200_000):
+    for _step in range(200_000):
         if all(done):
             break
         i = rng.choices(range(n), weights=speeds)[0]
