@@ -41,7 +41,7 @@ import numpy as np
 from distributed import Client, get_worker
 
 from .. import config
-from . import _kernels, _routing
+from . import _kernels, _routing, _scope_hooks
 from ._runner_plugin import TrainingWorkerPlugin
 from ._types import Call, wire
 from .partitioners import check_partitions, div_offsets
@@ -283,7 +283,9 @@ class ParameterServerStrategy:
         """Variables created in this context are placed on the parameter servers."""
         token = current_strategy.set(self)
         try:
-            yield self
+            with contextlib.ExitStack() as stack:
+                _scope_hooks.enter(self, stack)  # e.g. the Keras adapter's (from above)
+                yield self
         finally:
             current_strategy.reset(token)
 

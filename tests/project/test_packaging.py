@@ -53,6 +53,7 @@ OPTIONAL_MODULES = [
     "dask_kubernetes",
     "torch",
     "jax",
+    "keras",
     "matplotlib",
 ]
 
@@ -187,7 +188,7 @@ def test_dev_extra_is_everything_and_test_stays_light():
     named = set(EXTRAS["dev"][0].split("[", 1)[1].rstrip("]").split(","))
     assert named | {"dev"} | {e for e in EXTRAS if e not in NOT_RUNTIME_EXTRAS} >= set(EXTRAS)
     test = {_requirement_name(r) for r in EXTRAS["test"]}
-    heavy = {"torch", "jax", "jaxlib", "dask-kubernetes", "mypy", "sphinx", "myst-parser"}
+    heavy = {"torch", "jax", "jaxlib", "keras", "dask-kubernetes", "mypy", "sphinx", "myst-parser"}
     assert not (test & heavy), sorted(test & heavy)
     assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "build"} <= test
 
