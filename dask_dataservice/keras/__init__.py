@@ -19,11 +19,11 @@ dask_dataservice`` does not. See docs/keras.md.
 """
 
 from .fit import KerasMetrics, fit, install
-from .model import ModelOnPS, bound_strategy, on_ps
+from .model import ModelOnPS, bound_strategy, load_checkpoint, on_ps
 from .optimizer import server_optimizer
 from .step import TrainStep
 
 install()
 
-__all__ = ["fit", "install", "KerasMetrics", "ModelOnPS", "on_ps", "bound_strategy",
+__all__ = ["fit", "install", "KerasMetrics", "ModelOnPS", "on_ps", "bound_strategy", "load_checkpoint",
            "server_optimizer", "TrainStep"]

@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from ..ps import optimizers as ps_optimizers
-from ..ps.variables import ShardedVariable, Variable, read_values
+from ..ps.checkpoint import Checkpoint
+from ..ps.variables import ShardedVariable, Variable, current_strategy, read_values
 from ._backend import keras
 from .optimizer import server_optimizer
 
-__all__ = ["ModelOnPS", "on_ps", "bound_strategy"]
+__all__ = ["ModelOnPS", "on_ps", "bound_strategy", "load_checkpoint"]
 
 #: The attribute of a Keras model that holds its ModelOnPS (set with object.__setattr__:
 #: Keras' attribute tracking stays out of it).
@@ -161,3 +162,18 @@ def on_ps(model: Any, strategy: Any = None, optimizer: Any = None) -> ModelOnPS:
         placed = ModelOnPS(model, strategy, server_optimizer(optimizer))
         object.__setattr__(model, _ATTR, placed)
         return placed
+
+
+def load_checkpoint(model: Any, path: str, name: str = "model") -> None:
+    """Set the weights of any Keras ``model`` (on parameter servers or not) from a
+    :class:`~dask_dataservice.Checkpoint` that saved a :class:`ModelOnPS` of the same
+    architecture as ``Checkpoint(**{name: model_on_ps})``; a partitioned table is read
+    back whole. The values are read into this process (no parameter server is involved)."""
+    token = current_strategy.set(None)  # local variables, even inside a strategy's scope
+    try:
+        local = [Variable(np.zeros(tuple(w.shape), dtype=np.dtype(w.dtype)), name=w.path)
+                 for w in model.weights]
+    finally:
+        current_strategy.reset(token)
+    Checkpoint(**{name: local}).restore(path)
+    model.set_weights([v.numpy() for v in local])
