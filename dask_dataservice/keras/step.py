@@ -48,25 +48,35 @@ _trainers: OrderedDict[str, _Trainer] = OrderedDict()
 _trainers_lock = threading.Lock()
 
 
-def model_spec(model: Any) -> tuple[str, Any]:
-    """How to rebuild ``model`` on a worker: Keras' config (with the compile configuration),
-    or, for a model without one, the pickled model."""
+def model_spec(model: Any) -> tuple[str, Any, bytes]:
+    """How to rebuild ``model`` on a worker: Keras' configuration of its architecture (or,
+    for a model without one, the pickled model) and its ``compile`` arguments pickled as
+    they were given (a loss or metric may be a plain function, which Keras' configuration
+    cannot name)."""
+    compile_args = dict(model._compile_config.config)
+    # the worker's optimizer is not used to update (the servers apply the update)
+    compile_args["optimizer"] = "sgd"
+    compiled = cloudpickle.dumps(compile_args)
     try:
         config = keras.saving.serialize_keras_object(model)
-        return "config", config
     except (NotImplementedError, TypeError, ValueError):
-        return "pickle", cloudpickle.dumps(model)
+        return "pickle", cloudpickle.dumps(model), compiled
+    config.pop("compile_config", None)
+    return "config", config, compiled
 
 
-def build_model(spec: tuple[str, Any]) -> Any:
-    kind, data = spec
+def build_model(spec: tuple[str, Any, bytes]) -> Any:
+    kind, data, compiled = spec
     with warnings.catch_warnings():
         # Keras warns that the (unbuilt) optimizer's variables are not loaded: they are not
         # used here (the update is applied on the parameter servers)
         warnings.filterwarnings("ignore", message=".*[Ss]kipping variable loading.*")
         if kind == "config":
-            return keras.saving.deserialize_keras_object(data)
-        return cloudpickle.loads(data)
+            model = keras.saving.deserialize_keras_object(data)
+        else:
+            model = cloudpickle.loads(data)
+    model.compile(**cloudpickle.loads(compiled))
+    return model
 
 
 class TrainStep:
