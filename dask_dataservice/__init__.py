@@ -8,6 +8,7 @@ dask_dataservice`` stays light.
 from __future__ import annotations
 
 import importlib
+from contextlib import AbstractContextManager as _AbstractContextManager
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
@@ -230,7 +231,7 @@ _dask_source.set_cluster_loader(_dask_cluster_side)  # Dataset.from_dask on a cl
 _service_hooks.on_dispatcher_start("dashboard", _attach_dashboard)
 
 
-def _keras_scope(strategy: object) -> object:
+def _keras_scope(strategy: object) -> _AbstractContextManager[object] | None:
     """Keras variables created in a strategy's scope remember it (``model.fit`` then trains
     on its parameter servers); only once the user imported Keras (never imported here)."""
     import sys

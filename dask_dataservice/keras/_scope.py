@@ -17,10 +17,10 @@ from typing import Any
 
 from ._backend import keras
 from .fit import install
+from .model import STRATEGY_ATTR
 
 # the base class is not exported (keras.distribution has its subclasses only)
-from keras.src.distribution.distribution_lib import Distribution  # noqa: E402, I001
-from .model import STRATEGY_ATTR
+Distribution: Any = keras.src.distribution.distribution_lib.Distribution
 
 __all__ = ["recording"]
 

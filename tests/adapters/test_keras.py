@@ -125,7 +125,8 @@ async def test_model_fit_on_ps_follows_keras_local_fit(s, p0, p1, w0):
         h2 = dds_keras.fit(model, dds.DatasetCreator(_dataset_fn), epochs=1,
                            steps_per_epoch=STEPS, verbose=0)
         assert len(h2.history["loss"]) == 1
-        assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+        assert not all(np.array_equal(a, b)
+                       for a, b in zip(before, model.get_weights(), strict=True))
 
         # errors: checked before anything runs
         with pytest.raises(ValueError, match="steps_per_epoch is required"):
