@@ -201,7 +201,7 @@ def fit(model: Any, x: Any = None, *, epochs: int = 1, steps_per_epoch: int | No
     step = TrainStep(model, [placed.by_path[p] for p in placed.trainable_paths],
                      [p in placed.sparse_paths for p in placed.trainable_paths],
                      [placed.by_path[p] for p in placed.non_trainable_paths],
-                     placed.iterations, placed.optimizer, spe)
+                     placed.iterations, placed.optimizer, spe, placed.uid)
     dds_callbacks = [cb for cb in callbacks or () if isinstance(cb, ps_callbacks.Callback)]
     keras_callbacks = [cb for cb in callbacks or () if not isinstance(cb, ps_callbacks.Callback)]
     adapter = _KerasCallbacks(placed, keras_callbacks, epochs, steps_per_epoch // spe, spe)

@@ -21,6 +21,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import secrets
 import threading
 from typing import Any
 
@@ -78,6 +79,8 @@ class ModelOnPS:
         self.model = model
         self.strategy = strategy
         self.optimizer = optimizer
+        #: Names this model's rebuilt copy on the workers (kept across ``fit`` calls).
+        self.uid = secrets.token_hex(8)
         #: Weight paths in ``model.weights`` order, and which of them train.
         self.paths = paths
         self.trainable_paths = [w.path for w in model.trainable_weights]

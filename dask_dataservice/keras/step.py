@@ -26,6 +26,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import threading
 import warnings
@@ -85,9 +86,12 @@ class TrainStep:
     def __init__(self, model: Any, trainable: list[Variable | ShardedVariable],
                  sparse: list[bool], non_trainable: list[Variable | ShardedVariable],
                  iterations: Variable, optimizer: ps_optimizers.Optimizer,
-                 steps_per_execution: int) -> None:
-        self.uid = secrets.token_hex(8)
+                 steps_per_execution: int, model_uid: str | None = None) -> None:
         self.spec = model_spec(model)
+        #: The key of the worker's rebuilt model: the same model (``model_uid``) compiled the
+        #: same way is rebuilt and jitted once per worker process, whatever the ``fit`` call.
+        self.uid = (model_uid or secrets.token_hex(8)) + "/" + hashlib.sha1(
+            cloudpickle.dumps(self.spec[1:])).hexdigest()[:16]
         #: The variables of ``model.trainable_weights`` and ``non_trainable_weights``, in
         #: order (a model rebuilt from the same configuration has them in the same order;
         #: its paths may differ: Keras makes layer names unique per process).
