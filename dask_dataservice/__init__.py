@@ -238,8 +238,10 @@ def _keras_scope(strategy: object) -> _AbstractContextManager[object] | None:
 
     if "keras" not in sys.modules:
         return None
-    from .keras._scope import recording
-
+    try:
+        from .keras._scope import recording
+    except ImportError:  # Keras on another backend: importing dds.keras says why
+        return None
     return recording(strategy)
 
 
