@@ -64,7 +64,7 @@ class KerasMetrics:
         (Keras builds them from a batch; the batches are on the workers)."""
         self.model._symbolic_build(data_batch=like)  # builds only what is not built yet
         self.model.reset_metrics()
-        self.initial = [np.asarray(v.numpy()) for v in self.model.metrics_variables]
+        self.initial = [np.asarray(v.value) for v in self.model.metrics_variables]
         self.sums = [np.array(v) for v in self.initial]
         if self._pending is not None:
             self.restore(self._pending)

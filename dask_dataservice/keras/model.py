@@ -89,15 +89,14 @@ class ModelOnPS:
         self.sparse_paths = frozenset(
             layer.embeddings.path for layer in model._flatten_layers()
             if isinstance(layer, keras.layers.Embedding) and layer.built)
-        values = [np.asarray(w.numpy()) for w in model.weights]
+        values = [np.asarray(w.value) for w in model.weights]
         with strategy.scope():
             self.by_path: dict[str, Variable | ShardedVariable] = {
                 path: Variable(value, trainable=w.trainable, name=path)
                 for path, w, value in zip(paths, model.weights, values, strict=True)}
-            self.iterations: Variable = Variable(
-                np.asarray(int(model.optimizer.iterations.numpy()) if model.optimizer is not None
-                           else 0, dtype="int64"), trainable=False,
-                name=f"{model.name}/iterations")
+            done = 0 if model.optimizer is None else int(np.asarray(model.optimizer.iterations.value))
+            self.iterations: Variable = Variable(np.asarray(done, dtype="int64"), trainable=False,
+                                                 name=f"{model.name}/iterations")
         self._synced = values
 
     @property
@@ -120,7 +119,7 @@ class ModelOnPS:
 
     def push(self) -> None:
         """Send the Keras model's weights to the servers (``assign``)."""
-        values = [np.asarray(w.numpy()) for w in self.model.weights]
+        values = [np.asarray(w.value) for w in self.model.weights]
         for var, value in zip(self.variables, values, strict=True):
             var.assign(value, read_value=False)
         self._synced = values
@@ -128,7 +127,7 @@ class ModelOnPS:
     def sync(self) -> bool:
         """Push the Keras model's weights if they changed since the last pull or push
         (``set_weights``/``load_weights`` on the model); True if they did."""
-        values = [np.asarray(w.numpy()) for w in self.model.weights]
+        values = [np.asarray(w.value) for w in self.model.weights]
         if all(np.array_equal(a, b) for a, b in zip(values, self._synced, strict=True)):
             return False
         self.push()

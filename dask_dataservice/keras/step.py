@@ -178,7 +178,7 @@ class _Trainer:
                 # builds the compiled loss and metrics (their variables) from a batch
                 self.model._symbolic_build(data_batch=data)
                 self.model.reset_metrics()
-                self._initial = [np.asarray(v.numpy()) for v in self.model.metrics_variables]
+                self._initial = [np.asarray(v.value) for v in self.model.metrics_variables]
             return self._initial
 
     def _pure_step(self, trainable: list[Any], non_trainable: list[Any], metrics: list[Any],

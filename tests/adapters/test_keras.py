@@ -180,6 +180,52 @@ async def test_checkpoint_restores_into_a_plain_keras_model_and_back(s, p0, w0):
     await in_thread(s, body)
 
 
+@pytest.mark.cluster
+@gen_cluster(client=False, nthreads=[PS, WK], timeout=60)
+async def test_keras_and_dds_callbacks_together(s, p0, w0):
+    """Keras' EarlyStopping stops training at an epoch's end (``model.stop_training``), its
+    ModelCheckpoint saves the weights of the parameter servers at each epoch's end (the
+    Keras model is refreshed first), and dds' BackupAndRestore saves the run's position with
+    the compiled metrics' merged state mid-epoch. (TF: dataset_creator_model_fit_test.py
+    testModelFitCallbacks; keras callbacks_test.py EarlyStopping.)"""
+    import json
+    import tempfile
+
+    from dask_dataservice.ps.callbacks import BackupAndRestore
+
+    def body(c):
+        strategy = dds.ParameterServerStrategy(c)
+        with strategy.scope():
+            model = _model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+        placed = dds_keras.on_ps(model)
+        with tempfile.TemporaryDirectory() as tmp:
+            backup = BackupAndRestore(dds.Checkpoint(model=placed), f"{tmp}/backup",
+                                      save_freq=4, delete_checkpoint=False)
+            history = model.fit(
+                dds.DatasetCreator(_dataset_fn), epochs=5, steps_per_epoch=STEPS, verbose=0,
+                callbacks=[keras.callbacks.EarlyStopping(monitor="loss", min_delta=10,
+                                                         patience=0),
+                           keras.callbacks.ModelCheckpoint(f"{tmp}/m.weights.h5",
+                                                           save_weights_only=True),
+                           backup])
+            assert history.epoch == [0, 1] and model.stop_training
+            assert int(placed.iterations.numpy()) == 2 * STEPS
+            saved = _model()
+            saved.load_weights(f"{tmp}/m.weights.h5")
+            for a, b in zip(saved.get_weights(), placed.values(), strict=True):
+                np.testing.assert_array_equal(a, b)
+            with open(f"{tmp}/backup/state.json") as f:
+                state = json.load(f)
+            # the last save (every 4 global steps): the 12th, epoch 1's 6th step, with the
+            # metrics' merged state of epoch 1's 6 steps
+            assert (state["epoch"], state["step"]) == (1, 6)
+            assert state["aggregate"]["count"] == 6
+            assert state["history"]["epoch"] == [0]
+
+    await in_thread(s, body)
+
+
 # -- no cluster --------------------------------------------------------------------------
 
 
