@@ -123,6 +123,39 @@ class TrainStep:
                 "like": keras.tree.map_structure(_zeros_like_row, data)}
 
 
+def _tables_read_by_rows(model: Any, sparse: list[bool]) -> dict[int, int | None]:
+    """``{index in trainable_weights: where its ids are in the inputs}`` of the Embedding
+    tables whose ids are a model input read by that layer only (None: the input is ``x``
+    itself; an int: ``x[i]`` of a model with several inputs given as a list or tuple). Their
+    rows are read by id; any other table is read whole (its ids are computed in the model).
+    """
+    inputs = list(getattr(model, "inputs", None) or [])
+    layers = list(model._flatten_layers(include_self=False))
+    out: dict[int, int | None] = {}
+    for j, w in enumerate(model.trainable_weights):
+        if not sparse[j]:
+            continue
+        layer = next((lay for lay in layers if isinstance(lay, keras.layers.Embedding)
+                      and not getattr(lay, "lora_enabled", False)
+                      and getattr(lay, "_embeddings", None) is w), None)
+        if layer is None or layer.mask_zero or not layer._inbound_nodes:
+            continue
+        # every call of the layer (a rebuilt Sequential has several nodes) reads one model
+        # input, the same one
+        tensors = [list(node.input_tensors) for node in layer._inbound_nodes]
+        where = {i for ts in tensors for t in ts for i, m in enumerate(inputs) if t is m}
+        if any(len(ts) != 1 for ts in tensors) or len(where) != 1 \
+                or any(not any(ts[0] is m for m in inputs) for ts in tensors):
+            continue
+        (i,) = where
+        readers = {id(lay) for lay in layers for node in lay._inbound_nodes
+                   if any(t is inputs[i] for t in node.input_tensors)}
+        if readers != {id(layer)}:
+            continue
+        out[j] = None if len(inputs) == 1 else i
+    return out
+
+
 def _positions(variables: list[Any], weights: list[Any]) -> list[int]:
     """The index in ``variables`` of each of ``weights`` (by identity)."""
     index = {id(v): i for i, v in enumerate(variables)}
@@ -167,6 +200,12 @@ class _Trainer:
         #: Where each weight on the servers is in the stateless call's lists.
         self.trainable_at = _positions(model.trainable_variables, model.trainable_weights)
         self.nt_at = _positions(model.non_trainable_variables, model.non_trainable_weights)
+        #: ``{index in trainable_weights: index of its ids in the inputs}`` of the tables
+        #: read by rows (see :func:`_tables_read_by_rows`)
+        self.by_rows = _tables_read_by_rows(model, step.sparse)
+        #: where each of them goes in the stateless call, and its shape
+        self.table_slots = tuple((self.trainable_at[j], tuple(model.trainable_weights[j].shape))
+                                 for j in self.by_rows)
         self._step = jax.jit(self._pure_step)
         self._lock = threading.Lock()
         self._initial: list[np.ndarray] | None = None
@@ -181,31 +220,72 @@ class _Trainer:
                 self._initial = [np.asarray(v.value) for v in self.model.metrics_variables]
             return self._initial
 
-    def _pure_step(self, trainable: list[Any], non_trainable: list[Any], metrics: list[Any],
-                   optimizer_vars: list[Any], x: Any, y: Any, sample_weight: Any) -> Any:
+    def _pure_step(self, trainable: list[Any], rows: list[Any], idx: list[Any],
+                   non_trainable: list[Any], metrics: list[Any], optimizer_vars: list[Any],
+                   x: Any, y: Any, sample_weight: Any) -> Any:
         model = self.model
-        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
-        (_, aux), grads = grad_fn(trainable, non_trainable, metrics, x, y, sample_weight,
-                                  training=True, optimizer_variables=optimizer_vars)
-        unscaled_loss, y_pred, non_trainable, metrics = aux
-        _, metrics = model._update_metrics_variables(metrics, unscaled_loss, x, y, y_pred,
-                                                     sample_weight)
-        return grads, non_trainable, metrics
+
+        def loss(trainable: list[Any], rows: list[Any]) -> Any:
+            trainable = list(trainable)
+            for (i, shape), r, ix in zip(self.table_slots, rows, idx, strict=True):
+                # the table as the forward pass sees it: the batch's rows at their ids (the
+                # other rows are not looked up); its gradient is the rows' gradient
+                trainable[i] = jax.numpy.zeros(shape, r.dtype).at[ix].set(r)
+            return model.compute_loss_and_updates(
+                trainable, non_trainable, metrics, x, y, sample_weight, training=True,
+                optimizer_variables=optimizer_vars)
+
+        grad_fn = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+        (_, aux), (grads, row_grads) = grad_fn(trainable, rows)
+        unscaled_loss, y_pred, new_non_trainable, new_metrics = aux
+        _, new_metrics = model._update_metrics_variables(new_metrics, unscaled_loss, x, y,
+                                                         y_pred, sample_weight)
+        return grads, row_grads, new_non_trainable, new_metrics
+
+    def _rows(self, step: TrainStep, x: Any) -> tuple[list[np.ndarray], list[np.ndarray],
+                                                       list[np.ndarray]]:
+        """For each table read by rows: its distinct ids in the batch, padded with unused
+        ids to a size fixed by the batch's shape (one jit trace per batch shape), and those
+        rows read from the servers (one request per shard holding any, in parallel)."""
+        ids_out, idx_out, rows_out = [], [], []
+        for j, where in self.by_rows.items():
+            var = step.trainable[j]
+            n_rows = int(var.shape[0])
+            flat = np.asarray(x if where is None else x[where]).reshape(-1)
+            if flat.dtype.kind not in "iu":
+                flat = flat.astype(np.int64)
+            uniq = np.unique(flat)
+            if uniq.size and (uniq[0] < 0 or uniq[-1] >= n_rows):
+                raise IndexError(f"embedding ids of {var.name!r} must be in [0, {n_rows}), got "
+                                 f"min {uniq[0]}, max {uniq[-1]}")
+            size = min(flat.size, n_rows)
+            pad = np.setdiff1d(np.arange(min(n_rows, size + uniq.size)), uniq,
+                               assume_unique=True)[:size - uniq.size]
+            idx = np.concatenate([uniq, pad]).astype(np.int32)
+            ids_out.append(uniq)
+            idx_out.append(idx)
+            rows_out.append(var.gather(idx))
+        return ids_out, idx_out, rows_out
 
     def batch(self, step: TrainStep, data: Any, metrics: list[np.ndarray]) -> list[np.ndarray]:
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with self._lock:  # one batch at a time per process (the runner has one thread)
-            read = read_values(*step.trainable, *step.non_trainable)
-            trainable = [v.value for v in model.trainable_variables]
-            for i, value in zip(self.trainable_at, read, strict=False):
-                trainable[i] = value
+            ids, idx, rows = self._rows(step, x)
+            whole = [j for j in range(len(step.trainable)) if j not in self.by_rows]
+            read = read_values(*(step.trainable[j] for j in whole), *step.non_trainable)
+            trainable: list[Any] = [v.value for v in model.trainable_variables]
+            for j in self.by_rows:
+                trainable[self.trainable_at[j]] = None  # built from its rows in the step
+            for j, value in zip(whole, read, strict=False):
+                trainable[self.trainable_at[j]] = value
             non_trainable = [v.value for v in model.non_trainable_variables]
-            for i, value in zip(self.nt_at, read[len(step.trainable):], strict=True):
+            for i, value in zip(self.nt_at, read[len(whole):], strict=True):
                 non_trainable[i] = value
             optimizer_vars = [v.value for v in model.optimizer.variables]
-            grads, non_trainable, metrics_out = self._step(
-                trainable, non_trainable, metrics, optimizer_vars, x, y, sample_weight)
+            grads, row_grads, non_trainable, metrics_out = self._step(
+                trainable, rows, idx, non_trainable, metrics, optimizer_vars, x, y,
+                sample_weight)
             # random state (seed generators) stays on this worker
             on_ps = set(self.nt_at)
             for i, (v, value) in enumerate(zip(model.non_trainable_variables, non_trainable,
@@ -213,11 +293,17 @@ class _Trainer:
                 if i not in on_ps:
                     v.assign(value)
         updates: list[tuple[Any, Any]] = []
-        for i, var, sparse in zip(self.trainable_at, step.trainable, step.sparse, strict=True):
+        by_rows = dict(zip(self.by_rows, zip(ids, row_grads, strict=True), strict=True))
+        for j, (i, var, sparse) in enumerate(zip(self.trainable_at, step.trainable, step.sparse,
+                                                 strict=True)):
+            if j in by_rows:
+                uniq, g_rows = by_rows[j]
+                updates.append((IndexedSlices(np.asarray(g_rows)[:uniq.size], uniq), var))
+                continue
             g = np.asarray(grads[i])
             if sparse:
-                rows = np.flatnonzero(np.any(g.reshape(g.shape[0], -1) != 0, axis=1))
-                updates.append((IndexedSlices(g[rows], rows), var))
+                nonzero = np.flatnonzero(np.any(g.reshape(g.shape[0], -1) != 0, axis=1))
+                updates.append((IndexedSlices(g[nonzero], nonzero), var))
             else:
                 updates.append((g, var))
         step.optimizer.apply_gradients(updates)

@@ -115,6 +115,11 @@ async def test_model_fit_on_ps_follows_keras_local_fit(s, p0, p1, w0):
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
         assert int(model.optimizer.iterations.numpy()) == 3 * STEPS
         assert int(placed.iterations.numpy()) == 3 * STEPS
+        # the worker (in this process) read the table by rows: the batch's ids only
+        import importlib
+
+        trainers = importlib.import_module("dask_dataservice.keras.step")._trainers
+        assert [t.by_rows for t in trainers.values()][-1] == {0: None}
 
         # a second fit goes on from there; RMSprop (the seed's compile default) on the PSs
         # is Keras' RMSprop for dense weights (here: every weight is trained densely)
