@@ -7,7 +7,10 @@ Theory of operation
   the variable handles and the server-side optimizer. On a worker it is rebuilt once per
   process and kept (:func:`_trainer`, keyed by the step's id), with its jitted gradient
   function, so a scheduled batch costs a dictionary lookup, not a model build.
-- Each batch: the weights are read from the parameter servers (every shard in parallel),
+- Each batch: the weights are read from the parameter servers (every shard in parallel;
+  an ``Embedding`` table whose ids are a model input is read by rows, the batch's distinct
+  ids padded to a size fixed by the batch's shape, and placed at their ids in a table of
+  zeros inside the jitted step: its gradient is the rows' gradient),
   ``jax.value_and_grad`` runs over the model's stateless forward and loss
   (``compute_loss_and_updates``, the function Keras' own JAX ``train_step`` differentiates)
   and the compiled metrics' update, all in one ``jax.jit``; then the gradients go to the
@@ -19,9 +22,8 @@ Theory of operation
 - ``steps_per_execution`` batches run in one scheduled function; it returns how the compiled
   metrics' state changed over them (Keras' metric variables are sums and counts: they merge
   by addition, see :class:`~.fit.KerasMetrics`).
-- Random state (a ``Dropout``'s seed) stays on each worker; the forward pass reads the whole
-  of every weight, tables included (the gradient of a table travels as rows, its value
-  does not: see docs/keras.md).
+- Random state (a ``Dropout``'s seed) stays on each worker. A table whose ids are computed
+  inside the model is read whole (its gradient still travels as rows: see docs/keras.md).
 """
 
 from __future__ import annotations
