@@ -6,14 +6,16 @@ the same model (steps/s), and the loss curves of Keras' local fit and of the PS 
 A local cluster of worker processes (1 parameter server, 2 training workers); this process is
 the coordinator. The model: ``Embedding(10_000, 16)`` over 4 ids a row, ``Flatten``,
 ``Dense(32, relu)``, ``Dense(1)``, mse loss, ``Adagrad(0.05)`` (the table partitioned in 2 by
-a MinSizePartitioner). Both training loops read every weight from the PS, differentiate on
-the worker and send the gradients (the table's as rows) to the same server-side Adagrad:
+a MinSizePartitioner). Both training loops read the batch's rows of the table and the other
+weights from the PS, differentiate on the worker and send the gradients (the table's as
+rows) to the same server-side Adagrad:
 
 - ``keras``: ``model.fit(DatasetCreator, steps_per_epoch=...)`` of the model created in
   ``strategy.scope()`` (the adapter: Keras' stateless loss, compiled metrics (mae) merged
   on the coordinator, Keras' History);
-- ``hand``: ``dds.fit`` with a step written by hand: the same forward pass in ``jax.numpy``,
-  ``jax.value_and_grad``, ``optimizer.apply_gradients``; it returns the loss only.
+- ``hand``: ``dds.fit`` with a step written by hand: ``gather`` of the batch's distinct ids,
+  the same forward pass in ``jax.numpy`` on those rows, ``jax.value_and_grad``,
+  ``optimizer.apply_gradients``; it returns the loss only.
 
 Then the curves: the same model from the same initial weights, fit by Keras in this process
 and on the cluster with one training worker (steps in order: the curves should be the same)
@@ -67,7 +69,8 @@ def dataset_fn(batch: int):
 
 
 def hand_step(variables, optimizer):
-    """A training step written by hand: jnp forward pass, value_and_grad, PS update."""
+    """A training step written by hand: the batch's rows of the table (``gather``), the
+    other weights whole, a jnp forward pass, value_and_grad, the PS update."""
     def step(iterator):
         import jax
         import jax.numpy as jnp
@@ -80,18 +83,18 @@ def hand_step(variables, optimizer):
         worker = get_worker()
         grad_fn = getattr(worker, "_bench_grad_fn", None)
         if grad_fn is None:
-            def loss(params, ids, y):
-                table, k1, b1, k2, b2 = params
-                h = table[ids].reshape(ids.shape[0], -1)
+            def loss(params, inverse, y):
+                rows, k1, b1, k2, b2 = params
+                h = rows[inverse].reshape(inverse.shape[0], -1)
                 h = jax.nn.relu(h @ k1 + b1)
                 return jnp.mean((h @ k2 + b2 - y) ** 2)
             grad_fn = worker._bench_grad_fn = jax.jit(jax.value_and_grad(loss))
         ids, y = next(iterator)
-        params = read_values(*variables)
-        value, grads = grad_fn(params, ids, y)
-        g_table = np.asarray(grads[0])
-        rows = np.flatnonzero(np.any(g_table != 0, axis=1))
-        updates = [(IndexedSlices(g_table[rows], rows), variables[0])]
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        rows = variables[0].gather(uniq)
+        params = [rows, *read_values(*variables[1:])]
+        value, grads = grad_fn(params, inverse.reshape(ids.shape), y)
+        updates = [(IndexedSlices(np.asarray(grads[0]), uniq), variables[0])]
         updates += [(np.asarray(g), v) for g, v in zip(grads[1:], variables[1:], strict=True)]
         optimizer.apply_gradients(updates)
         return {"loss": float(value)}
