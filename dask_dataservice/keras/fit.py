@@ -37,7 +37,7 @@ import numpy as np
 
 from ..ps import callbacks as ps_callbacks
 from ..ps import fit as ps_fit
-from ._backend import keras
+from ._backend import jax, keras
 from .model import ModelOnPS, bound_strategy, on_ps
 from .step import TrainStep
 
@@ -58,6 +58,7 @@ class KerasMetrics:
         self.sums: list[np.ndarray] = []
         self.count = 0
         self._pending: dict[str, Any] | None = None
+        self._result: Any = None
 
     def _build(self, like: Any) -> None:
         """Build the compiled loss and metrics here, from a batch shaped as the input's
@@ -85,10 +86,18 @@ class KerasMetrics:
     def logs(self) -> dict[str, float]:
         if not self.count:
             return {}
-        pairs = list(zip(self.model.metrics_variables, self.sums, strict=True))
-        with keras.StatelessScope(state_mapping=pairs):
-            result = self.model.get_metrics_result()
-        return {k: float(v) for k, v in result.items()}
+        if self._result is None:
+            metrics_variables = self.model.metrics_variables
+
+            def result(sums: list[Any]) -> Any:
+                pairs = list(zip(metrics_variables, sums, strict=True))
+                with keras.StatelessScope(state_mapping=pairs):
+                    return self.model.get_metrics_result()
+
+            # one call per step (the batch logs): jitted, it is one dispatch, not one per op
+            self._result = jax.jit(result)
+        values = jax.device_get(self._result(self.sums))
+        return {k: float(v) for k, v in values.items()}
 
     def state(self) -> dict[str, Any]:
         return {"sums": [s.tolist() for s in self.sums], "count": self.count}
