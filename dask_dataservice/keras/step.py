@@ -33,6 +33,7 @@ import secrets
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
@@ -205,6 +206,7 @@ class _Trainer:
         #: ``{index in trainable_weights: index of its ids in the inputs}`` of the tables
         #: read by rows (see :func:`_tables_read_by_rows`)
         self.by_rows = _tables_read_by_rows(model, step.sparse)
+        self.input_names = [t.name for t in (getattr(model, "inputs", None) or [])]
         #: where each of them goes in the stateless call, and its shape
         self.table_slots = tuple((self.trainable_at[j], tuple(model.trainable_weights[j].shape))
                                  for j in self.by_rows)
@@ -253,7 +255,13 @@ class _Trainer:
         for j, where in self.by_rows.items():
             var = step.trainable[j]
             n_rows = int(var.shape[0])
-            flat = np.asarray(x if where is None else x[where]).reshape(-1)
+            if where is None:
+                source = x
+            elif isinstance(x, Mapping):  # inputs by name
+                source = x[self.input_names[where]]
+            else:
+                source = x[where]
+            flat = np.asarray(source).reshape(-1)
             if flat.dtype.kind not in "iu":
                 flat = flat.astype(np.int64)
             uniq = np.unique(flat)

@@ -231,6 +231,55 @@ async def test_keras_and_dds_callbacks_together(s, p0, w0):
     await in_thread(s, body)
 
 
+def _two_inputs():
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    feats = keras.Input((2,), name="feats")
+    looked_up = keras.layers.Flatten()(keras.layers.Embedding(30, 2)(ids))
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([looked_up, feats]))
+    return keras.Model({"ids": ids, "feats": feats}, out)
+
+
+@pytest.mark.cluster
+@gen_cluster(client=False, nthreads=[PS, WK], timeout=60)
+async def test_functional_model_with_named_inputs_from_a_list_of_batches(s, p0, w0):
+    """A functional model with two named inputs (the table's ids, read by rows, and dense
+    features), trained from a plain list of batches: Keras' local fit's losses and weights.
+    (TF: parameter_server_training_test.py testModelFit with a functional model.)"""
+    import importlib
+
+    def body(c):
+        strategy = dds.ParameterServerStrategy(c)
+        with strategy.scope():
+            model = _two_inputs()
+        local = _two_inputs()
+        local.set_weights(model.get_weights())
+        for m in (model, local):
+            m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        rng = np.random.default_rng(0)
+        x = {"ids": rng.integers(0, 30, (32, 3)).astype("int32"),
+             "feats": rng.standard_normal((32, 2)).astype("float32")}
+        y = rng.standard_normal((32, 1)).astype("float32")
+        batches = [({k: v[i:i + 8] for k, v in x.items()}, y[i:i + 8]) for i in range(0, 32, 8)]
+
+        def forever():
+            while True:
+                yield from batches
+
+        history = model.fit(batches * 2, epochs=2, steps_per_epoch=4, verbose=0)
+        expected = local.fit(forever(), epochs=2, steps_per_epoch=4, verbose=0)
+        np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-5)
+        for a, b in zip(model.get_weights(), local.get_weights(), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        # the worker (in this process) read the table by rows, its ids found by name
+        trainer = list(importlib.import_module("dask_dataservice.keras.step")
+                       ._trainers.values())[-1]
+        ((table, where),) = trainer.by_rows.items()
+        assert table == 0 and trainer.input_names[where] == "ids"
+
+    await in_thread(s, body)
+
+
 # -- no cluster --------------------------------------------------------------------------
 
 
