@@ -103,6 +103,8 @@ class KerasMetrics:
         return {"sums": [s.tolist() for s in self.sums], "count": self.count}
 
     def restore(self, state: Mapping[str, Any]) -> None:
+        if not state.get("count"):  # saved before the epoch's first step: nothing to add
+            return
         if self.initial is None:  # restored before the first step: kept until the build
             self._pending = dict(state)
             return
