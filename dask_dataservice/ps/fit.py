@@ -47,10 +47,10 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
-from .._tqdm import interactive
 from ..errors import InputExhaustedError
 from ._fit_run import Aggregate, FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
+from .._tqdm import interactive
 from .callbacks import BackupAndRestore, Callback, History, ProgressBar
 from .coordinator import ClosureCancelledError, ClusterCoordinator, RemoteValue
 from .strategy import InputContext, ParameterServerStrategy
