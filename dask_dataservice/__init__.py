@@ -85,10 +85,14 @@ _LAZY: dict[str, str] = {
     "status": "dask_dataservice.dashboard",
     # parameter-server training
     "ParameterServerStrategy": "dask_dataservice.ps.strategy",
+    "ClusterSpec": "dask_dataservice.ps.cluster_resolver",
+    "SimpleClusterResolver": "dask_dataservice.ps.cluster_resolver",
+    "TFConfigClusterResolver": "dask_dataservice.ps.cluster_resolver",
     "ClusterCoordinator": "dask_dataservice.ps.coordinator",
     "Variable": "dask_dataservice.ps.variables",
     "ShardedVariable": "dask_dataservice.ps.variables",
     "Checkpoint": "dask_dataservice.ps.checkpoint",
+    "CheckpointManager": "dask_dataservice.ps.checkpoint_manager",
     "partitioners": "dask_dataservice.ps.partitioners",
     "fit": "dask_dataservice.ps.fit",
     "DatasetCreator": "dask_dataservice.ps.fit",
@@ -109,6 +113,10 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .dashboard import status as status
     from .ps import partitioners as partitioners
     from .ps.checkpoint import Checkpoint as Checkpoint
+    from .ps.checkpoint_manager import CheckpointManager as CheckpointManager
+    from .ps.cluster_resolver import ClusterSpec as ClusterSpec
+    from .ps.cluster_resolver import SimpleClusterResolver as SimpleClusterResolver
+    from .ps.cluster_resolver import TFConfigClusterResolver as TFConfigClusterResolver
     from .ps.coordinator import ClusterCoordinator as ClusterCoordinator
     from .ps.evaluator import SidecarEvaluator as SidecarEvaluator
     from .ps.fit import DatasetCreator as DatasetCreator

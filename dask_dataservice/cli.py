@@ -345,7 +345,8 @@ _DRY_RUN = click.option("--dry-run", is_flag=True, help="print the command line 
     "--scheduler-file FILE."))
 @_DRY_RUN
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False),
-              help="make the dispatcher fault tolerant: journal its state in this directory and "
+              help="make the dispatcher fault tolerant: journal its state in this directory (or "
+              "fsspec URL: s3://bucket/dds) and "
               "recover from it on start (sets dataservice.dispatcher.fault-tolerant-mode and "
               "work-dir)")
 @click.option("--worker-addresses", default=None,
@@ -359,7 +360,9 @@ def scheduler(dry_run: bool, work_dir: str | None, worker_addresses: str | None,
     env = dict(os.environ)
     if work_dir:
         env["DASK_DATASERVICE__DISPATCHER__FAULT_TOLERANT_MODE"] = "True"
-        env["DASK_DATASERVICE__DISPATCHER__WORK_DIR"] = os.path.abspath(work_dir)
+        # a URL (s3://bucket/dds) as given; a local path made absolute
+        env["DASK_DATASERVICE__DISPATCHER__WORK_DIR"] = (
+            work_dir if "://" in work_dir else os.path.abspath(work_dir))
     if worker_addresses:
         names = [a.strip() for a in worker_addresses.split(",") if a.strip()]
         env["DASK_DATASERVICE__DISPATCHER__WORKER_ADDRESSES"] = json.dumps(names)

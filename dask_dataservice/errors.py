@@ -176,15 +176,18 @@ class JournalCorruptedError(JournalError):
     Parameters
     ----------
     path : str or os.PathLike
-        The segment file (or, for a missing segment, the file that follows the gap).
+        The segment file (or, for a missing segment, the file that follows the gap), or
+        its URL for a journal kept on a URL.
     offset : int
         Byte offset in ``path`` of the damaged record or header.
     reason : str
         What is wrong, e.g. ``"payload checksum mismatch (...)"``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str] | object, offset: int, reason: str) -> None:
+        text = str(path)
+        #: The file: a :class:`~pathlib.Path`, or the URL (a ``str``) of a journal on a URL.
+        self.path: Path | str = text if "://" in text else Path(text)
         self.offset = offset
         self.reason = reason
         super().__init__(f"journal {self.path} is corrupted at byte offset {offset}: {reason}")

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -235,3 +236,46 @@ def write_certs(directory: Path, security: Any) -> dict[str, str]:
         path.chmod(0o600)
         paths[name] = str(path)
     return paths
+
+
+@contextlib.contextmanager
+def s3_emulator(bucket: str):
+    """An S3 emulator (moto's server, in a process of its own on 127.0.0.1) with ``bucket``;
+    yields ``s3://<bucket>``. fsspec's configuration gives every ``s3://`` filesystem the
+    emulator's endpoint, as a user's would give theirs (or ``AWS_ENDPOINT_URL``). s3fs runs its
+    requests on fsspec's process-wide I/O thread, started here (before the tests that use it)."""
+    import socket
+
+    import fsspec
+
+    needs("moto.server", "test")
+    s3fs = needs("s3fs", "test")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saved = fsspec.config.conf.get("s3")
+    fsspec.config.conf["s3"] = {"key": "testing", "secret": "testing",
+                                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until the emulator answers
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        s3fs.S3FileSystem.clear_instance_cache()
+        fsspec.filesystem("s3").mkdir(bucket)
+        yield f"s3://{bucket}"
+    finally:
+        if saved is None:
+            fsspec.config.conf.pop("s3", None)
+        else:
+            fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+        proc.terminate()
+        proc.wait(20)

@@ -17,18 +17,20 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import _stats, formats, ops, ops_more, sources
+from . import _file_shard, _stats, formats, ops, ops_more, sources
 from ._adapters import adapter
 from ._base import AUTOTUNE, INFINITE, REPR_ONLY, UNKNOWN, IterContext, Op, walk
 from ._base import sources as _sources
 from ._fingerprint import fingerprint as _fingerprint
 from ._fs import expand as _expand_globs
 from .spec import relax_leading_dim, spec_of
+from .structure import map_structure
 from .splits import (
     ComponentSplit,
     ListSplitProvider,
     NotSplittableError,
     SplitProvider,
+    mixed_splits,
     shared_splits,
 )
 
@@ -89,6 +91,16 @@ class Dataset:
         arrays with the same length, giving tuple or dict elements.
         """
         return cls(sources.TensorSlices(tensors))
+
+    @classmethod
+    def from_tensors(cls, tensors: Any) -> Dataset:
+        """One element: ``tensors`` whole (TensorFlow's ``Dataset.from_tensors``).
+
+        ``tensors`` is an array, a scalar, or a tuple or dict of them; the element has the
+        same structure, with numpy arrays (and numpy scalars) as leaves. Typically followed
+        by ``repeat()``.
+        """
+        return cls(sources.TensorSlices(map_structure(lambda t: np.asarray(t)[np.newaxis], tensors)))
 
     @classmethod
     def list_files(cls, file_pattern: str | list[str], shuffle: bool = False,
@@ -542,7 +554,7 @@ class Dataset:
     def why_not_splittable(self) -> str | None:
         """Why this pipeline cannot be cut into splits (DYNAMIC / FILE sharding), or None."""
         srcs = _sources(self._op)
-        if len(srcs) > 1:  # zip / concatenate: the plan decides (it enumerates the splits)
+        if _planned(self._op):  # zip / concatenate / mixes: the plan decides (it enumerates)
             plan = _split_plan(self._op, None)
             return plan if isinstance(plan, str) else None
         source = cast(sources.Source, srcs[0])
@@ -573,7 +585,8 @@ class Dataset:
         """
         if split_size is not None:
             split_size = ops.check_int("split_size", split_size, minimum=1)
-        if len(_sources(self._op)) == 1:
+        split_size = _file_shard.split_size(self._op, split_size)  # a file name per split
+        if not _planned(self._op):
             self.check_splittable()
             return self.source.splits(split_size)
         plan = _split_plan(self._op, split_size)
@@ -588,8 +601,19 @@ class Dataset:
 
     @property
     def is_file_based(self) -> bool:
-        """True when every source of the pipeline reads files (FILE sharding applies)."""
-        return all(cast(sources.Source, src).file_based for src in _sources(self._op))
+        """True when every source of the pipeline is a list of files (FILE sharding applies:
+        see :meth:`why_not_file_shardable`)."""
+        return _file_shard.why_not_file_shardable(self._op) is None
+
+    def why_not_file_shardable(self) -> str | None:
+        """Why FILE sharding cannot give each worker whole files of this pipeline, or None.
+
+        As TensorFlow's auto-shard, it looks below ``interleave`` / ``flat_map`` / ``map``
+        (the readers) for the file names: ``list_files``, ``from_files``, the format readers
+        and ``from_tensor_slices(filenames)`` read by such an op (see
+        :mod:`dask_dataservice.data._file_shard`); the pipeline must also be splittable.
+        """
+        return _file_shard.why_not_file_shardable(self._op) or self.why_not_splittable()
 
     @property
     def has_shard_hint(self) -> bool:
@@ -652,41 +676,63 @@ def _to_numpy(x: Any) -> Any:
     return x
 
 
-def _split_plan(op: Op, split_size: int | None, in_component: bool = False) -> Sequence[Any] | str:
+def _planned(op: Op) -> bool:
+    """Whether the pipeline's splits come from :func:`_split_plan` (several sources, or a
+    sample/choose, whose inputs read tagged splits), not straight from its one source."""
+    return len(_sources(op)) > 1 or any(
+        isinstance(n, (ops_more.SampleFromDatasets, ops_more.ChooseFromDatasets))
+        for n in walk(op))
+
+
+def _split_plan(op: Op, split_size: int | None, in_component: bool = False,
+                read: bool = False) -> Sequence[Any] | str:
     """The splits of the pipeline rooted at ``op``, or the reason it has none.
 
     One source: its splits. ``concatenate``: the inputs' splits one after the other, tagged
     with the input (:class:`~dask_dataservice.data.splits.ComponentSplit`). ``zip``: the splits
     every component shares (see :func:`~dask_dataservice.data.splits.shared_splits`).
+    ``read``: a reader op (interleave, flat_map, map) is above ``op``, so a list of file names
+    below it is cut one name per split (:mod:`._file_shard`).
     """
     if op.is_source:
         source = cast(sources.Source, op)
-        return source.splits(split_size) if source.splittable else source.why_not()
+        if not source.splittable:
+            return source.why_not()
+        return source.splits(_file_shard.source_split_size(source, read, split_size))
+    read = read or _file_shard.is_reader(op)
     reason = op.split_blocker()
     if reason:
         return reason
     if in_component and isinstance(op, ops.Repeat):
-        return ("repeat() inside a zip/concatenate component cannot be split (each repetition "
-                "would need the component's splits again); apply repeat() after the "
-                "zip/concatenate")
+        return ("repeat() inside an input of zip, concatenate, sample_from_datasets or "
+                "choose_from_datasets cannot be split (each repetition would need the input's "
+                "splits again); apply repeat() after them")
     if isinstance(op, ops_more.Concatenate):
         plan: list[Any] = []
         for k, child in enumerate(op.inputs):
-            part = _split_plan(child, split_size, True)
+            part = _split_plan(child, split_size, True, read)
             if isinstance(part, str):
                 return part
             plan.extend(ComponentSplit(k, s) for s in part)
         return plan
+    if isinstance(op, (ops_more.SampleFromDatasets, ops_more.ChooseFromDatasets)):
+        data = op.mixed_inputs()  # choose_from_datasets' choice input is not split
+        parts = [_split_plan(child, split_size, True, read) for child in data]
+        for part in parts:
+            if isinstance(part, str):
+                return part
+        return mixed_splits(cast(list[Sequence[Any]], parts), op.rates(),
+                            [child.cardinality() for child in data])
     if isinstance(op, ops_more.Zip):
-        parts = [_split_plan(child, split_size, True) for child in op.inputs]
+        parts = [_split_plan(child, split_size, True, read) for child in op.inputs]
         for part in parts:
             if isinstance(part, str):
                 return part
         return shared_splits(cast(list[Sequence[Any]], parts), op.cardinality(), split_size,
-                             lambda size: [_split_plan(c, size, True) for c in op.inputs])
+                             lambda size: [_split_plan(c, size, True, read) for c in op.inputs])
     if len(op.inputs) != 1:
         return f"{op.name}() reads {len(op.inputs)} inputs and cannot be split"
-    return _split_plan(op.inputs[0], split_size, in_component)
+    return _split_plan(op.inputs[0], split_size, in_component, read)
 
 
 #: Ops that keep the shape of their input's elements (``element_spec`` looks through them).

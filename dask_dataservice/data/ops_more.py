@@ -24,7 +24,7 @@ import numpy as np
 
 from ._base import _NO_ELEMENT, INFINITE, UNKNOWN, IterContext, Op, annotate_user_error
 from .ops import Batch, Unary, _close, call, check_bool, check_callable, check_int
-from .splits import ConcatenateRouter, ZipTee
+from .splits import ConcatenateRouter, MixRouter, ZipTee
 from .structure import pad_stack, stack, unstack
 
 if TYPE_CHECKING:
@@ -51,6 +51,15 @@ def _call(fn: Callable[..., Any], op: str, *args: Any) -> Any:
 # ----------------------------------------------------------------------------------------
 # choosing between datasets
 # ----------------------------------------------------------------------------------------
+
+
+def _mixed(ctx: IterContext, n: int) -> list[IterContext]:
+    """The contexts ``n`` mixed inputs iterate in: each reads its own splits (see
+    :class:`~.splits.MixRouter`) when the pipeline reads splits."""
+    if ctx.split_provider is None:
+        return [ctx] * n
+    router = MixRouter(ctx.split_provider, n)
+    return [replace(ctx, split_provider=router.component(k)) for k in range(n)]
 
 
 class SampleFromDatasets(Op):
@@ -89,8 +98,13 @@ class SampleFromDatasets(Op):
             return INFINITE
         return UNKNOWN
 
-    def split_blocker(self) -> str:
-        return "sample_from_datasets() mixes several pipelines; read each with the service and sample locally"
+    def mixed_inputs(self) -> tuple[Op, ...]:
+        """The inputs whose splits a split provider serves (DYNAMIC: each its own splits)."""
+        return self.inputs
+
+    def rates(self) -> tuple[float, ...]:
+        """How fast each of :meth:`mixed_inputs` is drawn from (its splits' order)."""
+        return self.weights
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         epoch = ctx.next_epoch(self)
@@ -98,7 +112,8 @@ class SampleFromDatasets(Op):
             rng = random.Random()
         else:
             rng = random.Random(self.seed * 1_000_003 + (epoch if self.rerandomize else 0))
-        its = [op.iterate(ctx) for op in self.inputs]
+        its = [op.iterate(sub) for op, sub in zip(self.inputs, _mixed(ctx, len(self.inputs)),
+                                                  strict=True)]
         live = list(range(len(its)))
         weights = list(self.weights)
         try:
@@ -136,12 +151,18 @@ class ChooseFromDatasets(Op):
     def cardinality(self) -> int:
         return UNKNOWN if self.inputs[0].cardinality() != INFINITE else INFINITE
 
-    def split_blocker(self) -> str:
-        return "choose_from_datasets() mixes several pipelines; read each with the service and choose locally"
+    def mixed_inputs(self) -> tuple[Op, ...]:
+        """The inputs whose splits a split provider serves: the data inputs (the choice input
+        runs whole on every worker, as in TensorFlow)."""
+        return self.inputs[1:]
+
+    def rates(self) -> tuple[float, ...]:
+        return (1.0,) * (len(self.inputs) - 1)
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
-        choice = self.inputs[0].iterate(ctx)
-        its = [op.iterate(ctx) for op in self.inputs[1:]]
+        choice = self.inputs[0].iterate(replace(ctx, split_provider=None))
+        its = [op.iterate(sub) for op, sub in zip(self.inputs[1:],
+                                                  _mixed(ctx, len(self.inputs) - 1), strict=True)]
         ended = [False] * len(its)
         try:
             for c in choice:

@@ -26,6 +26,7 @@ from ..errors import NotSplittableError
 __all__ = [
     "SHARD_HINT",
     "ComponentSplit",
+    "MixRouter",
     "IndexRange",
     "IndexRanges",
     "FileSplit",
@@ -368,6 +369,58 @@ class ZipTee(_SharedProvider):
             self._buffer.popleft()
             self._base += 1
         return split  # type: ignore[no-any-return]
+
+
+# ``sample_from_datasets`` / ``choose_from_datasets``: each data input reads splits of its own
+# (``ComponentSplit(k, s)``), in whatever order the sampling asks for them (TensorFlow hands
+# out each input's splits from a provider of its own). The splits of all inputs are listed in
+# one sequence (:func:`mixed_splits`: each input's spread over it at the rate the sampling
+# draws from it), and a worker's :class:`MixRouter` keeps a split of another input than the
+# one asking in that input's queue until it asks. The choice input of
+# ``choose_from_datasets`` is not split: every worker runs it whole, as TensorFlow does.
+
+
+class MixRouter(_SharedProvider):
+    """Routes the splits of one provider to the inputs of a sample/choose, in any order."""
+
+    def __init__(self, parent: SplitProvider, n: int) -> None:
+        import threading
+        from collections import deque
+
+        super().__init__(parent)
+        self._queues: list[deque[object]] = [deque() for _ in range(n)]
+        self._lock = threading.Lock()  # an input may read in a prefetch thread of its own
+
+    def _next_for(self, k: int) -> object | None:
+        with self._lock:
+            queue = self._queues[k]
+            while not queue:
+                split = self._pull()
+                if split is None:
+                    return None
+                if not isinstance(split, ComponentSplit) or not 0 <= split.component < len(
+                        self._queues):
+                    raise TypeError(f"{len(self._queues)} mixed inputs read ComponentSplit "
+                                    f"splits of inputs 0..{len(self._queues) - 1}, the "
+                                    f"provider served {split!r}")
+                self._queues[split.component].append(split.split)
+            return queue.popleft()
+
+
+def mixed_splits(parts: Sequence[Sequence[Any]], rates: Sequence[float],
+                 sizes: Sequence[int]) -> list[ComponentSplit]:
+    """The splits of inputs ``parts`` in one list, each input's spread over it by the time the
+    sampling needs them: split ``j`` of input ``k`` (about ``sizes[k]`` elements in all, or a
+    negative size: unknown, counted as one element per split) at ``(j + 1/2) * elements per
+    split / rates[k]``; an input of rate 0 last."""
+    keyed: list[tuple[float, int, int]] = []
+    for k, (part, rate) in enumerate(zip(parts, rates, strict=True)):
+        per_split = sizes[k] / len(part) if sizes[k] > 0 and len(part) else 1.0
+        for j in range(len(part)):
+            key = (j + 0.5) * per_split / rate if rate > 0 else float("inf")
+            keyed.append((key, k, j))
+    keyed.sort()
+    return [ComponentSplit(k, parts[k][j]) for _, k, j in keyed]
 
 
 def shared_splits(lists: list[Sequence[Any]], length: int, split_size: int | None,

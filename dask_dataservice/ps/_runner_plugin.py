@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import threading
 import time
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 from distributed.comm.core import connect
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.utils import run_in_executor_with_context
+from distributed.utils import offload, run_in_executor_with_context
 
 from .. import config
 from .._async import TaskGroup, owned_executor, shutdown_executor
@@ -49,7 +50,7 @@ from .._rpc import handler
 from ..errors import ParameterServerError
 from . import _fastpath, _routing
 from ._channel import Channel, Pipeline
-from ._types import ClosuresReply
+from ._types import ClosuresReply, wire
 from .input_position import CountingIterator
 
 if TYPE_CHECKING:
@@ -100,14 +101,19 @@ class TrainingWorkerPlugin(WorkerPlugin):
         #: Set (and replaced) when a batch arrives; the batches answered lately.
         self._arrived = asyncio.Event()
         self._answered: OrderedDict[tuple[int, int], None] = OrderedDict()
+        #: ``{uid: Variable}``: this worker's copies of per-worker variables (ps/per_worker.py).
+        self.per_worker_variables: dict[str, Any] = {}
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.handlers["ps_withdraw"] = self.withdraw
+        worker.handlers["ps_per_worker_read"] = self.per_worker_read
         worker.extensions[RUNNER_NAME] = self
 
     async def teardown(self, worker: Worker) -> None:
         worker.handlers.pop("ps_run_closures", None)
         worker.handlers.pop("ps_withdraw", None)
+        worker.handlers.pop("ps_per_worker_read", None)
         worker.extensions.pop(RUNNER_NAME, None)
+        self.per_worker_variables.clear()
         for channel in self.channels.values():
             channel.close()
         await self._group.stop()
@@ -172,6 +178,18 @@ class TrainingWorkerPlugin(WorkerPlugin):
         if picked is None:
             return {"status": "OK", "from": None}
         return {"status": "OK", "batch": picked[0][1], "from": picked[1]}
+
+    @handler
+    async def per_worker_read(self, key: str) -> dict[str, Any]:
+        """This worker's copy of per-worker variable ``key`` (``None``: never used here)."""
+        var = self.per_worker_variables.get(key)
+        if var is None:
+            return {"status": "OK", "value": None}
+        if var.dtype.itemsize * math.prod(var.shape) > config.get_bytes("ps.offload-bytes"):
+            value = await offload(var.read_value)  # a large copy: off the event loop
+        else:
+            value = var.read_value()
+        return {"status": "OK", "value": wire(value)}
 
     def _pick(self, keys: list[tuple[int, int]]) -> tuple[tuple[int, int], int] | None:
         """Cut the batch of ``keys`` with the most functions not started (see withdraw)."""

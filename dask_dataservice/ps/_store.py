@@ -15,13 +15,35 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 import zarr
-from zarr.storage import LocalStore, StoreLike
+from zarr.storage import FsspecStore, LocalStore, StoreLike
 
 from ..errors import CheckpointCorruptedError
 from ._shard import Lane, Shard
 
-__all__ = ["chunk_shape", "create_backing", "read_checkpoint", "read_pieces", "reload",
+__all__ = ["checkpoint_store", "chunk_shape", "create_backing", "read_checkpoint", "read_pieces", "reload",
            "write_checkpoint", "write_shard", "zarr_name"]
+
+
+def checkpoint_store(path: str, read_only: bool = False) -> LocalStore | FsspecStore:
+    """The zarr store of the checkpoint at ``path``: a local directory (a path, or a
+    ``file://`` URL), else zarr's :class:`~zarr.storage.FsspecStore` of the URL
+    (``s3://bucket/ckpt-3``, ``memory://...``: any fsspec filesystem).
+
+    Raises
+    ------
+    ValueError
+        If the URL's filesystem is unknown or its package is not installed.
+    """
+    if "://" not in path:
+        return LocalStore(path, read_only=read_only)
+    protocol, rest = path.split("://", 1)
+    if protocol in ("file", "local"):
+        return LocalStore(rest, read_only=read_only)
+    try:
+        return FsspecStore.from_url(path, read_only=read_only)
+    except ImportError as e:
+        raise ValueError(f"checkpoint {path}: the filesystem of {protocol}:// is not installed "
+                         f"({e})") from e
 
 
 def zarr_name(key: str) -> str:
@@ -87,7 +109,7 @@ def reload(store: StoreLike, lane_for: Callable[[], Lane]) -> list[Shard]:
 
 def write_checkpoint(path: str, snaps: list[Any]) -> dict[str, Any]:
     """Write ``[(group, value, slots)]`` into the checkpoint at ``path``; the slot names."""
-    store = LocalStore(path)
+    store = checkpoint_store(path)
     slot_names: dict[str, dict[str, list[str]]] = {}
     for group, value, slots in snaps:
         zarr.create_array(store, name=f"{group}/value", data=value,
@@ -183,7 +205,7 @@ def _slot_shape(store: StoreLike, pieces: list[Any], path: str,
 def read_checkpoint(path: str, pieces: list[Any], shape: tuple[Any, ...], dtype: Any,
                     slots: dict[str, Any]) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]:
     """The value (and the ``{optimizer: [slot names]}`` slots) of one shard from a checkpoint."""
-    store = LocalStore(path, read_only=True)
+    store = checkpoint_store(path, read_only=True)
     value = np.empty(shape, dtype=dtype)
     read_pieces(store, pieces, "value", value)
     slot_values: dict[str, dict[str, np.ndarray]] = {}

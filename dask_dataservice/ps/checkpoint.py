@@ -38,7 +38,6 @@ from urllib.parse import quote
 
 import numpy as np
 import zarr
-from zarr.storage import LocalStore
 
 from ..errors import CheckpointMismatchError
 from . import _routing, _store
@@ -54,10 +53,12 @@ FORMAT = "dask_dataservice.ps.checkpoint/1"
 
 
 def _flatten(objects: dict[str, Any], optimizers: list[Any] | None = None,
-             inputs: dict[str, PerWorkerIterator] | None = None
-             ) -> dict[str, Variable | ShardedVariable]:
+             inputs: dict[str, PerWorkerIterator] | None = None,
+             optional: set[str] | None = None) -> dict[str, Variable | ShardedVariable]:
     """``{path: variable}`` of ``objects``; their optimizers are appended to ``optimizers``,
-    their per-worker iterators added to ``inputs``."""
+    their per-worker iterators added to ``inputs``, the paths of their ``iterations``
+    (``<path>/iterations``: not in checkpoints written before they were saved) to
+    ``optional``."""
     out: dict[str, Variable | ShardedVariable] = {}
 
     def walk(prefix: str, obj: Any) -> None:
@@ -69,6 +70,10 @@ def _flatten(objects: dict[str, Any], optimizers: list[Any] | None = None,
         elif isinstance(obj, Optimizer) or obj is None:
             if obj is not None and optimizers is not None:
                 optimizers.append(obj)
+            if obj is not None and isinstance(obj.iterations, Variable):
+                out[f"{prefix}/iterations"] = obj.iterations  # Keras' optimizer.iterations
+                if optional is not None:
+                    optional.add(f"{prefix}/iterations")
             return  # slots are saved beside their variables
         elif isinstance(obj, dict):
             for k, v in obj.items():
@@ -117,7 +122,7 @@ class Checkpoint:
         if inputs and client[0] is None:
             raise InputPositionError("a Checkpoint saves an input position together with "
                                      "variables on parameter servers: add them")
-        store = LocalStore(path)
+        store = _store.checkpoint_store(path)
         root = zarr.open_group(store, mode="w")
         meta: dict[str, dict[str, Any]] = {}
         per_ps: dict[str, list[Any]] = {}
@@ -164,7 +169,7 @@ class Checkpoint:
         """Load every variable of this Checkpoint from ``path`` (any sharding at save time)."""
         path = os.fspath(path)
         try:
-            root = zarr.open_group(LocalStore(path, read_only=True), mode="r")
+            root = zarr.open_group(_store.checkpoint_store(path, read_only=True), mode="r")
             attrs: dict[str, Any] = dict(root.attrs)
         except (FileNotFoundError, zarr.errors.NodeNotFoundError) as e:
             raise FileNotFoundError(f"no checkpoint at {path}") from e
@@ -175,7 +180,10 @@ class Checkpoint:
         saved = attrs["variables"]
         optimizers: list[Optimizer] = []
         inputs: dict[str, PerWorkerIterator] = {}
-        variables = _flatten(self._objects, optimizers, inputs)
+        optional: set[str] = set()
+        variables = _flatten(self._objects, optimizers, inputs, optional)
+        # an optimizer's step count is restored when the checkpoint has it (older ones do not)
+        variables = {k: v for k, v in variables.items() if k in saved or k not in optional}
         saved_inputs = attrs.get("inputs") or {}
         for name in inputs:
             if name not in saved_inputs:
@@ -263,5 +271,5 @@ def _client_of(variables: dict[str, Any]) -> tuple[Any, ...]:
 
 def _restore_local(path: str, v: Variable, pieces: list[Any]) -> None:
     value = np.empty(v.shape, dtype=v.dtype)
-    _store.read_pieces(LocalStore(path, read_only=True), pieces, "value", value)
+    _store.read_pieces(_store.checkpoint_store(path, read_only=True), pieces, "value", value)
     v.assign(value)

@@ -51,6 +51,8 @@ not become tasks. Instead:
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import itertools
 import logging
 import math
@@ -74,7 +76,7 @@ from . import _routing
 from ._dashboard_hooks import report_coordinator
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator, TrainingWorkerPlugin
 from ._types import Call
-from .strategy import ParameterServerStrategy, _roles
+from .strategy import InputContext, ParameterServerStrategy, _roles
 from .variables import ShardedVariable, Variable
 
 logger = logging.getLogger(__name__)
@@ -153,6 +155,22 @@ class _Closure:
         self.fn_id, self.fn, self.args, self.kwargs = fn_id, fn, args, kwargs
         self.remote, self.generation = remote, generation
 
+
+
+def _without_arguments(dataset_fn: Callable[..., Any]) -> Callable[[], Any]:
+    """``dataset_fn``, given an :class:`InputContext` first when it needs an argument.
+
+    Each training worker runs one input pipeline with one replica, so every worker gets the
+    same context, as ``strategy.distribute_datasets_from_function`` gives it.
+    """
+    try:
+        params = inspect.signature(dataset_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: call it as it is
+        return dataset_fn
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind in positional and p.default is p.empty for p in params):
+        return functools.partial(dataset_fn, InputContext())
+    return dataset_fn
 
 class ClusterCoordinator:
     """Schedules functions on training workers (``tf.distribute.experimental.coordinator``).
@@ -281,7 +299,9 @@ class ClusterCoordinator:
     def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """A dataset built on each training worker, lazily, from ``dataset_fn()``.
 
-        ``dataset_fn`` takes no arguments and returns an iterable (a
+        ``dataset_fn`` takes no arguments, or an ``InputContext`` as the functions of
+        ``strategy.distribute_datasets_from_function`` do (TensorFlow's module documentation
+        of the tf.data service passes such a function here), and returns an iterable (a
         :class:`~dask_dataservice.Dataset`, a data-service dataset from
         ``from_dataset_id``, the result of ``strategy.distribute_datasets_from_function``,
         ...); a ``Dataset`` may be given directly.
@@ -292,7 +312,7 @@ class ClusterCoordinator:
             def dataset_fn():
                 return ds
 
-        return PerWorkerDataset(dataset_fn)
+        return PerWorkerDataset(_without_arguments(dataset_fn))
 
     def shutdown(self) -> None:
         """Stop the feeders (pending functions are cancelled)."""

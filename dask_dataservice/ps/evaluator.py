@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import zarr
-from zarr.storage import LocalStore
 
 from ._fit_run import _metrics
+from ._store import checkpoint_store
 from .checkpoint import FORMAT, Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ _NAME = re.compile(r"^ckpt-(\d+)$")
 def _complete(path: str) -> dict[str, Any] | None:
     """The attributes of a complete checkpoint at ``path`` (None: absent or being written)."""
     try:
-        attrs = dict(zarr.open_group(LocalStore(path, read_only=True), mode="r").attrs)
+        attrs = dict(zarr.open_group(checkpoint_store(path, read_only=True), mode="r").attrs)
     except (FileNotFoundError, zarr.errors.NodeNotFoundError):
         return None
     return attrs if attrs.get("format") == FORMAT else None

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from ._kernels import (
     apply_dense,
     apply_sparse,
@@ -36,7 +38,7 @@ from ._kernels import (
     take_rows,
 )
 from ._types import IndexedSlices
-from .variables import apply_gradients
+from .variables import Variable, apply_gradients
 
 __all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "RMSprop", "IndexedSlices", "get", "apply_dense",
            "apply_sparse", "dedupe_rows", "take_rows", "put_rows"]
@@ -50,6 +52,12 @@ class Optimizer:
     default (``"Adagrad"``, as Keras), never a counter, so a fresh process that creates its
     optimizers in another order finds the slots a checkpoint saved. Two optimizers *of the
     same kind updating the same variable* need explicit, distinct names.
+
+    ``iterations`` counts the calls of :meth:`apply_gradients` (Keras' ``optimizer.iterations``,
+    the training step): an int64 variable created with the optimizer, on a parameter server
+    when the optimizer is created in ``strategy.scope()`` (so every training worker's steps
+    count, and a :class:`~.checkpoint.Checkpoint` holding the optimizer saves and restores
+    it), else local to the process that applies the gradients.
     """
 
     kind: str = ""
@@ -60,6 +68,9 @@ class Optimizer:
         if name is not None and (not isinstance(name, str) or not name):
             raise ValueError(f"an optimizer's name must be a non-empty str, got {name!r}")
         self.name = name if name is not None else type(self).__name__
+        #: Steps applied (Keras' ``optimizer.iterations``; see the class docstring).
+        self.iterations: Any = Variable(np.int64(0), trainable=False,
+                                        name=f"{self.name}/iterations")
 
     def get_config(self) -> dict[str, Any]:
         """The hyperparameters, as sent to the parameter servers with each update."""
@@ -73,6 +84,7 @@ class Optimizer:
         variables and shards travel in parallel.
         """
         apply_gradients(self.get_config(), list(grads_and_vars))
+        self.iterations.assign_add(1, read_value=False)  # after the updates, in their lane
 
     def __repr__(self) -> str:
         cfg = {k: v for k, v in self.get_config().items() if k != "kind"}

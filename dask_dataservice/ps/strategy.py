@@ -12,6 +12,10 @@ coordinator. Like TensorFlow, at least one PS and one training worker are requir
         emb = dds.Variable(lambda shape, dtype, partition_offset: np.zeros(shape, dtype),
                            shape=(100_000, 16), dtype="f4", name="emb")   # ShardedVariable
 
+TensorFlow's cluster setup works too: ``ParameterServerStrategy(cluster_resolver=
+dds.TFConfigClusterResolver())`` reads ``TF_CONFIG`` and maps its ``chief`` / ``ps`` /
+``worker`` tasks onto a Dask scheduler and workers (see :mod:`.cluster_resolver`).
+
 Placement is round-robin: each variable, and each shard of a partitioned variable, goes to
 the next PS in turn. Partitioning follows TensorFlow: the partitioner decides the number of
 shards of axis 0 (rank-0 variables are never partitioned), rows are dealt out with the
@@ -33,6 +37,7 @@ import secrets
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -44,13 +49,15 @@ from .. import config
 from . import _kernels, _routing, _scope_hooks
 from ._runner_plugin import TrainingWorkerPlugin
 from ._types import Call, wire
+from .cluster_resolver import ClusterResolver, Connection, connect, resolver_from_environment
 from .partitioners import check_partitions, div_offsets
+from .per_worker import PerWorkerVariable
 from .server import ParameterServerPlugin
 from .variables import ShardedVariable, Variable, current_strategy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "InputContext", "ReduceOp", "cluster_roles"]
+__all__ = ["ParameterServerStrategy", "InputContext", "ReduceOp", "ValueContext", "cluster_roles"]
 
 #: The variable new variables are colocated with (``strategy.extended.colocate_vars_with``).
 _colocate: contextvars.ContextVar[Variable | None] = contextvars.ContextVar("dds_ps_colocate", default=None)
@@ -113,6 +120,44 @@ class ReduceOp:
 
     SUM = "SUM"
     MEAN = "MEAN"
+
+
+class ValueContext:
+    """What ``value_fn`` learns in ``experimental_distribute_values_from_function``
+    (TensorFlow's ``tf.distribute.experimental.ValueContext``)."""
+
+    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1) -> None:
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def __repr__(self) -> str:
+        return (f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+                f"num_replicas_in_sync={self.num_replicas_in_sync})")
+
+
+#: Logged (as TensorFlow logs it) when ``run`` or ``reduce`` is called outside a function
+#: scheduled with ``ClusterCoordinator.schedule``.
+NOT_SCHEDULED_WARNING = (
+    "ParameterServerStrategy.{method}() was called outside a function scheduled with "
+    "ClusterCoordinator.schedule, so it runs right here (on the coordinator, most likely), "
+    "which can be slow: call `run` and `reduce` inside the function you pass to "
+    "`coordinator.schedule` to run them on the training workers.")
+
+
+def _warn_unless_scheduled(method: str) -> None:
+    if getattr(_routing._thread, "fn", None) is None:
+        logger.warning(NOT_SCHEDULED_WARNING.format(method=method))
+
+
+def _map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` applied to each leaf of a structure of tuples, lists, dicts and namedtuples."""
+    if isinstance(value, dict):
+        return type(value)((k, _map_structure(fn, v)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_map_structure(fn, v) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(_map_structure(fn, v) for v in value)
+    return fn(value)
 
 
 def _on_worker() -> bool:
@@ -184,8 +229,9 @@ def _strategy_by_ref(uid: str, ps: list[str], ps_names: list[str],
     if live is not None:
         return live  # type: ignore[no-any-return]
     stand_in = object.__new__(ParameterServerStrategy)
-    stand_in.__dict__.update(_client=None, _uid=uid, _ps=list(ps), _ps_names=list(ps_names),
-                             _variable_partitioner=partitioner, _variables=[],
+    stand_in.__dict__.update(_client=None, _connection=None, _cluster_resolver=None, _uid=uid,
+                             _ps=list(ps), _ps_names=list(ps_names),
+                             _variable_partitioner=partitioner, _variables=[], _per_worker={},
                              _cluster_coordinator=None, _lock=threading.Lock())
     return stand_in
 
@@ -195,15 +241,54 @@ class ParameterServerStrategy:
 
     Parameters
     ----------
-    client : distributed.Client
-        A synchronous client of the cluster; this process becomes the coordinator.
+    client : distributed.Client or ClusterResolver, optional
+        A synchronous client of the cluster; this process becomes the coordinator. A
+        cluster resolver may be given here too (TensorFlow's first argument).
     variable_partitioner : callable, optional
         ``partitioner(shape, dtype) -> [k, 1, ...]`` (see :mod:`.partitioners`). ``None``:
         variables are not partitioned.
+    cluster_resolver : ClusterResolver, optional
+        TensorFlow's cluster setup instead of a client: a
+        :class:`~.cluster_resolver.TFConfigClusterResolver` (``TF_CONFIG``) or a
+        :class:`~.cluster_resolver.SimpleClusterResolver`. The chief's address is the Dask
+        scheduler's (started here when this process is the chief and none listens there),
+        the ``ps`` and ``worker`` tasks are the Dask workers at their addresses; the strategy
+        waits ``dataservice.ps.cluster-timeout`` for all of them (see
+        :mod:`.cluster_resolver`). With neither a client nor a resolver, ``TF_CONFIG`` is
+        read; without it, ValueError.
     """
 
-    def __init__(self, client: Client,
-                 variable_partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+    def __init__(self, client: Client | ClusterResolver | None = None,
+                 variable_partitioner: Callable[..., Sequence[int]] | None = None, *,
+                 cluster_resolver: ClusterResolver | None = None) -> None:
+        if isinstance(client, ClusterResolver):
+            if cluster_resolver is not None:
+                raise TypeError("give the cluster resolver once (client or cluster_resolver)")
+            client, cluster_resolver = None, client
+        if client is not None and cluster_resolver is not None:
+            raise TypeError("give a client or a cluster_resolver, not both")
+        if client is None and cluster_resolver is None:
+            cluster_resolver = resolver_from_environment()
+            if cluster_resolver is None:
+                raise ValueError(
+                    "ParameterServerStrategy needs a cluster: a distributed.Client of it, or "
+                    "cluster_resolver=TFConfigClusterResolver() with the TF_CONFIG environment "
+                    "variable set (TF_CONFIG is not set), or a SimpleClusterResolver")
+        #: What this strategy opened itself (a resolver's client and scheduler): close() closes it.
+        self._connection: Connection | None = None
+        self._cluster_resolver = cluster_resolver
+        self._variable_partitioner = variable_partitioner
+        if cluster_resolver is None:
+            self._start(client, None)
+            return
+        self._connection = connect(cluster_resolver, config.get_seconds("ps.cluster-timeout"))
+        try:
+            self._start(self._connection.client, self._connection.ps)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, client: Any, ordered_ps: list[str] | None) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client, got {type(client).__name__}")
         if client.asynchronous:
@@ -213,8 +298,9 @@ class ParameterServerStrategy:
                 "synchronous client of the same cluster, Client(address), and run the "
                 "training loop in a thread: `await asyncio.to_thread(train)`")
         self._client = client
-        self._variable_partitioner = variable_partitioner
         ps, workers = cluster_roles(client)
+        if ordered_ps is not None:  # TensorFlow's task order: ps task i is /job:ps/task:i
+            ps = ordered_ps
         if len(ps) < 1:
             raise ValueError(
                 f"There must be at least one ps: no worker has the {config.get('ps.resource')!r} "
@@ -222,6 +308,9 @@ class ParameterServerStrategy:
         if len(workers) < 1:
             raise ValueError("There must be at least one worker: every worker is a parameter server.")
         self._ps = ps
+        #: TensorFlow's counts: the tasks of the cluster spec, or the workers found now.
+        self._num_ps = len(ps)
+        self._num_workers = len(self._connection.workers) if self._connection else len(workers)
         names = _names(client)
         #: Worker names of the parameter servers: a PS restarted by its nanny keeps its name.
         self._ps_names = [names[a] for a in ps]
@@ -232,10 +321,31 @@ class ParameterServerStrategy:
         self._cluster_coordinator: Any = None
         #: Every variable created in scope, in creation order (checkpoints use them).
         self._variables: list[Variable | ShardedVariable] = []
+        #: ``{uid: PerWorkerVariable}`` created in scope (a handle coming back finds its own).
+        self._per_worker: weakref.WeakValueDictionary[str, PerWorkerVariable] = \
+            weakref.WeakValueDictionary()
         client.register_plugin(ParameterServerPlugin())
         client.register_plugin(TrainingWorkerPlugin())
         _routing.register_owner(self._uid, self)
         logger.info("ParameterServerStrategy: %d parameter servers, %d workers", len(ps), len(workers))
+
+    @property
+    def cluster_resolver(self) -> ClusterResolver | None:
+        """The resolver the strategy was built from (None: from a client)."""
+        return self._cluster_resolver
+
+    def close(self) -> None:
+        """Close what the strategy opened itself: the client (and the scheduler, on the
+        chief) of a cluster resolver. A client you passed stays yours: nothing is closed."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+    def __enter__(self) -> ParameterServerStrategy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # by reference: the coordinator gets its live strategy back, a worker a stand-in
@@ -262,12 +372,29 @@ class ParameterServerStrategy:
         """The training workers now (they may come and go)."""
         return cluster_roles(self._client)[1]
 
+    def _workers_by_index(self) -> list[str]:
+        """The training workers now, in TensorFlow's worker-index order (the coordinator's
+        ``get_current_worker_index``), then by name."""
+        names = _names(self._client)
+        index: dict[str, int] = dict(getattr(self._cluster_coordinator, "_worker_index", {}))
+
+        def key(address: str) -> tuple[int, str]:
+            name = names.get(address, address)
+            return index.get(name, len(index)), name
+
+        return sorted(self.worker_addresses, key=key)
+
     @property
     def num_ps(self) -> int:
+        """The number of parameter servers (``ps`` tasks)."""
         return len(self._ps)
 
     @property
     def num_workers(self) -> int:
+        """The number of training workers: the cluster spec's ``worker`` tasks when built
+        from a resolver (as TensorFlow counts them), else the training workers now."""
+        if self._connection is not None:
+            return self._num_workers
         return len(self.worker_addresses)
 
     @property
@@ -303,20 +430,51 @@ class ParameterServerStrategy:
 
     def run[T](self, fn: Callable[..., T], args: Sequence[Any] = (),
                kwargs: dict[str, Any] | None = None) -> T:
-        """Run ``fn`` here (one replica per worker); use it inside scheduled functions."""
+        """Run ``fn`` here (one replica per worker); use it inside scheduled functions.
+
+        Called anywhere else (on the coordinator, say) it still runs ``fn`` and logs
+        TensorFlow's warning that the call is not inside ``ClusterCoordinator.schedule``."""
+        _warn_unless_scheduled("run")
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: Any, value: Any,
-               axis: int | tuple[int, ...] | None = None) -> np.ndarray:
+               axis: int | tuple[int, ...] | None = None) -> Any:
         """TensorFlow's ``strategy.reduce``: one replica per worker, so across replicas the
-        value is unchanged; with ``axis`` it is then summed or averaged along that axis."""
+        value is unchanged; with ``axis`` it is then summed or averaged along that axis.
+
+        ``value`` may be a nested structure (tuples, lists, dicts, namedtuples) of arrays,
+        variables and ``None``: each leaf is reduced and the structure kept, as TensorFlow
+        maps the reduction over the structure. Outside a scheduled function it logs
+        TensorFlow's warning (see :meth:`run`)."""
         op = str(getattr(reduce_op, "value", reduce_op)).upper().rsplit(".", 1)[-1]
         if op not in (ReduceOp.SUM, ReduceOp.MEAN):
             raise ValueError(f"reduce_op must be ReduceOp.SUM or ReduceOp.MEAN, got {reduce_op!r}")
-        value = np.asarray(value.read_value() if hasattr(value, "read_value") else value)
-        if axis is None:
-            return value  # type: ignore[no-any-return]
-        return value.sum(axis=axis) if op == ReduceOp.SUM else value.mean(axis=axis)  # type: ignore[no-any-return]
+        _warn_unless_scheduled("reduce")
+
+        def leaf(x: Any) -> Any:
+            if x is None:
+                return None
+            x = np.asarray(x.read_value() if hasattr(x, "read_value") else x)
+            if axis is None:
+                return x
+            return x.sum(axis=axis) if op == ReduceOp.SUM else x.mean(axis=axis)
+
+        return _map_structure(leaf, value)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        """``value_fn(ValueContext())``: the value of the one replica of this worker.
+
+        TensorFlow calls ``value_fn`` once per replica and wraps the results; with one
+        replica per worker (as TensorFlow's PS strategy without GPUs) that is one call, and
+        the value is given as it is: pass it to :meth:`run`, read it with
+        :meth:`experimental_local_results`."""
+        if not callable(value_fn):
+            raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}")
+        return value_fn(ValueContext(replica_id_in_sync_group=0, num_replicas_in_sync=1))
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The values of the local replicas as a tuple: ``(value,)`` (one replica per worker)."""
+        return (value,)
 
     def reconnect(self, timeout: float = 30.0) -> dict[str, str]:
         """Point every variable at the current address of its parameter server.
@@ -377,9 +535,11 @@ class ParameterServerStrategy:
                          name: str | None = None, dtype: Any = None, shape: Any = None,
                          **kwargs: Any) -> Variable | ShardedVariable:
         name = name or "Variable"
-        if self._client is None:
-            raise RuntimeError("variables are created on the coordinator, in the scope of the "
-                               "strategy that holds the client (this is a stand-in for it)")
+        if self._client is None and getattr(_routing._thread, "fn", None) is None:
+            raise ValueError(
+                "variables of a ParameterServerStrategy are created on the coordinator or "
+                "inside a function scheduled with ClusterCoordinator.schedule, in "
+                "strategy.scope(); not in a dataset_fn or another Dask task")
         if initial_value is None:
             raise ValueError("initial_value must be given to create a variable in scope")
         init_from_fn = callable(initial_value)
@@ -401,8 +561,9 @@ class ParameterServerStrategy:
             var = self._create_shards(name, [0, shape[0]] if shape else None, shape, dtype,
                                       trainable, initial_value, value, partitioned=False,
                                       ps_index=colocate._ps_index)[0]
-            with self._lock:
-                self._variables.append(var)
+            if getattr(_routing._thread, "fn", None) is None:
+                with self._lock:
+                    self._variables.append(var)
             return var
         # a variable without rows has nothing to split: one shard of zero rows, whatever the
         # partitioner (TensorFlow's partitioners answer 0 shards and the strategy refuses)
@@ -418,8 +579,20 @@ class ParameterServerStrategy:
             shards = self._create_shards(name, offsets, shape, dtype, trainable, initial_value,
                                          value, partitioned=True)
             var = ShardedVariable(shards, name=name)
-        with self._lock:
-            self._variables.append(var)
+        if getattr(_routing._thread, "fn", None) is None:  # not in a scheduled function
+            with self._lock:
+                self._variables.append(var)
+        return var
+
+    def _create_per_worker_variable(self, initial_value: Any, name: str | None, dtype: Any,
+                                    shape: Any) -> PerWorkerVariable:
+        if self._client is None or getattr(_routing._thread, "fn", None) is not None:
+            raise ValueError("a per-worker variable is created on the coordinator, in "
+                             "strategy.scope(), not inside a scheduled function")
+        if initial_value is None:
+            raise ValueError("initial_value must be given to create a variable in scope")
+        var = PerWorkerVariable._create(self, initial_value, name, dtype, shape)
+        self._per_worker[var.uid] = var
         return var
 
     def _warn_if_large(self, name: str, shape: tuple[int, ...]) -> None:
@@ -429,19 +602,37 @@ class ParameterServerStrategy:
     def _create_shards(self, name: str, offsets: list[int] | None, shape: tuple[int, ...],
                        dtype: np.dtype[Any], trainable: bool, initial_value: Any,
                        value: np.ndarray | None, partitioned: bool, ps_index: int | None = None) -> list[Variable]:
-        n = next(self._ids)
+        fn = getattr(_routing._thread, "fn", None)
+        if fn is not None:
+            # Inside a scheduled function (this is the strategy's stand-in on a training
+            # worker): the key and the PS follow from the function's id and the variable's
+            # rank in it, so a function re-run after its worker died finds the variables its
+            # first run created (exist_ok) instead of making new ones.
+            # ``{fn id: [variables made, shards placed round-robin]}`` of this thread
+            made = _routing._thread.__dict__.setdefault("created", {})
+            for old in [f for f in made if f != fn.fn_id]:
+                del made[old]  # only the running function's counts matter
+            counts = made.setdefault(fn.fn_id, [0, 0])
+            stem = f"fn{fn.fn_id}.{counts[0]}"
+            counts[0] += 1
+        else:
+            stem, counts = str(next(self._ids)), None
         pieces = [(0, None)] if offsets is None else list(zip(offsets, offsets[1:], strict=False))
         init = cloudpickle.dumps(initial_value) if value is None else None
         handles, calls = [], []
         for i, (a, b) in enumerate(pieces):
-            if ps_index is None or partitioned:
+            if counts is not None and (ps_index is None or partitioned):
+                ps_index = counts[1] % len(self._ps)  # round-robin within the function
+                counts[1] += 1
+            elif ps_index is None or partitioned:
                 ps_index = self._next_ps()
             address = self._ps[ps_index]
             part_name = f"{name}/part_{i}" if partitioned else name
-            key = f"{self._uid}/{n}/{part_name}"
+            key = f"{self._uid}/{stem}/{part_name}"
             part_shape = tuple(shape) if b is None else (b - a, *shape[1:])
             kw: dict[str, Any] = {"key": key, "shape": list(part_shape), "dtype": dtype.str,
-                                  "offset": a, "full_shape": list(shape)}
+                                  "offset": a, "full_shape": list(shape),
+                                  "exist_ok": counts is not None}
             if value is None:
                 kw["init"] = init
             else:
@@ -449,7 +640,14 @@ class ParameterServerStrategy:
             calls.append(Call(address, "ps_create", kw))
             handles.append(Variable._remote(part_name, part_shape, dtype, trainable, address, key,
                                             ps_index, self._client, self._uid))
-        replies = _routing.call_many(calls, self._client)
+        if fn is None:
+            replies = _routing.call_many(calls, self._client)
+        else:  # not on the function's channels (they carry reads and updates): Dask's comms
+            pipeline, _routing._thread.pipeline = _routing._thread.pipeline, None
+            try:
+                replies = _routing.call_many(calls, None)
+            finally:
+                _routing._thread.pipeline = pipeline
         if partitioned and any(r.get("sliced") for r in replies):
             self._warn_if_large(name, shape)
         return handles

@@ -211,7 +211,8 @@ class Variable(_Handle):
     Parameters follow ``tf.Variable``: ``initial_value`` (an array, or a callable: see
     :func:`._kernels.initial_value` for the calling conventions, TensorFlow's ``shard_info``
     and Keras' ``partition_shape``/``partition_offset`` included), ``trainable``, ``name``,
-    ``dtype``, ``shape``. ``per_worker_variable=True`` is refused (see the docs).
+    ``dtype``, ``shape``. ``per_worker_variable=True`` in a strategy's scope makes a
+    :class:`~.per_worker.PerWorkerVariable` (one copy per training worker, TensorFlow 2.15).
     """
 
     #: The value of a local variable (None: it lives on a parameter server).
@@ -220,12 +221,14 @@ class Variable(_Handle):
 
     def __new__(cls, initial_value: Any = None, trainable: bool = True, name: str | None = None,
                 dtype: Any = None, shape: Any = None, **kwargs: Any) -> Any:
-        if kwargs.get("per_worker_variable"):
-            raise NotImplementedError(
-                "per_worker_variable=True is not supported: keep per-worker state in the "
-                "per-worker dataset or in a local variable created inside the scheduled "
-                "function (see docs/parameter-server.md)")
         strategy = current_strategy.get()
+        if kwargs.pop("per_worker_variable", False):
+            if strategy is None:
+                raise ValueError(
+                    "per_worker_variable=True makes one copy of the variable per training "
+                    "worker: create it inside strategy.scope() of a ParameterServerStrategy")
+            return strategy._create_per_worker_variable(
+                initial_value=initial_value, name=name, dtype=dtype, shape=shape)
         if cls is Variable and strategy is not None and initial_value is not None:
             return strategy._create_variable(initial_value=initial_value, trainable=trainable,
                                              name=name, dtype=dtype, shape=shape, **kwargs)
@@ -388,12 +391,11 @@ class ShardedVariable(_Handle):
     """
 
     def __init__(self, variables: list[Variable], name: str | None = None) -> None:
-        if not isinstance(variables, list | tuple) or \
+        if not isinstance(variables, list | tuple) or not variables or \
                 not all(isinstance(v, Variable) for v in variables):
-            raise TypeError("ShardedVariable takes a list of Variable objects, got "
-                            f"{type(variables).__name__}")
-        if not variables:
-            raise ValueError("a ShardedVariable needs at least one variable")
+            # TensorFlow's type for all three: not a list, an empty one, a non-variable in it
+            raise TypeError("ShardedVariable: `variables` should be a non-empty list of "
+                            f"Variable objects, got {variables!r:.200}")
         first = variables[0]
         for v in variables:
             if v.dtype != first.dtype or v.shape[1:] != first.shape[1:] or not v.shape:

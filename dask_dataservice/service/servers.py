@@ -21,11 +21,11 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Self
 
-from distributed.comm.addressing import get_address_host, parse_address, unparse_address
 from distributed.utils import LoopRunner, sync
 
 from .._async import TaskGroup
-from .._rpc import normalize_address, strip_protocol
+from .._rpc import strip_protocol
+from ..errors import DataServiceError
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -39,24 +39,34 @@ __all__ = ["DispatcherConfig", "DispatchServer", "WorkerConfig", "WorkerServer"]
 
 @dataclasses.dataclass
 class DispatcherConfig:
-    """Configuration of a :class:`DispatchServer` (tf.data's field names).
+    """Configuration of a :class:`DispatchServer`: TensorFlow's fields, in TensorFlow's order,
+    then this project's own (``client_timeout_ms``, ``host``).
 
     Parameters
     ----------
     port
         Port to listen on; 0 picks a free one.
     protocol
-        ``"tcp"`` (tf.data's ``"grpc"`` is accepted as an alias).
+        TensorFlow's ``"grpc"`` (the default: the cluster's own protocol, ``tcp``, or ``tls``
+        when ``distributed.comm.require-encryption`` is set), ``"grpc+tls"``, ``"tcp"`` or
+        ``"tls"``.
     work_dir, fault_tolerant_mode
         Journal directory and whether to journal state updates (fault tolerance).
     worker_addresses
         The fixed worker list that static sharding policies need.
-    job_gc_check_interval_ms, job_gc_timeout_ms, client_timeout_ms
+    job_gc_check_interval_ms, job_gc_timeout_ms
         Liveness and garbage collection (defaults from ``dataservice.dispatcher.*``).
     worker_timeout_ms
         A data worker silent (no heartbeat) this long is dropped from its jobs like a dead
         one, also when its Dask comms stay open (a frozen process); default: config
         ``dataservice.dispatcher.worker-timeout``.
+    worker_max_concurrent_snapshots
+        TensorFlow's bound on the snapshots a worker writes at once (0: the default). Accepted
+        and checked, not enforced: a ``distributed_save`` here is a DYNAMIC job whose tasks
+        share the data workers' threads with every other job (docs/data-service.md).
+    client_timeout_ms
+        A consumer silent this long is released (config ``dataservice.dispatcher.client-timeout``;
+        a field of TensorFlow's dispatcher proto, not of its Python ``DispatcherConfig``).
     host
         Interface to listen on (default 127.0.0.1).
     """
@@ -68,26 +78,45 @@ class DispatcherConfig:
     worker_addresses: list[str] | None = None
     job_gc_check_interval_ms: int | None = None
     job_gc_timeout_ms: int | None = None
-    client_timeout_ms: int | None = None
     worker_timeout_ms: int | None = None
+    worker_max_concurrent_snapshots: int = 0
+    # ours, after TensorFlow's fields
+    client_timeout_ms: int | None = None
     host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        n = self.worker_max_concurrent_snapshots
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(
+                f"worker_max_concurrent_snapshots must be an int >= 0 (0: the default), got {n!r}")
 
 
 @dataclasses.dataclass
 class WorkerConfig:
-    """Configuration of a :class:`WorkerServer` (tf.data's field names).
+    """Configuration of a :class:`WorkerServer` (TensorFlow's fields, in its order).
 
     Parameters
     ----------
     dispatcher_address
-        ``host:port`` (or ``tcp://host:port``) of the dispatcher.
-    worker_address, port, protocol
-        Where this worker listens (default: 127.0.0.1, a free port, tcp).
+        ``host:port`` of the dispatcher (with ``protocol``'s scheme), or a full address:
+        ``tcp://host:port``, TensorFlow's ``grpc://host:port``.
+    worker_address
+        The address the worker gives the dispatcher (readers reach it there): ``"host"``,
+        ``"host:port"`` or TensorFlow's ``"host:%port%"``, where ``%port%`` becomes the port
+        the worker bound. The worker listens on its host. Default: ``127.0.0.1`` and the
+        bound port.
+    port, protocol
+        The port to bind (0: a free one) and the protocol (TensorFlow's ``"grpc"``: the
+        cluster's own, tcp or tls; ``"grpc+tls"``, ``"tcp"``, ``"tls"``).
     heartbeat_interval_ms
         How often the worker reconciles its tasks with the dispatcher.
-    dispatcher_timeout_ms, data_transfer_protocol, data_transfer_address
-        Accepted for compatibility and ignored (a supervised worker waits for its
-        dispatcher indefinitely; elements travel over Dask's own comms).
+    dispatcher_timeout_ms
+        How long the worker tries to reach the dispatcher when it starts before
+        ``WorkerServer`` fails with ``DataServiceError`` (default 30 s; TensorFlow's is one
+        hour). Once started, a supervised worker waits for a lost dispatcher for as long as it
+        runs (TensorFlow's heartbeats retry too).
+    data_transfer_protocol, data_transfer_address
+        Accepted for compatibility and ignored (elements travel over Dask's own comms).
     nthreads, resources, name
         Passed to the Dask worker.
     """
@@ -104,13 +133,29 @@ class WorkerConfig:
     resources: dict[str, float] | None = None
     name: str | None = None
 
+    def __post_init__(self) -> None:
+        ms = self.dispatcher_timeout_ms
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float) or ms <= 0):
+            raise ValueError(f"dispatcher_timeout_ms must be a positive number of milliseconds "
+                             f"or None, got {ms!r}")
+
+
+#: A worker's start waits this long for its dispatcher without ``dispatcher_timeout_ms``.
+DEFAULT_DISPATCHER_TIMEOUT = 30.0
+
 
 def _protocol(protocol: str | None) -> str:
-    if protocol in (None, "", "grpc", "tcp"):
-        return "tcp"
-    if protocol in ("tls", "grpc+tls"):
-        return "tls"
-    raise ValueError(f"protocol must be 'tcp' (or 'grpc'), got {protocol!r}")
+    """The Dask protocol a server uses for TensorFlow's (or Dask's) ``protocol`` name."""
+    from .client._address import dask_protocol
+
+    try:
+        name = dask_protocol(protocol)
+    except (TypeError, ValueError):
+        name = ""
+    if name not in ("tcp", "tls"):
+        raise ValueError("protocol must be 'grpc' (TensorFlow's: the cluster's own, tcp or "
+                         f"tls), 'grpc+tls', 'tcp' or 'tls', got {protocol!r}")
+    return name
 
 
 class _BackgroundServer:
@@ -188,6 +233,10 @@ class DispatchServer(_BackgroundServer):
             raise TypeError(f"config must be a DispatcherConfig, got {type(self.config).__name__}")
         if self.config.fault_tolerant_mode and not self.config.work_dir:
             raise ValueError("fault_tolerant_mode=True needs a work_dir for the journal")
+        if self.config.fault_tolerant_mode and self.config.work_dir:
+            from .dispatcher._journal_fs import location
+
+            location(self.config.work_dir)  # a URL the journal cannot keep: refused here
         self._protocol = _protocol(self.config.protocol)
         if start:
             self.start()
@@ -270,25 +319,35 @@ class WorkerServer(_BackgroundServer):
         """
         if self.server is not None:
             return
+        from ._worker_address import advertised_address
+        from .client._address import parse_service
+
         cfg = self.config
         address = cfg.dispatcher_address.strip()
-        _, location = parse_address(address, strict=False)
-        if location == address:  # no protocol given: the config's
-            address = unparse_address(self._protocol, location)
-        address = normalize_address(address)
-        host = (get_address_host(normalize_address(cfg.worker_address)) if cfg.worker_address
-                else "127.0.0.1")
+        # no protocol given: the config's (TensorFlow's "grpc" names the cluster's own)
+        address = parse_service(address if "://" in address
+                                else (cfg.protocol or "grpc", address))
+        host, template = "127.0.0.1", None
+        if cfg.worker_address:
+            host, template = advertised_address(cfg.worker_address, self._protocol)
         kwargs = dict(nthreads=cfg.nthreads, host=host, port=cfg.port, protocol=self._protocol,
                       dashboard=False, resources=cfg.resources, name=cfg.name)
+        timeout = (DEFAULT_DISPATCHER_TIMEOUT if cfg.dispatcher_timeout_ms is None
+                   else cfg.dispatcher_timeout_ms / 1000)
 
         async def make() -> WorkerSupervisor:
             supervisor = WorkerSupervisor(address, heartbeat_interval=(
                 None if cfg.heartbeat_interval_ms is None else cfg.heartbeat_interval_ms / 1000
-            ), **kwargs)
-            await supervisor.start()
+            ), contact_template=template, **kwargs)
+            try:
+                await supervisor.start(timeout)
+            except TimeoutError:
+                raise DataServiceError(
+                    f"the data worker could not reach its dispatcher at {address} within "
+                    f"dispatcher_timeout_ms={timeout * 1000:g}") from None
             return supervisor
 
-        self._start(make)
+        self._start(make, timeout=timeout + 30)
 
     @property
     def restarts(self) -> int:
@@ -322,25 +381,37 @@ class WorkerSupervisor:
     max_restart_delay = 5.0
 
     def __init__(self, scheduler_address: str, heartbeat_interval: float | None = None,
-                 **worker_kwargs: Any) -> None:
+                 contact_template: str | None = None, **worker_kwargs: Any) -> None:
         self.scheduler_address = scheduler_address
         self.heartbeat_interval = heartbeat_interval
+        #: ``WorkerConfig.worker_address`` as a template (``"tcp://host:%port%"``), or None.
+        self.contact_template = contact_template
         self.worker_kwargs = worker_kwargs
         self.worker: ReconnectingWorker | None = None
         self.restarts = 0
         self._closing = False
         self._group: TaskGroup | None = None
 
-    def _new_worker(self) -> ReconnectingWorker:
-        from .worker._reconnect import ReconnectingWorker
+    def _new_worker(self, death_timeout: float | None = None) -> ReconnectingWorker:
+        from ._worker_address import AdvertisingWorker
         from .worker.plugin import DataWorkerPlugin
 
         plugin = DataWorkerPlugin(heartbeat_interval=self.heartbeat_interval)
         # rides out a scheduler restart with its data tasks; a new worker only when it closed
-        return ReconnectingWorker(self.scheduler_address, plugins={plugin}, **self.worker_kwargs)
+        worker = AdvertisingWorker(self.scheduler_address, plugins={plugin},
+                                   contact_template=self.contact_template,
+                                   death_timeout=death_timeout, **self.worker_kwargs)
+        # the dispatcher pushes its own (default) data-worker plugin to every worker that
+        # registers: the first push must not replace this one, which carries the config's
+        # heartbeat interval (WorkerConfig.heartbeat_interval_ms)
+        worker._plugins_to_keep = {plugin.name}
+        return worker
 
-    async def start(self) -> WorkerSupervisor:
-        self.worker = worker = self._new_worker()
+    async def start(self, timeout: float | None = None) -> WorkerSupervisor:
+        """Start the first worker: ``TimeoutError`` if it cannot register with the scheduler
+        within ``timeout`` seconds (Dask's ``death_timeout``: the worker closes itself).
+        Restarts wait for the scheduler for as long as the supervisor runs."""
+        self.worker = worker = self._new_worker(timeout)
         await worker
         self._group = TaskGroup("worker supervisor")
         self._group.spawn(self._supervise)

@@ -344,3 +344,16 @@ def test_no_dask_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_from_tensors_is_one_element_of_the_whole_structure():
+    """Re-expresses TensorFlow's from_tensors_test.py (testFromTensors,
+    testFromTensorsDataset-style structures): one element, the whole input, any structure."""
+    x = np.arange(6).reshape(2, 3)
+    ds = Dataset.from_tensors({"x": x, "y": (7, "a")})
+    (element,) = list(ds)
+    assert element["x"].tolist() == x.tolist() and element["x"].shape == (2, 3)
+    assert element["y"][0] == 7 and element["y"][1] == "a"
+    assert ds.cardinality() == 1
+    assert [int(e) for e in Dataset.from_tensors(5).repeat(3)] == [5, 5, 5]
+    assert [e.tolist() for e in Dataset.from_tensors([1, 2]).batch(2)] == [[[1, 2]]]

@@ -322,7 +322,8 @@ def test_unsplittable_zip_and_concatenate_say_why():
     gen = Dataset.from_generator(lambda: iter(range(3)))
     cases = {
         "from_generator": [Dataset.zip(a, gen), a.concatenate(gen)],
-        "repeat() inside a zip/concatenate": [a.repeat(2).concatenate(a), Dataset.zip(a.repeat(), a)],
+        "repeat() inside an input of zip, concatenate": [a.repeat(2).concatenate(a),
+                                                          Dataset.zip(a.repeat(), a)],
         "share their splits": [Dataset.zip(a, Dataset.list_files(__file__))],
         "shard": [a.shard(2, 0).concatenate(a)],
     }

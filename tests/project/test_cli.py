@@ -664,6 +664,14 @@ def test_scheduler_work_dir_and_worker_list_become_config(tmp_path):
     assert words[-4:] == ["--preload", "dask_dataservice", "--port", "0"]
 
 
+def test_scheduler_work_dir_url_is_passed_as_given():
+    """A journal URL (issue 24 s4) is not made a local path (it was ``$PWD/s3:/bucket/dds``)."""
+    rc, out, _ = invoke("scheduler", "--work-dir", "s3://bucket/dds", "--dry-run")
+    assert rc == 0
+    env = dict(w.split("=", 1) for w in shlex.split(out) if w.startswith("DASK_DATASERVICE__"))
+    assert env["DASK_DATASERVICE__DISPATCHER__WORK_DIR"] == "s3://bucket/dds"
+
+
 # ---------------------------------------------------------------------------------------
 # the warning for a scheduler open to the network without TLS (issue 11 s6)
 # ---------------------------------------------------------------------------------------

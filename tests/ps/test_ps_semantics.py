@@ -191,8 +191,8 @@ async def test_scatter_ops_reduce_colocation_and_worker_index(s, p0, p1, w0, w1)
             with strategy.extended.colocate_vars_with(w):
                 big = dds.Variable(np.zeros((100, 2)), name="big")
         assert isinstance(big, dds.Variable) and big.ps_address == w.ps_address
-        with pytest.raises(NotImplementedError, match="per_worker_variable"):
-            dds.Variable(0.0, per_worker_variable=True)
+        with pytest.raises(ValueError, match="per_worker_variable=True makes one copy"):
+            dds.Variable(0.0, per_worker_variable=True)  # outside a strategy's scope
         # assign(read_value=False) returns None, as TF returns an op
         assert w.assign(1.0, read_value=False) is None
         assert w.assign_add(1.0) is w and float(w.numpy()) == 2.0

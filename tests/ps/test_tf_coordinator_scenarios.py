@@ -247,3 +247,47 @@ async def test_error_reporting_scenarios(s, p0, w0, w1, w2):
         "testScheduleRaiseErrorWithMultipleFailure", "testErrorWillbeCleared",
         "testRemoteValueReturnError", "testDoneRaiseError",
         "testResourceCanStillbeUsedAfterCancellation"]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+def test_a_per_worker_dataset_fn_taking_an_input_context_and_closing_mid_read():
+    """The seed's ``coordinator.create_per_worker_dataset(new_dataset_fn)``, where
+    ``new_dataset_fn(input_context)`` returns ``from_dataset_id(...)`` (TensorFlow's tf.data
+    service module documentation, "coordinator.create_per_worker_dataset"): the function is
+    given an ``InputContext``, and the cluster closes while each worker's reader is mid-read.
+
+    Closing dropped each training worker's half-read iterator on the worker's event loop,
+    whose release then waited (``sync``) for the scheduler running on that same loop: 20 s
+    per worker with every server of the process frozen. The deadline is far below that.
+    """
+    from distributed import Scheduler, SpecCluster
+
+    from dask_dataservice.ps.strategy import InputContext
+
+    specs = {"ps0": {"cls": Worker, "options": {"nthreads": 1, "resources": {"ps": 1}}},
+             **{f"w{i}": {"cls": Worker, "options": {"nthreads": 1}} for i in range(2)}}
+    with SpecCluster(workers=specs, scheduler={"cls": Scheduler,
+                     "options": {"dashboard_address": ":0"}}) as cluster, \
+            Client(cluster) as client:
+        address = client.scheduler.address
+        coordinator = dds.ClusterCoordinator(dds.ParameterServerStrategy(client))
+        dataset_id = dds.register_dataset(address, dds.Dataset.range(1000).repeat())
+
+        def new_dataset_fn(input_context):
+            assert isinstance(input_context, InputContext), input_context
+            return dds.from_dataset_id(processing_mode="parallel_epochs", service=address,
+                                       dataset_id=dataset_id, job_name="shared")
+
+        iterator = iter(coordinator.create_per_worker_dataset(new_dataset_fn))
+        got = [coordinator.schedule(lambda it: int(next(it)), args=(iterator,))
+               for _ in range(6)]
+        coordinator.join()
+        assert all(0 <= r.fetch() < 1000 for r in got)
+        client.close()
+        start = time.monotonic()
+        cluster.close()
+        assert time.monotonic() - start < 10
+    # the client the workers' readers opened by address (this process holds it; on worker
+    # processes it ends with them)
+    dds.service.client.close_clients(address)

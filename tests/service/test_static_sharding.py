@@ -121,18 +121,6 @@ async def test_static_sharding_needs_a_worker_list(c, s, a, b):
         await read(await distribute(dds.Dataset.range(10), "DATA", c))
 
 
-@gen_cluster(client=True, nthreads=TWO_NAMED, config=FIXED)
-async def test_file_sharding_errors(c, s, a, b):
-    import tempfile
-    from pathlib import Path
-
-    with pytest.raises(ValueError, match="FILE sharding needs a dataset read from files"):
-        await read(await distribute(dds.Dataset.range(10), "FILE", c))
-    one = _npy_files(Path(tempfile.mkdtemp()), n_files=1)
-    with pytest.raises(ValueError, match="has 1 files, fewer than the 2 workers"):
-        await read(await distribute(dds.Dataset.from_files(one, readers.npy), "FILE", c))
-
-
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
              config={"dataservice.dispatcher.worker-addresses": ["0", "w1"]})
 async def test_listed_worker_joining_later_gets_its_shard(c, s, a):

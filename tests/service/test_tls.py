@@ -82,6 +82,21 @@ async def test_register_then_read_by_id_on_tls(s, a, b):
     assert await _in_thread(s, body) == collections.Counter({i: 2 for i in range(500)})
 
 
+@_tls_cluster((1,), client=False)
+async def test_grpc_address_of_a_tls_scheduler(s, a):
+    """TF's ``"grpc://host:port"`` and ``("grpc", "host:port")`` name the cluster's own
+    protocol (issue 24; TF: data_service_ops_test.py testDistributeExplicitProtocol): with a
+    TLS client of the scheduler open in this process, they reach it over TLS."""
+    location = s.address.split("://")[1]
+
+    def body(client):
+        dataset_id = dds.register_dataset(f"grpc://{location}", dds.Dataset.range(50))
+        ds = dds.from_dataset_id("parallel_epochs", ("grpc", location), dataset_id)
+        return sorted(ds)
+
+    assert await _in_thread(s, body) == list(range(50))
+
+
 @_tls_cluster((1, {"resources": {"ps": 1}}), (1,), (1,), client=False)
 async def test_parameter_server_training_on_tls(s, p0, w0, w1):
     def body(client):

@@ -36,8 +36,8 @@ from ._cardinality import count_preserving
 from ._connection import _install_async, close_clients, install  # noqa: F401 - _install_async: tests
 from ._position_reader import PositionedSource, dataset_position, resume, source_for
 from ._reader import aread
+from ._scope import NAME_SCOPE, name_scope, scoped_fingerprint
 from ._service_source import ReadSpec, ServiceSource
-from ._scope import scoped_fingerprint
 
 __all__ = [
     "ShardingPolicy",
@@ -75,8 +75,9 @@ class CrossTrainerCache:
 # ---------------------------------------------------------------------------------------
 
 
-def register_dataset(service: Client | str, dataset: Dataset, compression: str | None = "AUTO",
-                     dataset_id: str | None = None, split_size: int | None = None) -> Any:
+def register_dataset(service: Client | str | tuple[str, str], dataset: Dataset,
+                     compression: str | None = "AUTO", dataset_id: str | None = None,
+                     split_size: int | None = None) -> Any:
     """Register ``dataset`` with the data service and return its dataset id.
 
     The pipeline is pickled here (so an unpicklable function fails now, with a message
@@ -98,7 +99,10 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     Parameters
     ----------
     service
-        A ``distributed.Client`` or the scheduler's address.
+        A ``distributed.Client`` or the scheduler's address: ``"tcp://host:port"``,
+        TensorFlow's ``"grpc://host:port"`` or ``"host:port"``, or a ``(protocol, address)``
+        tuple (``"grpc"`` is the cluster's own protocol, tcp or tls: docs/data-service.md,
+        "Addresses").
     dataset
         The pipeline to register.
     compression
@@ -111,8 +115,12 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     dataset_id
         A name of your choice (a string, as TensorFlow's id): the returned id is then
         ``"<dataset_id>:<secret>"``, which :func:`from_dataset_id` takes (the bare name is
-        not enough). Registering the same pipeline under it again returns the same id; a
-        different pipeline under a name already in use is a ``ValueError``.
+        not enough). As in TensorFlow, when a dataset is registered under that name already,
+        no new dataset is registered and its id is returned, also for another pipeline, as
+        long as its structure matches (same cardinality and compression; else a
+        ``ValueError`` that names the difference), so that trainers re-using a name share its
+        dataset and named jobs. With a registration key, only registrations with the same
+        key share a name (another key's is a ``ValueError``; docs/security.md).
     split_size
         Elements per split of a splittable source (DYNAMIC sharding hands out splits):
         smaller splits balance workers more finely and lose less when a worker dies (at most
@@ -146,11 +154,15 @@ def register_dataset(service: Client | str, dataset: Dataset, compression: str |
     client = _connection.client_for(service)
     metadata = {
         "why_not_splittable": why_not, "file_based": dataset.is_file_based,
+        "why_not_file_shardable": dataset.why_not_file_shardable(),  # FILE / FILE_OR_DATA
         "cardinality": dataset.cardinality(), "has_shard_hint": dataset.has_shard_hint,
         # from_dataset_id's cardinality() (service/client/_cardinality.py)
         "count_preserving": count_preserving(dataset._op),
         **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
     }
+    scope = name_scope(dataset_id)
+    if scope is not None:  # a name in use is reused only under the same registration key
+        metadata[NAME_SCOPE] = scope
 
     async def go() -> str:
         installing = _connection.ensure_installed(client)
@@ -320,7 +332,7 @@ def _service_ops(source: ServiceSource, iteration_id: int | None
     return [dict(r) for r in reply.get("ops", ())], reply.get("bottleneck")
 
 
-def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client | str,
+def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client | str | tuple[str, str],
                     dataset_id: int | str, element_spec: Any = None,
                     job_name: str | None = None, consumer_index: int | None = None,
                     num_consumers: int | None = None, max_outstanding_requests: int | None = None,
@@ -337,7 +349,8 @@ def from_dataset_id(processing_mode: ShardingPolicy | str | int, service: Client
         A :class:`ShardingPolicy` (or its name), or ``"parallel_epochs"`` (OFF) /
         ``"distributed_epoch"`` (DYNAMIC).
     service
-        A ``distributed.Client`` or the scheduler's address.
+        A ``distributed.Client`` or the scheduler's address (as :func:`register_dataset`'s:
+        ``"grpc://host:port"`` and ``(protocol, address)`` tuples too).
     dataset_id
         From :func:`register_dataset`: the string ``"<id or name>:<secret>"``. A bare
         integer id or name is refused with ``DatasetNotFoundError`` (except for datasets
@@ -462,7 +475,7 @@ def _check_equal(equal: Any, mode: ShardingPolicy, job_name: str | None,
     return remainder
 
 
-def distribute(processing_mode: ShardingPolicy | str | int, service: Client | str,
+def distribute(processing_mode: ShardingPolicy | str | int, service: Client | str | tuple[str, str],
                job_name: str | None = None,
                consumer_index: int | None = None, num_consumers: int | None = None,
                max_outstanding_requests: int | None = None, data_transfer_protocol: str | None = None,

@@ -30,6 +30,7 @@ from ..._rpc import normalize_address
 from ...errors import DataServiceError
 from ..protocol._hooks import new_plugins
 from ..protocol._messages import raise_for_status
+from ._address import parse_service
 
 __all__ = ["client_for", "close_clients", "ensure_installed", "install", "run", "service_address"]
 
@@ -43,15 +44,28 @@ _INSTALLED: weakref.WeakKeyDictionary[Client, bool] = weakref.WeakKeyDictionary(
 
 
 def service_address(service: Any) -> str:
-    """The scheduler address of ``service`` (a Client or an address string)."""
+    """The scheduler address of ``service``: a Client, an address string or TensorFlow's
+    ``(protocol, address)`` tuple (``"grpc://host:port"`` and ``"host:port"`` included:
+    :mod:`._address`)."""
     if isinstance(service, Client):
         return str(service.scheduler.address)  # type: ignore[union-attr]  # a connected client
-    if isinstance(service, str) and service.strip():
-        return normalize_address(service)
-    raise TypeError(
-        "service must be a distributed.Client or a scheduler address such as "
-        f"'tcp://host:8786', got {type(service).__name__} {service!r:.60}"
-    )
+    return parse_service(service, _known_addresses)
+
+
+def _known_addresses() -> list[str]:
+    """The scheduler addresses of the ``distributed.Client``s open in this process (for
+    ``grpc``: a client of ``tls://host:port`` makes it TLS). distributed tracks every client
+    it creates in ``Client._instances`` (a weak set; private, so read defensively)."""
+    clients: list[Client] = list(getattr(Client, "_instances", ()))
+    with _CLIENTS_LOCK:
+        clients += _CLIENTS.values()
+    found = []
+    for client in clients:
+        scheduler = getattr(client, "scheduler", None) if _usable(client) else None
+        address = getattr(scheduler, "address", None)
+        if isinstance(address, str):
+            found.append(address)
+    return found
 
 
 def _usable(client: Client | None) -> bool:
@@ -68,7 +82,8 @@ def on_loop_thread(client: Client) -> bool:
 
 
 def client_for(service: Any) -> Client:
-    """A connected client for ``service`` (a Client, or an address: reuse or connect)."""
+    """A connected client for ``service`` (a Client, or an address: reuse one, this module's
+    or a synchronous one the user opened for it, or connect)."""
     if isinstance(service, Client):
         if not _usable(service):
             raise _closed(service, "the distributed.Client given as service")
@@ -82,7 +97,7 @@ def client_for(service: Any) -> Client:
         known = _CLIENTS.get(address)
         if known is not None and _usable(known):
             return known
-    client = _worker_client(address)
+    client = _worker_client(address) or _open_client(address)
     if client is None:
         timeout = config.get_seconds("client.connect-timeout")
         probe(address, timeout)
@@ -95,6 +110,17 @@ def client_for(service: Any) -> Client:
     with _CLIENTS_LOCK:
         _CLIENTS[address] = client
     return client
+
+
+def _open_client(address: str) -> Client | None:
+    """A synchronous ``distributed.Client`` of ``address`` the user opened in this process
+    (with its own security, say), to reuse rather than connect again."""
+    clients: list[Client] = list(getattr(Client, "_instances", ()))
+    for client in clients:
+        if _usable(client) and not client.asynchronous and \
+                getattr(client.scheduler, "address", None) == address:
+            return client
+    return None
 
 
 def probe(address: str, timeout: float) -> None:

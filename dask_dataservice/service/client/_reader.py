@@ -36,6 +36,7 @@ from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
+from ._locality import local_workers_mode, process_workers
 from ._read_channel import END, Channel, Failure
 from ._service_source import ReadSpec, ServiceSource
 from .reader_core import ReaderCore, RequestSize, TaskRead, Tracker, ask_again_after
@@ -121,7 +122,8 @@ class IterationReader:
         self.stalls = _tracker("client.stall-warning", "client.stall-timeout")
         #: Which tasks this pass reads, and when it is over (:mod:`.reader_core`).
         self.core = ReaderCore(iteration_id, spec.target_workers, self.local_host,
-                               _tracker("client.no-workers-warning", "client.no-workers-timeout"))
+                               _tracker("client.no-workers-warning", "client.no-workers-timeout"),
+                               process_workers if local_workers_mode() == "process" else None)
 
     def start(self, view: dict[str, Any]) -> None:
         self.group.spawn(self.run, view)
@@ -615,14 +617,30 @@ def _batch(item: list[Any] | Failure) -> list[Any]:
 
 
 def _close_now(client: Client, reader: IterationReader) -> None:
-    """Close the reader and wait (a consumer that stops early; never on the client's loop)."""
-    if client.status in ("closed", "closing") or _connection.on_loop_thread(client):
+    """Close the reader and wait (a consumer that stops early), except on an event loop.
+
+    A reader dropped on any running event loop is closed without waiting: on its client's
+    own loop waiting would deadlock, and on another loop it would block that loop, which
+    may be the one the release needs (a training worker's plugin teardown drops its
+    per-worker iterators on the worker's loop; in an in-process cluster that loop also runs
+    the scheduler: the wait ran into a 20 s timeout with every server of the process frozen).
+    """
+    if client.status in ("closed", "closing") or _on_event_loop():
         _close_soon(client, reader)
         return
     try:
         _connection.run_blocking(client, reader.close)
     except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
         logger.debug("dataservice: closing a reader failed: %r", e)
+
+
+def _on_event_loop() -> bool:
+    """Whether the calling thread is running an event loop (any loop: never block it)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _close_soon(client: Client, reader: IterationReader) -> None:

@@ -20,7 +20,7 @@ import hmac
 
 from ... import config
 
-__all__ = ["scoped_fingerprint"]
+__all__ = ["NAME_SCOPE", "name_scope", "scoped_fingerprint"]
 
 TAG = "/scope="
 
@@ -40,3 +40,28 @@ def scoped_fingerprint(fingerprint: str, key: object = None) -> str:
                         f"or null, got {type(key).__name__}")
     tag = hmac.new(key.encode(), fingerprint.encode(), hashlib.sha256).hexdigest()[:32]
     return f"{fingerprint}{TAG}{tag}"
+
+
+#: The metadata key of a named registration's scope (see :func:`name_scope`).
+NAME_SCOPE = "name_scope"
+
+
+def name_scope(dataset_id: str | None, key: object = None) -> str | None:
+    """The tag of a ``register_dataset(..., dataset_id=name)`` under a registration key.
+
+    TensorFlow registers nothing new when a name is in use: the name's dataset is returned,
+    whatever the pipeline (if its structure matches). With a key, that holds only for
+    registrations with the same key: the dispatcher compares this tag (``HMAC-SHA256(key,
+    name)``), so a stranger who knows the name cannot obtain the dataset's credential by
+    registering another pipeline under it. None without a key or a name.
+    """
+    if dataset_id is None:
+        return None
+    if key is None:
+        key = config.get("client.registration-key")
+    if key is None:
+        return None
+    scoped_fingerprint("", key)  # checks the key
+    assert isinstance(key, str)
+    return hmac.new(key.encode(), f"dataset_id:{dataset_id}".encode(),
+                    hashlib.sha256).hexdigest()[:32]

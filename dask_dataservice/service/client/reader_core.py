@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import DataServiceError
@@ -153,17 +154,30 @@ def address_host(address: str) -> str:
     return loc.rsplit(":", 1)[0] if ":" in loc else loc
 
 
-def select_tasks(view: dict[str, Any], target_workers: str,
-                 local_host: str) -> tuple[list[dict[str, Any]], bool]:
+def select_tasks(view: dict[str, Any], target_workers: str, local_host: str,
+                 in_process: frozenset[str] | None = None) -> tuple[list[dict[str, Any]], bool]:
     """The tasks a consumer reads by ``target_workers``, and whether it reads only the local
-    ones (then it is done with its host's tasks; the others are other consumers' business)."""
+    ones (then it is done with its host's tasks; the others are other consumers' business).
+
+    A task is local when its worker runs on ``local_host``, or, given ``in_process`` (the
+    addresses of the workers in the consumer's process: ``dataservice.client.local-workers:
+    process``, TensorFlow's meaning), when its worker is one of them (see ``_locality``).
+    """
     get_address_host = address_host
     tasks: list[dict[str, Any]] = view["tasks"]
     if target_workers == "ANY" or not tasks:
         return tasks, False
-    local = [t for t in tasks if get_address_host(t["worker_address"]) == local_host]
+    if in_process is None:
+        local = [t for t in tasks if get_address_host(t["worker_address"]) == local_host]
+    else:
+        local = [t for t in tasks if t["worker_address"] in in_process]
     if target_workers == "LOCAL":
         if not local:
+            if in_process is not None:
+                raise DataServiceError(
+                    "target_workers='LOCAL' with dataservice.client.local-workers='process', "
+                    "but no data worker of this job runs in this process; its workers are "
+                    f"{sorted(t['worker_address'] for t in tasks)}")
             hosts = sorted({get_address_host(t["worker_address"]) for t in tasks})
             raise DataServiceError(
                 f"target_workers='LOCAL', but no data worker of this job runs on this "
@@ -187,10 +201,14 @@ class ReaderCore:
     """One pass over a job: its tasks and when it is over (see the module docstring)."""
 
     def __init__(self, iteration_id: int, target_workers: str, local_host: str,
-                 no_workers: Tracker) -> None:
+                 no_workers: Tracker,
+                 in_process: Callable[[], frozenset[str]] | None = None) -> None:
         self.iteration_id = iteration_id
         self.target_workers = target_workers
         self.local_host = local_host
+        #: The workers of the consumer's process now, when only those are local (None: the
+        #: workers on ``local_host`` are).
+        self.in_process = in_process
         #: Reading only the tasks on this host.
         self.local_only = False
         #: ``{task_id: ended}`` of the tasks this pass reads (or read).
@@ -205,7 +223,8 @@ class ReaderCore:
     def on_view(self, view: dict[str, Any]) -> ViewChanges:
         if view.get("garbage_collected"):
             raise DataServiceError(f"iteration {self.iteration_id} was garbage collected")
-        tasks, local_only = select_tasks(view, self.target_workers, self.local_host)
+        tasks, local_only = select_tasks(view, self.target_workers, self.local_host,
+                                         None if self.in_process is None else self.in_process())
         self.local_only = self.local_only or local_only
         start: list[tuple[int, str]] = []
         cancel: list[int] = []

@@ -12,6 +12,12 @@ before the last one (a name may contain ``":"``).
 
 A dataset journaled before secrets existed has none and is read by its bare id or name.
 
+A name already in use (``register_dataset(..., dataset_id=name)`` again) registers nothing
+new, as in TensorFlow: the name's credential is answered, also for another pipeline, when its
+structure matches (:func:`check_reuse`). A registration key scopes names as it scopes
+pipelines: a registration under another key (or none) is refused, so knowing a name is not
+enough to obtain its credential on a cluster whose users set keys.
+
 A dataset the dispatcher garbage collected (no job for ``dispatcher.dataset-gc-timeout``)
 leaves its numeric id as a tombstone: a credential with that id is told so, and to register
 the pipeline again. (A collected dataset's name is freed with it and not remembered: a
@@ -21,7 +27,7 @@ credential with the name gets the message of an unknown one.)
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import DatasetNotFoundError
 
@@ -29,7 +35,7 @@ if TYPE_CHECKING:
     from ._entities import Dataset
     from .state import DispatcherState
 
-__all__ = ["credential", "find_dataset", "label"]
+__all__ = ["check_reuse", "credential", "find_dataset", "label"]
 
 SEPARATOR = ":"
 
@@ -110,3 +116,42 @@ def _candidates(state: DispatcherState, key: int | str) -> list[Dataset]:
             if ds.dataset_name is None or not ds.secret:
                 found.append(ds)
     return found
+
+
+#: What TensorFlow compares when a name is registered again (its ``DataServiceMetadata``
+#: besides the element spec, which is not known here: no element is produced at registration).
+_STRUCTURE = ("cardinality",)
+
+
+def check_reuse(existing: Dataset, name: str, fingerprint: str,
+                metadata: dict[str, Any] | None, compression: str | None) -> None:
+    """Whether a registration under ``name``, which ``existing`` holds, may share it.
+
+    The same pipeline may; another one may when its structure matches TensorFlow's way
+    (cardinality, compression) and it was registered under the same registration key
+    (``metadata["name_scope"]``, :func:`~..client._scope.name_scope`; none on both sides
+    without keys).
+
+    Raises
+    ------
+    ValueError
+        Naming the difference, or the other key.
+    """
+    if existing.fingerprint == fingerprint:
+        return
+    metadata = metadata or {}
+    if existing.metadata.get("name_scope") != metadata.get("name_scope"):
+        raise ValueError(
+            f"dataset_id {name!r} is already registered for a different dataset, under another "
+            "registration key (dataservice.client.registration-key); register this one under "
+            "another id (or without one)")
+    diffs = [f"{what} {existing.metadata.get(what)!r} (registered) vs {metadata.get(what)!r}"
+             for what in _STRUCTURE if existing.metadata.get(what) != metadata.get(what)]
+    if existing.compression != compression:
+        diffs.append(f"compression {existing.compression!r} (registered) vs {compression!r}")
+    if diffs:
+        raise ValueError(
+            f"dataset_id {name!r} is registered for a dataset of another structure: "
+            f"{'; '.join(diffs)}. A name is shared by the datasets registered under it only "
+            "when they have the same structure (as in TensorFlow): register this one under "
+            "another id")

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._journal_format import (
@@ -25,6 +24,7 @@ from ._journal_format import (
     snapshot_path,
     write_snapshot,
 )
+from ._journal_fs import JournalPath, RemoteSegment
 from ._journal_lineage import Manifest, snapshot_crc
 
 if TYPE_CHECKING:
@@ -41,11 +41,11 @@ Compactor = Callable[[Snapshot | None, Iterator[JournalRecord]], bytes]
 class _Compacting:
     """Rotation and compaction; the attributes are :class:`~.journal.JournalWriter`'s."""
 
-    work_dir: Path
-    path: Path | None
+    work_dir: JournalPath
+    path: JournalPath | None
     segment: int | None
     metrics: JournalWriterMetrics
-    _fd: int
+    _fd: int | RemoteSegment
     _size: int
     _crc: int
     _compact: Compactor | None
@@ -58,8 +58,8 @@ class _Compacting:
     _compaction_lock: threading.Lock
     _stop_compaction: threading.Event
 
-    def _new_segment(self, number: int,
-                     closing: tuple[int, int, int] | None = None) -> tuple[int, Path]:
+    def _new_segment(self, number: int, closing: tuple[int, int, int] | None = None,
+                     ) -> tuple[int | RemoteSegment, JournalPath]:
         raise NotImplementedError
 
     def _write_manifest(self, change: Callable[[Manifest], None]) -> None:
@@ -94,7 +94,8 @@ class _Compacting:
         assert self.segment is not None  # started
         fd, path = self._new_segment(self.segment + 1,
                                      closing=(self.segment, self._size, self._crc))
-        os.close(self._fd)
+        if isinstance(self._fd, int):
+            os.close(self._fd)
         self._fd, self.path, self.segment = fd, path, self.segment + 1
         self._segment_records = self._segment_bytes = 0
         self.metrics.rotations += 1
@@ -166,7 +167,8 @@ class _Compacting:
         finally:
             self.metrics.compaction_seconds += time.perf_counter() - start
 
-    def _closed_records(self, segments: list[tuple[int, Path]]) -> Iterator[JournalRecord]:
+    def _closed_records(self, segments: list[tuple[int, JournalPath]]
+                        ) -> Iterator[JournalRecord]:
         for i, (_, path) in enumerate(segments):
             next_path = (segments[i + 1][1] if i + 1 < len(segments)
                          else segment_path(self.work_dir, segments[-1][0] + 1))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from ...errors import JournalClosedError, JournalCorruptedError, JournalError
+from ._journal_fs import JournalPath, RemotePath, RemoteSegment, location, open_read
 
 __all__ = [
     "FORMAT_VERSION",
@@ -89,13 +90,14 @@ class JournalTornTailWarning(UserWarning):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | RemotePath,
         offset: int,
         size: int,
         reason: str,
         repaired: bool,
     ) -> None:
-        self.path = Path(path)
+        text = str(path)
+        self.path: Path | str = text if "://" in text else Path(text)  # str: a URL
         self.offset = offset
         self.size = size
         self.reason = reason
@@ -187,9 +189,12 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _make_dirs(path: Path) -> None:
+def _make_dirs(path: JournalPath) -> None:
     """Create ``path`` and missing parents (mode 0700), fsyncing each parent that gained an
     entry."""
+    if isinstance(path, RemotePath):
+        path.fs.makedirs(path.path, exist_ok=True)
+        return
     missing = []
     p = path.absolute()
     while not p.exists():
@@ -212,7 +217,26 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
-def _truncate(path: Path, length: int) -> None:
+def create_segment(path: JournalPath, header: bytes) -> int | RemoteSegment:
+    """Create a segment holding ``header``, durably and exclusively (``O_EXCL``; fsync of
+    the file and of its directory): its file descriptor, or a URL's chain of objects."""
+    if isinstance(path, RemotePath):
+        return RemoteSegment(path, header)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+    try:
+        _write_all(fd, header)
+        _sync(fd)
+        _sync_dir(path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _truncate(path: JournalPath, length: int) -> None:
+    if isinstance(path, RemotePath):
+        path.truncate(length)
+        return
     fd = os.open(path, os.O_WRONLY | getattr(os, "O_BINARY", 0))
     try:
         os.ftruncate(fd, length)
@@ -221,7 +245,7 @@ def _truncate(path: Path, length: int) -> None:
         os.close(fd)
 
 
-def segment_path(work_dir: str | os.PathLike[str], number: int) -> Path:
+def segment_path(work_dir: str | os.PathLike[str] | RemotePath, number: int) -> JournalPath:
     """Return the path this module gives segment ``number`` (``journal_`` + 8+ digits).
 
     Parameters
@@ -235,31 +259,39 @@ def segment_path(work_dir: str | os.PathLike[str], number: int) -> Path:
     -------
     pathlib.Path
     """
-    return Path(work_dir) / f"journal_{number:0{_SEGMENT_DIGITS}d}"
+    return location(work_dir) / f"journal_{number:0{_SEGMENT_DIGITS}d}"
 
 
-def _numbered_files(work_dir: str | os.PathLike[str], pattern: re.Pattern[str],
-                    what: str) -> list[tuple[int, Path]]:
-    """``(number, path)`` of the files whose whole name matches ``pattern``, by number."""
-    found: dict[int, Path] = {}
+def _file_names(work_dir: str | os.PathLike[str] | RemotePath) -> list[str]:
+    """The names of the files in ``work_dir`` (``[]``: missing)."""
+    where = location(work_dir)
+    if isinstance(where, RemotePath):
+        return [name for name, _ in where.entries()]
     try:
-        entries = list(os.scandir(work_dir))
+        return [e.name for e in os.scandir(where) if e.is_file()]
     except FileNotFoundError:
         return []
-    for entry in entries:
-        m = pattern.fullmatch(entry.name)
-        if m is None or not entry.is_file():
+
+
+def _numbered_files(work_dir: str | os.PathLike[str] | RemotePath, pattern: re.Pattern[str],
+                    what: str) -> list[tuple[int, JournalPath]]:
+    """``(number, path)`` of the files whose whole name matches ``pattern``, by number."""
+    found: dict[int, JournalPath] = {}
+    where = location(work_dir)
+    for name in _file_names(where):
+        m = pattern.fullmatch(name)
+        if m is None:
             continue
         number = int(m.group(1))
         if number in found:
             raise JournalCorruptedError(
-                entry.path, 0,
-                f"{what} {number} is used by both {found[number].name} and {entry.name}")
-        found[number] = Path(entry.path)
-    return sorted(found.items())
+                where / name, 0,
+                f"{what} {number} is used by both {found[number].name} and {name}")
+        found[number] = where / name
+    return sorted(found.items(), key=lambda item: item[0])
 
 
-def list_segments(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+def list_segments(work_dir: str | os.PathLike[str] | RemotePath) -> list[tuple[int, JournalPath]]:
     """List the segments in ``work_dir`` as ``(number, path)`` pairs, in number order.
 
     Parameters
@@ -287,7 +319,7 @@ class JournalRecord(NamedTuple):
     """One record read back from the journal, with where it was found."""
 
     #: The segment file.
-    path: Path
+    path: JournalPath
     #: Byte offset of the record's header in ``path``.
     offset: int
     #: The payload.
@@ -325,7 +357,7 @@ class _Torn(NamedTuple):
 
 
 def _scan_segment(
-    path: Path, *, is_last: bool, repair: bool, next_path: Path | None
+    path: JournalPath, *, is_last: bool, repair: bool, next_path: JournalPath | None
 ) -> Iterator[JournalRecord]:
     """Yield the records of one segment, handling damage as the module docstring describes."""
     torn: _Torn | None = None
@@ -340,8 +372,8 @@ def _scan_segment(
             )
         raise JournalCorruptedError(path, offset, reason)
 
-    with open(path, "rb", buffering=_READ_BUFFER) as f:
-        size = os.fstat(f.fileno()).st_size
+    f, size = open_read(path, _READ_BUFFER)
+    with f:
         if size == 0:
             return
         head = f.read(_SEGMENT_HEADER.size)
@@ -423,8 +455,8 @@ def _scan_segment(
         )
 
 
-def _segments_after(work_dir: str | os.PathLike[str],
-                    snapshot: tuple[int, Path] | None) -> list[tuple[int, Path]]:
+def _segments_after(work_dir: str | os.PathLike[str] | RemotePath,
+                    snapshot: tuple[int, JournalPath] | None) -> list[tuple[int, JournalPath]]:
     """The segments a replay reads after ``snapshot`` (``(base, path)``): numbers ``base``,
     ``base + 1``, ... without a gap (segments before ``base`` are covered by it)."""
     segments = list_segments(work_dir)
@@ -449,8 +481,9 @@ def _segments_after(work_dir: str | os.PathLike[str],
     return segments
 
 
-def _scan_segments(work_dir: str | os.PathLike[str], snapshot: tuple[int, Path] | None,
-                   repair: bool, check: Callable[[int, Path], None] | None = None,
+def _scan_segments(work_dir: str | os.PathLike[str] | RemotePath,
+                   snapshot: tuple[int, JournalPath] | None,
+                   repair: bool, check: Callable[[int, JournalPath], None] | None = None,
                    ) -> Iterator[JournalRecord]:
     """The records of the segments after ``snapshot``; ``check(number, path)`` (the
     manifest's size and CRC of a closed segment) runs before the last segment is read (a
@@ -475,7 +508,7 @@ class Snapshot(NamedTuple):
     """A snapshot read back from the journal directory."""
 
     #: The snapshot file.
-    path: Path
+    path: JournalPath
     #: The first segment it does not cover: it stands for every record of segments ``< base``.
     base: int
     #: Its payload (opaque to the journal).
@@ -494,7 +527,7 @@ class JournalContents(NamedTuple):
     high_water: tuple[int, ...] = ()
 
 
-def snapshot_path(work_dir: str | os.PathLike[str], base: int) -> Path:
+def snapshot_path(work_dir: str | os.PathLike[str] | RemotePath, base: int) -> JournalPath:
     """The path of the snapshot covering the segments before ``base`` (8+ digits).
 
     Parameters
@@ -506,10 +539,11 @@ def snapshot_path(work_dir: str | os.PathLike[str], base: int) -> Path:
     -------
     pathlib.Path
     """
-    return Path(work_dir) / f"snapshot_{base:0{_SEGMENT_DIGITS}d}"
+    return location(work_dir) / f"snapshot_{base:0{_SEGMENT_DIGITS}d}"
 
 
-def list_snapshots(work_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+def list_snapshots(work_dir: str | os.PathLike[str] | RemotePath
+                   ) -> list[tuple[int, JournalPath]]:
     """The complete snapshots in ``work_dir`` as ``(base, path)``, oldest first.
 
     Temporary files (``snapshot_<n>.tmp``, left by a crash while one was written) are not
@@ -528,7 +562,7 @@ def _snapshot_bytes(base: int, payload: bytes) -> bytes:
     return head + _LENGTH.pack(_masked_crc(head)) + encode_record(payload)
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
+def read_snapshot(path: str | os.PathLike[str] | RemotePath) -> Snapshot:
     """Read and check one snapshot file.
 
     A snapshot is renamed into place only after it was written and fsync'd, so any damage
@@ -540,9 +574,8 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         Bad magic, version or checksum, a base that disagrees with the file name, a length
         that does not match the file.
     """
-    path = Path(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    path = location(path)
+    data = path.read_bytes()
     hsize = _SNAPSHOT_HEADER.size
     if len(data) < hsize + _RECORD_HEADER.size:
         raise JournalCorruptedError(path, 0, f"snapshot file of {len(data)} bytes is too short")
@@ -572,7 +605,8 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     return Snapshot(path, base, payload)
 
 
-def write_snapshot(work_dir: str | os.PathLike[str], base: int, payload: bytes) -> Path:
+def write_snapshot(work_dir: str | os.PathLike[str] | RemotePath, base: int,
+                   payload: bytes) -> JournalPath:
     """Write a snapshot covering the segments before ``base``, atomically.
 
     Written to ``snapshot_<base>.tmp``, fsync'd, renamed to ``snapshot_<base>``, and the
@@ -585,8 +619,12 @@ def write_snapshot(work_dir: str | os.PathLike[str], base: int, payload: bytes) 
     pathlib.Path
         The snapshot file.
     """
-    work_dir = Path(work_dir)
-    final = snapshot_path(work_dir, base)
+    where = location(work_dir)
+    final = snapshot_path(where, base)
+    if isinstance(final, RemotePath):  # written whole to .tmp, then moved
+        final.write_atomic(_snapshot_bytes(base, payload))
+        return final
+    assert isinstance(where, Path)
     tmp = final.with_name(final.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
     try:
@@ -595,11 +633,12 @@ def write_snapshot(work_dir: str | os.PathLike[str], base: int, payload: bytes) 
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    _sync_dir(work_dir)
+    _sync_dir(where)
     return final
 
 
-def covered_files(work_dir: str | os.PathLike[str]) -> tuple[list[Path], list[Path]]:
+def covered_files(work_dir: str | os.PathLike[str] | RemotePath
+                  ) -> tuple[list[JournalPath], list[JournalPath]]:
     """What the newest snapshot makes unnecessary, without deleting it.
 
     Returns
@@ -608,21 +647,18 @@ def covered_files(work_dir: str | os.PathLike[str]) -> tuple[list[Path], list[Pa
         Temporary snapshot files (never needed), and the segments before the newest
         snapshot's base plus older snapshots (needed only if the newest one is damaged).
     """
-    try:
-        entries = list(os.scandir(work_dir))
-    except FileNotFoundError:
-        return [], []
-    temporary = [Path(e.path) for e in entries if _SNAPSHOT_TMP_RE.fullmatch(e.name)]
-    snapshots = list_snapshots(work_dir)
-    replaced: list[Path] = []
+    where = location(work_dir)
+    temporary = [where / name for name in _file_names(where) if _SNAPSHOT_TMP_RE.fullmatch(name)]
+    snapshots = list_snapshots(where)
+    replaced: list[JournalPath] = []
     if snapshots:
         base = snapshots[-1][0]
-        replaced += [path for number, path in list_segments(work_dir) if number < base]
+        replaced += [path for number, path in list_segments(where) if number < base]
         replaced += [path for _, path in snapshots[:-1]]
     return temporary, replaced
 
 
-def remove_covered(work_dir: str | os.PathLike[str]) -> list[Path]:
+def remove_covered(work_dir: str | os.PathLike[str] | RemotePath) -> list[JournalPath]:
     """Delete what the newest snapshot makes unnecessary (:func:`covered_files`): the
     segments before its base, older snapshots, and temporary snapshot files; then fsync the
     directory.
@@ -642,6 +678,7 @@ def remove_covered(work_dir: str | os.PathLike[str]) -> list[Path]:
             path.unlink()
         except FileNotFoundError:
             pass
-    if doomed:
-        _sync_dir(Path(work_dir))
+    where = location(work_dir)
+    if doomed and isinstance(where, Path):
+        _sync_dir(where)
     return doomed

@@ -64,6 +64,7 @@ from ._journal_format import (
     segment_path,
     snapshot_path,
 )
+from ._journal_fs import JournalPath, RemotePath, location, open_read
 
 __all__ = ["MANIFEST", "Manifest", "check_closed", "file_crc", "load_journal", "read_journal",
            "read_manifest", "scan_journal", "verify", "write_manifest"]
@@ -95,30 +96,37 @@ class Manifest:
             hw[len(ids):] if len(hw) > len(ids) else list(ids[len(hw):]))
 
 
-def manifest_path(work_dir: str | os.PathLike[str]) -> Path:
-    return Path(work_dir) / MANIFEST
+WorkDir = str | os.PathLike[str] | RemotePath
 
 
-def file_crc(path: Path) -> tuple[int, int]:
+def manifest_path(work_dir: WorkDir) -> JournalPath:
+    return location(work_dir) / MANIFEST
+
+
+def file_crc(path: JournalPath) -> tuple[int, int]:
     """``(size, crc32)`` of a whole file."""
     crc = size = 0
-    with open(path, "rb", buffering=0) as f:
+    f, _ = open_read(path, 0)
+    with f:
         while chunk := f.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
     return size, crc
 
 
-def snapshot_crc(path: Path) -> int:
+def snapshot_crc(path: JournalPath) -> int:
     """A snapshot's identity: the payload CRC stored in its header (no need to read it all)."""
-    with open(path, "rb") as f:
-        head = f.read(36)
+    if isinstance(path, RemotePath):
+        head = path.read_bytes()[:36]
+    else:
+        with open(path, "rb") as f:
+            head = f.read(36)
     if len(head) < 36:
         raise JournalCorruptedError(path, 0, f"snapshot file of {len(head)} bytes is too short")
     return int.from_bytes(head[32:36], "little")
 
 
-def write_manifest(work_dir: Path, manifest: Manifest) -> None:
+def write_manifest(work_dir: JournalPath, manifest: Manifest) -> None:
     """Write the manifest atomically (blocking I/O)."""
     body = json.dumps({
         "lineage": manifest.lineage, "segment": manifest.segment,
@@ -127,6 +135,10 @@ def write_manifest(work_dir: Path, manifest: Manifest) -> None:
         "high_water": manifest.high_water,
     }, separators=(",", ":")).encode()
     path = manifest_path(work_dir)
+    if isinstance(path, RemotePath):  # written whole to .tmp, then moved
+        path.write_atomic(_HEAD.pack(_MAGIC, _VERSION) + encode_record(body))
+        return
+    assert isinstance(work_dir, Path)
     tmp = path.with_name(MANIFEST + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
     try:
@@ -138,7 +150,7 @@ def write_manifest(work_dir: Path, manifest: Manifest) -> None:
     _sync_dir(work_dir)
 
 
-def read_manifest(work_dir: str | os.PathLike[str]) -> Manifest | None:
+def read_manifest(work_dir: WorkDir) -> Manifest | None:
     """The manifest of ``work_dir`` (None if it has none), checked whole."""
     path = manifest_path(work_dir)
     try:
@@ -172,13 +184,14 @@ def read_manifest(work_dir: str | os.PathLike[str]) -> Manifest | None:
         raise JournalCorruptedError(path, start, f"malformed manifest: {e!r}") from e
 
 
-def _segment_version(path: Path) -> int:
-    with open(path, "rb") as f:
+def _segment_version(path: JournalPath) -> int:
+    f, _ = open_read(path)
+    with f:
         head = f.read(_SEGMENT_HEADER.size)
     return int.from_bytes(head[8:12], "little") if len(head) >= 12 else 0
 
 
-def legacy_lineage(work_dir: Path) -> str | None:
+def legacy_lineage(work_dir: JournalPath) -> str | None:
     try:
         return (work_dir / LEGACY_LINEAGE).read_text().strip() or None
     except FileNotFoundError:
@@ -189,7 +202,7 @@ def fresh_lineage() -> str:
     return secrets.token_urlsafe(24)
 
 
-def verify(work_dir: str | os.PathLike[str]) -> Manifest | None:
+def verify(work_dir: WorkDir) -> Manifest | None:
     """Check that ``work_dir`` holds the files its manifest names, as they were.
 
     Returns the manifest (None for an empty work_dir or a journal of the first format).
@@ -203,7 +216,7 @@ def verify(work_dir: str | os.PathLike[str]) -> Manifest | None:
         Naming the missing or replaced file (module docstring): a missing manifest where
         segments need one, a missing snapshot or segment, a manifest older than the segments.
     """
-    work_dir = Path(work_dir)
+    work_dir = location(work_dir)
     segments = dict(list_segments(work_dir))
     snapshots = dict(list_snapshots(work_dir))
     manifest = read_manifest(work_dir)
@@ -257,7 +270,7 @@ def verify(work_dir: str | os.PathLike[str]) -> Manifest | None:
     return manifest
 
 
-def check_closed(manifest: Manifest | None, number: int, path: Path) -> None:
+def check_closed(manifest: Manifest | None, number: int, path: JournalPath) -> None:
     """Check a segment against the size and checksum its writer closed it with (if any)."""
     if manifest is None or number not in manifest.closed:
         return
@@ -279,7 +292,7 @@ def check_closed(manifest: Manifest | None, number: int, path: Path) -> None:
 
 
 def scan_journal(
-    work_dir: str | os.PathLike[str], *, repair: bool = True
+    work_dir: WorkDir, *, repair: bool = True
 ) -> Iterator[JournalRecord]:
     """Yield every record after the newest snapshot, in order, with its file and offset.
 
@@ -316,13 +329,14 @@ def scan_journal(
     The directory is listed when iteration starts. The repair happens when the iteration
     reaches the torn record; stopping early leaves the file as it is.
     """
+    work_dir = location(work_dir)
     manifest = verify(work_dir)
     snapshots = list_snapshots(work_dir)
     return _scan_segments(work_dir, snapshots[-1] if snapshots else None, repair,
                           partial(check_closed, manifest))
 
 
-def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Iterator[bytes]:
+def read_journal(work_dir: WorkDir, *, repair: bool = True) -> Iterator[bytes]:
     """Yield the payload of every record after the newest snapshot (of every record, in a
     journal without one), in the order they were appended.
 
@@ -351,7 +365,7 @@ def read_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> It
         yield record.payload
 
 
-def load_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> JournalContents:
+def load_journal(work_dir: WorkDir, *, repair: bool = True) -> JournalContents:
     """The journal as a replay needs it: the newest snapshot and the records after it.
 
     Replaying ``records`` on top of the state ``snapshot.payload`` stands for gives the
@@ -376,6 +390,7 @@ def load_journal(work_dir: str | os.PathLike[str], *, repair: bool = True) -> Jo
         A damaged snapshot, a file missing, truncated or replaced by an older copy (see
         :mod:`._journal_lineage`); while iterating ``records``, damaged records.
     """
+    work_dir = location(work_dir)
     manifest = verify(work_dir)  # no file missing, truncated or replaced unseen
     snapshots = list_snapshots(work_dir)
     snapshot = read_snapshot(snapshots[-1][1]) if snapshots else None

@@ -45,7 +45,7 @@ from ..protocol._job_checks import (
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from . import _equal, _gc, _locality, _split_order
-from ._credentials import credential, find_dataset
+from ._credentials import check_reuse, credential, find_dataset
 from ._deadlines import WorkerDeadlines
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shares import fair_share
@@ -311,11 +311,8 @@ class DispatcherCore:
                 existing = self.state.dataset_by_name(dataset_id)
             except DatasetNotFoundError:
                 existing = None
-            if existing is not None:
-                if existing.fingerprint != fingerprint:
-                    raise ValueError(
-                        f"dataset_id {dataset_id!r} is already registered for a different "
-                        "dataset; register this one under another id (or without one)")
+            if existing is not None:  # as TF: no new dataset (when the structure matches)
+                check_reuse(existing, dataset_id, fingerprint, metadata, compression)
                 return {"status": "OK", "dataset_id": credential(existing)}
         else:
             try:

@@ -32,6 +32,11 @@ in an empty directory) with ``O_EXCL``: a writer never appends to an older segme
 run's file is never written again. After creating the file it writes the segment header,
 fsyncs the file and fsyncs the directory, so the new name itself is durable.
 
+``work_dir`` may also be an fsspec URL (``s3://bucket/dds``): the same files, each segment a
+chain of immutable objects, one per group commit, and snapshots and the manifest written
+whole; ``file://`` is the local directory; a URL that cannot be kept durably is refused
+(:mod:`._journal_fs`).
+
 Segment format (all integers little-endian)
 -------------------------------------------
 A segment is a 16-byte header followed by zero or more records::
@@ -185,7 +190,6 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ._journal_compaction import Compactor, _Compacting
@@ -207,9 +211,9 @@ from ._journal_format import (
     _segment_header,
     _segments_after,
     _sync,
-    _sync_dir,
     _write_all,
     covered_files,
+    create_segment,
     encode_record,
     list_segments,
     list_snapshots,
@@ -219,6 +223,7 @@ from ._journal_format import (
     snapshot_path,
     write_snapshot,
 )
+from ._journal_fs import JournalPath, RemotePath, RemoteSegment, location
 from ._journal_lineage import (
     Manifest,
     check_closed,
@@ -329,12 +334,13 @@ class JournalWriter(_Compacting):
     >>> writer.metrics.records_per_fsync                 # doctest: +SKIP
     """
 
-    def __init__(self, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
+    def __init__(self, work_dir: str | os.PathLike[str] | RemotePath, *, repair_tail: bool = True,
                  compact: Compactor | None = None, snapshot_records: int | None = None,
                  snapshot_bytes: int | None = None, lineage: str | None = None,
                  counters: Callable[[], list[int]] | None = None) -> None:
-        #: The journal directory.
-        self.work_dir = Path(work_dir)
+        #: The journal directory: a local :class:`~pathlib.Path`, or a
+        #: :class:`~._journal_fs.RemotePath` on a URL's filesystem (:mod:`._journal_fs`).
+        self.work_dir: JournalPath = location(work_dir)
         #: The work_dir's identity: its manifest's, else ``lineage`` (else a fresh one) on
         #: the first start (set by :meth:`start`).
         self.lineage = lineage
@@ -347,13 +353,14 @@ class JournalWriter(_Compacting):
         self._crc = 0
         self._named_closed = False  # the manifest names the segment closed (aclose)
         #: This writer's segment file (``None`` until started).
-        self.path: Path | None = None
+        self.path: JournalPath | None = None
         #: This writer's segment number (``None`` until started).
         self.segment: int | None = None
         #: Counters; safe to read at any time.
         self.metrics = JournalWriterMetrics()
         self._repair_tail = repair_tail
-        self._fd = -1
+        # The segment: a file descriptor, or a URL's chain of objects; -1 once closed.
+        self._fd: int | RemoteSegment = -1
         self._io: ThreadPoolExecutor | None = None
         # Held while writing + syncing, so append_sync from another thread and the executor
         # never interleave bytes.
@@ -383,7 +390,7 @@ class JournalWriter(_Compacting):
     # -- lifecycle --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, work_dir: str | os.PathLike[str], *, repair_tail: bool = True,
+    def open(cls, work_dir: str | os.PathLike[str] | RemotePath, *, repair_tail: bool = True,
              **snapshots: Any) -> JournalWriter:
         """Create a writer and :meth:`start` it.
 
@@ -458,6 +465,8 @@ class JournalWriter(_Compacting):
             self._compactor = ThreadPoolExecutor(1, thread_name_prefix="dds-journal-compact")
             if snapshots:
                 self.metrics.last_snapshot_bytes = snapshots[-1][1].stat().st_size
+        if isinstance(self.work_dir, RemotePath):
+            logger.info("journal %s: each group commit is written as one object", self.work_dir)
 
     def _write_manifest(self, change: Callable[[Manifest], None]) -> None:
         """Change the manifest and write it, atomically (any thread)."""
@@ -469,17 +478,14 @@ class JournalWriter(_Compacting):
                 manifest.raise_high_water(list(self._counters()))
             write_manifest(self.work_dir, manifest)
 
-    def _new_segment(self, number: int,
-                     closing: tuple[int, int, int] | None = None) -> tuple[int, Path]:
-        """Create segment ``number`` with its header, durably (file and directory entry)."""
+    def _new_segment(self, number: int, closing: tuple[int, int, int] | None = None,
+                     ) -> tuple[int | RemoteSegment, JournalPath]:
+        """Create segment ``number`` with its header, durably (file and directory entry; on
+        a URL, the header object)."""
         path = segment_path(self.work_dir, number)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-        fd = os.open(path, flags, 0o600)
+        header = _segment_header()
+        fd = create_segment(path, header)
         try:
-            header = _segment_header()
-            _write_all(fd, header)
-            _sync(fd)
-            _sync_dir(self.work_dir)
             self._size, self._crc = len(header), zlib.crc32(header)
 
             def newest(m: Manifest) -> None:
@@ -489,7 +495,8 @@ class JournalWriter(_Compacting):
 
             self._write_manifest(newest)  # before any record goes into the segment
         except BaseException:
-            os.close(fd)
+            if isinstance(fd, int):
+                os.close(fd)
             raise
         return fd, path
 
@@ -533,8 +540,9 @@ class JournalWriter(_Compacting):
             self._compactor.shutdown(wait=True, cancel_futures=True)
             self._compactor = None
         with self._file_lock:
-            if self._fd >= 0:
-                os.close(self._fd)
+            if self._fd != -1:
+                if isinstance(self._fd, int):
+                    os.close(self._fd)
                 self._fd = -1
                 if self._failure is None and self.segment is not None and not self._named_closed:
                     self._close_manifest(self.segment)
@@ -627,7 +635,7 @@ class JournalWriter(_Compacting):
             ) from self._failure
         if self._closed:
             raise JournalClosedError(f"journal writer for {self.path} is closed")
-        if self._fd < 0:
+        if self._fd == -1:
             raise JournalError(f"journal writer for {self.work_dir} was not started; call start()")
 
     def append(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[None]:
@@ -755,11 +763,15 @@ class JournalWriter(_Compacting):
         """Write and fsync one batch (on the I/O thread, or the caller's for append_sync)."""
         data = pieces[0] + pieces[1] if len(pieces) == 2 else b"".join(pieces)
         with self._file_lock:
-            if self._fd < 0:
+            fd = self._fd
+            if fd == -1:
                 raise JournalClosedError(f"journal writer for {self.path} is closed")
             start = time.perf_counter()
-            _write_all(self._fd, data)
-            _sync(self._fd)
+            if isinstance(fd, int):
+                _write_all(fd, data)
+                _sync(fd)
+            else:  # a URL: the batch is the segment's next object
+                fd.append(data)
             elapsed = time.perf_counter() - start
             m = self.metrics
             m.records_written += count

@@ -55,6 +55,7 @@ from ..protocol._job_checks import worker_list
 from ..protocol._messages import send_tasks
 from ..protocol._start_read import start_read_handlers
 from ._access import AccessGuard, limits_from_config, new_token, peer_host, redact_summary
+from ._journal_fs import location
 from ._liveness import WorkerLiveness
 from ._metadata_handlers import metadata_handlers
 from ._position_handlers import position_handlers
@@ -267,6 +268,7 @@ class DispatcherPlugin(SchedulerPlugin):
                     "the dispatcher's fault-tolerant mode needs a work_dir for its journal "
                     "(dataservice.dispatcher.work-dir)"
                 )
+            location(self.work_dir)  # a URL the journal cannot keep: a ValueError saying why
             await self._recover()
         else:
             logger.info(

@@ -1,10 +1,12 @@
 """What a job request may ask: the dispatcher's validations of processing modes, target
 workers and dataset cardinalities, and the static worker list. Pure functions (no state, no
-scheduler): :mod:`..dispatcher.plugin` calls them before it builds any update."""
+scheduler; :func:`check_mode` logs the policy FILE_OR_DATA chose): :mod:`..dispatcher.plugin`
+calls them before it builds any update."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -16,11 +18,14 @@ from ._sharding import STATIC_POLICIES, ShardingPolicy
 if TYPE_CHECKING:
     from ..dispatcher._entities import Dataset
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "JobAccessDeniedError",
     "check_job_token",
     "check_mode",
     "check_target_workers",
+    "why_not_file_sharding",
     "require_shared_infinite",
     "shard_index",
     "worker_list",
@@ -69,7 +74,12 @@ def _cardinality_name(n: int | None) -> str:
 
 
 def check_mode(mode: ShardingPolicy, dataset: Dataset, worker_addresses: list[str] | None) -> ShardingPolicy:
-    """Validate a processing mode for a dataset; FILE_OR_DATA resolves to FILE or DATA."""
+    """Validate a processing mode for a dataset; FILE_OR_DATA resolves to FILE or DATA.
+
+    FILE_OR_DATA is FILE when file sharding applies (a list of files, at least one per
+    worker) and DATA otherwise, as TensorFlow's ``FILE_OR_DATA`` and ``AUTO`` fall back; a
+    log line says which and why. FILE where it does not apply is a ValueError saying why.
+    """
     if mode == ShardingPolicy.DYNAMIC and not dataset.splittable:
         reason = dataset.metadata.get("why_not_splittable") or "it has no splits"
         raise ValueError(
@@ -83,23 +93,37 @@ def check_mode(mode: ShardingPolicy, dataset: Dataset, worker_addresses: list[st
             "dispatcher with DispatcherConfig(worker_addresses=[...]) (or the config "
             "key dataservice.dispatcher.worker-addresses)"
         )
-    file_based = bool(dataset.metadata.get("file_based"))
+    if mode not in (ShardingPolicy.FILE, ShardingPolicy.FILE_OR_DATA):
+        return mode
+    why_not = why_not_file_sharding(dataset, len(worker_addresses))
     if mode == ShardingPolicy.FILE_OR_DATA:
-        mode = ShardingPolicy.FILE if file_based else ShardingPolicy.DATA
-    if mode == ShardingPolicy.FILE:
-        if not file_based:
-            raise ValueError(
-                f"FILE sharding needs a dataset read from files (list_files or "
-                f"from_files); dataset {dataset.dataset_id} is not; use DATA or FILE_OR_DATA"
-            )
-        if dataset.num_splits < len(worker_addresses):
-            raise ValueError(
-                f"FILE sharding: dataset {dataset.dataset_id} has {dataset.num_splits} "
-                f"files, fewer than the {len(worker_addresses)} workers; every worker "
-                "needs at least one file (use DATA sharding, or fewer workers)"
-            )
+        if why_not is None:
+            logger.info("dataservice: FILE_OR_DATA sharding of dataset %s chose FILE: its %d "
+                        "files are shared among %d workers", dataset.dataset_id,
+                        dataset.num_splits, len(worker_addresses))
+            return ShardingPolicy.FILE
+        logger.info("dataservice: FILE_OR_DATA sharding of dataset %s chose DATA, since FILE "
+                    "sharding does not apply: %s", dataset.dataset_id, why_not)
+        return ShardingPolicy.DATA
+    if why_not is not None:
+        raise ValueError(f"FILE sharding does not apply: {why_not} (use DATA or FILE_OR_DATA)")
     return mode
 
+
+def why_not_file_sharding(dataset: Dataset, num_workers: int) -> str | None:
+    """Why FILE sharding cannot give each of ``num_workers`` workers whole files, or None."""
+    metadata = dataset.metadata
+    if "why_not_file_shardable" in metadata:
+        why_not = metadata["why_not_file_shardable"]
+    else:  # registered by an older version: its word on files only
+        why_not = None if metadata.get("file_based") else "the dataset is not read from files"
+    if why_not:
+        return f"dataset {dataset.dataset_id}: {why_not}"
+    if dataset.num_splits < num_workers:
+        return (f"dataset {dataset.dataset_id} has {dataset.num_splits} files, fewer than the "
+                f"{num_workers} workers: not enough for the required {num_workers} "
+                "shards/workers (each worker reads whole files)")
+    return None
 
 
 def shard_index(entries: tuple[str, ...], address: str, name: object = None) -> int | None:

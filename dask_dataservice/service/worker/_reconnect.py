@@ -31,6 +31,7 @@ Used by the in-process :class:`~.servers.WorkerSupervisor` and by ``dask-dataser
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any
 
@@ -48,6 +49,10 @@ __all__ = ["ReconnectingWorker"]
 #: removal) is obeyed.
 _SCHEDULER_GONE = frozenset({"scheduler-close"})
 
+#: How many times the worker had lost its scheduler when the Dask heartbeat running in this
+#: context began (:meth:`ReconnectingWorker.heartbeat`).
+_HEARTBEAT_AFTER: contextvars.ContextVar[int] = contextvars.ContextVar("heartbeat_after")
+
 
 class ReconnectingWorker(Worker):
     """A Dask worker that registers again with a restarted scheduler (module docstring)."""
@@ -56,6 +61,8 @@ class ReconnectingWorker(Worker):
         super().__init__(*args, **kwargs)
         #: How many times this worker registered again after losing its scheduler.
         self.reconnects = 0
+        #: How many times it lost its scheduler (and set out to wait for it).
+        self.losses = 0
         self._reconnecting: asyncio.Task[Any] | None = None
         #: Plugins this worker ran when it lost its scheduler, whose first push by the new
         #: scheduler is a re-send, not a change (:meth:`plugin_add`).
@@ -93,6 +100,7 @@ class ReconnectingWorker(Worker):
         # there, hear "missing" and close the worker: registering starts it again.
         for name in ("heartbeat", "keep-alive"):
             self.periodic_callbacks[name].stop()
+        self.losses += 1
         self._reconnecting = asyncio.current_task()
         try:
             await self._wait_for_scheduler()
@@ -139,6 +147,22 @@ class ReconnectingWorker(Worker):
             return {"status": "OK"}
         return await super().plugin_add(plugin, name=name, catch_errors=catch_errors)
 
+    async def heartbeat(self) -> None:
+        """Dask's heartbeat, marked with the number of scheduler losses when it began.
+
+        Stopping its periodic callback (:meth:`_try_reconnect`) does not stop a run already
+        under way: its RPC connects again and again until a scheduler listens at the address.
+        A restarted scheduler the worker has not registered with yet answers "missing", and
+        Dask closes the worker. A supervisor then started a fresh one: the tasks were lost,
+        and a new OFF task served its copy again from element 0, after readers had read part
+        of the old one (duplicates). :meth:`close` ignores that answer (see there).
+        """
+        token = _HEARTBEAT_AFTER.set(self.losses)
+        try:
+            await super().heartbeat()
+        finally:
+            _HEARTBEAT_AFTER.reset(token)
+
     async def _wait_for_scheduler(self) -> None:
         """Until the scheduler's address accepts a connection (or this worker closes)."""
         delay = 0.05
@@ -154,6 +178,15 @@ class ReconnectingWorker(Worker):
             return
 
     async def close(self, *args: Any, **kwargs: Any) -> str | None:  # type: ignore[override]
+        if kwargs.get("reason") == "worker-heartbeat-missing" and (
+                self._reconnecting is not None
+                or _HEARTBEAT_AFTER.get(self.losses) != self.losses):
+            # a heartbeat under way across the loss of the scheduler, answered by the
+            # restarted one before this worker registered there: not that scheduler's word
+            # that it removed this worker (:meth:`heartbeat`)
+            logger.info("dataservice: worker %s ignores the answer \"missing\" to a heartbeat "
+                        "sent before it lost its scheduler", self.address)
+            return None
         reconnecting = self._reconnecting
         if reconnecting is not None and reconnecting is not asyncio.current_task():
             reconnecting.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import dask_dataservice as dds
@@ -127,6 +129,35 @@ def test_local_reads_of_static_sharding():
         core("LOCAL", host="10.9.9.9").on_view(v)
     assert select_tasks(v, "ANY", "10.0.0.1") == (v["tasks"], False)
     assert select_tasks(view((1, A, "active"), (2, B, "active")), "AUTO", "10.0.0.1")[1] is False
+
+
+def test_local_reads_in_process_meaning():
+    """``dataservice.client.local-workers: process``: only the workers of the consumer's own
+    process are local (TensorFlow's meaning), whatever their host."""
+    v = view((1, A, "active"), (2, B, "active"), mode="DATA")
+    assert select_tasks(v, "AUTO", "10.0.0.1", frozenset({B})) == ([v["tasks"][1]], True)
+    assert select_tasks(v, "LOCAL", "10.0.0.1", frozenset({A, B})) == (v["tasks"], True)
+    assert select_tasks(v, "AUTO", "10.0.0.1", frozenset()) == (v["tasks"], False)
+    c = ReaderCore(7, "LOCAL", "10.0.0.1", Tracker(warning=1.0, timeout=3.0), frozenset)
+    with pytest.raises(DataServiceError, match=re.escape(
+            "target_workers='LOCAL' with dataservice.client.local-workers='process', but no "
+            "data worker of this job runs in this process; its workers are "
+            "['tcp://10.0.0.1:1000', 'tcp://10.0.0.2:1000']")):
+        c.on_view(v)
+
+
+def test_local_workers_mode_is_checked():
+    import dask
+
+    from dask_dataservice.service.client._locality import local_workers_mode
+
+    assert local_workers_mode() == "host"
+    with dask.config.set({"dataservice.client.local-workers": "Process"}):
+        assert local_workers_mode() == "process"
+    with dask.config.set({"dataservice.client.local-workers": "rack"}), pytest.raises(
+            ValueError, match=r"^dataservice.client.local-workers must be 'host' or 'process', "
+                              r"got 'rack'$"):
+        local_workers_mode()
 
 
 @pytest.mark.parametrize("address", ["tcp://10.0.0.1:8786", "tls://[::1]:80",
@@ -303,7 +334,8 @@ def test_the_core_imports_no_dask_no_asyncio_no_threads():
     tree = ast.parse(inspect.getsource(_reader_core))
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert names <= {"__future__", "dataclasses", "collections", "typing", "errors"}, names
+    assert names <= {"__future__", "dataclasses", "collections", "collections.abc", "typing",
+                     "errors"}, names
 
 
 def test_ask_again_soon_unless_listed_workers_are_still_to_join():

@@ -209,15 +209,17 @@ async def test_job_names_are_scoped_per_dataset(c, s, a):
 @gen_test()
 async def test_explicit_dataset_ids():
     """register_dataset(dataset_id="name") (TF, 2.2): the string names the dataset, and the
-    answered id is ``"name:<secret>"`` (issue 22: the bare name is no credential); a
-    different dataset under a name in use is an error instead of silently reading the first
-    one."""
+    answered id is ``"name:<secret>"`` (issue 22: the bare name is no credential). A name in
+    use registers nothing new (issue 24, TF's rule): another pipeline of the same structure
+    gets the name's id, one of another structure (cardinality) is an error naming the
+    difference, and one under another registration key is refused."""
     async with dispatcher() as (plugin, s):
 
-        async def register_as(dataset, name):
+        async def register_as(dataset, name, **scope):
             return await plugin.register_dataset(
                 fingerprint=dataset.fingerprint(), pipeline=cloudpickle.dumps(dataset),
-                splits=b"", num_splits=-1, metadata={"cardinality": 10}, dataset_id=name)
+                splits=b"", num_splits=-1,
+                metadata={"cardinality": dataset.cardinality(), **scope}, dataset_id=name)
 
         train, other = dds.Dataset.range(10), dds.Dataset.range(20)
         train_id = ok(await register_as(train, "train"))["dataset_id"]
@@ -225,7 +227,14 @@ async def test_explicit_dataset_ids():
         assert ok(await register_as(train, "train"))["dataset_id"] == train_id  # idempotent
         reply = await register_as(other, "train")
         assert reply["status"] == "error"
-        assert "'train' is already registered for a different dataset" in reply["exception_text"]
+        assert ("'train' is registered for a dataset of another structure: cardinality 10 "
+                "(registered) vs 20") in reply["exception_text"]
+        same_shape = dds.Dataset.range(10).map(lambda x: -x)
+        assert ok(await register_as(same_shape, "train"))["dataset_id"] == train_id
+        reply = await register_as(train.map(abs), "train", name_scope="another key's tag")
+        assert "'train' is already registered for a different dataset, under another " \
+            "registration key" in reply["exception_text"]
+        assert [d.dataset_name for d in plugin.state.list_datasets()] == ["train"]
         copy_id = ok(await register_as(train, "copy"))["dataset_id"]
         assert copy_id.startswith("copy:") and copy_id[5:] != train_id[6:]  # its own secret
         # readers name the dataset by its string id
