@@ -207,6 +207,7 @@ def fit(model: Any, x: Any = None, *, epochs: int = 1, steps_per_epoch: int | No
         raise ValueError(f"steps_per_epoch must be a positive multiple of steps_per_execution "
                          f"({spe}), got {steps_per_epoch!r}")
     placed = on_ps(model, strategy)
+    placed.refresh_optimizer()  # compiled again with another optimizer since the last fit
     placed.sync()  # weights set on the Keras model since the last fit go to the servers
     metrics = KerasMetrics(model)
     step = TrainStep(model, [placed.by_path[p] for p in placed.trainable_paths],

@@ -13,9 +13,9 @@ Theory of operation
   :meth:`ModelOnPS.push` sends its values to the servers. Weights set on the Keras model
   between two ``fit`` calls (``set_weights``, ``load_weights``) are pushed by the next
   ``fit`` (:meth:`ModelOnPS.sync`: it compares with the values of the last pull or push).
-- ``iterations`` counts the batches applied (each batch adds one, exactly once even when its
-  function runs again after a worker loss); it is copied into
-  ``model.optimizer.iterations`` by :meth:`pull`.
+- ``iterations`` counts the batches applied: the server-side optimizer's ``iterations`` on a
+  PS (each batch's ``apply_gradients`` adds one, exactly once even when its function runs
+  again after a worker loss); it is copied into ``model.optimizer.iterations`` by :meth:`pull`.
 - Which tables get sparse gradients: the ``embeddings`` weight of every ``Embedding`` layer.
 """
 
@@ -63,14 +63,9 @@ class ModelOnPS:
     Use :func:`on_ps` (one per model and strategy); ``fit`` makes it on first use.
     """
 
-    def __init__(self, model: Any, strategy: Any, optimizer: ps_optimizers.Optimizer) -> None:
-        if not isinstance(model, keras.Model):
-            raise TypeError(f"needs a keras.Model, got {type(model).__name__}")
-        if not model.built:
-            raise ValueError(
-                f"the model {model.name!r} is not built: give its Input shape (keras.Input, or "
-                "input_shape= on the first layer) or call model.build(shape) before putting "
-                "it on the parameter servers")
+    def __init__(self, model: Any, strategy: Any, optimizer: ps_optimizers.Optimizer,
+                 keras_optimizer: Any = None) -> None:
+        _check_placeable(model)
         paths = [w.path for w in model.weights]
         dupes = sorted({p for p in paths if paths.count(p) > 1})
         if dupes:
@@ -94,10 +89,34 @@ class ModelOnPS:
             self.by_path: dict[str, Variable | ShardedVariable] = {
                 path: Variable(value, trainable=w.trainable, name=path)
                 for path, w, value in zip(paths, model.weights, values, strict=True)}
-            done = 0 if model.optimizer is None else int(np.asarray(model.optimizer.iterations.value))
-            self.iterations: Variable = Variable(np.asarray(done, dtype="int64"), trainable=False,
-                                                 name=f"{model.name}/iterations")
+        self._use_optimizer(optimizer, keras_optimizer)
         self._synced = values
+
+    def _use_optimizer(self, optimizer: ps_optimizers.Optimizer, keras_optimizer: Any) -> None:
+        """Apply ``optimizer`` from now on; its ``iterations`` (the batches applied, as
+        Keras' ``optimizer.iterations``) start from the Keras optimizer's, on a PS."""
+        done = int(np.asarray(keras_optimizer.iterations.value)) if keras_optimizer is not None \
+            else int(np.asarray(optimizer.iterations.numpy()))
+        with self.strategy.scope():
+            if getattr(optimizer.iterations, "ps_address", None) is None:
+                # counted by apply_gradients: on a PS, every training worker's batches count,
+                # and a Checkpoint holding the optimizer saves them
+                optimizer.iterations = Variable(np.int64(0), trainable=False,
+                                                name=f"{optimizer.name}/iterations")
+        optimizer.iterations.assign(np.int64(done), read_value=False)
+        self.optimizer = optimizer
+        #: The Keras optimizer the server-side one was made from (None: given as such).
+        self.keras_optimizer = keras_optimizer
+        #: The batches applied: the server-side optimizer's ``iterations``.
+        self.iterations: Variable = optimizer.iterations
+
+    def refresh_optimizer(self) -> None:
+        """After ``model.compile`` with another optimizer: apply its server-side equivalent."""
+        current = self.model.optimizer
+        if self.keras_optimizer is not None and current is not self.keras_optimizer:
+            with self.strategy.scope():
+                optimizer = server_optimizer(current)
+            self._use_optimizer(optimizer, current)
 
     @property
     def variables(self) -> list[Variable | ShardedVariable]:
@@ -138,6 +157,16 @@ class ModelOnPS:
                 f"{self.strategy.num_ps} parameter servers, {self.optimizer!r}>")
 
 
+def _check_placeable(model: Any) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"needs a keras.Model, got {type(model).__name__}")
+    if not model.built:
+        raise ValueError(
+            f"the model {model.name!r} is not built: give its Input shape (keras.Input, or "
+            "input_shape= on the first layer) or call model.build(shape) before putting "
+            "it on the parameter servers")
+
+
 def on_ps(model: Any, strategy: Any = None, optimizer: Any = None) -> ModelOnPS:
     """The model's :class:`ModelOnPS` on ``strategy`` (made on first call, then the same).
 
@@ -161,7 +190,11 @@ def on_ps(model: Any, strategy: Any = None, optimizer: Any = None) -> ModelOnPS:
                 raise ValueError(f"the model {model.name!r} is not compiled: call "
                                  "model.compile(optimizer=..., loss=...) first")
             optimizer = model.optimizer
-        placed = ModelOnPS(model, strategy, server_optimizer(optimizer))
+        _check_placeable(model)
+        keras_optimizer = optimizer if not isinstance(optimizer, ps_optimizers.Optimizer) else None
+        with strategy.scope():  # its iterations on a PS
+            server = server_optimizer(optimizer)
+        placed = ModelOnPS(model, strategy, server, keras_optimizer)
         object.__setattr__(model, _ATTR, placed)
         return placed
 

@@ -17,8 +17,8 @@ Theory of operation
   servers' optimizer: the rows of an ``Embedding`` table that have a gradient as
   :class:`~dask_dataservice.ps.optimizers.IndexedSlices`, the other weights dense. Updated
   non-trainable weights (a ``BatchNormalization``'s moving statistics) are assigned; the
-  batch count is incremented. Every update is tagged with the scheduled function's id, so
-  a function that runs again after a worker loss changes nothing twice.
+  optimizer counts the batch (its ``iterations``, on a PS). Every update is tagged with the
+  scheduled function's id, so a function that runs again after a worker loss changes nothing twice.
 - ``steps_per_execution`` batches run in one scheduled function; it returns how the compiled
   metrics' state changed over them (Keras' metric variables are sums and counts: they merge
   by addition, see :class:`~.fit.KerasMetrics`).
@@ -319,5 +319,4 @@ class _Trainer:
         step.optimizer.apply_gradients(updates)
         for i, var in zip(self.nt_at, step.non_trainable, strict=True):
             var.assign(np.asarray(non_trainable[i]), read_value=False)
-        step.iterations.assign_add(1, read_value=False)
         return [np.asarray(m) for m in metrics_out]

@@ -130,6 +130,9 @@ async def test_model_fit_on_ps_follows_keras_local_fit(s, p0, p1, w0):
         h2 = dds_keras.fit(model, dds.DatasetCreator(_dataset_fn), epochs=1,
                            steps_per_epoch=STEPS, verbose=0)
         assert len(h2.history["loss"]) == 1
+        # the model was compiled again: the servers now apply RMSprop, counting from 0
+        assert isinstance(placed.optimizer, ps_optimizers.RMSprop)
+        assert int(placed.iterations.numpy()) == STEPS == int(model.optimizer.iterations.numpy())
         assert not all(np.array_equal(a, b)
                        for a, b in zip(before, model.get_weights(), strict=True))
 
