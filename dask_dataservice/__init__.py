@@ -8,6 +8,7 @@ dask_dataservice`` stays light.
 from __future__ import annotations
 
 import importlib
+from contextlib import AbstractContextManager as _AbstractContextManager
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
@@ -58,6 +59,7 @@ from .errors import (
     VariableNotFoundError,
     WorkerNotFoundError,
 )
+from .ps import _scope_hooks as _ps_scope_hooks
 from .service.protocol import _hooks as _service_hooks
 
 try:
@@ -99,11 +101,13 @@ _LAZY: dict[str, str] = {
     "DistributedTable": "dask_dataservice.ps.tables",
     # the PyTorch bridge (a module: dds.torch.IterableDataset); imports torch
     "torch": "dask_dataservice.torch",
+    # Keras 3 models on parameter servers (a module: dds.keras.fit); imports keras and jax
+    "keras": "dask_dataservice.keras",
 }
 #: Lazy names left out of the TYPE_CHECKING re-exports below: following them makes a type
 #: checker analyse torch itself (minutes of mypy time for every user of the package). Typed
 #: code imports ``dask_dataservice.torch`` explicitly.
-_UNTYPED_LAZY = frozenset({"torch"})
+_UNTYPED_LAZY = frozenset({"torch", "keras"})
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync with _LAZY)
     from .dashboard import status as status
@@ -141,7 +145,7 @@ def __getattr__(name: str) -> object:
     if module is None:
         raise AttributeError(f"module 'dask_dataservice' has no attribute {name!r}")
     mod = importlib.import_module(module)
-    value = mod if name in ("partitioners", "torch") else getattr(mod, name)
+    value = mod if name in ("partitioners", "torch", "keras") else getattr(mod, name)
     globals()[name] = value
     return value
 
@@ -194,9 +198,9 @@ __all__ = [
     "TaskNotFoundError",
     "VariableNotFoundError",
     "WorkerNotFoundError",
-    # the lazy names, but the torch bridge (a module whose import needs torch: a star import
+    # the lazy names, but the torch and keras bridges (modules whose import needs torch or keras: a star import
     # must work without it; dds.torch still loads it)
-    *sorted(set(_LAZY) - {"torch"}),
+    *sorted(set(_LAZY) - {"torch", "keras"}),
 ]
 
 
@@ -233,6 +237,23 @@ _data_adapters.register("torch", _torch_adapter)  # Dataset.to_torch()
 _data_adapters.register("jax", _jax_adapter)  # Dataset.to_jax()
 _dask_source.set_cluster_loader(_dask_cluster_side)  # Dataset.from_dask on a client
 _service_hooks.on_dispatcher_start("dashboard", _attach_dashboard)
+
+
+def _keras_scope(strategy: object) -> _AbstractContextManager[object] | None:
+    """Keras variables created in a strategy's scope remember it (``model.fit`` then trains
+    on its parameter servers); only once the user imported Keras (never imported here)."""
+    import sys
+
+    if "keras" not in sys.modules:
+        return None
+    try:
+        from .keras._scope import recording
+    except ImportError:  # Keras on another backend: importing dds.keras says why
+        return None
+    return recording(strategy)
+
+
+_ps_scope_hooks.register("keras", _keras_scope)  # strategy.scope() with Keras models
 
 
 def dask_setup(server: object) -> object:

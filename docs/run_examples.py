@@ -99,8 +99,9 @@ def page_script(path: Path, show: bool = False) -> str:
 
 
 def write_script(path: Path, folder: Path, show: bool = False) -> Path:
-    """Write :func:`page_script` of ``path`` to ``folder/<page>.py``; return the file."""
-    script = folder / f"{path.stem.replace('-', '_')}.py"
+    """Write :func:`page_script` of ``path`` to ``folder/page_<page>.py``; return the file
+    (the prefix keeps a page named after a module, ``keras.md``, from shadowing it)."""
+    script = folder / f"page_{path.stem.replace('-', '_')}.py"
     script.write_text(page_script(path, show), encoding="utf-8")
     return script
 

@@ -9,7 +9,7 @@ parameter server runs these on a shard's serial lane (see ``server.Shard``), loc
 - :func:`scatter_rows`: row updates (``add``, ``sub``, ``update``, ``mul``, ``div``, ``max``,
   ``min``), with a fast path for the sorted distinct ids clients send.
 - :func:`new_slots`, :func:`apply_dense`, :func:`apply_sparse`: the server-side optimizers'
-  update rules (Keras': SGD with momentum/Nesterov, Adagrad, Adam).
+  update rules (Keras': SGD with momentum/Nesterov, Adagrad, Adam, RMSprop).
 - :func:`take_rows` / :func:`put_rows` / :func:`dedupe_rows`: row movement.
 - :func:`initial_value`: calls a user initializer for one partition, choosing the calling
   convention from its signature (never by catching the user's own ``TypeError``).
@@ -124,7 +124,8 @@ def check_optimizer(config: dict[str, Any]) -> None:
     for name in ("epsilon", "initial_accumulator_value"):
         if name in config:
             check_hyperparameter(f"{who}: {name}", config[name])
-    for name, closed in (("momentum", True), ("beta_1", False), ("beta_2", False)):
+    for name, closed in (("momentum", True), ("beta_1", False), ("beta_2", False),
+                         ("rho", True)):
         value = config.get(name)
         if value is None:
             continue
@@ -135,7 +136,7 @@ def check_optimizer(config: dict[str, Any]) -> None:
 
 
 #: The optimizer kinds :func:`new_slots` and :func:`apply_dense` know.
-_OPTIMIZER_KINDS = ("sgd", "adagrad", "adam")
+_OPTIMIZER_KINDS = ("sgd", "adagrad", "adam", "rmsprop")
 
 
 def new_slots(config: dict[str, Any], value: np.ndarray) -> dict[str, np.ndarray]:
@@ -148,6 +149,13 @@ def new_slots(config: dict[str, Any], value: np.ndarray) -> dict[str, np.ndarray
     if kind == "adam":
         return {"m": np.zeros_like(value), "v": np.zeros_like(value),
                 "iterations": np.zeros((), dtype="int64")}
+    if kind == "rmsprop":
+        slots = {"velocity": np.zeros_like(value)}
+        if config.get("momentum"):
+            slots["momentum"] = np.zeros_like(value)
+        if config.get("centered"):
+            slots["average_gradient"] = np.zeros_like(value)
+        return slots
     raise ValueError(f"unknown optimizer kind {kind!r}")
 
 
@@ -294,8 +302,41 @@ def _apply(config: dict[str, Any], value: np.ndarray, slots: dict[str, Any], g: 
         rows = get(value)
         rows -= upd
         put(value, rows)
+    elif kind == "rmsprop":
+        _rmsprop(config, dt, g, lr, slots, get, put, value)
     else:
         raise ValueError(f"unknown optimizer kind {kind!r}")
+
+
+def _rmsprop(config: dict[str, Any], dt: np.dtype[Any], g: np.ndarray, lr: Any,
+             slots: dict[str, Any], get: Callable[[np.ndarray], np.ndarray],
+             put: Callable[[np.ndarray, np.ndarray], None], value: np.ndarray) -> None:
+    """Keras' RMSprop: ``epsilon`` is added under the square root (unlike Adagrad here)."""
+    rho = dt.type(config["rho"])
+    vel = get(slots["velocity"])
+    vel *= rho
+    vel += (g * g) * (dt.type(1) - rho)
+    put(slots["velocity"], vel)
+    denominator = vel.copy()
+    if config.get("centered"):
+        avg = get(slots["average_gradient"])
+        avg *= rho
+        avg += g * (dt.type(1) - rho)
+        put(slots["average_gradient"], avg)
+        denominator -= avg * avg
+    denominator += dt.type(config["epsilon"])
+    increment = np.sqrt(denominator, out=denominator)
+    np.divide(lr * g, increment, out=increment)
+    rows = get(value)
+    if config.get("momentum"):
+        mom = get(slots["momentum"])
+        mom *= dt.type(config["momentum"])
+        mom += increment
+        put(slots["momentum"], mom)
+        rows -= mom
+    else:
+        rows -= increment
+    put(value, rows)
 
 
 # ---------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 from .._tqdm import interactive
 from ..errors import InputExhaustedError
-from ._fit_run import FitRun, Logs
+from ._fit_run import Aggregate, FitRun, Logs
 from ._runner_plugin import PerWorkerDataset, PerWorkerIterator
 from .callbacks import BackupAndRestore, Callback, History, ProgressBar
 from .coordinator import ClosureCancelledError, ClusterCoordinator, RemoteValue
@@ -110,7 +110,8 @@ def _positive(name: str, value: Any) -> int:
 def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
         step_fn: Callable[[PerWorkerIterator], Any], x: Any, *, epochs: int = 1,
         steps_per_epoch: int | None = None, callbacks: Sequence[Callback] = (),
-        initial_epoch: int = 0, verbose: bool | Literal["auto"] = "auto") -> History:
+        initial_epoch: int = 0, verbose: bool | Literal["auto"] = "auto",
+        aggregate: Aggregate | None = None) -> History:
     """Train: ``epochs`` times, ``steps_per_epoch`` calls of ``step_fn(iterator)`` on the
     training workers, with ``callbacks``; returns the :class:`History`.
 
@@ -128,6 +129,10 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
     verbose : bool or "auto"
         Show a progress bar (tqdm; a widget in Jupyter with ipywidgets). "auto": in a
         Jupyter kernel with ipywidgets or on a terminal, not in a pipe or a log file.
+    aggregate : Aggregate, optional
+        How the steps' values become the logs (``add``, ``logs``, ``reset``, ``state``,
+        ``restore``; see :class:`~._fit_run.Aggregate`). Default: the mean of each number
+        over the epoch's steps. The Keras adapter gives one that merges metric states.
     """
     if steps_per_epoch is None:
         raise ValueError("steps_per_epoch is required: with parameter-server training each "
@@ -145,7 +150,7 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
             raise TypeError(f"callbacks must be dds.callbacks.Callback instances, got "
                             f"{type(cb).__name__} (wrap functions in LambdaCallback)")
     coordinator = _coordinator(strategy)
-    run = FitRun(coordinator, _iterator(coordinator, x), epochs, steps, initial_epoch)
+    run = FitRun(coordinator, _iterator(coordinator, x), epochs, steps, initial_epoch, aggregate)
     history = run.history = History()
     # Keras' order: the progress bar first, History last (it records what the others added)
     if verbose == "auto":
@@ -189,7 +194,7 @@ def _train(run: FitRun, step_fn: Callable[[PerWorkerIterator], Any],
         for cb in cbs:
             cb.on_epoch_end(run.epoch, logs)
         run.epoch, run.step = run.epoch + 1, 0
-        run._sums, run._counts = {}, {}
+        run._reset_metrics()
         run._epoch_over = False
     run.completed = True
     for cb in cbs:

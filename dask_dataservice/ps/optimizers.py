@@ -13,8 +13,8 @@ variable back, instead of the read-modify-write TensorFlow's workers do::
     def step(ids, grad_rows):           # runs on a training worker
         opt.apply_gradients([(IndexedSlices(grad_rows, ids), emb)])
 
-The update rules are Keras': :class:`SGD` (optional momentum and Nesterov), :class:`Adagrad`
-and :class:`Adam`. Sparse gradients first sum the rows of duplicate ids, then update only
+The update rules are Keras': :class:`SGD` (optional momentum and Nesterov), :class:`Adagrad`,
+:class:`Adam` and :class:`RMSprop`. Sparse gradients first sum the rows of duplicate ids, then update only
 those rows (for Adam this is the "lazy" variant: moments of untouched rows do not decay).
 Adam's step count is kept per shard.
 
@@ -40,7 +40,7 @@ from ._kernels import (
 from ._types import IndexedSlices
 from .variables import Variable, apply_gradients
 
-__all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "IndexedSlices", "get", "apply_dense",
+__all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "RMSprop", "IndexedSlices", "get", "apply_dense",
            "apply_sparse", "dedupe_rows", "take_rows", "put_rows"]
 
 
@@ -150,11 +150,38 @@ class Adam(Optimizer):
                 "epsilon": self.epsilon}
 
 
-_KINDS: dict[str, Callable[..., Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+class RMSprop(Optimizer):
+    """RMSprop, as ``keras.optimizers.RMSprop`` (optional momentum, ``centered``)."""
+
+    kind = "rmsprop"
+
+    def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0,
+                 epsilon: float = 1e-7, centered: bool = False, name: str | None = None) -> None:
+        super().__init__(learning_rate, name)
+        for label, x in (("rho", rho), ("momentum", momentum)):
+            if not 0.0 <= x <= 1.0:
+                raise ValueError(f"{label} must be in [0, 1], got {x!r}")
+        self.rho, self.momentum = float(rho), float(momentum)
+        self.epsilon = check_hyperparameter("epsilon", epsilon)
+        self.centered = bool(centered)
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:  # type: ignore[override]  # depends on the config
+        return ("velocity", *(("momentum",) if self.momentum else ()),
+                *(("average_gradient",) if self.centered else ()))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
+                "epsilon": self.epsilon, "centered": self.centered}
+
+
+_KINDS: dict[str, Callable[..., Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam,
+                                               "rmsprop": RMSprop}
 
 
 def get(identifier: Any) -> Optimizer:
-    """An optimizer from an instance, a name (``"sgd"``, ``"adagrad"``, ``"adam"``) or a config."""
+    """An optimizer from an instance, a name (``"sgd"``, ``"adagrad"``, ``"adam"``,
+    ``"rmsprop"``) or a config."""
     if isinstance(identifier, Optimizer):
         return identifier
     if isinstance(identifier, str) and identifier.lower() in _KINDS:

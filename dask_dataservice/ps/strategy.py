@@ -46,7 +46,7 @@ import numpy as np
 from distributed import Client, get_worker
 
 from .. import config
-from . import _kernels, _routing
+from . import _kernels, _routing, _scope_hooks
 from ._runner_plugin import TrainingWorkerPlugin
 from ._types import Call, wire
 from .cluster_resolver import ClusterResolver, Connection, connect, resolver_from_environment
@@ -410,7 +410,9 @@ class ParameterServerStrategy:
         """Variables created in this context are placed on the parameter servers."""
         token = current_strategy.set(self)
         try:
-            yield self
+            with contextlib.ExitStack() as stack:
+                _scope_hooks.enter(self, stack)  # e.g. the Keras adapter's (from above)
+                yield self
         finally:
             current_strategy.reset(token)
 

@@ -31,6 +31,7 @@ OPTIONAL = {
     "torch": (re.compile(r"\bimport torch\b|\.to_torch\(|\bdds\.torch\b|dask_dataservice\.torch"),
               "torch"),
     "jax": (re.compile(r"\bimport jax\b|\.to_jax\("), "jax"),
+    "dask_dataservice.keras": (re.compile(r"\bimport keras\b|\bdds\.keras\b|dask_dataservice\.keras"), "keras"),
 }
 
 

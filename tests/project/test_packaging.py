@@ -53,6 +53,7 @@ OPTIONAL_MODULES = [
     "dask_kubernetes",
     "torch",
     "jax",
+    "keras",
     "matplotlib",
 ]
 
@@ -187,7 +188,7 @@ def test_dev_extra_is_everything_and_test_stays_light():
     named = set(EXTRAS["dev"][0].split("[", 1)[1].rstrip("]").split(","))
     assert named | {"dev"} | {e for e in EXTRAS if e not in NOT_RUNTIME_EXTRAS} >= set(EXTRAS)
     test = {_requirement_name(r) for r in EXTRAS["test"]}
-    heavy = {"torch", "jax", "jaxlib", "dask-kubernetes", "mypy", "sphinx", "myst-parser"}
+    heavy = {"torch", "jax", "jaxlib", "keras", "dask-kubernetes", "mypy", "sphinx", "myst-parser"}
     assert not (test & heavy), sorted(test & heavy)
     assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "build"} <= test
 
@@ -319,7 +320,7 @@ def test_all_lists_every_public_name_and_each_exists():
     public = {name for name, value in vars(dds).items()
               if not name.startswith("_") and not isinstance(value, types.ModuleType)}
     public -= {"annotations", "TYPE_CHECKING"}  # the module's own imports
-    public |= (set(dds._LAZY) - {"torch"}) | {"__version__"}
+    public |= (set(dds._LAZY) - {"torch", "keras"}) | {"__version__"}
     assert sorted(public - set(dds.__all__)) == []
     assert sorted(set(dds.__all__) - public) == []
     assert sorted(set(errors.__all__) - set(dds.__all__)) == []
@@ -341,7 +342,7 @@ def test_every_public_error_type_is_defined_in_errors():
     for info in pkgutil.walk_packages(dds.__path__, "dask_dataservice."):
         if any(part.startswith("_") for part in info.name.split(".")):
             continue
-        if info.name.split(".")[1] in ("torch", "jax"):  # optional dependencies
+        if info.name.split(".")[1] in ("torch", "jax", "keras"):  # optional dependencies
             continue
         module = importlib.import_module(info.name)
         names = getattr(module, "__all__", [n for n in vars(module) if not n.startswith("_")])

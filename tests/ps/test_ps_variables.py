@@ -388,8 +388,11 @@ def test_optimizer_configs_round_trip():
     a = opt.Adam(0.01, beta_1=0.8, name="adam")
     assert opt.get(a.get_config()).get_config() == a.get_config()
     assert isinstance(opt.get("adagrad"), opt.Adagrad)
-    with pytest.raises(ValueError):
-        opt.get("rmsprop")
+    r = opt.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True)
+    assert opt.get(r.get_config()).get_config() == r.get_config()
+    assert r.slot_names == ("velocity", "momentum", "average_gradient")
+    with pytest.raises(ValueError, match="unknown optimizer 'adadelta'"):
+        opt.get("adadelta")
     with pytest.raises(ValueError):
         opt.SGD(momentum=2)
 
