@@ -186,7 +186,7 @@ def on_ps(model: Any, strategy: Any = None, optimizer: Any = None) -> ModelOnPS:
                 f"the model {model.name!r} is not bound to a ParameterServerStrategy: create "
                 "it inside `with strategy.scope():`, or pass strategy=")
         if optimizer is None:
-            if model.optimizer is None:
+            if getattr(model, "optimizer", None) is None:  # Keras 3 sets it in compile()
                 raise ValueError(f"the model {model.name!r} is not compiled: call "
                                  "model.compile(optimizer=..., loss=...) first")
             optimizer = model.optimizer

@@ -339,6 +339,10 @@ def test_models_that_cannot_go_on_parameter_servers_are_refused():
     model = _model()
     with pytest.raises(ValueError, match="is not compiled"):
         dds_keras.fit(model, [], steps_per_epoch=1)
+    # a Keras 3 model has no `optimizer` attribute before compile(): the same error, not an
+    # AttributeError, when it is placed explicitly
+    with pytest.raises(ValueError, match=r"is not compiled: call model.compile\(optimizer="):
+        dds_keras.on_ps(_model(), strategy=object())
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="is not bound to a ParameterServerStrategy: create "
                                          r"it inside `with strategy.scope\(\):`"):
