@@ -26,6 +26,7 @@ from distributed.utils import LoopRunner, sync
 from .._async import TaskGroup
 from .._rpc import strip_protocol
 from ..errors import DataServiceError
+from .protocol._job_checks import resolve_entry_hosts
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -247,6 +248,11 @@ class DispatchServer(_BackgroundServer):
             return
         cfg = self.config
 
+        # host names of "host:%port%" entries resolved here, in the caller's thread, as Dask
+        # resolves the workers' own addresses (never on the scheduler's loop)
+        worker_addresses = (None if cfg.worker_addresses is None
+                            else resolve_entry_hosts(cfg.worker_addresses))
+
         async def make() -> Scheduler:
             from distributed import Scheduler
 
@@ -262,7 +268,7 @@ class DispatchServer(_BackgroundServer):
                 job_gc_timeout=None if cfg.job_gc_timeout_ms is None else cfg.job_gc_timeout_ms / 1000,
                 client_timeout=None if cfg.client_timeout_ms is None else cfg.client_timeout_ms / 1000,
                 fault_tolerant_mode=cfg.fault_tolerant_mode, work_dir=cfg.work_dir,
-                worker_addresses=cfg.worker_addresses,
+                worker_addresses=worker_addresses,
             )
             if cfg.worker_timeout_ms is not None:
                 plugin.worker_timeout = cfg.worker_timeout_ms / 1000

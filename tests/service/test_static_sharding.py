@@ -174,3 +174,53 @@ async def test_local_without_local_worker_is_an_error(c, s, b):
     with pytest.raises(dds.errors.DataServiceError,
                        match=r"target_workers='LOCAL', but no data worker .* on this host"):
         await read(ds)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)] * 3,
+             config={"dataservice.dispatcher.worker-addresses": ["127.0.0.1:%port%"] * 2})
+async def test_port_wildcard_entries_give_each_worker_of_a_host_its_own_shard(c, s, a, b, extra):
+    """TensorFlow's worker list form ``"host:%port%"`` (its static-sharding tests list
+    ``"localhost:%port%"`` once per worker, data_service_test_base.TestCluster): each of the
+    host's workers takes the first entry no other live worker holds, so two workers of one
+    host read one shard each and the third, with no entry left, gets no task."""
+    await _install_async(c)
+    out = await read(await distribute(dds.Dataset.range(10).map(tag), "DATA", c))
+    assert {i: sorted(v) for i, v in by_worker(out).items()} == {0: [0, 2, 4, 6, 8],
+                                                                   1: [1, 3, 5, 7, 9]}
+    finished = sorted(w.extensions["dataservice"].stats["tasks_finished"] for w in (a, b, extra))
+    assert finished == [0, 1, 1]  # one worker of the host had no entry left: no task
+
+
+@pytest.mark.pure
+def test_worker_list_entries_match_a_worker_an_address_or_a_host():
+    from dask_dataservice.service.protocol._job_checks import resolve_entry_hosts, shard_index
+
+    entries = ("127.0.0.1:%port%", "127.0.0.1", "10.0.0.5:7000", "w-name")
+    assert shard_index(entries, "tcp://127.0.0.1:4000") == 0
+    assert shard_index(entries, "tcp://127.0.0.1:4001", taken=[0]) == 1  # a bare host: any port
+    assert shard_index(entries, "tcp://127.0.0.1:4002", taken=[0, 1]) is None
+    assert shard_index(entries, "tcp://10.0.0.5:7000", taken=[0, 1]) == 2
+    assert shard_index(entries, "tcp://10.0.0.5:7001") is None  # a fixed port is that port
+    assert shard_index(entries, "tcp://10.9.9.9:1", "w-name") == 3
+    assert shard_index(("tcp://[::1]:%port%",), "tcp://[::1]:5") == 0
+    assert resolve_entry_hosts(["localhost:%port%", "grpc://localhost:5000", "w0",
+                                "nohost.invalid:%port%"]) == [
+        "127.0.0.1:%port%", "grpc://127.0.0.1:5000", "w0", "nohost.invalid:%port%"]
+
+
+def test_a_dispatch_server_lists_localhost_port_wildcards_as_tensorflow_does():
+    """TF's form end to end: ``DispatcherConfig(worker_addresses=["localhost:%port%"] * 2)``
+    with two ``WorkerServer(worker_address="localhost:%port%")``: FILE_OR_DATA (DATA here)
+    reads every element once, one shard per worker."""
+    dispatcher = dds.DispatchServer(dds.DispatcherConfig(
+        worker_addresses=["localhost:%port%"] * 2))
+    workers = [dds.WorkerServer(dds.WorkerConfig(dispatcher._address,
+                                                 worker_address="localhost:%port%"))
+               for _ in range(2)]
+    try:
+        ds = dds.Dataset.range(20).apply(dds.distribute("DATA", dispatcher.target))
+        assert sorted(int(x) for x in ds) == list(range(20))
+    finally:
+        for w in workers:
+            w.stop()
+        dispatcher.stop()

@@ -18,6 +18,7 @@ from ...errors import (
     TaskNotFoundError,
     WorkerNotFoundError,
 )
+from ..protocol._job_checks import names_a_host
 from ._entities import (
     PROCESSING_MODES,
     STATIC_MODES,
@@ -198,9 +199,10 @@ class StateChecks:
         if u.processing_mode in STATIC_MODES:
             if not u.worker_addresses:
                 _illegal(u, f"static sharding ({u.processing_mode}) needs a worker list")
-            if not all(u.worker_addresses) or len(set(u.worker_addresses)) != len(
-                u.worker_addresses
-            ):
+            # a host entry ("host", "host:%port%": any worker of that host) may repeat, one
+            # per worker of the host, as in TensorFlow; an entry naming one worker may not
+            named = [a for a in u.worker_addresses if not names_a_host(a)]
+            if not all(u.worker_addresses) or len(set(named)) != len(named):
                 _illegal(u, f"worker_addresses must be distinct and non-empty: {u.worker_addresses}")
         elif u.worker_addresses:
             _illegal(u, f"worker_addresses is only for static sharding, not {u.processing_mode}")

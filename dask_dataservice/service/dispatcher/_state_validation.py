@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..protocol._job_checks import names_a_host
 from . import _split_order
 from ._entities import (
     DATASET_ID_BASE,
@@ -129,8 +130,10 @@ def validate_state(state: DispatcherState) -> None:
         _invariant(job.target_workers in TARGET_WORKERS, f"job {job_id} has bad target_workers")
         _invariant(
             bool(job.worker_addresses) == (job.processing_mode in STATIC_MODES)
-            and len(set(job.worker_addresses)) == len(job.worker_addresses),
-            f"job {job_id}: a worker list iff static sharding, without repeats",
+            and len(set(named := [a for a in job.worker_addresses if not names_a_host(a)]))
+            == len(named),
+            f"job {job_id}: a worker list iff static sharding, without repeats of an entry "
+            "that names one worker",
         )
         if job.processing_mode == "DYNAMIC" and job.dataset_id in state._datasets:
             _invariant(

@@ -700,7 +700,10 @@ class DispatcherCore:
         index = None
         if job.worker_addresses:  # static sharding: the job's journaled list decides
             info = self.cluster.worker(address)
-            index = shard_index(job.worker_addresses, address, None if info is None else info.name)
+            taken = (t.shard_index for t in self.state.tasks_for_iteration(iteration_id)
+                     if t.worker_address != address and self.cluster.worker(t.worker_address))
+            index = shard_index(job.worker_addresses, address, None if info is None else info.name,
+                                taken)
             if index is None:
                 logger.info(
                     "dataservice: worker %s is not in the worker list of job %s (%s): it "

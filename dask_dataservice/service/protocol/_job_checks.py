@@ -126,16 +126,78 @@ def why_not_file_sharding(dataset: Dataset, num_workers: int) -> str | None:
     return None
 
 
-def shard_index(entries: tuple[str, ...], address: str, name: object = None) -> int | None:
-    """A worker's position in a static job's worker list, matched by its address, its
-    ``host:port`` or its Dask name; None if it is not listed."""
+#: TensorFlow's port wildcard in ``DispatcherConfig.worker_addresses`` (``"host:%port%"``).
+ANY_PORT = "%port%"
+
+
+def _host_port(entry: str) -> tuple[str, str | None]:
+    """``(host, port)`` of a worker-list entry or address; port None for a bare host (or a
+    Dask worker name), ``"%port%"`` for TensorFlow's wildcard."""
+    bare = entry.split("://", 1)[-1]  # not strip_protocol: it parses the port
+    host, sep, port = bare.rpartition(":")
+    if not sep or not (port.isdigit() or port == ANY_PORT) or (":" in host and not host.endswith("]")):
+        return bare, None  # no port (an IPv6 literal without brackets has colons of its own)
+    return host.strip("[]"), port
+
+
+def names_a_host(entry: str) -> bool:
+    """Whether a worker-list entry stands for any worker of a host (``"host:%port%"``, or a
+    bare name with a dot or a colon: an IP address or a domain name), which may repeat."""
+    host, port = _host_port(entry)
+    return port == ANY_PORT or (port is None and ("." in host or ":" in host))
+
+
+def shard_index(entries: tuple[str, ...], address: str, name: object = None,
+                taken: Iterable[int] = ()) -> int | None:
+    """A worker's position in a static job's worker list; None if it is not listed.
+
+    An entry names one worker by its address, its ``host:port`` or its Dask name; or, as in
+    TensorFlow, any worker of a host: ``"host"`` or ``"host:%port%"`` (the host as the
+    worker's address has it: Dask resolves host names, and ``DispatchServer`` resolves the
+    entries' names when it starts). A worker takes the first entry naming it, else the first
+    entry of its host whose shard is not in ``taken`` (the shards other live workers of the
+    iteration hold), so that several workers of one host get one shard each.
+    """
     keys = {address, strip_protocol(address)}
     if name is not None:
         keys.add(str(name))
     for i, entry in enumerate(entries):
         if entry in keys:
             return i
+    host, _ = _host_port(address)
+    held = set(taken)
+    for i, entry in enumerate(entries):
+        entry_host, port = _host_port(entry)
+        if port in (None, ANY_PORT) and entry_host == host and i not in held:
+            return i
     return None
+
+
+def resolve_entry_hosts(entries: Iterable[str]) -> list[str]:
+    """``entries`` with each ``host:port`` / ``host:%port%`` host name resolved to its IP
+    address, as Dask resolves workers' addresses (bare entries may be worker names: kept).
+
+    Blocking (DNS): call it where blocking is fine, e.g. in the user's thread as
+    ``DispatchServer`` does, never on an event loop.
+    """
+    import ipaddress
+    import socket
+
+    out = []
+    for entry in entries:
+        host, port = _host_port(entry)
+        if port is not None:
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                try:
+                    resolved = socket.gethostbyname(host)
+                except OSError:
+                    resolved = host  # not resolvable here: matched as written
+                prefix = entry[: len(entry) - len(entry.split("://", 1)[-1])]
+                entry = f"{prefix}{resolved}:{port}"
+        out.append(entry)
+    return out
 
 
 def check_job_token(expected: str, given: str | None, job_id: int, what: str) -> None:
