@@ -64,6 +64,8 @@ class ReconnectingWorker(Worker):
         #: How many times it lost its scheduler (and set out to wait for it).
         self.losses = 0
         self._reconnecting: asyncio.Task[Any] | None = None
+        #: The task of the Dask heartbeat under way, if any (:meth:`close` cancels it).
+        self._heartbeat: asyncio.Task[Any] | None = None
         #: Plugins this worker ran when it lost its scheduler, whose first push by the new
         #: scheduler is a re-send, not a change (:meth:`plugin_add`).
         self._plugins_to_keep: set[str] = set()
@@ -158,9 +160,11 @@ class ReconnectingWorker(Worker):
         of the old one (duplicates). :meth:`close` ignores that answer (see there).
         """
         token = _HEARTBEAT_AFTER.set(self.losses)
+        self._heartbeat = asyncio.current_task()
         try:
             await super().heartbeat()
         finally:
+            self._heartbeat = None
             _HEARTBEAT_AFTER.reset(token)
 
     async def _wait_for_scheduler(self) -> None:
@@ -190,4 +194,11 @@ class ReconnectingWorker(Worker):
         reconnecting = self._reconnecting
         if reconnecting is not None and reconnecting is not asyncio.current_task():
             reconnecting.cancel()
+        # A heartbeat under way would go on after the close shut the worker's connection
+        # pool, and Dask logs its "ConnectionPool closing" with a traceback ("Failed to
+        # communicate with scheduler during heartbeat"): a clean stop logged an error.
+        # Cancelled, it ends quietly (Dask catches OSError and Exception, not the cancel).
+        heartbeat = self._heartbeat
+        if heartbeat is not None and heartbeat is not asyncio.current_task():
+            heartbeat.cancel()
         return await super().close(*args, **kwargs)

@@ -146,3 +146,42 @@ async def test_a_dask_heartbeat_in_flight_across_the_restart_does_not_close_the_
             assert w.address in second.workers
         finally:
             await second.close()
+
+
+class _GatedHeartbeatWorker(ReconnectingWorker):
+    """Its heartbeat waits at ``gate`` before its RPC (Dask's heartbeat awaits
+    ``get_metrics`` first): the test closes the worker while one is under way."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.at_gate = asyncio.Event()
+
+    async def get_metrics(self) -> dict[str, Any]:
+        if self._heartbeat is asyncio.current_task():
+            self.at_gate.set()
+            await self.gate.wait()
+        return await super().get_metrics()
+
+
+@gen_test(timeout=60)
+async def test_closing_during_a_heartbeat_logs_no_error():
+    """A worker stopped while its Dask heartbeat was under way logged "Failed to communicate
+    with scheduler during heartbeat" with a "ConnectionPool closing" traceback (the close
+    shut the connection pool under the heartbeat's RPC): a clean stop of a supervised worker
+    failed tests/project/test_cli.py's no-traceback check once. The close now cancels the
+    heartbeat first, and a cancelled heartbeat logs nothing."""
+    from distributed.utils_test import captured_logger
+
+    async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as s:
+        w = await _GatedHeartbeatWorker(s.address, nthreads=1, host="127.0.0.1")
+        beat = asyncio.create_task(w.heartbeat())
+        await asyncio.wait_for(w.at_gate.wait(), 10)
+        with captured_logger("distributed.worker") as log:
+            await w.close()
+            w.gate.set()
+            await asyncio.wait({beat}, timeout=10)
+        assert beat.done()
+        # mid-close it was "Failed to communicate ... ConnectionPool closing", once closed
+        # "Unexpected exception during heartbeat ... ConnectionPool is closed": both tracebacks
+        assert "Traceback" not in log.getvalue() and "heartbeat" not in log.getvalue()
