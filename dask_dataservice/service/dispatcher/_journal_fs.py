@@ -15,8 +15,9 @@ rules) reads a URL journal exactly as a local one. Only the last object of a cha
 incomplete (objects are written one after another), and only on a filesystem whose writes
 are not atomic, where it reads as a torn tail; a gap in a chain (a part deleted) is
 :class:`~dask_dataservice.errors.JournalCorruptedError`. Snapshots and the manifest are
-written whole to ``<name>.tmp`` and moved into place (a server-side copy on object stores),
-so a crash leaves them complete or absent, as locally.
+written whole as one object (an object store's PUT, like ``memory://``'s, replaces an object
+at once: a reader sees the old one or the new one), so a crash leaves them complete or absent,
+as locally.
 
 A URL the journal cannot keep durably is refused when the writer or reader is made, with a
 :class:`ValueError` saying why and what to use: an unknown protocol, a filesystem whose package
@@ -142,10 +143,15 @@ class RemotePath:
             self.fs.rm_file(p.path)
 
     def write_atomic(self, data: bytes) -> None:
-        """Write the whole file: to ``<name>.tmp``, then moved to its name."""
-        tmp = self.with_name(self.name + ".tmp")
-        self.fs.pipe_file(tmp.path, data)
-        self.fs.mv(tmp.path, self.path)
+        """Write the whole file as one object: an object's PUT is atomic.
+
+        Not ``<name>.tmp`` then ``mv``: on an object store the move is a copy and a delete
+        (no more atomic than the PUT), and s3fs looks the ``.tmp`` object up in its listing
+        cache, which a listing by another journal thread taken before the PUT can have left
+        without it: ``FileNotFoundError`` (a snapshot failed so once, under load).
+        """
+        self.fs.pipe_file(self.path, data)
+        self.fs.invalidate_cache(self.path)
 
     def truncate(self, length: int) -> None:
         """Cut the chain to ``length`` bytes: later parts deleted (newest first), the part

@@ -701,7 +701,8 @@ class DispatcherCore:
         if job.worker_addresses:  # static sharding: the job's journaled list decides
             info = self.cluster.worker(address)
             taken = (t.shard_index for t in self.state.tasks_for_iteration(iteration_id)
-                     if t.worker_address != address and self.cluster.worker(t.worker_address))
+                     if t.shard_index is not None and t.worker_address != address
+                     and self.cluster.worker(t.worker_address))
             index = shard_index(job.worker_addresses, address, None if info is None else info.name,
                                 taken)
             if index is None:
