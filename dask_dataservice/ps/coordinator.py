@@ -406,8 +406,11 @@ class ClusterCoordinator:
             if not self._closing:
                 self._group.spawn(self._release, dataset_uid)
 
+        loop = self._client.loop
+        if loop is None:  # the client was closed
+            return
         try:
-            self._client.loop.add_callback(spawn)
+            loop.add_callback(spawn)
         except Exception:  # noqa: BLE001 - the client's loop is closed
             pass
 
