@@ -22,6 +22,10 @@ Theory of operation
   and from which index on its functions are given back; the runner checks before each function, under the same lock,
   and stops there: each function runs here or is given back, never both.
 - The plugin also holds this worker's per-worker dataset iterators, created on first use.
+  ``ps_release_iterators`` closes those of a per-worker dataset (``fit`` at its end, the
+  coordinator when the dataset is garbage-collected or it shuts down), in the runner thread,
+  after the functions running: a data-service iterator's reader releases its iteration
+  client on the dispatcher (TensorFlow frees per-worker resources with the iterator).
 
 Everything the plugin starts is owned: the runner thread (an owned executor), the channels'
 tasks (a :class:`~dask_dataservice._async.TaskGroup`); ``teardown`` stops and joins them.
@@ -106,12 +110,14 @@ class TrainingWorkerPlugin(WorkerPlugin):
         worker.handlers["ps_run_closures"] = self.run_closures
         worker.handlers["ps_withdraw"] = self.withdraw
         worker.handlers["ps_per_worker_read"] = self.per_worker_read
+        worker.handlers["ps_release_iterators"] = self.release_iterators
         worker.extensions[RUNNER_NAME] = self
 
     async def teardown(self, worker: Worker) -> None:
         worker.handlers.pop("ps_run_closures", None)
         worker.handlers.pop("ps_withdraw", None)
         worker.handlers.pop("ps_per_worker_read", None)
+        worker.handlers.pop("ps_release_iterators", None)
         worker.extensions.pop(RUNNER_NAME, None)
         self.per_worker_variables.clear()
         for channel in self.channels.values():
@@ -190,6 +196,17 @@ class TrainingWorkerPlugin(WorkerPlugin):
         else:
             value = var.read_value()
         return {"status": "OK", "value": wire(value)}
+
+    @handler
+    async def release_iterators(self, dataset_uid: str) -> dict[str, Any]:
+        """Close this worker's iterator of per-worker dataset ``dataset_uid`` (if any), in
+        the runner thread (after the batch running, if one is): ``{"released": n}``."""
+        uid = self._newest.pop(dataset_uid, None)
+        it = self._iterators.pop(uid, None) if uid is not None else None
+        if it is None:
+            return {"status": "OK", "released": 0}
+        await run_in_executor_with_context(self._runner, _close, it)
+        return {"status": "OK", "released": 1}
 
     def _pick(self, keys: list[tuple[int, int]]) -> tuple[tuple[int, int], int] | None:
         """Cut the batch of ``keys`` with the most functions not started (see withdraw)."""
@@ -340,14 +357,26 @@ class TrainingWorkerPlugin(WorkerPlugin):
         it = self._iterators.get(handle.uid)
         if it is None:
             old = self._newest.get(handle.dataset_uid)
-            if old is not None:
-                self._iterators.pop(old, None)
+            if old is not None:  # replaced (a restored input position): release the old one
+                _close(self._iterators.pop(old, None))
             ds = handle.dataset_fn()
             # counted, from the handle's start position (see ps/input_position.py)
             start = getattr(handle, "start", {})
             it = self._iterators[handle.uid] = CountingIterator.at(ds, start, str(self.worker.name))
             self._newest[handle.dataset_uid] = handle.uid
         return it
+
+
+def _close(it: Any) -> None:
+    """Close a per-worker iterator (its pipeline's threads, a data-service reader); from the
+    runner thread (never an event loop: closing a reader waits for its release)."""
+    close = getattr(it, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception as e:  # noqa: BLE001 - the release is best effort (the dispatcher
+        logger.debug("closing a per-worker iterator failed: %r", e)  # drops silent clients)
 
 
 def _dumps_result(ok: bool, value: Any) -> bytes:
@@ -375,7 +404,9 @@ class PerWorkerDataset:
 
     def __iter__(self) -> PerWorkerIterator:
         """A fresh per-worker iterator (each worker starts its dataset again)."""
-        return PerWorkerIterator(self._uid, self._dataset_fn)
+        it = PerWorkerIterator(self._uid, self._dataset_fn)
+        it._owner = self  # the dataset lives as long as its iterators (see __getstate__)
+        return it
 
     def build(self) -> PerWorkerDataset:
         return self
@@ -390,6 +421,14 @@ class PerWorkerIterator:
         self.uid = secrets.token_hex(6)
         #: ``{worker name: elements to skip}`` (a restored checkpoint's input position).
         self.start: dict[str, Any] = {}
+        #: The PerWorkerDataset it came from, kept alive (on the coordinator only: when
+        #: it and its iterators are garbage-collected, the workers release theirs).
+        self._owner: PerWorkerDataset | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_owner"] = None  # the workers get the handle, not the dataset
+        return state
 
     def __iter__(self) -> PerWorkerIterator:
         return self

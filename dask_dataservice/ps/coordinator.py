@@ -58,6 +58,7 @@ import logging
 import math
 import secrets
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, cast
@@ -228,6 +229,10 @@ class ClusterCoordinator:
         self.stats = {"finished": 0, "requeued": 0, "batches": 0, "workers_lost": 0,
                       "workers_silent": 0, "workers_back": 0, "reconnects": 0,
                       "ps_silent": 0, "ps_back": 0, "withdrawn": 0}
+        #: The per-worker datasets created and alive (their workers' iterators are released
+        #: when they are garbage-collected, or at shutdown).
+        self._per_worker: weakref.WeakValueDictionary[str, PerWorkerDataset] = \
+            weakref.WeakValueDictionary()
         _routing.run_sync(self._client.loop, self._start)
         strategy._cluster_coordinator = self
         self._started = True
@@ -312,13 +317,37 @@ class ClusterCoordinator:
             def dataset_fn():
                 return ds
 
-        return PerWorkerDataset(_without_arguments(dataset_fn))
+        dataset = PerWorkerDataset(_without_arguments(dataset_fn))
+        self._per_worker[dataset._uid] = dataset
+        # garbage-collected (with its iterators): the workers release theirs, without waiting
+        final = weakref.finalize(dataset, _release_later, weakref.ref(self), dataset._uid)
+        final.atexit = False
+        return dataset
+
+    def release_per_worker_dataset(self, dataset: PerWorkerDataset | PerWorkerIterator) -> None:
+        """Close every training worker's iterator of ``dataset`` now (a data-service
+        dataset's reader releases its iteration client); waits for the workers' answers.
+
+        ``fit`` calls it for the input it built; a garbage-collected per-worker dataset (with
+        its iterators) and ``shutdown`` do it too. A later function reading the dataset
+        builds it again on its worker.
+        """
+        uid = dataset.dataset_uid if isinstance(dataset, PerWorkerIterator) else dataset._uid
+        if self._client.status in ("closed", "closing"):
+            return
+        try:
+            _routing.run_sync(self._client.loop, self._release, uid)
+        except Exception as e:  # noqa: BLE001 - best effort: a lost worker released its own
+            logger.debug("releasing per-worker dataset %s failed: %r", uid, e)
 
     def shutdown(self) -> None:
-        """Stop the feeders (pending functions are cancelled)."""
+        """Stop the feeders (pending functions are cancelled) and release the training
+        workers' per-worker iterators."""
         with self._cond:
             self._closing = True
             self._cancel_pending_locked(ClosureCancelledError("the coordinator was shut down"))
+        for dataset in list(self._per_worker.values()):
+            self.release_per_worker_dataset(dataset)
         try:
             _routing.run_sync(self._client.loop, self._group.stop)
         except Exception:  # noqa: BLE001 - the client may be gone already
@@ -356,6 +385,34 @@ class ClusterCoordinator:
         await self._refresh_workers()
         self._group.spawn(self._membership_loop)
         self._group.spawn(self._liveness_loop)
+
+    async def _release(self, dataset_uid: str) -> None:
+        """Ask every live training worker to close its iterator of ``dataset_uid``."""
+        async def one(addr: str) -> None:
+            try:
+                await asyncio.wait_for(self._client.rpc(addr).ps_release_iterators(
+                    dataset_uid=dataset_uid), self._liveness)
+            except Exception as e:  # noqa: BLE001 - a lost worker holds nothing any more
+                logger.debug("training worker %s did not release %s: %r", addr, dataset_uid, e)
+
+        await asyncio.gather(*(one(a) for a in list(self._feeders) if a not in self._dead))
+
+    def _release_soon(self, dataset_uid: str) -> None:
+        """``_release`` in the coordinator's task group (from any thread, without waiting)."""
+        if self._closing:
+            return
+
+        def spawn() -> None:
+            if not self._closing:
+                self._group.spawn(self._release, dataset_uid)
+
+        loop = self._client.loop
+        if loop is None:  # the client was closed
+            return
+        try:
+            loop.add_callback(spawn)
+        except Exception:  # noqa: BLE001 - the client's loop is closed
+            pass
 
     async def _membership_loop(self) -> None:
         while not self._closing:
@@ -675,6 +732,13 @@ class ClusterCoordinator:
     def __repr__(self) -> str:
         return (f"<dds.ClusterCoordinator workers={sorted(self._feeders)} "
                 f"unfinished={self._unfinished}>")
+
+
+def _release_later(ref: weakref.ref[ClusterCoordinator], dataset_uid: str) -> None:
+    """A per-worker dataset was garbage-collected: release its workers' iterators."""
+    coordinator = ref()
+    if coordinator is not None:
+        coordinator._release_soon(dataset_uid)
 
 
 def _pickle_batch(batch: list[_Closure]) -> bytes:

@@ -27,6 +27,9 @@ Theory of operation
   gets the same per-worker iterator; epochs continue it (give an infinite dataset, e.g.
   ``.repeat()``: ``steps_per_epoch`` is required, as in TensorFlow with a PS strategy,
   because a step cannot know when a worker's data ends while others still have some).
+  When ``fit`` returns or raises, the per-worker iterators of an input it built are
+  closed on every training worker (a data-service dataset's readers release their
+  iteration clients); a per-worker dataset or iterator given as input is left open.
 - Each epoch's steps are scheduled with the coordinator up to the next *sync point* and
   their results fetched in step order, calling ``on_train_batch_end`` as each finishes.
   A sync point is the end of the epoch or a step at which a callback asked for a join
@@ -150,7 +153,22 @@ def fit(strategy: ParameterServerStrategy | ClusterCoordinator,
             raise TypeError(f"callbacks must be dds.callbacks.Callback instances, got "
                             f"{type(cb).__name__} (wrap functions in LambdaCallback)")
     coordinator = _coordinator(strategy)
-    run = FitRun(coordinator, _iterator(coordinator, x), epochs, steps, initial_epoch, aggregate)
+    iterator = _iterator(coordinator, x)
+    try:
+        return _fit(coordinator, step_fn, iterator, epochs, steps, callbacks, initial_epoch,
+                    verbose, aggregate)
+    finally:
+        if not isinstance(x, PerWorkerIterator | PerWorkerDataset):
+            # the input fit built is released on every worker (its data-service readers);
+            # one given as a per-worker dataset or iterator is the caller's, to go on with
+            coordinator.release_per_worker_dataset(iterator)
+
+
+def _fit(coordinator: ClusterCoordinator, step_fn: Callable[[PerWorkerIterator], Any],
+         iterator: PerWorkerIterator, epochs: int, steps: int, callbacks: Sequence[Callback],
+         initial_epoch: int, verbose: bool | Literal["auto"],
+         aggregate: Aggregate | None) -> History:
+    run = FitRun(coordinator, iterator, epochs, steps, initial_epoch, aggregate)
     history = run.history = History()
     # Keras' order: the progress bar first, History last (it records what the others added)
     if verbose == "auto":

@@ -100,6 +100,14 @@ class CountingIterator:
         self.count += 1
         return value
 
+    def close(self) -> None:
+        """Close the dataset's iterator (its threads; a data-service reader releases its
+        iteration client)."""
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
     def _resumed(self, dataset: Any) -> Any:
         if self._skip:
             raise InputPositionError(
