@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from _helpers import poll as _poll  # noqa: E402
+from _helpers import wait
 from distributed import Client
 
 import dask_dataservice as dds
@@ -43,8 +44,10 @@ def test_servers_dynamic_two_workers_and_context_managers():
                 c.wait_for_workers(2)
                 ds = dds.Dataset.range(5000).apply(dds.distribute("distributed_epoch", c))
                 assert sorted(ds) == list(range(5000))
-                state = c.sync(c.scheduler.dataservice_state)
-                assert len(state["workers"]) == 2
+                # a data worker registers with the dispatcher from its plugin, a moment after
+                # Dask counts it (the read needs only one): wait for the dispatcher's count
+                wait(lambda: len(c.sync(c.scheduler.dataservice_state)["workers"]) == 2,
+                     what="both data workers registered with the dispatcher")
 
 
 @pytest.mark.pure
