@@ -17,12 +17,13 @@ from typing import Any
 from distributed.comm.addressing import get_address_host_port, parse_address, resolve_address
 
 from .._rpc import normalize_address
+from .protocol._job_checks import ANY_PORT
 from .worker._reconnect import ReconnectingWorker
 
 __all__ = ["PORT", "AdvertisingWorker", "advertised_address"]
 
 #: TensorFlow's placeholder for the port the worker bound.
-PORT = "%port%"
+PORT = ANY_PORT
 
 
 def advertised_address(worker_address: str, protocol: str) -> tuple[str, str]:

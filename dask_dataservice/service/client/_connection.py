@@ -72,13 +72,22 @@ def _usable(client: Client | None) -> bool:
     return client is not None and client.status not in ("closed", "closing")
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def on_loop_thread(client: Client) -> bool:
     """Whether the calling thread runs ``client``'s event loop."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return running is client.loop.asyncio_loop  # type: ignore[union-attr]  # tornado AsyncIOLoop
+    running = _running_loop()
+    return running is not None and running is client.loop.asyncio_loop  # type: ignore[union-attr]  # tornado AsyncIOLoop
+
+
+def on_a_loop() -> bool:
+    """Whether the calling thread runs any event loop (which a blocking call would stall)."""
+    return _running_loop() is not None
 
 
 def client_for(service: Any) -> Client:

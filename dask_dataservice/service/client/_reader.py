@@ -625,22 +625,13 @@ def _close_now(client: Client, reader: IterationReader) -> None:
     per-worker iterators on the worker's loop; in an in-process cluster that loop also runs
     the scheduler: the wait ran into a 20 s timeout with every server of the process frozen).
     """
-    if client.status in ("closed", "closing") or _on_event_loop():
+    if client.status in ("closed", "closing") or _connection.on_a_loop():
         _close_soon(client, reader)
         return
     try:
         _connection.run_blocking(client, reader.close)
     except Exception as e:  # noqa: BLE001 - the dispatcher releases silent clients itself
         logger.debug("dataservice: closing a reader failed: %r", e)
-
-
-def _on_event_loop() -> bool:
-    """Whether the calling thread is running an event loop (any loop: never block it)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _close_soon(client: Client, reader: IterationReader) -> None:

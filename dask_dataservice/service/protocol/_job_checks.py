@@ -180,22 +180,18 @@ def resolve_entry_hosts(entries: Iterable[str]) -> list[str]:
     Blocking (DNS): call it where blocking is fine, e.g. in the user's thread as
     ``DispatchServer`` does, never on an event loop.
     """
-    import ipaddress
-    import socket
+    from distributed.comm.addressing import get_address_host, resolve_address
 
     out = []
     for entry in entries:
         host, port = _host_port(entry)
         if port is not None:
-            try:
-                ipaddress.ip_address(host)
-            except ValueError:
-                try:
-                    resolved = socket.gethostbyname(host)
-                except OSError:
-                    resolved = host  # not resolvable here: matched as written
-                prefix = entry[: len(entry) - len(entry.split("://", 1)[-1])]
-                entry = f"{prefix}{resolved}:{port}"
+            try:  # Dask's own resolution, as it resolves the workers' addresses
+                resolved = get_address_host(resolve_address(f"tcp://{host}:1"))
+            except (OSError, ValueError):
+                resolved = host  # not resolvable here: matched as written
+            prefix = entry[: len(entry) - len(entry.split("://", 1)[-1])]
+            entry = f"{prefix}{resolved}:{port}"
         out.append(entry)
     return out
 
