@@ -238,6 +238,47 @@ def write_certs(directory: Path, security: Any) -> dict[str, str]:
     return paths
 
 
+#: Where :func:`free_port` draws from: below the kernel's ephemeral range
+#: (``net.ipv4.ip_local_port_range``, 32768-60999 by default), split between the suite's
+#: xdist processes.
+_OWN_PORTS = range(20_000, 32_768)
+_given_ports: set[int] = set()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for a server a test starts at an address it must know
+    first (a restarted scheduler at the same address, a ``TF_CONFIG``, a worker list).
+
+    Not ``bind(("127.0.0.1", 0))``: that port comes from the ephemeral range, which every
+    outgoing connection of the machine draws from too, so another test's client could take it
+    between this check and the server's bind (a doctest failed so once: "Address already in
+    use"). These come from below that range, where only explicit binds go, each xdist process
+    from its own part, never the same port twice in one process.
+    """
+    import random
+    import socket
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    share = len(_OWN_PORTS) // count
+    ports = _OWN_PORTS[(index % count) * share:(index % count + 1) * share]
+    start = random.randrange(len(ports))
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        if port in _given_ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError(f"no free port in {ports}")
+
+
+
 @contextlib.contextmanager
 def s3_emulator(bucket: str):
     """An S3 emulator (moto's server, in a process of its own on 127.0.0.1) with ``bucket``;
@@ -250,9 +291,7 @@ def s3_emulator(bucket: str):
 
     needs("moto.server", "test")
     s3fs = needs("s3fs", "test")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     saved = fsspec.config.conf.get("s3")

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import threading
 import urllib.request
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _browser import PAGE_STATE_JS, Browser, chromium
-from _helpers import PS, WK, Servers, in_thread, poll
+from _helpers import PS, WK, Servers, free_port, in_thread, poll
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
@@ -150,12 +149,6 @@ async def test_pages_in_a_browser_while_a_job_streams_and_a_model_trains(c, s, p
     assert n > 0 and n % 256 == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, bytes]:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.status, r.read()
@@ -166,7 +159,7 @@ def test_pages_and_route_on_the_dask_dataservice_scheduler_command(tmp_path):
     from distributed import Client
 
     cli = [sys.executable, "-m", "dask_dataservice.cli"]
-    port = _free_port()
+    port = free_port()
     scheduler_file = tmp_path / "scheduler.json"
     with Servers() as servers:
         scheduler = servers.start(*cli, "scheduler", "--host", "127.0.0.1", "--port", "0",

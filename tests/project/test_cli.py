@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _helpers import Servers, invoke
+from _helpers import Servers, free_port, invoke
 from click.testing import CliRunner
 
 from dask_dataservice import cli, demo
@@ -513,20 +513,12 @@ def test_scheduler_and_worker_commands(servers, tmp_path):
     assert "End scheduler" in servers.stop(scheduler)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.process
 def test_supervised_workers_come_back_with_their_options_after_a_scheduler_restart(servers):
     from distributed import Client
 
     exe = str(_console_script())
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     scheduler_argv = (exe, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
                       "--no-dashboard")
     scheduler = servers.start(*scheduler_argv)
@@ -755,7 +747,7 @@ def test_demo_tls_scheduler_without_certificates_is_a_usage_error(tmp_path):
 
 @pytest.mark.component
 def test_ready_without_a_scheduler():
-    rc, _, err = invoke("ready", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "1s")
+    rc, _, err = invoke("ready", f"tcp://127.0.0.1:{free_port()}", "--timeout", "1s")
     assert rc == 1 and "cannot reach the scheduler at tcp://127.0.0.1:" in err, err
     rc, _, err = invoke("ready", "tls://127.0.0.1:1")
     assert rc == 2 and "speaks TLS" in err, err

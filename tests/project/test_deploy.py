@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _helpers import Servers, needs
+from _helpers import Servers, free_port, needs
 
 pytestmark = [pytest.mark.pure, pytest.mark.timeout(90)]
 
@@ -47,14 +47,6 @@ def fenced(language: str) -> list[str]:
                       re.M | re.S)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---------------------------------------------------------------------------------------
 # dask-jobqueue
 # ---------------------------------------------------------------------------------------
@@ -71,7 +63,7 @@ def jobqueue_recipe(tmp_path):
     assert code.count('Path("/shared/dds")') == 1 and code.count("PORT = 8786") == 1
     shared = tmp_path / "shared"
     code = code.replace('Path("/shared/dds")', f"Path({str(shared)!r})")
-    code = code.replace("PORT = 8786", f"PORT = {_free_port()}")
+    code = code.replace("PORT = 8786", f"PORT = {free_port()}")
     namespace: dict = {"__name__": "recipe"}
     saved = copy.deepcopy(dask.config.config)  # the recipe's dask.config.set stays in this test
     try:

@@ -27,24 +27,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
 
 warm_up_zarr()
 
-from _helpers import PS, WK, in_thread  # noqa: E402
+from _helpers import PS, WK, free_port, in_thread  # noqa: E402
 
 STRATEGY_LOG = "dask_dataservice.ps.strategy"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _loopback_cluster(num_ps: int, num_workers: int) -> dict[str, list[str]]:
-    ports = _free_ports(1 + num_ps + num_workers)
+    ports = [free_port() for _ in range(1 + num_ps + num_workers)]
     addr = [f"127.0.0.1:{p}" for p in ports]
     return {"chief": addr[:1], "ps": addr[1:1 + num_ps], "worker": addr[1 + num_ps:]}
 

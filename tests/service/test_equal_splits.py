@@ -172,11 +172,10 @@ def test_an_equal_split_rides_a_dispatcher_restart(tmp_path):
     split from the consumers' next reports; the pass ends with equal counts, at most once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from _helpers import wait
+    from _helpers import free_port, wait
     from distributed import Client
-    from test_fault_tolerance import _free_port
 
-    cfg = dds.DispatcherConfig(port=_free_port(), fault_tolerant_mode=True,
+    cfg = dds.DispatcherConfig(port=free_port(), fault_tolerant_mode=True,
                                work_dir=str(tmp_path))
     dispatcher = dds.DispatchServer(cfg)
     workers = [dds.WorkerServer(dds.WorkerConfig(dispatcher._address)) for _ in range(2)]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import dask
 import pytest
+from _helpers import free_port  # noqa: E402
 from _helpers import wait as _wait  # noqa: E402
 from distributed import Client
 
@@ -19,12 +19,6 @@ from dask_dataservice.service.dispatcher._state_codec import restore
 from dask_dataservice.service.dispatcher.journal import list_snapshots, load_journal
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _state(client):
@@ -40,7 +34,7 @@ def _state(client):
 
 def test_restart_in_process_recovers_state_and_workers_return(tmp_path):
     """Stop the dispatcher mid-epoch, start it again on the same port and work_dir."""
-    port = _free_port()
+    port = free_port()
     cfg = dds.DispatcherConfig(port=port, fault_tolerant_mode=True, work_dir=str(tmp_path))
     dispatcher = dds.DispatchServer(cfg)
     w1 = dds.WorkerServer(dds.WorkerConfig(dispatcher._address))
@@ -166,7 +160,7 @@ class _Cluster:
     (``kill_dispatcher``, tests/testing/test_sim.py)."""
 
     def __init__(self, tmp_path, nworkers=2):
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.logs = tmp_path
         self.work_dir = tmp_path / "journal"
@@ -221,7 +215,7 @@ def test_a_restart_without_the_journal_never_mixes_old_tasks_with_new_ones():
     """A dispatcher restarted *without* fault-tolerant mode starts from an empty state and
     reuses task ids; a worker that reconnected with the tasks of the previous run must drop
     them (and forget their ids), so that a new task with a reused id runs the new job."""
-    port = _free_port()
+    port = free_port()
     cfg = dds.DispatcherConfig(port=port)
     dispatcher = dds.DispatchServer(cfg)
     worker = dds.WorkerServer(dds.WorkerConfig(dispatcher._address))

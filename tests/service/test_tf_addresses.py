@@ -12,12 +12,11 @@ in-process servers; the leak checks allow no server to outlive its test).
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 
 import dask
 import pytest
-from _helpers import wait
+from _helpers import free_port, wait
 
 import dask_dataservice as dds
 from dask_dataservice.errors import DataServiceError
@@ -164,9 +163,7 @@ def test_dispatcher_timeout_ms_bounds_a_workers_start():
     dispatcher before it reports an error (TF has no test of it; its doc: "How long, in
     milliseconds, to retry requests to the dispatcher before giving up and reporting an
     error"). Nothing listens at the address: the start fails after the timeout, naming it."""
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     start = time.monotonic()
     with pytest.raises(DataServiceError) as info:
         dds.WorkerServer(dds.WorkerConfig(f"127.0.0.1:{port}", dispatcher_timeout_ms=300))

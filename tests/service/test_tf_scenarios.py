@@ -14,10 +14,9 @@ import asyncio
 import collections
 import itertools
 import os
-import socket
 
 import pytest
-from _helpers import distribute, poll
+from _helpers import distribute, free_port, poll
 from distributed import Nanny, Worker
 
 import dask_dataservice as dds
@@ -70,12 +69,6 @@ async def test_add_worker_mid_job_OFF(c, s, a):
     assert collections.Counter(results) == collections.Counter({i: 2 for i in range(n)})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.process
 @pytest.mark.parametrize("use_same_port", [True, False])
@@ -86,7 +79,7 @@ def test_restart_worker(tmp_path, fault_tolerant_mode, use_same_port):
     a fresh process, with nothing of the old one's tasks) after half of ``range(n)`` was read.
     The reader may still get what it had prefetched from the old process, then it gets the
     restarted worker's own full copy, from 0."""
-    port = _free_port() if use_same_port else 0
+    port = free_port() if use_same_port else 0
     config = {"distributed.scheduler.allowed-failures": 10}
     if fault_tolerant_mode:
         config.update({"dataservice.dispatcher.fault-tolerant-mode": True,

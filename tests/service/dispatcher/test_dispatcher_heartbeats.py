@@ -15,7 +15,7 @@ import contextlib
 
 import dask
 import pytest
-from _helpers import poll
+from _helpers import free_port, poll
 from distributed import Scheduler, Worker
 from distributed.utils_test import gen_test
 from test_dispatcher_plugin import ok, register
@@ -85,14 +85,6 @@ async def test_idle_heartbeat_does_not_wait_for_records_in_flight(tmp_path):
         await pending
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("resumed", [True, False])
 @gen_test(timeout=60)
 async def test_a_replayed_worker_is_revived_only_if_it_kept_its_tasks(tmp_path, resumed):
@@ -100,7 +92,7 @@ async def test_a_replayed_worker_is_revived_only_if_it_kept_its_tasks(tmp_path, 
     tasks if it says ``resumed`` (it kept them), else they are lost (a new process)."""
     from test_dispatcher_plugin import dispatcher
 
-    port = _free_port()
+    port = free_port()
     async with dispatcher(fault_tolerant_mode=True, work_dir=str(tmp_path)) as (plugin, s):
         async with Worker(s.address, nthreads=1, port=port) as w:
             address = w.address

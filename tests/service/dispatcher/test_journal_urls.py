@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import socket
 import uuid
 import warnings
 
 import fsspec
 import pytest
-from _helpers import s3_emulator, wait
+from _helpers import free_port, s3_emulator, wait
 from distributed import Client
 
 import dask_dataservice as dds
@@ -195,9 +194,7 @@ def test_dispatcher_restart_during_reading_from_a_url_journal(kind, request):
     reader reads every element exactly once."""
     work_dir = _memory_url() if kind == "memory" else (
         f"{request.getfixturevalue('s3')}/{uuid.uuid4().hex}")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cfg = dds.DispatcherConfig(port=port, fault_tolerant_mode=True, work_dir=work_dir)
     dispatcher = dds.DispatchServer(cfg)
     worker = dds.WorkerServer(dds.WorkerConfig(dispatcher._address))

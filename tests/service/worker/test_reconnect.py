@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from _helpers import free_port
 from distributed import Scheduler
 from distributed.core import Status
 from distributed.protocol.pickle import dumps
@@ -32,12 +32,6 @@ from dask_dataservice.service.worker._reconnect import ReconnectingWorker
 from dask_dataservice.service.worker.plugin import PLUGIN_NAME
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(60)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _until(predicate, what: str, timeout: float = 20) -> None:
@@ -60,7 +54,7 @@ async def _restarted_under(plugin_before_listening: bool
     the same address; yields (worker, its running plugin, the second scheduler) once the
     worker registered with the second. The second has the plugin before it listens (the
     registration reply carries it) or not (the order of a restarted dispatcher's start)."""
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     first = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
     await _register(first)
@@ -125,7 +119,7 @@ async def test_a_dask_heartbeat_in_flight_across_the_restart_does_not_close_the_
     old one (the path found to the 8,454 duplicates of 80,000 of one run of
     ``test_invisible_restart.py::test_sigkill_scheduler_readers_lose_nothing[parallel_epochs]``
     under load). Here that heartbeat is forced to arrive first."""
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     first = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
     await _register(first)
