@@ -48,12 +48,18 @@ async def assert_ps_cleanup(*workers: Worker, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+_zarr_warm = False
+
+
 def warm_up_zarr() -> None:
     """Start zarr's process-wide I/O threads (its loop and the loop's pool, at full size).
 
     zarr keeps them for the life of the process; a test module calls this at import so that
-    a leak check's snapshot already holds them.
+    a leak check's snapshot already holds them. Once per process: the second call returns.
     """
+    global _zarr_warm
+    if _zarr_warm:
+        return
     import zarr
 
     zarr.create_array(zarr.storage.MemoryStore(), shape=(1,), dtype="f4")[:] = 1
@@ -62,3 +68,4 @@ def warm_up_zarr() -> None:
                                 dtype="f4", compressors=None)
         arr[:] = np.ones(64, "f4")  # 64 concurrent chunk writes: every pool thread starts
         _ = arr[:]
+    _zarr_warm = True

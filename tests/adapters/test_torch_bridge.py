@@ -76,6 +76,7 @@ def test_dataloader_workers_share_the_data_exactly_once(splittable):
     assert sorted(int(v) for b in batched for v in b) == list(range(103))
 
 
+@pytest.mark.slow
 @pytest.mark.process
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_service_dataset_in_loader_workers_is_refused(c, s, a, b):

@@ -68,6 +68,7 @@ def test_split_descriptors_are_small_and_picklable():
     assert len(IndexRange(3, 7)) == 4 and len(IndexRange(5, 5)) == 0
 
 
+@pytest.mark.slow
 def test_the_splits_of_a_million_files_pickle_as_their_paths():
     """Issue 22 s5: registering a million file splits took 15 s, most of it pickling a
     million ``FileSplit`` objects; they pickle as the tuple of paths now, and equal the

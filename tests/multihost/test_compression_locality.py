@@ -39,6 +39,7 @@ def _served(agent, worker):
     return stats["batches_served"], stats["batches_compressed"]
 
 
+@pytest.mark.slow
 def test_auto_compression_across_hosts_not_on_the_same_host(net):
     address, hosts = _cluster(net)
     w1 = hosts[W1]
@@ -76,6 +77,7 @@ def test_auto_compression_across_hosts_not_on_the_same_host(net):
     assert served > 0 and compressed == 0, runs       # the dataset said never
 
 
+@pytest.mark.slow
 def test_local_target_workers_read_their_own_host(net):
     address, hosts = _cluster(net, (W1, "w2"))
     w1, w2 = hosts[W1], hosts["w2"]

@@ -44,6 +44,7 @@ def ps_cluster(net, env=None, tls=None):
     return address, agent
 
 
+@pytest.mark.slow
 def test_ps_data_path_across_hosts_and_its_fallback_when_blocked(net):
     _, agent = ps_cluster(net)
     made = agent.call("strategy", rows=ROWS)

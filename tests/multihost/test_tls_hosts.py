@@ -25,6 +25,7 @@ def _certs(directory) -> dict[str, str]:
     return write_certs(directory, Security.temporary())
 
 
+@pytest.mark.slow
 def test_tls_data_service_and_ps_training_across_hosts(net):
     address, agent = ps_cluster(net, tls=_certs(net.tmp))
     assert address.startswith(f"tls://{net.hosts['sched'].addr}:")

@@ -87,6 +87,7 @@ def test_demo_on_cluster_in_process():
     assert err == ""  # --quiet: no progress bar, no status lines
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_demo_trains_with_parameter_servers(tmp_path):
     # The default, the whole story: data service -> per-worker datasets -> PS training.
@@ -211,6 +212,7 @@ def test_console_script_demo_in_a_pipe(tmp_path):
     assert lines.index("demo: waiting for the first batch") < len(lines) - 1
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_demo_verbose_shuts_down_without_a_traceback():
     # -v shows Dask's logs; a normal shutdown must not show errors among them
@@ -454,6 +456,7 @@ def servers():
         yield s
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_scheduler_and_worker_commands(servers, tmp_path):
     from distributed import Client
@@ -513,6 +516,7 @@ def test_scheduler_and_worker_commands(servers, tmp_path):
     assert "End scheduler" in servers.stop(scheduler)
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_supervised_workers_come_back_with_their_options_after_a_scheduler_restart(servers):
     from distributed import Client

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "tf-examples.md"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tensorflows_examples_run_with_only_imports_and_set_up_changed():
     proc = subprocess.run([sys.executable, "docs/run_doctests.py", str(PAGE.relative_to(ROOT))],

@@ -45,6 +45,7 @@ def _count_step(counter):
     counter.assign_add(1)
 
 
+@pytest.mark.slow
 def test_worker_and_ps_deaths(tmp_path):
     work_dir = str(tmp_path / "ps")
 

@@ -49,6 +49,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_frozen_training_worker(tmp_path):
     gate = str(tmp_path / "gate")
 
@@ -114,6 +115,7 @@ def _skipped(c, strategy) -> int:
     return sum(c.sync(c.rpc(a).ps_info)["stats"]["skipped"] for a in strategy.ps_addresses)
 
 
+@pytest.mark.slow
 @gen_cluster(client=False, Worker=Nanny, nthreads=[PS, WK], timeout=110,
              config={**CONFIG, "dataservice.ps.request-timeout": "30s"})
 async def test_frozen_parameter_server(s, ps, w0):

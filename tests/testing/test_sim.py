@@ -39,6 +39,7 @@ def test_the_seeded_workloads_are_every_workload():
     assert sum(SEEDS.values()) >= 2000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", sorted(SEEDS))
 def test_simulator_seeds(workload):
     """Every invariant checked after every step of ``SEEDS[workload]`` seeded scenarios, at

@@ -31,6 +31,7 @@ def _failure(call):
     return str(info.value), time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_register_dataset_after_the_scheduler_was_killed(tmp_path):
     """A fresh client (the plugins not installed yet: before, ``CommClosedError`` after 30 s),
     a client that registered before (before: 30 s), a client that closed itself after losing

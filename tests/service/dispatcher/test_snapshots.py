@@ -450,6 +450,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_sigkill_while_appending_and_compacting_keeps_every_acknowledged_record(tmp_path):
     script = tmp_path / "child.py"
