@@ -213,6 +213,8 @@ _DASK_MODULES = {
 PRELOAD = "dask_dataservice"
 #: The worker class of a supervised worker (``--supervise``): it rides out a scheduler restart.
 RECONNECTING_WORKER = "dask_dataservice.service.worker.ReconnectingWorker"
+#: The worker class otherwise: Dask's, whose clean stop logs no heartbeat error.
+QUIET_STOP_WORKER = "dask_dataservice.service.worker.QuietStopWorker"
 
 
 def dask_command(kind: str, dask_args: Sequence[str] = ()) -> list[str]:
@@ -389,11 +391,11 @@ def worker(dry_run: bool, supervise: bool, dask_args: tuple[str, ...]) -> None:
     if warning:
         click.echo(warning, err=True)
     args = http_on_listen_host(dask_args, 0)
-    if supervise and not any(a == "--worker-class" or a.startswith("--worker-class=")
-                             for a in args):
-        # rides out a scheduler restart with its data tasks (the supervisor restarts it only
-        # when it closed anyway)
-        args += ["--worker-class", RECONNECTING_WORKER]
+    if not any(a == "--worker-class" or a.startswith("--worker-class=") for a in args):
+        # supervised, it rides out a scheduler restart with its data tasks (the supervisor
+        # restarts it only when it closed anyway); either way a SIGTERM or Ctrl-C stops it
+        # without Dask's heartbeat traceback
+        args += ["--worker-class", RECONNECTING_WORKER if supervise else QUIET_STOP_WORKER]
     _run(dask_command("worker", args), dict(os.environ), dry_run=dry_run, supervise=supervise)
 
 

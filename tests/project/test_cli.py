@@ -332,7 +332,7 @@ def test_the_http_server_listens_on_the_listen_host():
     rc, out, _ = invoke("scheduler", "--dry-run", "--host", "127.0.0.1", "--no-dashboard")
     assert rc == 0 and shlex.split(out)[-2:] == ["--dashboard-address", "127.0.0.1:8787"]
     rc, out, _ = invoke("worker", "--dry-run", "tcp://h:1", "--host", "127.0.0.1")
-    assert rc == 0 and shlex.split(out)[-2:] == ["--dashboard-address", "127.0.0.1:0"]
+    assert rc == 0 and shlex.split(out)[-4:-2] == ["--dashboard-address", "127.0.0.1:0"]
 
 
 def test_dry_run_prints_the_dask_command():
@@ -340,7 +340,11 @@ def test_dry_run_prints_the_dask_command():
                  "--resources", "ps=1", "--tls-ca-file", "ca.pem"]
     rc, out, _ = invoke("worker", "--dry-run", *dask_args)
     assert rc == 0
-    assert shlex.split(out) == cli.dask_command("worker", dask_args)
+    # with the worker class whose clean stop logs no heartbeat traceback, unless one is given
+    assert shlex.split(out) == cli.dask_command(
+        "worker", [*dask_args, "--worker-class", cli.QUIET_STOP_WORKER])
+    rc, out, _ = invoke("worker", "--dry-run", *dask_args, "--worker-class=my.Worker")
+    assert shlex.split(out) == cli.dask_command("worker", [*dask_args, "--worker-class=my.Worker"])
     # supervised: the same `dask worker` command, every option included, run and restarted
     # (with the worker class that rides out a scheduler restart, unless one is given)
     rc, out, _ = invoke("worker", "--supervise", "--dry-run", *dask_args)
@@ -596,7 +600,8 @@ def test_dask_dataservice_is_a_subcommand_of_dask():
                 timeout=60)
     assert proc.returncode == 0, proc.stderr
     # the same command (run by the interpreter of the `dask` script)
-    assert shlex.split(proc.stdout)[1:] == cli.dask_command("worker", ["tcp://h:1", "--nthreads", "2"])[1:]
+    assert shlex.split(proc.stdout)[1:] == cli.dask_command(
+        "worker", ["tcp://h:1", "--nthreads", "2", "--worker-class", cli.QUIET_STOP_WORKER])[1:]
     assert "dataservice" in _run(dask, "--help", timeout=60).stdout
 
 
@@ -772,4 +777,5 @@ def test_worker_warns_when_it_listens_beyond_loopback_without_tls(dask_args, war
     rc, out, err = invoke("worker", "--dry-run", *dask_args)
     assert rc == 0
     assert ("warning: the worker listens on" in err) is warns, err
-    assert shlex.split(out) == cli.dask_command("worker", cli.http_on_listen_host(dask_args, 0))
+    assert shlex.split(out) == cli.dask_command(
+        "worker", [*cli.http_on_listen_host(dask_args, 0), "--worker-class", cli.QUIET_STOP_WORKER])

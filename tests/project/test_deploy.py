@@ -159,7 +159,7 @@ def test_jobqueue_worker_command_runs_the_cli():
     assert proc.returncode == 0, proc.stderr
     assert shlex.split(proc.stdout)[1:] == [
         "-m", "distributed.cli.dask_worker", "--preload", "dask_dataservice", "tls://h:1",
-        "--tls-cert", "c.pem"]
+        "--tls-cert", "c.pem", "--worker-class", "dask_dataservice.service.worker.QuietStopWorker"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,7 +252,8 @@ def test_kubernetes_worker_args_are_accepted_by_the_cli():
     result = CliRunner(env={"DASK_SCHEDULER_ADDRESS": "tls://dds-scheduler:8786"}).invoke(
         cli.dataservice, argv)
     assert result.exit_code == 0, result.output
-    assert shlex.split(result.stdout) == cli.dask_command("worker", argv[2:])
+    assert shlex.split(result.stdout) == cli.dask_command(
+        "worker", [*argv[2:], "--worker-class", cli.QUIET_STOP_WORKER])
 
 
 def test_helm_values_preload_scheduler_and_workers():

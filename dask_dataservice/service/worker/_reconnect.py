@@ -42,7 +42,7 @@ from distributed.core import Status
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ReconnectingWorker"]
+__all__ = ["QuietStopWorker", "ReconnectingWorker"]
 
 #: Scheduler close reasons after which the scheduler process is going away (a restart may
 #: follow): the worker waits for it. Any other reason to close (a client's, retirement,
@@ -54,7 +54,37 @@ _SCHEDULER_GONE = frozenset({"scheduler-close"})
 _HEARTBEAT_AFTER: contextvars.ContextVar[int] = contextvars.ContextVar("heartbeat_after")
 
 
-class ReconnectingWorker(Worker):
+class QuietStopWorker(Worker):
+    """A Dask worker whose stop logs no error for a heartbeat under way.
+
+    Dask's ``Worker.close`` shuts the worker's connections while a heartbeat RPC may be in
+    flight; that heartbeat then fails and Dask logs "Failed to communicate with scheduler
+    during heartbeat" with a traceback, on a clean SIGTERM or Ctrl-C. :meth:`close` cancels
+    the heartbeat under way first (Dask catches ``OSError`` and ``Exception``, not the
+    cancellation, so it ends quietly). ``dask-dataservice worker`` runs this class unless
+    ``--worker-class`` says otherwise; :class:`ReconnectingWorker` builds on it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The task of the Dask heartbeat under way, if any (:meth:`close` cancels it).
+        self._heartbeat: asyncio.Task[Any] | None = None
+
+    async def heartbeat(self) -> None:
+        self._heartbeat = asyncio.current_task()
+        try:
+            await super().heartbeat()
+        finally:
+            self._heartbeat = None
+
+    async def close(self, *args: Any, **kwargs: Any) -> str | None:  # type: ignore[override]
+        heartbeat = self._heartbeat
+        if heartbeat is not None and heartbeat is not asyncio.current_task():
+            heartbeat.cancel()
+        return await super().close(*args, **kwargs)
+
+
+class ReconnectingWorker(QuietStopWorker):
     """A Dask worker that registers again with a restarted scheduler (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -64,8 +94,6 @@ class ReconnectingWorker(Worker):
         #: How many times it lost its scheduler (and set out to wait for it).
         self.losses = 0
         self._reconnecting: asyncio.Task[Any] | None = None
-        #: The task of the Dask heartbeat under way, if any (:meth:`close` cancels it).
-        self._heartbeat: asyncio.Task[Any] | None = None
         #: Plugins this worker ran when it lost its scheduler, whose first push by the new
         #: scheduler is a re-send, not a change (:meth:`plugin_add`).
         self._plugins_to_keep: set[str] = set()
@@ -160,11 +188,9 @@ class ReconnectingWorker(Worker):
         of the old one (duplicates). :meth:`close` ignores that answer (see there).
         """
         token = _HEARTBEAT_AFTER.set(self.losses)
-        self._heartbeat = asyncio.current_task()
         try:
             await super().heartbeat()
         finally:
-            self._heartbeat = None
             _HEARTBEAT_AFTER.reset(token)
 
     async def _wait_for_scheduler(self) -> None:
@@ -194,11 +220,4 @@ class ReconnectingWorker(Worker):
         reconnecting = self._reconnecting
         if reconnecting is not None and reconnecting is not asyncio.current_task():
             reconnecting.cancel()
-        # A heartbeat under way would go on after the close shut the worker's connection
-        # pool, and Dask logs its "ConnectionPool closing" with a traceback ("Failed to
-        # communicate with scheduler during heartbeat"): a clean stop logged an error.
-        # Cancelled, it ends quietly (Dask catches OSError and Exception, not the cancel).
-        heartbeat = self._heartbeat
-        if heartbeat is not None and heartbeat is not asyncio.current_task():
-            heartbeat.cancel()
-        return await super().close(*args, **kwargs)
+        return await super().close(*args, **kwargs)  # cancels a heartbeat under way

@@ -28,7 +28,7 @@ from distributed.protocol.pickle import dumps
 from distributed.utils_test import gen_test
 
 from dask_dataservice.service.worker import DataWorkerPlugin
-from dask_dataservice.service.worker._reconnect import ReconnectingWorker
+from dask_dataservice.service.worker._reconnect import QuietStopWorker, ReconnectingWorker
 from dask_dataservice.service.worker.plugin import PLUGIN_NAME
 
 pytestmark = [pytest.mark.component, pytest.mark.timeout(60)]
@@ -142,7 +142,7 @@ async def test_a_dask_heartbeat_in_flight_across_the_restart_does_not_close_the_
             await second.close()
 
 
-class _GatedHeartbeatWorker(ReconnectingWorker):
+class _GatedHeartbeat:
     """Its heartbeat waits at ``gate`` before its RPC (Dask's heartbeat awaits
     ``get_metrics`` first): the test closes the worker while one is under way."""
 
@@ -158,17 +158,28 @@ class _GatedHeartbeatWorker(ReconnectingWorker):
         return await super().get_metrics()
 
 
+class _GatedReconnectingWorker(_GatedHeartbeat, ReconnectingWorker):
+    pass
+
+
+class _GatedQuietStopWorker(_GatedHeartbeat, QuietStopWorker):
+    pass
+
+
+@pytest.mark.parametrize("worker_class", [_GatedReconnectingWorker, _GatedQuietStopWorker],
+                         ids=["supervised", "unsupervised"])
 @gen_test(timeout=60)
-async def test_closing_during_a_heartbeat_logs_no_error():
+async def test_closing_during_a_heartbeat_logs_no_error(worker_class):
     """A worker stopped while its Dask heartbeat was under way logged "Failed to communicate
     with scheduler during heartbeat" with a "ConnectionPool closing" traceback (the close
     shut the connection pool under the heartbeat's RPC): a clean stop of a supervised worker
-    failed tests/project/test_cli.py's no-traceback check once. The close now cancels the
-    heartbeat first, and a cancelled heartbeat logs nothing."""
+    failed tests/project/test_cli.py's no-traceback check once, and of an unsupervised
+    ``dask-dataservice worker`` tests/dashboard/test_dashboard.py's once. The close now
+    cancels the heartbeat first, and a cancelled heartbeat logs nothing."""
     from distributed.utils_test import captured_logger
 
     async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as s:
-        w = await _GatedHeartbeatWorker(s.address, nthreads=1, host="127.0.0.1")
+        w = await worker_class(s.address, nthreads=1, host="127.0.0.1")
         beat = asyncio.create_task(w.heartbeat())
         await asyncio.wait_for(w.at_gate.wait(), 10)
         with captured_logger("distributed.worker") as log:
