@@ -65,6 +65,9 @@ class ElementBuffer:
     chunk_size = 256
     #: Whether a request queued behind another may wait to gather more elements.
     lingers = True
+    #: A task tracking input positions: the ledger of its elements' runs, set by the task's
+    #: thread before its pipeline produces anything (a :class:`RunBuffer` takes from it).
+    ledger: Ledger | None = None
     #: The runs of what the last :meth:`take` returned (loop side): a :class:`RunBuffer`'s.
     taken_runs: Runs | None = None
 
@@ -196,11 +199,6 @@ class RunBuffer(ElementBuffer):
     The ledger gives runs in production order and the buffer hands elements out in that
     order, one take at a time on the loop: the runs taken are those of the elements taken.
     """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int) -> None:
-        super().__init__(loop, max_bytes, max_elements)
-        #: Set by the task's thread before its pipeline produces anything.
-        self.ledger: Ledger | None = None
 
     def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list[Any]:
         out = super().take(max_elements, max_bytes)
