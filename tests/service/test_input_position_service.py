@@ -190,15 +190,17 @@ def _given(replies, k):
 
 @pytest.mark.parametrize("make, ledger", [
     (lambda d: d, "FifoLedger"),
+    (lambda d: dds.Dataset.from_tensor_slices(np.arange(30)), "FifoLedger"),
     (lambda d: d.map(lambda x: x + 1000).prefetch(3), "FifoLedger"),
     (lambda d: d.filter(lambda x: x % 3 != 1), "TagLedger"),
     (lambda d: d.batch(3), "TagLedger"),
     (lambda d: d.shuffle(6, seed=1), "TagLedger"),
-], ids=["source", "map-prefetch", "filter", "batch", "shuffle"])
+], ids=["range", "tensor-slices", "map-prefetch", "filter", "batch", "shuffle"])
 def test_a_position_read_between_two_elements_of_one_reply_is_exact(make, ledger):
     """Replies of 7 and 5 elements spanning splits of 4: after every element, the
     position is exactly the source elements of what the consumer was given (the element
-    it holds included), and resuming from it gives exactly the rest."""
+    it holds included), and resuming from it gives exactly the rest. (A range's splits
+    are counted by their length; tensor slices' by the look-ahead counter.)"""
     ds = make(dds.Dataset.range(30))
     assert type(_tracked(ds)[1]).__name__ == ledger
     replies = _replies(ds, [7, 5])

@@ -50,6 +50,7 @@ from typing import Any
 
 from ...data._base import IterContext, Op
 from ...data.ops import Batch, Filter, Map, PaddedBatch, Prefetch, Shuffle
+from ...data.sources import Source
 from ...data.splits import ListSplitProvider, SplitProvider
 from ...errors import InputPositionError
 from ._runs import FifoLedger, Ledger, RunBatch, TagLedger, prefix_runs, source_count
@@ -422,13 +423,35 @@ class _TaggedSource(Op):
                 raise InputPositionError("the split provider does not say split indices")
             if _covered(self.done, index):
                 continue
-            sub = IterContext(split_provider=ListSplitProvider([split]))
-            yield from _split_elements(self.source.iterate(sub), index,
+            yield from _split_elements(self._read(split), index,
                                        self.partial.get(str(index), []), self.fifo)
+
+    def _read(self, split: Any) -> Iterator[Any]:
+        """One split's elements: straight from a plain :class:`Source`'s ``read_split``
+        (what its ``iterate`` yields from; a ``range()`` or list split is then an iterator
+        of known length: counted with no wrapper), else through ``iterate``."""
+        source = self.source
+        if isinstance(source, Source) and isinstance(split, source.split_type):
+            kind = type(source)
+            if (kind.iterate is Source.iterate
+                    and kind._iterate_provider is Source._iterate_provider):
+                return source.read_split(split)
+        return source.iterate(IterContext(split_provider=ListSplitProvider([split])))
+
+
+#: Iterators whose length hint is their exact length (ranges, lists, tuples).
+_SIZED: frozenset[type] = frozenset(
+    type(iter(x)) for x in (range(0), range(1 << 70), [], ()))  # type: ignore[var-annotated]
 
 
 def _split_elements(it: Iterator[Any], key: Any, skip: Ranges, fifo: _Fifo) -> Iterator[Any]:
     """One split's elements, but those in ``skip``; their runs are counted in ``fifo``."""
+    if not skip and type(it) in _SIZED:  # issue 25: the count is known: no wrapper at all
+        seg = fifo.open(key, 0)
+        seg.count = seg.length = operator.length_hint(it)
+        seg.closed = True
+        yield from it
+        return
     if not skip:  # the common case: counted in C, not element by element in Python
         seg = fifo.open(key, 0)
         counter = itertools.count()
@@ -480,7 +503,7 @@ class _FifoTag(Op):
         segments = self.fifo.segments
         for x in self.input.iterate(ctx):
             seg = segments[0]
-            if not seg.closed:  # the common case, inline: the next of an open segment
+            if not seg.closed or seg.taken + 1 < seg.count:  # inline: not a segment's last
                 tag: tuple[Any, ...] = (seg.key, seg.start + seg.taken, 1, -1)
                 seg.taken += 1
             else:
