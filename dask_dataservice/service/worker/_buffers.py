@@ -37,16 +37,6 @@ __all__ = [
     "task_buffer",
 ]
 
-def task_buffer(loop: asyncio.AbstractEventLoop, task: Any) -> ElementBuffer:
-    """The buffer of a task (a ``TaskDef``): a :class:`CrossTrainerWindow` for the
-    cross-trainer cache, a :class:`RunBuffer` for a job tracking input positions (issue 25),
-    else an :class:`ElementBuffer`, bounded as the ``dataservice.worker`` config says."""
-    if task.get("cross_trainer_cache"):
-        return CrossTrainerWindow(loop, config.get_bytes("worker.cross-trainer-cache-bytes"))
-    kind = RunBuffer if task.get("position") else ElementBuffer
-    return kind(loop, config.get_bytes("worker.buffer-bytes"),
-                int(config.get("worker.buffer-elements")))
-
 
 class TaskCancelled(Exception):
     """Internal: the task was cancelled while its pipeline ran."""
@@ -349,3 +339,14 @@ class RoundBuffer:
         if progressed:
             self._progress.set()
         return element
+
+
+def task_buffer(loop: asyncio.AbstractEventLoop, task: Any) -> ElementBuffer:
+    """The buffer of a task (a ``TaskDef``): a :class:`CrossTrainerWindow` for the
+    cross-trainer cache, a :class:`RunBuffer` for a job tracking input positions (issue 25),
+    else an :class:`ElementBuffer`, bounded as the ``dataservice.worker`` config says."""
+    if task.get("cross_trainer_cache"):
+        return CrossTrainerWindow(loop, config.get_bytes("worker.cross-trainer-cache-bytes"))
+    kind = RunBuffer if task.get("position") else ElementBuffer
+    return kind(loop, config.get_bytes("worker.buffer-bytes"),
+                int(config.get("worker.buffer-elements")))
