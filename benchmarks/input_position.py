@@ -9,8 +9,9 @@ before and after.
 
 Workloads:
 
-- ``scalars``: ``Dataset.range(N)``: one tag per element, the worst case.
-- ``batches``: ``Dataset.range(N).batch(256)``: one tag (a run or two) per batch.
+- ``scalars``: ``Dataset.range(N)``: the most elements per byte, the worst case.
+- ``rows``: ``Dataset.range(N // 4).map(i -> 256 float32s)``: unbatched 1 KiB rows.
+- ``batches``: ``Dataset.range(N).batch(256)``: one count per batch (a run or two).
 - ``arrays``: ``Dataset.range(N // 4).map(i -> 256 float32s).batch(64)``: some work per
   element, as a real pipeline has.
 
@@ -75,6 +76,7 @@ def main() -> None:
         m = n // 4
         workloads = {
             "scalars": (dds.Dataset.range(n), n, n * (n - 1) // 2, n),
+            "rows": (dds.Dataset.range(m).map(_row), m, 256 * m * (m - 1) // 2, 256 * m),
             "batches": (dds.Dataset.range(n).batch(256), n, n * (n - 1) // 2, n),
             "arrays": (dds.Dataset.range(m).map(_row).batch(64), m,
                        256 * m * (m - 1) // 2, 256 * m),

@@ -17,8 +17,9 @@ from dask_dataservice.service.protocol._positions import (
     check_position,
     merge_positions,
     pipeline_chain,
-    tagged_elements,
+    tracked_elements,
 )
+from dask_dataservice.service.protocol._runs import RunBatch, join_runs, merge_tags
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.testing import gen_cluster
 
@@ -48,14 +49,44 @@ class _Provider:
         raise AssertionError("no repetitions here")
 
 
-def _tagged(ds, order=None, start=None, split_size=4):
+def _tracked(ds, order=None, start=None, split_size=4):
+    """A tracking task's elements and the ledger of their runs (as the data worker has)."""
     import json
 
     splits = ds.splits(split_size)
     order = range(len(splits)) if order is None else order
     field = json.dumps({"start": start, "nonce": ""})
-    return list(tagged_elements(ds._op, ShardingPolicy.DYNAMIC, _Provider(splits, order),
-                                field, "w"))
+    return tracked_elements(ds._op, ShardingPolicy.DYNAMIC, _Provider(splits, order), field,
+                            "w")
+
+
+def _tagged(ds, order=None, start=None, split_size=4):
+    """``(runs, element)`` per element: the ledger taken one element at a time."""
+    it, ledger = _tracked(ds, order, start, split_size)
+    out = []
+    for x in it:
+        runs, counts = ledger.take(1)
+        assert counts == [sum(runs[2::4]), 1]
+        out.append((tuple(runs), x))
+    return out
+
+
+def _tracker(out, k=None, reply=None):
+    """A tracker after the consumer was given the first ``k`` (default: all) of ``out``
+    (``_tagged``'s pairs), delivered in replies of ``reply`` elements (default: one reply)
+    as the reader hands them out: each batch's list iterator is the cursor."""
+    k = len(out) if k is None else k
+    reply = reply or max(len(out), 1)
+    t = PositionTracker("DYNAMIC", "f", None)
+    for i in range(0, k, reply):
+        part = out[i:i + reply]
+        runs, counts = join_runs(merge_tags([tag]) for tag, _ in part)
+        batch = RunBatch([x for _, x in part], runs, counts)
+        cursor = iter(batch)
+        t.batch(batch, cursor)
+        for _ in range(min(reply, k - i)):
+            next(cursor)
+    return t
 
 
 def _ids(x):
@@ -74,11 +105,9 @@ def test_filter_counts_consumed_inputs_not_outputs():
     out = _tagged(dds.Dataset.range(8).filter(lambda x: x % 3 == 2), split_size=4)
     assert [x for _, x in out] == [2, 5]
     # 2 consumed 0, 1, 2; 5 consumed 3 (ends split 0), 4, 5 of split 1
-    assert out[0][0] == (0, 0, 1, -1, 0, 1, 1, -1, 0, 2, 1, -1)
-    t = PositionTracker("DYNAMIC", "f", None)
-    for tag, _ in out:
-        t.record(tag)
-    pos = t.position()
+    assert out[0][0] == (0, 0, 3, -1)
+    assert out[1][0] == (0, 3, 1, 4, 1, 0, 2, -1)
+    pos = _tracker(out).position()
     assert pos["done"] == [[0, 1]] and pos["partial"] == {"1": [[0, 2]]}
 
 
@@ -86,9 +115,7 @@ def test_batch_spanning_two_splits_records_runs_of_both():
     out = _tagged(dds.Dataset.range(10).batch(3), split_size=4)
     assert [_ids(x) for _, x in out] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert out[1][0] == (0, 3, 1, 4, 1, 0, 2, -1)  # one of split 0 (its last), two of split 1
-    t = PositionTracker("DYNAMIC", "f", None)
-    for tag, _ in out[:2]:
-        t.record(tag)
+    t = _tracker(out, 2)
     assert t.position()["done"] == [[0, 1]] and t.position()["partial"] == {"1": [[0, 2]]}
     # resuming there gives exactly the rest
     rest = _tagged(dds.Dataset.range(10).batch(3), start=t.position(), split_size=4)
@@ -99,9 +126,7 @@ def test_shuffle_moves_tags_with_elements_so_resuming_is_exact():
     ds = dds.Dataset.range(40).map(lambda x: x + 100).shuffle(16, seed=3)
     out = _tagged(ds, split_size=8)
     assert sorted(x for _, x in out) == list(range(100, 140))
-    t = PositionTracker("DYNAMIC", "f", None)
-    for tag, _ in out[:13]:
-        t.record(tag)
+    t = _tracker(out, 13, reply=5)
     given = {x for _, x in out[:13]}
     rest = _tagged(ds, start=t.position(), split_size=8)
     assert sorted(given | {x for _, x in rest}) == list(range(100, 140))
@@ -129,14 +154,89 @@ def test_any_prefix_resumes_to_exactly_the_rest(make):
     out = _tagged(ds, split_size=8)
     every = sorted(itertools.chain.from_iterable(_ids(x) for _, x in out))
     for k in range(len(out) + 1):
-        t = PositionTracker("DYNAMIC", "f", None)
-        for tag, _ in out[:k]:
-            t.record(tag)
+        t = _tracker(out, k, reply=3)
         given = list(itertools.chain.from_iterable(_ids(x) for _, x in out[:k]))
         rest = _tagged(ds, start=t.position(), split_size=8)
         got = given + list(itertools.chain.from_iterable(_ids(x) for _, x in rest))
         assert sorted(got) == every, k
     assert t.position()["done"] == [[0, 7]] and not t.position()["partial"]  # all of it
+
+
+def _replies(ds, sizes, split_size=4, start=None):
+    """The task's elements as a data worker serves them: a take of ``sizes[i]`` elements
+    (cycling) once they were produced, each take's runs from the ledger, one RunBatch each."""
+    it, ledger = _tracked(ds, start=start, split_size=split_size)
+    out = []
+    for n in itertools.cycle(sizes):
+        items = list(itertools.islice(it, n))
+        if not items:
+            return out
+        out.append(RunBatch(items, *ledger.take(len(items))))
+
+
+def _given(replies, k):
+    """A tracker after the consumer took ``k`` elements of ``replies``, as the reader hands
+    them out (``ReadStats.wrap``: the batch's list iterator is the cursor)."""
+    t = PositionTracker("DYNAMIC", "f", None)
+    for batch in replies:
+        cursor = iter(batch)
+        t.batch(batch, cursor)
+        for _ in itertools.islice(cursor, k):
+            k -= 1
+        if k == 0:
+            break
+    return t
+
+
+@pytest.mark.parametrize("make, ledger", [
+    (lambda d: d, "FifoLedger"),
+    (lambda d: dds.Dataset.from_tensor_slices(np.arange(30)), "FifoLedger"),
+    (lambda d: d.map(lambda x: x + 1000).prefetch(3), "FifoLedger"),
+    (lambda d: d.filter(lambda x: x % 3 != 1), "TagLedger"),
+    (lambda d: d.batch(3), "TagLedger"),
+    (lambda d: d.shuffle(6, seed=1), "TagLedger"),
+], ids=["range", "tensor-slices", "map-prefetch", "filter", "batch", "shuffle"])
+def test_a_position_read_between_two_elements_of_one_reply_is_exact(make, ledger):
+    """Replies of 7 and 5 elements spanning splits of 4: after every element, the
+    position is exactly the source elements of what the consumer was given (the element
+    it holds included), and resuming from it gives exactly the rest. (A range's splits
+    are counted by their length; tensor slices' by the look-ahead counter.)"""
+    ds = make(dds.Dataset.range(30))
+    assert type(_tracked(ds)[1]).__name__ == ledger
+    replies = _replies(ds, [7, 5])
+    elements = [x for r in replies for x in r]
+    every = sorted(itertools.chain.from_iterable(_ids(x) for x in elements))
+    for k in range(len(elements) + 1):
+        given = list(itertools.chain.from_iterable(_ids(x) for x in elements[:k]))
+        position = _given(replies, k).position()
+        rest = [v for r in _replies(ds, [4], start=position) for x in r for v in _ids(x)]
+        assert sorted(given + rest) == every, k
+        assert not set(given) & set(rest), k
+    assert position["done"] == [[0, 8]] and not position["partial"]
+
+
+def test_scalar_replies_carry_one_run_per_split_and_one_count():
+    replies = _replies(dds.Dataset.range(10), [6, 4])
+    assert replies[0].runs == [0, 0, 4, 4, 1, 0, 2, -1] and replies[0].counts == [1, 6]
+    assert replies[1].runs == [1, 2, 2, 4, 2, 0, 2, 2] and replies[1].counts == [1, 4]
+    batched = _replies(dds.Dataset.range(10).batch(3), [4])
+    assert batched[0].counts == [3, 3, 1, 1]  # three batches of 3, then one of 1
+
+
+def test_run_lists_travel_in_the_header_and_come_back_as_run_batches():
+    from distributed.protocol import dumps, loads, to_serialize
+
+    from dask_dataservice.service.protocol._messages import ElementBatch
+
+    runs = (["w", 0, 5, -1, "w", 7, 2, 9], [1, 3, 2, 2])
+    frames = dumps({"elements": to_serialize(ElementBatch([np.arange(3)] * 5, runs))})
+    got = loads(frames)["elements"].items
+    assert isinstance(got, RunBatch) and len(got) == 5
+    assert (got.runs, got.counts) == tuple(runs)
+    plain = loads(dumps({"elements": to_serialize(ElementBatch([1, 2]))}))["elements"].items
+    assert type(plain) is list
+    with pytest.raises(InputPositionError, match="older version"):
+        PositionTracker("OFF", "f", None).batch(plain, iter(plain))
 
 
 @pytest.mark.parametrize("make, op", [

@@ -287,9 +287,11 @@ class DistributedDataset(Dataset):
         ``async for``: apply them to the elements yourself.
         """
         source = self._service
-        it = source.stats.awrap(  # issue 14: DistributedDataset.stats()
-            aread(source.spec, source.next_repetition(), source.reader_client(), source.stats))
-        return source.aiterate(it) if isinstance(source, PositionedSource) else it  # issue 13
+        batches = aread(source.spec, source.next_repetition(), source.reader_client(),
+                        source.stats)
+        if isinstance(source, PositionedSource):  # issue 13
+            return source.aiterate(batches)
+        return source.stats.awrap(batches)  # issue 14: DistributedDataset.stats()
 
     def input_position(self) -> dict[str, Any]:
         """Where this dataset's latest pass in this process is: a small JSON-able value.

@@ -1,9 +1,9 @@
 """The consumer's half of input positions (issue 13, section 2; see :mod:`._positions`).
 
 :class:`PositionedSource` is the source of a distributed dataset read with
-``track_position=True``: its job's elements arrive tagged, and each pass strips the tags,
-recording each one in a :class:`~._positions.PositionTracker` just before the element is
-handed out. :func:`dataset_position` reads the position of a dataset (that source, maybe
+``track_position=True``: each reply of its job carries the run list of its elements
+(issue 25, :mod:`..protocol._runs`), and a :class:`~._positions.PositionTracker` keeps the
+runs of the batch being handed out with the batch's cursor (no work per element). :func:`dataset_position` reads the position of a dataset (that source, maybe
 under lazy local transformations), :func:`resume` builds the same dataset reading a new job
 that starts from a position.
 """
@@ -92,7 +92,7 @@ class PositionedSource(ServiceSource):
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
         tracker = self.tracker = self._check(self.reader_client())
-        return _untag(super().iterate(ctx), tracker)
+        return self.elements(ctx, tracker.batch)  # no per-element work (issue 25)
 
     def position_of(self, dataset: Dataset) -> dict[str, Any]:
         """The input position of ``dataset`` (read from this source): ps/ calls this."""
@@ -108,29 +108,16 @@ class PositionedSource(ServiceSource):
         mine = saved.get(worker)
         return dataset if mine is None else resume(dataset, mine, nonce)
 
-    async def aiterate(self, inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """``async for``: the pass's tagged elements, untagged (see ``__aiter__``)."""
+    async def aiterate(self, batches: AsyncIterator[list[Any]]) -> AsyncIterator[Any]:
+        """``async for``: the pass's elements, from its batches (see ``__aiter__``)."""
         client = self.reader_client()
         policy = ShardingPolicy(self.spec.processing_mode).name
         resp = await _connection.call_dispatcher(
             client, "dataservice_check_position", "input position check",
             dataset_id=self.spec.dataset_id, processing_mode=policy, start=self.start)
         tracker = self.tracker = PositionTracker(policy, resp["fingerprint"], self.start)
-        async for tag, x in inner:
-            tracker.record(tag)
+        async for x in self.stats.awrap(batches, tracker.batch):
             yield x
-
-
-def _untag(it: Iterator[Any], tracker: PositionTracker) -> Iterator[Any]:
-    record = tracker.record
-    try:
-        for tag, x in it:
-            record(tag)  # before the consumer has it: a position read later includes it
-            yield x
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
 
 
 #: Transformations on the consumer that hand out what they took before taking more (so a

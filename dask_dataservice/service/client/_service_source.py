@@ -185,12 +185,18 @@ class ServiceSource(Op):
         return repetition
 
     def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        return self.elements(ctx)
+
+    def elements(self, ctx: IterContext,
+                 on_batch: Callable[[list[Any], Iterator[Any]], None] | None = None,
+                 ) -> Iterator[Any]:
+        """One pass's elements; ``on_batch``: see :meth:`ReadStats.wrap`."""
         figures = ctx.stats
         return self.stats.wrap(  # time waiting vs computing, elements per worker
             self.read_pass(self.spec, self.next_repetition(), self.reader_client(), self.stats),
             progress_bar(self.cardinality(), self.spec.dataset_label),
             None if figures is None else figures.record(self),
-            figures if figures is not None and figures.take_ends(self) else None)
+            figures if figures is not None and figures.take_ends(self) else None, on_batch)
 
     def check_repetition(self, repetition: int) -> None:
         """The cross-trainer cache serves one pass (TensorFlow refuses a second one too:

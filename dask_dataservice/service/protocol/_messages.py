@@ -12,7 +12,7 @@ workers and the readers agree on field names instead of list positions.
   client, in replies to ``get_or_create_iteration`` and client heartbeats).
 - :class:`ElementBatch`: a list of elements: one pickle (protocol 5) of the list, with every numpy
   buffer out of band: small ones packed into one frame, big ones a zero-copy frame each, maybe
-  compressed (see :mod:`._frames`).
+  compressed (see :mod:`._frames`); a tracking job's run list in the header (:mod:`._runs`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from distributed.protocol.serialize import dask_deserialize, dask_serialize
 from ..._rpc import raise_for_status as _raise_for_status
 from ...errors import DispatcherUnavailableError
 from ._frames import pack_buffers, pack_threshold, unpack_buffers, writable_frames
+from ._runs import RunBatch, Runs
 
 __all__ = [
     "TASKS_OP",
@@ -107,12 +108,15 @@ class IterationView(TypedDict, total=False):
 
 
 class ElementBatch:
-    """A list of elements on the wire (see the module docstring)."""
+    """A list of elements on the wire (see the module docstring); ``runs``: a tracking
+    job's run list of the elements (issue 25, :mod:`._runs`), in the header as ``"runs"``
+    and ``"counts"``; the reader's ``items`` are then a :class:`~._runs.RunBatch`."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "runs")
 
-    def __init__(self, items: list[Any]) -> None:
+    def __init__(self, items: list[Any], runs: Runs | None = None) -> None:
         self.items = items
+        self.runs = runs
 
     def __len__(self) -> int:
         return len(self.items)
@@ -124,6 +128,8 @@ def _serialize_batch(batch: ElementBatch) -> tuple[dict[str, Any], list[Any]]:
     data = pickle.dumps(batch.items, protocol=5, buffer_callback=buffers.append)
     header, frames = pack_buffers([b.raw() for b in buffers], pack_threshold())
     header["buffers"] = len(buffers)
+    if batch.runs is not None:
+        header["runs"], header["counts"] = batch.runs
     frames.insert(0, data)
     return header, frames
 
@@ -131,7 +137,11 @@ def _serialize_batch(batch: ElementBatch) -> tuple[dict[str, Any], list[Any]]:
 @dask_deserialize.register(ElementBatch)  # type: ignore[untyped-decorator]
 def _deserialize_batch(header: dict[str, Any], frames: list[Any]) -> ElementBatch:
     buffers = unpack_buffers(header, writable_frames(frames[1:]))
-    return ElementBatch(pickle.loads(frames[0], buffers=buffers))
+    items = pickle.loads(frames[0], buffers=buffers)
+    runs = header.get("runs")
+    if runs is None:
+        return ElementBatch(items)
+    return ElementBatch(RunBatch(items, list(runs), list(header["counts"])))
 
 
 def send_tasks(scheduler: Any, address: str, message: dict[str, Any]) -> None:

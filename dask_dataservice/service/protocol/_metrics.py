@@ -13,7 +13,7 @@ import collections
 import operator
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -122,7 +122,8 @@ class ReadStats:
     # put no generator on the consumer's elements (two cost a scalar read 10-15%)
     @counts_itself
     def wrap(self, batches: Iterator[list[T]], progress: Any = None,
-             counted: Any = None, figures: Any = None) -> Iterator[T]:
+             counted: Any = None, figures: Any = None,
+             on_batch: Callable[[list[T], Iterator[T]], None] | None = None) -> Iterator[T]:
         """The elements of ``batches`` (lists, as the reader takes them from its channel),
         timing how long each ``next(batches)`` waited (the service) and how long the consumer
         took over a batch's elements before asking for the next (its own work).
@@ -137,6 +138,8 @@ class ReadStats:
         grows per batch too (so no counting wrapper sits on the elements). ``figures``: the
         pass's ``data._stats.PipelineStats`` when this pass is its root, started at the
         first element and finished at the end (so no generator more sits on them either).
+        ``on_batch(batch, elements)``: called as the consumer starts on a batch, with the
+        iterator that hands its elements out (a tracking read's cursor, issue 25).
         """
         clock = time.perf_counter
         with self._lock:
@@ -153,6 +156,8 @@ class ReadStats:
                     return
                 t1 = clock()
                 elements = iter(batch)
+                if on_batch is not None:
+                    on_batch(batch, elements)
                 try:
                     yield from elements
                 finally:  # the consumer had the batch until now (also when it stops here)
@@ -171,7 +176,9 @@ class ReadStats:
             if close is not None:
                 close()
 
-    async def awrap(self, batches: AsyncIterator[list[T]]) -> AsyncIterator[T]:
+    async def awrap(self, batches: AsyncIterator[list[T]],
+                    on_batch: Callable[[list[T], Iterator[T]], None] | None = None,
+                    ) -> AsyncIterator[T]:
         """:meth:`wrap` for ``async for``."""
         clock = time.perf_counter
         with self._lock:
@@ -186,8 +193,11 @@ class ReadStats:
                     return
                 t1 = clock()
                 taken = 0
+                elements = iter(batch)
+                if on_batch is not None:
+                    on_batch(batch, elements)
                 try:
-                    for x in batch:
+                    for x in elements:
                         taken += 1
                         yield x
                 finally:

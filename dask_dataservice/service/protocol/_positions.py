@@ -4,23 +4,28 @@ A distributed dataset read with ``track_position=True`` (:func:`.client.from_dat
 :func:`.client.distribute`) runs its job in *tracking* mode:
 
 - **Provenance, on the data workers.** The task's pipeline is rebuilt over a tagged source
-  (:func:`tagged_elements`): each element leaves the worker as ``(tag, element)``, where the
-  tag is a flat tuple of *runs* ``(key, start, count, length)``: ``count`` source elements
-  from ``start`` on of split ``key`` (DYNAMIC: the split's index; OFF: the data worker's
-  name), ``length`` the split's size when this element ends it, else -1. ``map`` keeps its
-  input's tag, ``filter`` gives an element the tags of the inputs it dropped before it (the
-  *consumed* inputs, so a split whose last elements are filtered out still completes),
-  ``batch`` the runs of all its inputs (a batch may span splits), ``shuffle`` and
-  ``prefetch`` move tags with their elements. Any other op cannot say which source elements
-  an element came from: the job refuses to start, naming the op (:class:`InputPositionError`).
-  Between the source and the first op that may drop or reorder elements, no tag travels:
-  the source counts its splits' elements in C into a :class:`_Fifo` of segments, and the
-  first other op (a batch, or a tagger) takes its inputs' runs from it in order.
-- **The position, on the reader.** :class:`PositionTracker` records each element's tag just
-  before the consumer gets the element, so at any quiet point (after a join) the position
-  says exactly which source elements the consumer was given: per key, ranges of indices, and
-  the splits (DYNAMIC) or workers (OFF) delivered completely. It is a small JSON value
-  (:func:`check_position` says what a valid one is).
+  (:func:`tracked_elements`): each element's *tag* is a flat tuple of *runs*
+  ``(key, start, count, length)``: ``count`` source elements from ``start`` on of split
+  ``key`` (DYNAMIC: the split's index; OFF: the data worker's name), ``length`` the split's
+  size when this element ends it, else -1. ``map`` keeps its input's tag, ``filter`` gives
+  an element the tags of the inputs it dropped before it (the *consumed* inputs, so a split
+  whose last elements are filtered out still completes), ``batch`` the runs of all its
+  inputs (a batch may span splits), ``shuffle`` and ``prefetch`` move tags with their
+  elements. Any other op cannot say which source elements an element came from: the job
+  refuses to start, naming the op (:class:`InputPositionError`). Between the source and
+  the first op that may drop or reorder elements, no tag travels: the source counts its
+  splits' elements in C into a :class:`_Fifo` of segments, and the first other op (a batch,
+  or a tagger) takes its inputs' runs from it in order.
+- **On the wire** (issue 25, :mod:`._runs`): elements leave the worker untagged; each reply
+  carries one run list for all its elements (merged runs plus per-element source counts),
+  taken from a ledger as the buffer hands the elements out. A pipeline with nothing above
+  the source that drops or reorders elements has no tags at all: the ledger is the fifo.
+- **The position, on the reader.** :class:`PositionTracker` keeps the runs of the batch
+  being handed out and the batch's cursor (its list iterator), so at any quiet point
+  (after a join) the position says exactly which source elements the consumer was given,
+  the element it holds included: per key, ranges of indices, and the splits (DYNAMIC) or
+  workers (OFF) delivered completely. It is a small JSON value (:func:`check_position`
+  says what a valid one is).
 - **Restoring.** A job started from a position (``DistributedDataset.start_from``) tells its
   data workers the position; a worker skips a split that is done, and the indices already
   delivered of any other (DYNAMIC), or the indices of its own name (OFF). Positions of
@@ -45,8 +50,10 @@ from typing import Any
 
 from ...data._base import IterContext, Op
 from ...data.ops import Batch, Filter, Map, PaddedBatch, Prefetch, Shuffle
+from ...data.sources import Source
 from ...data.splits import ListSplitProvider, SplitProvider
 from ...errors import InputPositionError
+from ._runs import FifoLedger, Ledger, RunBatch, TagLedger, prefix_runs, source_count
 from ._sharding import ShardingPolicy
 
 __all__ = [
@@ -55,7 +62,7 @@ __all__ = [
     "check_position",
     "job_field",
     "merge_positions",
-    "tagged_elements",
+    "tracked_elements",
 ]
 
 #: Version of the position format (``position["format"]``).
@@ -236,8 +243,9 @@ def job_suffix(field: str) -> str:
 class PositionTracker:
     """What one consumer was given of a tracking job (plus the position it started from).
 
-    :meth:`record` runs in the consumer's thread before each element is handed out;
-    :meth:`position` may run in any thread.
+    :meth:`batch` runs in the consumer's thread as it starts on each reply's elements
+    (:class:`~._runs.RunBatch`); the batch's list iterator is the cursor: whatever it has
+    handed out was given. :meth:`position` may run in any thread.
     """
 
     def __init__(self, policy: str, fingerprint: str, start: dict[str, Any] | None) -> None:
@@ -252,35 +260,60 @@ class PositionTracker:
             self._ranges[int(k) if policy == "DYNAMIC" else k] = r
         self._lengths: dict[str, int] = {}
         self._lock = threading.Lock()
-        #: Elements recorded.
-        self.elements = 0
+        #: Elements of the batches before the current one (all handed out).
+        self._folded = 0
+        #: The batch being handed out and its cursor (the iterator handing it out).
+        self._current: RunBatch | None = None
+        self._cursor: Iterator[Any] | None = None
 
-    def record(self, tag: tuple[Any, ...]) -> None:
-        ranges = self._ranges
+    @property
+    def elements(self) -> int:
+        """Elements handed out so far."""
         with self._lock:
-            self.elements += 1
-            if len(tag) == 4:  # one run: extend the key's last range in place
-                key, start, count, length = tag
-                r = ranges.get(key)
-                if r is not None and r[-1][1] == start:
-                    r[-1][1] = start + count
-                    if length >= 0:
-                        self._lengths[str(key)] = length
-                    return
-            for i in range(0, len(tag), 4):
-                key, start, count, length = tag[i:i + 4]
-                r = ranges.get(key)
-                if r is None:
-                    if count:
-                        ranges[key] = [[start, start + count]]
-                else:
-                    add_range(r, start, start + count)
-                if length >= 0:
-                    self._lengths[str(key)] = length
+            return self._folded + self._taken()
+
+    def batch(self, batch: list[Any], cursor: Iterator[Any]) -> None:
+        """The consumer starts on ``batch`` (the previous one was handed out whole), whose
+        elements ``cursor`` hands out (an iterator with a length hint: a list's)."""
+        if not isinstance(batch, RunBatch):
+            raise InputPositionError(
+                "a reply of a tracking job came without its run list: the data worker runs "
+                "an older version of dask_dataservice than this reader (readers and data "
+                "workers tracking input positions must be the same version)")
+        with self._lock:
+            current = self._current
+            if current is not None:
+                self._add(current, len(current) - operator.length_hint(self._cursor))
+            self._current, self._cursor = batch, cursor
+            runs = batch.runs
+            lengths = self._lengths
+            for i in range(3, len(runs), 4):  # known at once: it marks nothing done early
+                if runs[i] >= 0:
+                    lengths[str(runs[i - 3])] = runs[i]
+
+    def _taken(self) -> int:
+        current = self._current
+        return 0 if current is None else len(current) - operator.length_hint(self._cursor)
+
+    def _add(self, batch: RunBatch, k: int, ranges: dict[Any, Ranges] | None = None) -> None:
+        """Record the first ``k`` elements of ``batch`` into ``ranges`` (default: the
+        tracker's own, folding the batch: it is done with)."""
+        if ranges is None:
+            ranges = self._ranges
+            self._folded += k
+        for key, start, stop in prefix_runs(batch.runs, source_count(batch.counts, k)):
+            r = ranges.get(key)
+            if r is None:
+                ranges[key] = [[start, stop]]
+            else:
+                add_range(r, start, stop)  # the common case: the key's last range grows
 
     def position(self) -> dict[str, Any]:
         with self._lock:
-            partial = {str(k): [list(x) for x in r] for k, r in self._ranges.items()}
+            ranges = {k: [list(x) for x in r] for k, r in self._ranges.items()}
+            if self._current is not None:
+                self._add(self._current, self._taken(), ranges)
+            partial = {str(k): r for k, r in ranges.items()}
             done = [list(x) for x in self._done] if self.policy == "DYNAMIC" else list(self._done)
             lengths = dict(self._lengths)
         return _compact({"format": FORMAT, "policy": self.policy, "dataset": self.fingerprint,
@@ -321,8 +354,10 @@ class _Fifo:
     Between the source and the first op that may drop or reorder elements only 1:1,
     order-keeping ops run (deterministic maps, prefetch), so the j-th element reaching
     the taker is the source's j-th: no tag travels with elements there. The source may run
-    in another thread (a prefetch): it closes a segment (its count final) before it
-    produces anything after it, and the taker only attributes elements it received.
+    in another thread (a prefetch), and so may the taker (a :class:`~._runs.FifoLedger`
+    takes on the worker's event loop, for elements the task's buffer handed out): the
+    source closes a segment (its count final) before it produces anything after it, and the
+    taker only attributes elements that were produced.
     """
 
     def __init__(self) -> None:
@@ -388,13 +423,35 @@ class _TaggedSource(Op):
                 raise InputPositionError("the split provider does not say split indices")
             if _covered(self.done, index):
                 continue
-            sub = IterContext(split_provider=ListSplitProvider([split]))
-            yield from _split_elements(self.source.iterate(sub), index,
+            yield from _split_elements(self._read(split), index,
                                        self.partial.get(str(index), []), self.fifo)
+
+    def _read(self, split: Any) -> Iterator[Any]:
+        """One split's elements: straight from a plain :class:`Source`'s ``read_split``
+        (what its ``iterate`` yields from; a ``range()`` or list split is then an iterator
+        of known length: counted with no wrapper), else through ``iterate``."""
+        source = self.source
+        if isinstance(source, Source) and isinstance(split, source.split_type):
+            kind = type(source)
+            if (kind.iterate is Source.iterate
+                    and kind._iterate_provider is Source._iterate_provider):
+                return source.read_split(split)
+        return source.iterate(IterContext(split_provider=ListSplitProvider([split])))
+
+
+#: Iterators whose length hint is their exact length (ranges, lists, tuples).
+_SIZED: frozenset[type] = frozenset(
+    type(iter(x)) for x in (range(0), range(1 << 70), [], ()))  # type: ignore[var-annotated]
 
 
 def _split_elements(it: Iterator[Any], key: Any, skip: Ranges, fifo: _Fifo) -> Iterator[Any]:
     """One split's elements, but those in ``skip``; their runs are counted in ``fifo``."""
+    if not skip and type(it) in _SIZED:  # issue 25: the count is known: no wrapper at all
+        seg = fifo.open(key, 0)
+        seg.count = seg.length = operator.length_hint(it)
+        seg.closed = True
+        yield from it
+        return
     if not skip:  # the common case: counted in C, not element by element in Python
         seg = fifo.open(key, 0)
         counter = itertools.count()
@@ -446,7 +503,7 @@ class _FifoTag(Op):
         segments = self.fifo.segments
         for x in self.input.iterate(ctx):
             seg = segments[0]
-            if not seg.closed:  # the common case, inline: the next of an open segment
+            if not seg.closed or seg.taken + 1 < seg.count:  # inline: not a segment's last
                 tag: tuple[Any, ...] = (seg.key, seg.start + seg.taken, 1, -1)
                 seg.taken += 1
             else:
@@ -593,9 +650,10 @@ def pipeline_chain(root: Op) -> list[Op]:
     return chain
 
 
-def tagged_elements(root: Op, policy: ShardingPolicy, provider: SplitProvider | None,
-                    field: str, worker_name: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """A tracking task's elements: ``(tag, element)`` pairs (see the module docstring)."""
+def tracked_elements(root: Op, policy: ShardingPolicy, provider: SplitProvider | None,
+                     field: str, worker_name: str) -> tuple[Iterator[Any], Ledger]:
+    """A tracking task's elements (untagged), and the ledger that gives their runs in the
+    order they were produced (see the module docstring and :mod:`._runs`)."""
     start = json.loads(field).get("start")
     chain = pipeline_chain(root)
     fifo = _Fifo()
@@ -606,15 +664,17 @@ def tagged_elements(root: Op, policy: ShardingPolicy, provider: SplitProvider | 
     while i < len(above) and _keeps_order(above[i]):  # untouched: no tags below the taker
         op = _rewired(above[i], op)
         i += 1
-    if i < len(above) and type(above[i]) in (Batch, PaddedBatch):
+    if i == len(above):  # nothing drops or reorders: the source's segments are the runs
+        return op.iterate(IterContext()), FifoLedger(fifo.take)
+    if type(above[i]) in (Batch, PaddedBatch):
         op = _FifoBatch(op, above[i], fifo)  # type: ignore[arg-type]
         i += 1
     else:
         op = _FifoTag(op, fifo)
     for rest in above[i:]:
         op = _tagged_op(rest, op)
-    for t in op.iterate(IterContext()):
-        yield (t.tag, t.x)
+    ledger = TagLedger()
+    return ledger.untagged(op.iterate(IterContext())), ledger
 
 
 def _keeps_order(op: Op) -> bool:

@@ -2,6 +2,8 @@
 
 - :class:`ElementBuffer`: a task's elements, produced by its thread and served by the event
   loop; bounded in bytes and in count (the producer blocks, the loop never does).
+- :class:`RunBuffer`: the buffer of a task tracking input positions: each take also takes
+  its elements' runs (issue 25, ``protocol._runs``).
 - :class:`CrossTrainerWindow`: the cross-trainer cache of one task, a sliding window of recent
   elements with one cursor per trainer.
 - :class:`RoundBuffer`: coordinated reads on one task: rounds of ``n`` consecutive elements,
@@ -18,18 +20,23 @@ import threading
 from collections import deque
 from typing import Any
 
+from ... import config
 from ..._async import LoopWaker
 from ...errors import DataServiceError
 from ..protocol._metrics import element_size
+from ..protocol._runs import Ledger, Runs
 from .core import Rounds, TrainerCursors
 
 __all__ = [
     "CrossTrainerWindow",
     "ElementBuffer",
     "RoundBuffer",
+    "RunBuffer",
     "TaskCancelled",
     "element_size",
+    "task_buffer",
 ]
+
 
 class TaskCancelled(Exception):
     """Internal: the task was cancelled while its pipeline ran."""
@@ -48,6 +55,11 @@ class ElementBuffer:
     chunk_size = 256
     #: Whether a request queued behind another may wait to gather more elements.
     lingers = True
+    #: A task tracking input positions: the ledger of its elements' runs, set by the task's
+    #: thread before its pipeline produces anything (a :class:`RunBuffer` takes from it).
+    ledger: Ledger | None = None
+    #: The runs of what the last :meth:`take` returned (loop side): a :class:`RunBuffer`'s.
+    taken_runs: Runs | None = None
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int, max_elements: int) -> None:
         self._items: deque[Any] = deque()
@@ -117,8 +129,9 @@ class ElementBuffer:
         self.end_visible = True
         self._event.set()
 
-    def take(self, max_elements: int, max_bytes: int) -> list[Any]:
-        """Pop up to ``max_elements`` / about ``max_bytes`` of elements (never blocks)."""
+    def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list[Any]:
+        """Pop up to ``max_elements`` / about ``max_bytes`` of elements (never blocks);
+        ``trainer_id`` is the cross-trainer cache's (:class:`CrossTrainerWindow`)."""
         with self._cond:
             out: list[Any] = []
             taken = 0
@@ -167,6 +180,21 @@ class ElementBuffer:
     @property
     def nbytes(self) -> int:
         return self._bytes
+
+
+class RunBuffer(ElementBuffer):
+    """The buffer of a task tracking input positions (issue 25): each :meth:`take` takes the
+    runs of the elements it returns from the task's ledger (``taken_runs``), on the loop.
+
+    The ledger gives runs in production order and the buffer hands elements out in that
+    order, one take at a time on the loop: the runs taken are those of the elements taken.
+    """
+
+    def take(self, max_elements: int, max_bytes: int, trainer_id: str | None = None) -> list[Any]:
+        out = super().take(max_elements, max_bytes)
+        ledger = self.ledger
+        self.taken_runs = ledger.take(len(out)) if out and ledger is not None else None
+        return out
 
 
 class CrossTrainerWindow(ElementBuffer):
@@ -311,3 +339,14 @@ class RoundBuffer:
         if progressed:
             self._progress.set()
         return element
+
+
+def task_buffer(loop: asyncio.AbstractEventLoop, task: Any) -> ElementBuffer:
+    """The buffer of a task (a ``TaskDef``): a :class:`CrossTrainerWindow` for the
+    cross-trainer cache, a :class:`RunBuffer` for a job tracking input positions (issue 25),
+    else an :class:`ElementBuffer`, bounded as the ``dataservice.worker`` config says."""
+    if task.get("cross_trainer_cache"):
+        return CrossTrainerWindow(loop, config.get_bytes("worker.cross-trainer-cache-bytes"))
+    kind = RunBuffer if task.get("position") else ElementBuffer
+    return kind(loop, config.get_bytes("worker.buffer-bytes"),
+                int(config.get("worker.buffer-elements")))

@@ -14,6 +14,7 @@ from distributed.protocol.serialize import Serialized, serialize
 
 from ..protocol._frames import compress_frames
 from ..protocol._messages import ElementBatch
+from ..protocol._runs import Runs, join_runs
 
 if TYPE_CHECKING:
     from .core import WorkerCore
@@ -96,15 +97,20 @@ def offload_bytes() -> int:
     return int(parse_bytes(value) if isinstance(value, str) else value or 0)
 
 
-def serialized_batch(runner: Any, items: list[Any], codec: str | None = None) -> Serialized:
+def serialized_batch(runner: Any, items: list[Any], codec: str | None = None,
+                     runs: list[Runs | None] | None = None) -> Serialized:
     """``items`` serialized now, so that an element that cannot travel is an error naming
     its type, its task and its pipeline (serialized by the comm, it would only say "Could
     not serialize object of type ElementBatch", and the consumer would see a closed comm).
 
     ``codec``: compress the frames with it where it pays (see :mod:`._frames`); distributed's
-    ``loads`` decompresses them on the reader."""
+    ``loads`` decompresses them on the reader. ``runs``: a tracking task's runs of each take
+    that gave ``items`` (issue 25: one run list in the header, ``protocol._runs``)."""
+    pieces = [r for r in runs or () if r is not None]
+    joined = join_runs(pieces) if pieces else None
     try:
-        header, frames = serialize(ElementBatch(items), serializers=("dask",), on_error="raise")
+        header, frames = serialize(ElementBatch(items, joined), serializers=("dask",),
+                                   on_error="raise")
     except Exception as e:
         raise _unpicklable_element(runner, items, e) from e
     if codec is not None:

@@ -51,10 +51,10 @@ from ..protocol._job_checks import JobAccessDeniedError, check_job_token
 from ..protocol._malloc import tune_malloc_from_config
 from ..protocol._messages import ElementBatch, TaskDef, raise_for_status
 from ..protocol._metrics import count_served
-from ..protocol._positions import tagged_elements
+from ..protocol._positions import tracked_elements
 from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
-from ._buffers import CrossTrainerWindow, ElementBuffer, RoundBuffer, TaskCancelled, element_size
+from ._buffers import ElementBuffer, RoundBuffer, TaskCancelled, element_size, task_buffer
 from ._figures import WorkerFigures
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
@@ -118,14 +118,7 @@ class TaskRunner:
         self.dataset = dataset
         self.splits = splits
         self.cancelled = False
-        if task.get("cross_trainer_cache"):
-            self.buffer: ElementBuffer = CrossTrainerWindow(
-                self.loop, config.get_bytes("worker.cross-trainer-cache-bytes"))
-        else:
-            self.buffer = ElementBuffer(
-                self.loop, config.get_bytes("worker.buffer-bytes"),
-                int(config.get("worker.buffer-elements")),
-            )
+        self.buffer: ElementBuffer = task_buffer(self.loop, task)
         self.pipeline_stats = PipelineStats()  #: per-op figures (the dashboard polls them)
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
@@ -154,9 +147,9 @@ class TaskRunner:
         ds = self.dataset
         assert ds is not None  # a runner without a dataset never starts its thread
         if self.task.get("position"):  # issue 13: a job tracking input positions
-            provider = DispatcherSplitProvider(self, self.splits or [])
-            return tagged_elements(ds._op, mode, provider, self.task["position"],
-                                   str(self.plugin.worker.name))
+            it, self.buffer.ledger = tracked_elements(ds._op, mode, DispatcherSplitProvider(
+                self, self.splits or []), self.task["position"], str(self.plugin.worker.name))
+            return it
         st = self.pipeline_stats
         if mode == ShardingPolicy.DYNAMIC:
             assert self.splits is not None  # DYNAMIC datasets have splits
@@ -450,17 +443,15 @@ class DataWorkerPlugin(WorkerPlugin):
                                           self.core.knows(task_id))
         _check_token(runner, job_token, "reading elements")
         buf = runner.buffer
-        if isinstance(buf, CrossTrainerWindow):
-            def take(n: int = max_elements) -> list[Any]:
-                return buf.take(n, max_bytes, trainer_id)
-        else:
-            def take(n: int = max_elements) -> list[Any]:
-                return buf.take(n, max_bytes)
+
+        def take(n: int = max_elements) -> list[Any]:
+            return buf.take(n, max_bytes, trainer_id)
         items = take()
         if not items and not buf.end_visible and not runner.cancelled:
             await buf.wait(wait)
             items = take()
         size = buf.taken_bytes  # issue 22: sized once, when produced (no pass per element)
+        runs = [buf.taken_runs]  # issue 25: a tracking task's runs of the elements taken
         if may_linger(len(items), max_elements, linger, buf.lingers):
             # A request that is not at the head of its consumer's queue collects elements
             # of a slow pipeline for a moment, so that each costs less than a round trip.
@@ -471,6 +462,7 @@ class DataWorkerPlugin(WorkerPlugin):
                 if more:
                     items.extend(more)
                     size += buf.taken_bytes
+                    runs.append(buf.taken_runs)
                     continue
                 remaining = deadline - self.loop.time()
                 if remaining <= 0:
@@ -484,9 +476,9 @@ class DataWorkerPlugin(WorkerPlugin):
             # clear error; a big batch off the loop, as the comm would (distributed.comm.offload).
             codec = choose_codec(self._compression.get(runner.dataset_id), codecs)  # issue 16
             if size > offload_bytes() or (codec is not None and size > 1 << 20):
-                elements = await offload(serialized_batch, runner, items, codec)
+                elements = await offload(serialized_batch, runner, items, codec, runs)
             else:
-                elements = serialized_batch(runner, items, codec)
+                elements = serialized_batch(runner, items, codec, runs)
             if elements.header.get("compression"):
                 self.stats["batches_compressed"] += 1
             return {"status": "OK", "elements": elements, "end_of_sequence": False}
