@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -204,11 +205,12 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
             plugin._views._views.clear()
             return plugin.client_heartbeat(iteration_client_id=client_id, job_token=token)
 
-        us = await _time_calls(client_heartbeat_rebuilt, calls, args.repeats)
-        results.append({"bench": "client_heartbeat", "workers": n_workers, "jobs": n_jobs,
-                        "consumers": len(consumers), "tasks_in_view": n_workers,
-                        "sends": "view, rebuilt each call (before versioned views)",
-                        "us_per_call": round(us, 2)})
+        if n_workers <= 1_000:  # 40 ms a call at 10,000 workers: history, not a curve
+            us = await _time_calls(client_heartbeat_rebuilt, calls, args.repeats)
+            results.append({"bench": "client_heartbeat", "workers": n_workers, "jobs": n_jobs,
+                            "consumers": len(consumers), "tasks_in_view": n_workers,
+                            "sends": "view, rebuilt each call (before versioned views)",
+                            "us_per_call": round(us, 2)})
         # What a consumer sends in the steady state: the version it has (service/dispatcher/_views.py).
         version = plugin._views.version if hasattr(plugin, "_views") else None
 
@@ -240,6 +242,61 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
             results.append({"bench": "get_split", "workers": n_workers, "count": count,
                             "journal": args.journal, "us_per_call": round(us, 2),
                             "us_per_unit": round(us / count, 3), "unit": "split"})
+
+        # A worker joining: its first heartbeat registers it and hands it a task of each of
+        # the J live iterations. O(J), whatever N.
+        joiners = []
+        for i in range(min(200, max(20, n_workers // 10))):
+            address = f"tcp://127.1.{i // 250}.{i % 250}:{9_000}"
+            ws = WorkerState(address=address, status=scheduler.status, pid=0, name=address,
+                             nthreads=1, memory_limit=0, local_directory="/tmp", nanny=None,
+                             server_id=f"joiner-{i}", services={}, versions={}, extra={})
+            scheduler.workers[address] = ws
+            inboxes[address] = scheduler.stream_comms[address] = _Inbox()
+            keys[address] = plugin._access._keys[address] = f"joiner-key-{i}"
+            joiners.append(address)
+        cpu0 = time.process_time()
+        for address in joiners:
+            reply = await plugin.worker_heartbeat(address=address, host="127.1.0.1", nthreads=1,
+                                                  worker_key=keys[address])
+            assert reply["status"] == "OK" and len(reply["new_tasks"]) == n_jobs, reply
+        us = (time.process_time() - cpu0) / len(joiners) * 1e6
+        results.append({"bench": "worker_join", "workers": n_workers, "jobs": n_jobs,
+                        "us_per_call": round(us, 2), "us_per_unit": round(us / n_jobs, 2),
+                        "unit": "task handed out"})
+
+        # A static job (DATA sharding over a worker list naming all N workers): its first
+        # iteration creates a task per listed worker, each finding its shard. Then every task
+        # finishes (a worker heartbeat reporting it), which ends the iteration.
+        plugin._core.config = dataclasses.replace(plugin._core.config,
+                                                  worker_addresses=tuple(addresses))
+        cpu0 = time.process_time()
+        job = await plugin.get_or_create_job(dataset_id=dataset_id, processing_mode="DATA")
+        it = await plugin.get_or_create_iteration(job_id=job["job_id"], job_token=job["job_token"])
+        us = (time.process_time() - cpu0) * 1e6
+        assert it["status"] == "OK", it
+        static_tasks = plugin.state.tasks_for_iteration(it["iteration_id"])
+        assert sorted(t.shard_index for t in static_tasks) == list(range(n_workers))
+        results.append({"bench": "create_job_static", "workers": n_workers,
+                        "us_per_call": round(us, 1), "us_per_unit": round(us / n_workers, 2),
+                        "unit": "task handed out"})
+        cpu0 = time.process_time()
+        for t in static_tasks:
+            address = t.worker_address
+            active = [x.task_id for x in plugin.state.tasks_for_worker(address)
+                      if x.task_id != t.task_id]
+            reply = await plugin.worker_heartbeat(address=address, host="127.0.0.1", nthreads=1,
+                                                  active_tasks=active, finished_tasks=[t.task_id],
+                                                  worker_key=keys[address])
+            assert reply["status"] == "OK", reply
+        us = (time.process_time() - cpu0) / n_workers * 1e6
+        assert plugin.state.iteration(it["iteration_id"]).finished
+        results.append({"bench": "finish_static_task", "workers": n_workers,
+                        "us_per_call": round(us, 2), "unit": "heartbeat finishing one task"})
+
+        # The periodic GC tick (every 500 ms) in the steady state: nobody is silent.
+        results.append(_gc_ticks(plugin, n_workers=n_workers + len(joiners),
+                                 consumers=len(consumers), repeats=args.repeats))
     finally:
         for address in list(scheduler.workers):  # fake: nothing to close, just forget them
             scheduler.workers.pop(address, None)
@@ -249,6 +306,198 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
     for r in results:
         r["loadavg"] = _loadavg()
     return results
+
+
+def _gc_ticks(plugin, *, n_workers: int, consumers: int, repeats: int, ticks: int = 20) -> dict:
+    """CPU per GC tick (``plugin._gc``) when no worker and no consumer is silent."""
+    best = float("inf")
+    for _ in range(repeats):
+        cpu0 = time.process_time()
+        for _ in range(ticks):
+            plugin._gc()
+        best = min(best, (time.process_time() - cpu0) / ticks * 1e6)
+    return {"bench": "gc_tick", "workers": n_workers, "consumers": consumers,
+            "us_per_call": round(best, 2), "unit": "tick, nobody silent"}
+
+
+async def consumers_scenario(n_consumers: int, args: argparse.Namespace) -> list[dict]:
+    """``n_consumers`` consumers of one named DYNAMIC job on 10 fake workers: what joining
+    costs (``get_or_create_iteration``), a steady heartbeat, and the GC tick."""
+    import dask
+    from distributed import Scheduler
+    from distributed.scheduler import WorkerState
+
+    from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
+
+    stack = dask.config.set({"dataservice.dispatcher.worker-timeout": "1h",
+                             "dataservice.dispatcher.client-timeout": "1h",
+                             "distributed.scheduler.work-stealing": False})
+    stack.__enter__()
+    plugin = DispatcherPlugin()
+    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard=False, dashboard_address=":0",
+                          validate=False)
+    scheduler.add_plugin(plugin)
+    await scheduler
+    results: list[dict] = []
+    try:
+        for i in range(10):
+            address = f"tcp://127.0.0.2:{10_000 + i}"
+            scheduler.workers[address] = WorkerState(
+                address=address, status=scheduler.status, pid=0, name=address, nthreads=1,
+                memory_limit=0, local_directory="/tmp", nanny=None, server_id=f"fake-{i}",
+                services={}, versions={}, extra={})
+            scheduler.stream_comms[address] = _Inbox()
+            plugin._access._keys[address] = f"key-{i}"
+            await plugin.worker_heartbeat(address=address, host="127.0.0.2", nthreads=1,
+                                          worker_key=f"key-{i}")
+        reply = await plugin.register_dataset(fingerprint="consumers", pipeline=b"x",
+                                              splits=None, num_splits=10**9)
+        job = await plugin.get_or_create_job(dataset_id=reply["dataset_id"],
+                                       processing_mode="DYNAMIC", job_name="shared")
+        clients = []
+        cpu0 = time.process_time()
+        for _ in range(n_consumers):
+            it = await plugin.get_or_create_iteration(job_id=job["job_id"],
+                                                      job_token=job["job_token"])
+            clients.append(it["iteration_client_id"])
+        us = (time.process_time() - cpu0) / n_consumers * 1e6
+        results.append({"bench": "client_join", "consumers": n_consumers,
+                        "us_per_call": round(us, 2)})
+        version = plugin._views.version
+
+        def heartbeat(i: int):
+            return plugin.client_heartbeat(iteration_client_id=clients[i % n_consumers],
+                                           job_token=job["job_token"], view_version=version)
+
+        us = await _time_calls(heartbeat, max(2_000, min(n_consumers, 20_000)), args.repeats)
+        results.append({"bench": "client_heartbeat", "consumers": n_consumers,
+                        "sends": "unchanged", "us_per_call": round(us, 2)})
+        results.append(_gc_ticks(plugin, n_workers=10, consumers=n_consumers,
+                                 repeats=args.repeats))
+    finally:
+        for address in list(scheduler.workers):
+            scheduler.workers.pop(address, None)
+            scheduler.stream_comms.pop(address, None)
+        await scheduler.close()
+        stack.__exit__(None, None, None)
+    for r in results:
+        r["loadavg"] = _loadavg()
+    return results
+
+
+def revive_scenario(n_workers: int, n_jobs: int) -> dict:
+    """A dispatcher restart: the journal's state (``N`` workers, ``J`` DYNAMIC iterations with
+    a task on each) restored into a new core, then every worker's first heartbeat, back with
+    its tasks (``resumed``). Pure (the core, no scheduler): CPU per revived worker."""
+    from dask_dataservice.service.dispatcher.core import CoreConfig, DispatcherCore, WorkerInfo
+
+    class Cluster:
+        def __init__(self) -> None:
+            self.workers: dict[str, WorkerInfo] = {}
+
+        def worker(self, address: str) -> WorkerInfo | None:
+            return self.workers.get(address)
+
+        def holders(self, key: object) -> list[str]:
+            return []
+
+    cluster = Cluster()
+    core = DispatcherCore(CoreConfig(worker_timeout=3600.0, client_timeout=3600.0), cluster,
+                          100.0, new_token=lambda: "t", view_nonce="n")
+    for i in range(n_workers):
+        address = f"tcp://10.0.{i // 250}.{i % 250}:9000"
+        cluster.workers[address] = WorkerInfo(address=address, host=address[6:-5], nthreads=1,
+                                              resources={}, name=address)
+        core.worker_heartbeat(cluster.workers[address], 100.0)
+    ds = core.register_dataset("fp", b"p", b"s", 10**9).reply["dataset_id"]
+    for j in range(n_jobs):
+        job = core.get_or_create_job(ds, "DYNAMIC", job_name=f"j{j}").reply
+        core.get_or_create_iteration(job["job_id"], 100.0, job_token=job["job_token"])
+    held = {a: [t.task_id for t in core.state.tasks_for_worker(a)] for a in cluster.workers}
+    restarted = DispatcherCore(CoreConfig(worker_timeout=3600.0, client_timeout=3600.0),
+                               cluster, 200.0, new_token=lambda: "t", view_nonce="m")
+    cpu0 = time.process_time()
+    restarted.restore(core.state)
+    restore_us = (time.process_time() - cpu0) * 1e6
+    cpu0 = time.process_time()
+    for address, info in cluster.workers.items():
+        out = restarted.worker_heartbeat(info, 200.0, active_tasks=held[address], resumed=True)
+        assert out.reply["new_tasks"] == [], out.reply
+    us = (time.process_time() - cpu0) / n_workers * 1e6
+    return {"bench": "revive_worker", "workers": n_workers, "jobs": n_jobs,
+            "us_per_call": round(us, 2), "restore_us": round(restore_us, 1),
+            "unit": "first heartbeat after a dispatcher restart", "loadavg": _loadavg()}
+
+
+def slopes(results: list[dict]) -> list[dict]:
+    """For each curve, the exponent ``b`` of ``cost ~ size**b`` (least squares on logs):
+    0 is flat, 1 linear. Size is workers, or consumers for the consumer sweep; the cost is
+    per unit where a call covers several (per task handed out, per split), else per call."""
+    import math
+
+    curves: dict[tuple, list[tuple[float, float]]] = {}
+    for r in results:
+        if "us_per_call" not in r or r["bench"] in ("rpc_noop", "model"):
+            continue
+        size_key = "workers" if r.get("sweep") != "consumers" else "consumers"
+        key = (r["bench"], r.get("sweep", "workers"), r.get("count"), r.get("sends"))
+        cost = r.get("us_per_unit", r.get("us_per_worker", r["us_per_call"]))
+        curves.setdefault(key, []).append((r[size_key], max(cost, 1e-3)))
+    out = []
+    for (bench, sweep, count, sends), points in curves.items():
+        if len(points) < 2:
+            continue
+        xs = [math.log10(x) for x, _ in points]
+        ys = [math.log10(y) for _, y in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        row = {"bench": "slope", "curve": bench, "sweep": sweep, "exponent": round(b, 2),
+               "points": points}
+        if count is not None:
+            row["count"] = count
+        if sends is not None:
+            row["sends"] = sends
+        out.append(row)
+    return out
+
+
+def plot(results: list[dict], path: str, before: list[dict] | None = None) -> None:
+    """Cost per request against cluster size, log-log, one line per curve; with ``before``
+    (the rows of an earlier run), its curves that grew faster are drawn dashed beside."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6.2))
+    for ax in (left, right):
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+    now = {(r["curve"], r["sweep"], r.get("count"), r.get("sends")): r for r in slopes(results)}
+    for row in slopes(before or []):
+        later = now.get((row["curve"], row["sweep"], row.get("count"), row.get("sends")))
+        if later is None or row["exponent"] < later["exponent"] + 0.3:
+            continue
+        xs, ys = zip(*row["points"], strict=True)
+        (right if row["sweep"] == "consumers" else left).plot(
+            xs, ys, marker="x", linestyle="--", color="grey",
+            label=f"{row['curve']} before: slope {row['exponent']:.2f}")
+    for row in slopes(results):
+        label = row["curve"] + (f" ({row['count']} splits)" if "count" in row else "") + \
+            (f", {row['sends']}" if "sends" in row and row["sends"] != "unchanged" else "") + \
+            f": slope {row['exponent']:.2f}"
+        if "rebuilt" in label:
+            continue
+        xs, ys = zip(*row["points"], strict=True)
+        (right if row["sweep"] == "consumers" else left).plot(xs, ys, marker="o", label=label)
+    for ax, what in ((left, "data workers"), (right, "consumers (10 data workers)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(what)
+        ax.set_ylabel("dispatcher CPU per request or per unit (µs)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 async def rpc_roundtrip(args: argparse.Namespace) -> dict:
@@ -278,8 +527,8 @@ async def rpc_roundtrip(args: argparse.Namespace) -> dict:
 def model(results: list[dict], rpc: dict | None) -> dict:
     """The per-request costs the docs' capacity model uses (largest N measured)."""
     def pick(bench: str, **match) -> dict | None:
-        rows = [r for r in results if r["bench"] == bench
-                and all(r.get(k) == v for k, v in match.items())]
+        rows = [r for r in results if r["bench"] == bench and "sweep" not in r
+                and "workers" in r and all(r.get(k) == v for k, v in match.items())]
         return max(rows, key=lambda r: r["workers"]) if rows else None
 
     out: dict = {"bench": "model"}
@@ -323,22 +572,64 @@ async def main_async(args: argparse.Namespace) -> None:
             for r in rows:
                 emit(r)
             results.extend(rows)
+    for n in args.revive:
+        row = revive_scenario(n, args.jobs)
+        emit(row)
+        results.append(row)
+    for c in args.consumers:
+        rows = await consumers_scenario(c, args)
+        for r in rows:
+            r["sweep"] = "consumers"
+            emit(r)
+        results.extend(rows)
     rpc = await rpc_roundtrip(args) if args.rpc_calls else None
     if rpc:
         emit(rpc)
     emit(model(results, rpc))
+    for row in slopes(results):
+        emit(row)
+    if args.plot:
+        before = None
+        if args.before:
+            with open(args.before) as f:
+                before = [json.loads(line) for line in f if line.strip()]
+        plot(results, args.plot, before)
+
+
+def replot(path: str, out: str, before: str | None) -> None:
+    """Draw the plot from a saved run (this script's JSON lines) without measuring again."""
+    with open(path) as f:
+        results = [json.loads(line) for line in f if line.strip()]
+    prior = None
+    if before:
+        with open(before) as f:
+            prior = [json.loads(line) for line in f if line.strip()]
+    plot([r for r in results if r.get("bench") not in ("slope", "model", "header")], out, prior)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    parser.add_argument("--consumers", type=int, nargs="*", default=[100, 1000, 10000, 100000],
+                        help="the consumer sweep (10 data workers); none: skip it")
+    parser.add_argument("--revive", type=int, nargs="*", default=[10, 100, 1000, 10000],
+                        help="workers revived after a dispatcher restart; none: skip")
+    parser.add_argument("--plot", metavar="PNG", help="write the cost curves (log-log) here")
+    parser.add_argument("--before", metavar="JSONL",
+                        help="with --plot: this script's output from an earlier version, whose "
+                             "steeper curves are drawn dashed beside")
     parser.add_argument("--jobs", type=int, default=2, help="DYNAMIC jobs (tasks per worker)")
     parser.add_argument("--journal", action="store_true",
                         help="fault-tolerant dispatcher: every mutating request is journaled")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rpc-calls", type=int, default=2000,
                         help="no-op TCP round trips to measure (0: skip)")
+    parser.add_argument("--replot", metavar="JSONL",
+                        help="only draw --plot from this saved output (no measurement)")
     args = parser.parse_args(argv)
+    if args.replot:
+        replot(args.replot, args.plot, args.before)
+        return 0
     asyncio.run(main_async(args))
     return 0
 

@@ -88,8 +88,8 @@ def _all_to_one(left, active, repetition=0):  # the hand-out before 533ed4f: as 
     return left
 
 
-def _no_hand_out_when_revived(self, address, *, revived=False):  # before 9b8eb4b
-    if not revived:
+def _no_hand_out_when_revived(self, address, *, had=None):  # before 9b8eb4b
+    if had is None:  # a joining worker (a revived one passes what it had)
         _HAND_OUT(self, address)
 
 

@@ -268,7 +268,7 @@ def equal_sync(core: DispatcherCore, iteration_client_id: int, now: float,
     it holds; it is alive, as for a heartbeat. Returns its group (the shell answers
     ``group.answer()``, maybe after waiting for it to change)."""
     client = core._iteration_client(iteration_client_id, job_token, "an equal split")
-    core.client_seen[iteration_client_id] = int(now * 1_000_000)
+    core.client_seen.seen(iteration_client_id, int(now * 1_000_000))
     iteration = core.state.iteration(client.iteration_id)
     job = core.state.job(iteration.job_id)
     if job.processing_mode != "DYNAMIC":

@@ -11,6 +11,8 @@ plugin's ``dataservice-gc`` periodic callback. Pure.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ...errors import DataServiceError
@@ -42,8 +44,9 @@ class IdleQueue:
     """
 
     def __init__(self) -> None:
-        #: ``{id: idle since}``, in the order the ids became idle.
-        self._since: dict[int, int] = {}
+        #: ``{id: idle since}``, in the order the ids became idle (ordered: a plain dict's
+        #: iteration skips the slots of removed ids, see ``_deadlines.LastSeen``).
+        self._since: OrderedDict[int, int] = OrderedDict()
         #: Ids that became idle "now", stamped by the next tick.
         self._unstamped: dict[int, None] = {}
 
@@ -65,6 +68,10 @@ class IdleQueue:
 
     def __len__(self) -> int:
         return len(self._since) + len(self._unstamped)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._since
+        yield from self._unstamped
 
     def since(self, key: int) -> int | None:
         """When ``key`` became idle (``None``: not stamped yet, or not idle)."""
@@ -212,16 +219,15 @@ def collect_idle(core: DispatcherCore, now: float) -> None:
     join within ``client_timeout`` fail (:mod:`._equal`)."""
     state, config, now_us = core.state, core.config, int(now * 1_000_000)
     core.equal.tick(now, config.client_timeout)
-    gc_timeout = int(config.job_gc_timeout * 1_000_000)
-    for iteration_id in sorted(core.idle_iterations):
+    # O(1 + expired): idle since their last client left (after a restart, every timer
+    # starts again at the start). One that may not be collected (a DYNAMIC job not read to
+    # its end) leaves the queue: only a client's release, which queues it again, changes that.
+    for iteration_id in core.idle_iterations.expired(now_us, int(config.job_gc_timeout * 1e6)):
+        core.idle_iterations.discard(iteration_id)
         it = state.iteration(iteration_id)
         if it.garbage_collected or it.num_clients or it.last_client_released_micros is None:
-            core.idle_iterations.discard(iteration_id)
             continue
-        # after a restart, every timer starts again (nothing is collected early)
-        released = max(it.last_client_released_micros, core.recovered_at)
-        if now_us - released >= gc_timeout and collectable(
-                state, it, config.gc_dynamic_sharding_jobs):
+        if collectable(state, it, config.gc_dynamic_sharding_jobs):
             collect_iteration(core, it.iteration_id, now)
     job_timeout = job_gc_seconds(config)
     for job_id in core.idle_jobs.expired(now_us, int(job_timeout * 1_000_000)):

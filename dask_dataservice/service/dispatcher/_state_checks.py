@@ -81,6 +81,7 @@ class StateChecks:
     _lost_splits: dict[int, list[tuple[int, int, int]]]
     _tasks: dict[int, Task]
     _tasks_by_iteration: dict[int, dict[int, None]]
+    _tasks_by_shard: dict[tuple[int, int], list[int]]
     _splits_in_flight: dict[int, deque[tuple[int, int, int]]]
     _iteration_clients: dict[int, IterationClient]
 

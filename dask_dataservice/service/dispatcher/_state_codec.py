@@ -215,6 +215,9 @@ def _build(payload: dict[str, Any]) -> DispatcherState:
     for task in _rows(payload, "tasks", Task):
         state._tasks[task.task_id] = task
         state._tasks_by_iteration[task.iteration_id][task.task_id] = None
+        if task.shard_index is not None:
+            state._tasks_by_shard.setdefault(
+                (task.iteration_id, task.shard_index), []).append(task.task_id)
         if task.status == "active":
             state._tasks_by_worker[task.worker_address][task.iteration_id] = task.task_id
     for client in _rows(payload, "iteration_clients", IterationClient):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import (
@@ -221,6 +222,21 @@ class StateQueries(_StateBase):
             copy.copy(self._tasks[task_id])
             for task_id in self._tasks_by_iteration.get(iteration_id, ())
         ]
+
+    def iterations_by_worker(self, addresses: Iterable[str]) -> dict[str, set[int]]:
+        """``{address: ids of the live iterations it has a task of (any status)}`` for each
+        of ``addresses``: O(tasks), for a start (reviving a worker is then O(1) per iteration)."""
+        out: dict[str, set[int]] = {address: set() for address in addresses}
+        for task in self._tasks.values():
+            if task.worker_address in out:
+                out[task.worker_address].add(task.iteration_id)
+        return out
+
+    def shard_holders(self, iteration_id: int, shard_index: int) -> list[str]:
+        """The workers of the tasks of one shard of a statically sharded iteration (any
+        status; a worker once per task), without a copy or a scan of the iteration's tasks."""
+        return [self._tasks[task_id].worker_address
+                for task_id in self._tasks_by_shard.get((iteration_id, shard_index), ())]
 
     def tasks_for_worker(self, address: str) -> list[Task]:
         """The active tasks of a worker (none if it departed), in creation order.

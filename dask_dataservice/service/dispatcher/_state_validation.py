@@ -276,6 +276,14 @@ def validate_state(state: DispatcherState) -> None:
                 task is not None and task.iteration_id == iteration_id,
                 f"iteration {iteration_id} lists task {task_id} wrongly",
             )
+    by_shard: dict[tuple[int, int], list[int]] = {}
+    for task_id, task in state._tasks.items():
+        if task.shard_index is not None:
+            by_shard.setdefault((task.iteration_id, task.shard_index), []).append(task_id)
+    _invariant(
+        {k: sorted(v) for k, v in state._tasks_by_shard.items()} == by_shard,
+        "the shard index disagrees with the tasks",
+    )
     for task_id, task in state._tasks.items():
         _invariant(task.task_id == task_id, f"task {task_id} stored under another id")
         _invariant(not (task.finished and task.lost), f"task {task_id} is finished and lost")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -41,18 +41,19 @@ from ..protocol._job_checks import (
     check_mode,
     check_target_workers,
     require_shared_infinite,
-    shard_index,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
 from . import _equal, _gc, _locality, _split_order
 from ._credentials import check_reuse, credential, find_dataset
-from ._deadlines import WorkerDeadlines
+from ._deadlines import LastSeen, WorkerDeadlines
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
+from ._shards import ShardMaps, warn_changed_worker_lists
 from ._shares import fair_share
 from ._views import ViewCache, build_view
 from .state import (
     AckSplits,
     AcquireIterationClient,
+    ClientHeartbeat,
     CreateIteration,
     CreateJob,
     CreateTask,
@@ -182,16 +183,23 @@ class DispatcherCore:
         self.state = DispatcherState()
         self.lineage = lineage
         self._new_token = new_token or (lambda: secrets.token_urlsafe(24))
-        #: ``{iteration_client_id: micros}``: the last heartbeat of each client since this start.
-        self.client_seen: dict[int, int] = {}
-        #: Iterations of named jobs that lost their last client (candidates for GC).
-        self.idle_iterations: set[int] = set()
+        #: ``{iteration_client_id: micros}``: when each acquired client was last heard from
+        #: since this start (acquired, heartbeat; this start for the journal's), oldest first.
+        self.client_seen: LastSeen[int] = LastSeen()
+        #: Iterations of named jobs that lost their last client (candidates for GC), since
+        #: when (micros), oldest first.
+        self.idle_iterations = _gc.IdleQueue()
         #: GC candidates (jobs without iteration, unread datasets without jobs); read datasets.
         self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
         self.read_datasets: set[int] = set()  # and the Dask data live datasets published:
         self.published = _gc.PublishedNames()
         #: Workers the journal knew that have not heartbeated since this start.
         self.recovered_workers: set[str] = set()
+        #: ``{address: iteration ids}``: the live iterations each of those workers had a task
+        #: of (any status) when the journal was replayed, so that reviving one is O(live
+        #: iterations), not a scan of every iteration's tasks per worker.
+        self._recovered_iterations: dict[str, set[int]] = {}
+        self.shard_maps = ShardMaps()  # static jobs' worker lists as lookups (a cache)
         #: When this start began (micros): client and GC timers start again from it.
         self.recovered_at = micros(now)
         self.views = ViewCache(view_nonce)
@@ -222,6 +230,13 @@ class DispatcherCore:
         self.state.apply(update, checked=True)
         self.views.updated(update)
         self._updates.append(update)
+        match update:  # the liveness timers follow the state, whoever applies an update
+            case AcquireIterationClient() | ClientHeartbeat():
+                self.client_seen.seen(update.iteration_client_id, update.time_micros)
+            case ReleaseIterationClient():
+                self.client_seen.pop(update.iteration_client_id, None)
+            case RegisterWorker():
+                self.deadlines.watch(update.address)
 
     def _push(self, address: str, changes: TaskChanges) -> None:
         self._messages.append((address, changes))
@@ -254,31 +269,19 @@ class DispatcherCore:
         self.views = ViewCache()
         self.quotas = Quotas.of(state, self.config.limits)
         self.recovered_workers = {w.address for w in state.list_workers()}
-        self.idle_iterations = {
-            it.iteration_id for it in state.list_live_iterations()
-            if not it.num_clients
-            and it.last_client_released_micros is not None
-        }
+        self._recovered_iterations = state.iterations_by_worker(self.recovered_workers)
+        self.shard_maps = ShardMaps()
+        self.idle_iterations = _gc.IdleQueue()
+        for it in state.list_live_iterations():  # their timers start at this start
+            if not it.num_clients and it.last_client_released_micros is not None:
+                self.idle_iterations.add(it.iteration_id, self.recovered_at)
+        self.client_seen = LastSeen(
+            (c.iteration_client_id, self.recovered_at) for c in state.list_iteration_clients())
+        for address in self.recovered_workers:
+            self.deadlines.watch(address)
         (self.idle_jobs, self.idle_datasets, self.read_datasets,
          self.published) = _gc.idle_queues(state, self.recovered_at)
-        self._warn_changed_worker_lists()
-
-    def _warn_changed_worker_lists(self) -> None:
-        """Say so when the config's worker list differs from what live static jobs journaled.
-
-        Those jobs keep their own list (a shard is never reassigned by a config change); only
-        new jobs use the new one.
-        """
-        config_list = tuple(self.config.worker_addresses or ())
-        for job in self.state.list_jobs():
-            if job.worker_addresses and not job.garbage_collected and \
-                    job.worker_addresses != config_list:
-                gone = sorted(set(job.worker_addresses) - set(config_list))
-                logger.warning(
-                    "dataservice: job %s keeps the worker list it was created with, %s; the "
-                    "dispatcher is now configured with %s (new jobs use it)%s",
-                    job.job_id, list(job.worker_addresses), list(config_list),
-                    f"; no longer configured: {gone}" if gone else "")
+        warn_changed_worker_lists(state, self.config.worker_addresses)
 
     # Datasets, jobs, iterations
     ############################
@@ -344,8 +347,7 @@ class DispatcherCore:
             check_name(self.config.limits, what, name)
         dataset = self.dataset(dataset_id)
         dataset_id = dataset.dataset_id
-        worker_addresses = list(self.config.worker_addresses) \
-            if self.config.worker_addresses else None
+        worker_addresses = self.config.worker_addresses or None  # a tuple: not copied
         mode = check_mode(mode, dataset, worker_addresses)
         target_workers = str(target_workers).upper()
         check_target_workers(mode, target_workers, num_consumers)
@@ -385,7 +387,7 @@ class DispatcherCore:
             processing_mode=mode.name, num_consumers=num_consumers,
             target_workers=target_workers,
             cross_trainer_cache=bool(cross_trainer_cache), position=position,  # issue 13
-            worker_addresses=tuple(worker_addresses)  # type: ignore[arg-type]  # check_mode
+            worker_addresses=worker_addresses  # type: ignore[arg-type]  # check_mode
             if mode in STATIC_POLICIES else (),
             token=self._new_token(),
         ))
@@ -434,7 +436,7 @@ class DispatcherCore:
         """A consumer is alive: remember when (not journaled); answer its iteration's view,
         or only ``unchanged`` if ``view_version`` is still current (:mod:`._views`)."""
         client = self._iteration_client(iteration_client_id, job_token, "a client heartbeat")
-        self.client_seen[iteration_client_id] = micros(now)
+        self.client_seen.seen(iteration_client_id, micros(now))
         version = self.views.version
         consumers = self.state.iteration(client.iteration_id).num_clients  # who shares (22)
         reply = {"status": "OK", "view_version": version, "consumers": consumers}
@@ -559,29 +561,29 @@ class DispatcherCore:
         return cast("TaskChanges", {"status": "OK", "new_tasks": new_tasks,
                                     "cancelled": cancelled, "lineage": self.lineage})
 
-    def _hand_out(self, address: str, *, revived: bool = False) -> None:
+    def _hand_out(self, address: str, *, had: Collection[int] = ()) -> None:
         """A task of each live iteration that a worker joining now serves (``_serves``),
         created without a push (the heartbeat's reply carries them).
 
-        Coordinated reads keep the task list they started with. A ``revived`` worker (back
-        with its tasks after a dispatcher restart) only gets tasks of iterations created while
-        it was away: an iteration that already has a task of it, in any status, gets none (a
-        finished OFF task must not run its repetition again; tests/service/test_invisible_restart.py).
-        O(live iterations), and O(their tasks) when revived.
+        Coordinated reads keep the task list they started with. A worker revived after a
+        dispatcher restart (back with its tasks) only gets tasks of iterations created while
+        it was away: the iterations it ``had`` a task of, in any status, get none (a finished
+        OFF task must not run its repetition again; tests/service/test_invisible_restart.py).
+        O(live iterations).
         """
         state = self.state
         for iteration in state.list_live_iterations():
             job = state.job(iteration.job_id)
             if job.num_consumers is not None or not self._serves(iteration, job):
                 continue  # coordinated reads: the task list is fixed at the start
-            if revived and any(t.worker_address == address
-                               for t in state.tasks_for_iteration(iteration.iteration_id)):
+            if iteration.iteration_id in had:
                 continue
             self._create_task(iteration.iteration_id, address, job, push=False)
 
     def _revive(self, address: str, resumed: bool, active_tasks: Iterable[int]) -> None:
         """The first heartbeat of a worker the journal knew (:mod:`._recovery`)."""
         self.recovered_workers.discard(address)
+        had = self._recovered_iterations.pop(address, set())
         state = self.state
         try:
             registered = state.worker(address).registered
@@ -596,7 +598,7 @@ class DispatcherCore:
         if resumed:
             logger.info("dataservice: data worker %s is back with its tasks %s (reported %s): "
                         "revived", address, held, sorted(active_tasks))
-            self._hand_out(address, revived=True)
+            self._hand_out(address, had=had)
             return
         logger.warning(
             "dataservice: data worker %s came back without its tasks (a new process); its "
@@ -653,20 +655,17 @@ class DispatcherCore:
         nobody reads (anonymous ones went at once; named ones after ``job_gc_timeout``), jobs
         that never got an iteration, and datasets without jobs (:func:`._gc.collect_idle`)."""
         timeout = self.deadlines.timeout
-        for address, silence in self.deadlines.silent(
-                [w.address for w in self.state.list_workers()], now):
+        for address, silence in self.deadlines.silent(now):
             self._drop(address, f"no heartbeat for {silence:.1f}s "
                        f"(dataservice.dispatcher.worker-timeout={timeout:g}s)", now)
         now_us = micros(now)
         client_timeout = int(self.config.client_timeout * 1_000_000)
-        for client in self.state.list_iteration_clients():
-            # after a restart, every timer starts again (heartbeats are not journaled)
-            seen = max(client.last_seen_micros, self.recovered_at,
-                       self.client_seen.get(client.iteration_client_id, 0))
-            if now_us - seen > client_timeout:
-                logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
-                            client.iteration_client_id, (now_us - seen) / 1e6)
-                self._release_client(client.iteration_client_id, now)
+        # O(1 + silent clients): oldest first (after a restart every timer starts again:
+        # heartbeats are not journaled)
+        for client_id, seen in self.client_seen.silent(now_us, client_timeout):
+            logger.info("dataservice: releasing client %s (no heartbeat for %.1fs)",
+                        client_id, (now_us - seen) / 1e6)
+            self._release_client(int(client_id), now)
         _gc.collect_idle(self, now)  # named iterations, jobs without one, unread datasets
 
     def _release_client(self, iteration_client_id: int, now: float,
@@ -682,7 +681,7 @@ class DispatcherCore:
             if job.job_name is None:
                 _gc.collect_iteration(self, iteration.iteration_id, now)
             else:
-                self.idle_iterations.add(iteration.iteration_id)
+                self.idle_iterations.add(iteration.iteration_id, micros(now))
 
     # Queries and helpers
     #####################
@@ -699,16 +698,14 @@ class DispatcherCore:
             return
         index = None
         if job.worker_addresses:  # static sharding: the job's journaled list decides
-            info = self.cluster.worker(address)
-            taken = (t.shard_index for t in self.state.tasks_for_iteration(iteration_id)
-                     if t.shard_index is not None and t.worker_address != address
-                     and self.cluster.worker(t.worker_address))
-            index = shard_index(job.worker_addresses, address, None if info is None else info.name,
-                                taken)
+            index = self.shard_maps.shard(self.state, self.cluster, iteration_id, job, address)
             if index is None:
+                listed = job.worker_addresses
                 logger.info(
                     "dataservice: worker %s is not in the worker list of job %s (%s): it "
-                    "gets no task of it", address, job.job_id, list(job.worker_addresses))
+                    "gets no task of it", address, job.job_id,
+                    list(listed) if len(listed) <= 10 else f"{len(listed)} entries: "
+                    f"{', '.join(listed[:5])}, ...")
                 return
         task_id = self.state.next_task_id()
         self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address,

@@ -67,7 +67,9 @@ if TYPE_CHECKING:
     from distributed import Scheduler
 
     from ..protocol._messages import IterationView, TaskChanges, TaskDef
+    from ._deadlines import LastSeen
     from ._entities import Task
+    from ._gc import IdleQueue
     from .journal import JournalWriter
 
 logger = logging.getLogger(__name__)
@@ -200,11 +202,11 @@ class DispatcherPlugin(SchedulerPlugin):
         return self.core
 
     @property
-    def _client_seen(self) -> dict[int, int]:
+    def _client_seen(self) -> LastSeen[int]:
         return self._core.client_seen
 
     @property
-    def _idle_iterations(self) -> set[int]:
+    def _idle_iterations(self) -> IdleQueue:
         return self._core.idle_iterations
 
     @property

@@ -299,6 +299,10 @@ class DispatcherState(StateQueries, StateChecks):
         #: ``{iteration_id: {task_id: None}}`` (an ordered set) for each iteration that is not
         #: garbage collected: all its tasks, active, finished or lost.
         self._tasks_by_iteration: dict[int, dict[int, None]] = {}
+        #: ``{(iteration_id, shard_index): [task_id, ...]}``: the tasks of each shard of a
+        #: statically sharded iteration that is not garbage collected (any status), so that
+        #: handing out a shard is O(1) and not a scan over the iteration's tasks.
+        self._tasks_by_shard: dict[tuple[int, int], list[int]] = {}
         #: ``{task_id: deque[(repetition, start, stop)]}``: the splits an active task holds and
         #: has not acknowledged, as runs of consecutive indices (``start`` to ``stop - 1``),
         #: ascending, never empty, adjacent runs merged. Tasks holding none have no entry.
@@ -492,6 +496,7 @@ class DispatcherState(StateQueries, StateChecks):
             "lost_splits": {k: sorted(v) for k, v in self._lost_splits.items()},  # runs
             "tasks": {k: dataclasses.asdict(v) for k, v in self._tasks.items()},
             "tasks_by_iteration": {k: list(v) for k, v in self._tasks_by_iteration.items()},
+            "tasks_by_shard": {k: list(v) for k, v in self._tasks_by_shard.items()},
             "splits_in_flight": {k: list(v) for k, v in self._splits_in_flight.items()},
             "split_orders": {k: list(v) for k, v in self._split_orders.items()},
             "ended_split_orders": {k: [rep, list(v)]
@@ -606,6 +611,8 @@ class DispatcherState(StateQueries, StateChecks):
             shard_index=u.shard_index,
         )
         self._tasks_by_iteration[u.iteration_id][u.task_id] = None
+        if u.shard_index is not None:
+            self._tasks_by_shard.setdefault((u.iteration_id, u.shard_index), []).append(u.task_id)
         self._tasks_by_worker[u.worker_address][u.iteration_id] = u.task_id
         self._workers[u.worker_address].num_tasks += 1
         iteration = self._iterations[u.iteration_id]
@@ -682,6 +689,8 @@ class DispatcherState(StateQueries, StateChecks):
         self._ended_split_orders.pop(u.iteration_id, None)
         for task_id in self._tasks_by_iteration.pop(u.iteration_id):
             task = self._tasks.pop(task_id)
+            if task.shard_index is not None:
+                self._tasks_by_shard.pop((u.iteration_id, task.shard_index), None)
             if task.status == "active":
                 del self._tasks_by_worker[task.worker_address][u.iteration_id]
             self._splits_in_flight.pop(task_id, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..._rpc import strip_protocol
@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "JobAccessDeniedError",
+    "ShardMap",
     "check_job_token",
     "check_mode",
     "check_target_workers",
@@ -73,7 +74,8 @@ def _cardinality_name(n: int | None) -> str:
     return {INFINITE: "INFINITE", UNKNOWN: "UNKNOWN", None: "UNKNOWN"}.get(n, str(n))
 
 
-def check_mode(mode: ShardingPolicy, dataset: Dataset, worker_addresses: list[str] | None) -> ShardingPolicy:
+def check_mode(mode: ShardingPolicy, dataset: Dataset,
+               worker_addresses: Sequence[str] | None) -> ShardingPolicy:
     """Validate a processing mode for a dataset; FILE_OR_DATA resolves to FILE or DATA.
 
     FILE_OR_DATA is FILE when file sharding applies (a list of files, at least one per
@@ -147,7 +149,37 @@ def names_a_host(entry: str) -> bool:
     return port == ANY_PORT or (port is None and ("." in host or ":" in host))
 
 
-def shard_index(entries: tuple[str, ...], address: str, name: object = None,
+class ShardMap:
+    """A static job's worker list as lookups (:func:`shard_index`'s rules), built once per
+    job: a worker's shard costs O(1 + entries of its host), not a scan of the whole list (a
+    job of 10,000 listed workers scanned 50 million entries to start)."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        #: ``{entry: its first position}``: entries naming one worker (or a name).
+        self.exact: dict[str, int] = {}
+        #: ``{host: [positions]}``: entries that stand for any worker of a host.
+        self.by_host: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            self.exact.setdefault(entry, i)
+            entry_host, port = _host_port(entry)
+            if port in (None, ANY_PORT):
+                self.by_host.setdefault(entry_host, []).append(i)
+
+    def index(self, address: str, name: object = None,
+              taken: Callable[[int], bool] = lambda i: False) -> int | None:
+        """``address``'s position (see :func:`shard_index`); ``taken(i)``: whether another
+        live worker of the iteration holds shard ``i`` (asked only for its host's entries)."""
+        keys = {address, strip_protocol(address)}
+        if name is not None:
+            keys.add(str(name))
+        named = [i for i in map(self.exact.get, keys) if i is not None]
+        if named:
+            return min(named)
+        host, _ = _host_port(address)
+        return next((i for i in self.by_host.get(host, ()) if not taken(i)), None)
+
+
+def shard_index(entries: Iterable[str], address: str, name: object = None,
                 taken: Iterable[int] = ()) -> int | None:
     """A worker's position in a static job's worker list; None if it is not listed.
 
@@ -156,21 +188,10 @@ def shard_index(entries: tuple[str, ...], address: str, name: object = None,
     worker's address has it: Dask resolves host names, and ``DispatchServer`` resolves the
     entries' names when it starts). A worker takes the first entry naming it, else the first
     entry of its host whose shard is not in ``taken`` (the shards other live workers of the
-    iteration hold), so that several workers of one host get one shard each.
+    iteration hold), so that several workers of one host get one shard each. (The
+    dispatcher keeps a :class:`ShardMap` per job instead of calling this.)
     """
-    keys = {address, strip_protocol(address)}
-    if name is not None:
-        keys.add(str(name))
-    for i, entry in enumerate(entries):
-        if entry in keys:
-            return i
-    host, _ = _host_port(address)
-    held = set(taken)
-    for i, entry in enumerate(entries):
-        entry_host, port = _host_port(entry)
-        if port in (None, ANY_PORT) and entry_host == host and i not in held:
-            return i
-    return None
+    return ShardMap(entries).index(address, name, set(taken).__contains__)
 
 
 def resolve_entry_hosts(entries: Iterable[str]) -> list[str]:

@@ -223,6 +223,82 @@ def test_liveness_deadline_and_stalled_dispatcher():
     assert core.deadlines.dropped == {"tcp://a:1": 135.5}
 
 
+def test_a_gc_tick_looks_only_at_the_silent(monkeypatch):
+    """Workers and consumers are kept in the order they were last heard from: a GC tick walks
+    from the oldest and stops at the first that is not silent (O(1 + silent), not a scan of
+    every consumer every 500 ms); a worker registered without a heartbeat gets a timer at the
+    next tick; a clock that stepped back finds a consumer silent late, never early."""
+    core, cluster = make(worker_timeout=10.0, client_timeout=10.0)
+    ds = dataset(core)
+    for i, address in enumerate(("tcp://a:1", "tcp://b:1", "tcp://c:1")):
+        join(core, cluster, address, 100.0 + i)
+    core.apply(RegisterWorker(address="tcp://d:1", host="d", nthreads=1))  # no heartbeat
+    views = [read(core, ds, "DYNAMIC", 100.0, job_name="shared") for _ in range(1_000)]
+    token = core.state.job(core.state.iteration(views[0]["iteration_id"]).job_id).token
+    for i, view in enumerate(views):
+        when = 100.0 + i * 0.001 if i < 100 else 110.0
+        core.client_heartbeat(view["iteration_client_id"], when, job_token=token)
+    for address in ("tcp://b:1", "tcp://c:1"):
+        core.worker_heartbeat(cluster.workers[address], 105.0)
+
+    def scan(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a GC tick scanned every worker or consumer")
+
+    monkeypatch.setattr(type(core.state), "list_iteration_clients", scan)
+    monkeypatch.setattr(type(core.state), "list_workers", scan)
+    # ticks closer than worker_timeout / 2 (a longer pause is the dispatcher's own stall)
+    assert core.gc_tick(104.0).updates == []  # d's timer starts here
+    assert core.gc_tick(108.0).updates == []
+    out = core.gc_tick(111.0)  # silent: a (since 100) and the first 100 consumers
+    released = [u.iteration_client_id for u in out.updates
+                if isinstance(u, ReleaseIterationClient)]
+    assert released == [v["iteration_client_id"] for v in views[:100]]
+    assert [u.address for u in out.updates if isinstance(u, RemoveWorker)] == ["tcp://a:1"]
+    for address in ("tcp://b:1", "tcp://c:1"):
+        core.worker_heartbeat(cluster.workers[address], 114.5)
+    out = core.gc_tick(114.5)  # d: 10.5 s after its first tick
+    assert [u.address for u in out.updates if isinstance(u, RemoveWorker)] == ["tcp://d:1"]
+    assert len(core.client_seen) == 900 and "tcp://a:1" not in core.deadlines.seen_at
+    # the clock stepped back between two heartbeats: the later one looks older
+    core.client_heartbeat(views[100]["iteration_client_id"], 118.0, job_token=token)
+    core.client_heartbeat(views[101]["iteration_client_id"], 116.0, job_token=token)
+    for view in views[102:]:
+        core.client_heartbeat(view["iteration_client_id"], 118.0, job_token=token)
+    assert core.gc_tick(118.5).updates == []
+    assert core.gc_tick(122.5).updates == []
+    for view in views[102:]:
+        core.client_heartbeat(view["iteration_client_id"], 124.0, job_token=token)
+    for address in ("tcp://b:1", "tcp://c:1"):
+        core.worker_heartbeat(cluster.workers[address], 124.0)
+    assert core.gc_tick(126.5).updates == []  # 101 is silent (10.5 s), found late
+    out = core.gc_tick(128.5)
+    assert [u.iteration_client_id for u in out.updates] == [
+        views[100]["iteration_client_id"], views[101]["iteration_client_id"]]
+
+
+def test_a_static_job_of_many_workers_per_host_gives_each_its_own_shard():
+    """TensorFlow's ``"host:%port%"`` entries, 200 hosts of 10 workers: each worker takes a
+    shard of its host not held by another live worker of the iteration, looked up per host
+    (a worker that left frees its shard for the next of its host)."""
+    entries = [f"10.0.{h // 250}.{h % 250}:%port%" for h in range(200) for _ in range(10)]
+    core, cluster = make(worker_addresses=tuple(entries))
+    ds = dataset(core)
+    addresses = [f"tcp://10.0.{h // 250}.{h % 250}:{9000 + k}" for h in range(200)
+                 for k in range(10)]
+    for address in addresses:
+        join(core, cluster, address)
+    view = read(core, ds, "DATA")
+    tasks = core.state.tasks_for_iteration(view["iteration_id"])
+    assert sorted(t.shard_index for t in tasks) == list(range(2_000))
+    assert all(entries[t.shard_index].split(":")[0] in t.worker_address for t in tasks)
+    gone = next(t for t in tasks if t.worker_address == addresses[5])
+    del cluster.workers[addresses[5]]
+    core.worker_left(addresses[5])
+    newcomer = "tcp://10.0.0.0:9999"
+    out = join(core, cluster, newcomer)
+    assert [t["worker_index"] for t in out.reply["new_tasks"]] == [gone.shard_index]
+
+
 def test_gc_anonymous_at_release_named_after_timeout_dynamic_kept():
     core, cluster = make(job_gc_timeout=5.0)
     ds = dataset(core)
