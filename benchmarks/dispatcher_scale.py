@@ -67,6 +67,20 @@ class _Inbox:
         self.messages += len(msgs)
 
 
+def _fake_worker(scheduler, plugin, address: str, key: str) -> _Inbox:
+    """A ``WorkerState`` in ``scheduler.workers`` with ``key`` in the access guard and an
+    :class:`_Inbox` for its stream (returned)."""
+    from distributed.scheduler import WorkerState
+
+    scheduler.workers[address] = WorkerState(
+        address=address, status=scheduler.status, pid=0, name=address, nthreads=1,
+        memory_limit=0, local_directory="/tmp", nanny=None, server_id=f"fake-{key}",
+        services={}, versions={}, extra={})
+    inbox = scheduler.stream_comms[address] = _Inbox()
+    plugin._access._keys[address] = key
+    return inbox
+
+
 def _loadavg() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -103,7 +117,6 @@ async def _time_calls(make_call, calls: int, repeats: int, concurrency: int = 16
 async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratch: Path) -> list[dict]:
     import dask
     from distributed import Scheduler
-    from distributed.scheduler import WorkerState
 
     from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
@@ -124,12 +137,8 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
         addresses, keys, inboxes = [], {}, {}
         for i in range(n_workers):
             address = f"tcp://127.0.0.{2 + i // 50_000}:{10_000 + i % 50_000}"
-            ws = WorkerState(address=address, status=scheduler.status, pid=0, name=address,
-                             nthreads=1, memory_limit=0, local_directory="/tmp", nanny=None,
-                             server_id=f"fake-{i}", services={}, versions={}, extra={})
-            scheduler.workers[address] = ws
-            inboxes[address] = scheduler.stream_comms[address] = _Inbox()
-            keys[address] = plugin._access._keys[address] = f"key-{i}"
+            inboxes[address] = _fake_worker(scheduler, plugin, address, f"key-{i}")
+            keys[address] = f"key-{i}"
             addresses.append(address)
         # Register every fake worker through the real heartbeat.
         for address in addresses:
@@ -248,12 +257,8 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
         joiners = []
         for i in range(min(200, max(20, n_workers // 10))):
             address = f"tcp://127.1.{i // 250}.{i % 250}:{9_000}"
-            ws = WorkerState(address=address, status=scheduler.status, pid=0, name=address,
-                             nthreads=1, memory_limit=0, local_directory="/tmp", nanny=None,
-                             server_id=f"joiner-{i}", services={}, versions={}, extra={})
-            scheduler.workers[address] = ws
-            inboxes[address] = scheduler.stream_comms[address] = _Inbox()
-            keys[address] = plugin._access._keys[address] = f"joiner-key-{i}"
+            inboxes[address] = _fake_worker(scheduler, plugin, address, f"joiner-key-{i}")
+            keys[address] = f"joiner-key-{i}"
             joiners.append(address)
         cpu0 = time.process_time()
         for address in joiners:
@@ -325,7 +330,6 @@ async def consumers_scenario(n_consumers: int, args: argparse.Namespace) -> list
     costs (``get_or_create_iteration``), a steady heartbeat, and the GC tick."""
     import dask
     from distributed import Scheduler
-    from distributed.scheduler import WorkerState
 
     from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
@@ -342,12 +346,7 @@ async def consumers_scenario(n_consumers: int, args: argparse.Namespace) -> list
     try:
         for i in range(10):
             address = f"tcp://127.0.0.2:{10_000 + i}"
-            scheduler.workers[address] = WorkerState(
-                address=address, status=scheduler.status, pid=0, name=address, nthreads=1,
-                memory_limit=0, local_directory="/tmp", nanny=None, server_id=f"fake-{i}",
-                services={}, versions={}, extra={})
-            scheduler.stream_comms[address] = _Inbox()
-            plugin._access._keys[address] = f"key-{i}"
+            _fake_worker(scheduler, plugin, address, f"key-{i}")
             await plugin.worker_heartbeat(address=address, host="127.0.0.2", nthreads=1,
                                           worker_key=f"key-{i}")
         reply = await plugin.register_dataset(fingerprint="consumers", pipeline=b"x",
