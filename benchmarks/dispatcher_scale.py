@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -114,26 +115,40 @@ async def _time_calls(make_call, calls: int, repeats: int, concurrency: int = 16
     return best
 
 
-async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratch: Path) -> list[dict]:
+@contextlib.asynccontextmanager
+async def _dispatcher(plugin):
+    """A real ``distributed.Scheduler`` with ``plugin`` for fake workers; the fake workers are
+    forgotten (nothing to close) and the scheduler closed on the way out."""
     import dask
     from distributed import Scheduler
 
+    # Fake workers and consumers heartbeat only when measured: keep the liveness checks from
+    # dropping them. No work stealing: its balance loop would walk the fake workers' (empty)
+    # occupancy.
+    with dask.config.set({"dataservice.dispatcher.worker-timeout": "1h",
+                          "dataservice.dispatcher.client-timeout": "1h",
+                          "distributed.scheduler.work-stealing": False}):
+        scheduler = Scheduler(host="127.0.0.1", port=0, dashboard=False,
+                              dashboard_address=":0", validate=False)
+        scheduler.add_plugin(plugin)
+        await scheduler
+        try:
+            yield scheduler
+        finally:
+            for address in list(scheduler.workers):
+                scheduler.workers.pop(address, None)
+                scheduler.stream_comms.pop(address, None)
+            await scheduler.close()
+
+
+async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratch: Path) -> list[dict]:
     from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
-    # Fake workers heartbeat only when measured: keep the liveness check from dropping them.
-    # No work stealing: its balance loop would walk the fake workers' (empty) occupancy.
-    stack = dask.config.set({"dataservice.dispatcher.worker-timeout": "1h",
-                             "distributed.scheduler.work-stealing": False})
-    stack.__enter__()
     work_dir = scratch / f"journal-{n_workers}-{n_jobs}" if args.journal else None
     plugin = DispatcherPlugin(fault_tolerant_mode=args.journal,
                               work_dir=str(work_dir) if work_dir else None)
-    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard=False, dashboard_address=":0",
-                          validate=False)
-    scheduler.add_plugin(plugin)
-    await scheduler
     results: list[dict] = []
-    try:
+    async with _dispatcher(plugin) as scheduler:
         addresses, keys, inboxes = [], {}, {}
         for i in range(n_workers):
             address = f"tcp://127.0.0.{2 + i // 50_000}:{10_000 + i % 50_000}"
@@ -302,12 +317,6 @@ async def scenario(n_workers: int, n_jobs: int, args: argparse.Namespace, scratc
         # The periodic GC tick (every 500 ms) in the steady state: nobody is silent.
         results.append(_gc_ticks(plugin, n_workers=n_workers + len(joiners),
                                  consumers=len(consumers), repeats=args.repeats))
-    finally:
-        for address in list(scheduler.workers):  # fake: nothing to close, just forget them
-            scheduler.workers.pop(address, None)
-            scheduler.stream_comms.pop(address, None)
-        await scheduler.close()
-        stack.__exit__(None, None, None)
     for r in results:
         r["loadavg"] = _loadavg()
     return results
@@ -328,22 +337,11 @@ def _gc_ticks(plugin, *, n_workers: int, consumers: int, repeats: int, ticks: in
 async def consumers_scenario(n_consumers: int, args: argparse.Namespace) -> list[dict]:
     """``n_consumers`` consumers of one named DYNAMIC job on 10 fake workers: what joining
     costs (``get_or_create_iteration``), a steady heartbeat, and the GC tick."""
-    import dask
-    from distributed import Scheduler
-
     from dask_dataservice.service.dispatcher.plugin import DispatcherPlugin
 
-    stack = dask.config.set({"dataservice.dispatcher.worker-timeout": "1h",
-                             "dataservice.dispatcher.client-timeout": "1h",
-                             "distributed.scheduler.work-stealing": False})
-    stack.__enter__()
     plugin = DispatcherPlugin()
-    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard=False, dashboard_address=":0",
-                          validate=False)
-    scheduler.add_plugin(plugin)
-    await scheduler
     results: list[dict] = []
-    try:
+    async with _dispatcher(plugin) as scheduler:
         for i in range(10):
             address = f"tcp://127.0.0.2:{10_000 + i}"
             _fake_worker(scheduler, plugin, address, f"key-{i}")
@@ -373,12 +371,6 @@ async def consumers_scenario(n_consumers: int, args: argparse.Namespace) -> list
                         "sends": "unchanged", "us_per_call": round(us, 2)})
         results.append(_gc_ticks(plugin, n_workers=10, consumers=n_consumers,
                                  repeats=args.repeats))
-    finally:
-        for address in list(scheduler.workers):
-            scheduler.workers.pop(address, None)
-            scheduler.stream_comms.pop(address, None)
-        await scheduler.close()
-        stack.__exit__(None, None, None)
     for r in results:
         r["loadavg"] = _loadavg()
     return results

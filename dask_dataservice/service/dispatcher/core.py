@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, KeysView, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -193,12 +193,10 @@ class DispatcherCore:
         self.idle_jobs, self.idle_datasets = _gc.IdleQueue(), _gc.IdleQueue()
         self.read_datasets: set[int] = set()  # and the Dask data live datasets published:
         self.published = _gc.PublishedNames()
-        #: Workers the journal knew that have not heartbeated since this start.
-        self.recovered_workers: set[str] = set()
-        #: ``{address: iteration ids}``: the live iterations each of those workers had a task
-        #: of (any status) when the journal was replayed, so that reviving one is O(live
-        #: iterations), not a scan of every iteration's tasks per worker.
-        self._recovered_iterations: dict[str, set[int]] = {}
+        #: ``{address: ids of the live iterations it had a task of (any status)}``: the
+        #: workers the journal knew that have not heartbeated since this start (reviving one
+        #: is then O(live iterations), not a scan of every iteration's tasks).
+        self.recovered: dict[str, set[int]] = {}
         self.shard_maps = ShardMaps()  # static jobs' worker lists as lookups (a cache)
         #: When this start began (micros): client and GC timers start again from it.
         self.recovered_at = micros(now)
@@ -258,6 +256,11 @@ class DispatcherCore:
 
     # Recovery
     ##########
+    @property
+    def recovered_workers(self) -> KeysView[str]:
+        """The workers the journal knew that have not heartbeated since this start."""
+        return self.recovered.keys()
+
     def restore(self, state: DispatcherState) -> None:
         """Take the state replayed from the journal (:mod:`._recovery`).
 
@@ -268,8 +271,7 @@ class DispatcherCore:
         self.state = state
         self.views = ViewCache()
         self.quotas = Quotas.of(state, self.config.limits)
-        self.recovered_workers = {w.address for w in state.list_workers()}
-        self._recovered_iterations = state.iterations_by_worker(self.recovered_workers)
+        self.recovered = state.iterations_by_worker(w.address for w in state.list_workers())
         self.shard_maps = ShardMaps()
         self.idle_iterations = _gc.IdleQueue()
         for it in state.list_live_iterations():  # their timers start at this start
@@ -582,8 +584,7 @@ class DispatcherCore:
 
     def _revive(self, address: str, resumed: bool, active_tasks: Iterable[int]) -> None:
         """The first heartbeat of a worker the journal knew (:mod:`._recovery`)."""
-        self.recovered_workers.discard(address)
-        had = self._recovered_iterations.pop(address, set())
+        had = self.recovered.pop(address, set())
         state = self.state
         try:
             registered = state.worker(address).registered

@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, KeysView, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -210,7 +210,7 @@ class DispatcherPlugin(SchedulerPlugin):
         return self._core.idle_iterations
 
     @property
-    def _recovered_workers(self) -> set[str]:
+    def _recovered_workers(self) -> KeysView[str]:
         return self._core.recovered_workers
 
     @property
