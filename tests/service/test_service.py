@@ -130,6 +130,32 @@ def test_dynamic_exactly_once(nworkers):
 
 
 @gen_cluster(client=True)
+async def test_a_dynamic_tasks_first_split_comes_with_it(c, s, a, b):
+    """issue 25, target 2: each task of a DYNAMIC read starts with the split pushed with it,
+    so no task asks the dispatcher for its first split (each task's first request, its
+    ask-ahead, says it received one), and every element is read exactly once."""
+    ds = await distribute(dds.Dataset.range(200).map(lambda x: x + 1), "distributed_epoch", c)
+    asked = []
+    handler = s.handlers["dataservice_get_split"]  # installed with the service
+
+    async def counting(**kwargs):
+        asked.append(kwargs)
+        return await handler(**kwargs)
+
+    s.handlers["dataservice_get_split"] = counting
+    out = await read(ds)
+    assert sorted(out) == list(range(1, 201))
+    first = {}
+    for kw in asked:
+        first.setdefault(kw["task_id"], kw)
+    assert all(kw["received"] == 1 for kw in first.values()), first  # says it got one
+    state = s.plugins[PLUGIN_NAME].state
+    tasks = {t.task_id for it in state.list_iterations()
+             for t in state.tasks_for_iteration(it.iteration_id)}
+    assert len(tasks) == 2 and set(first) == tasks  # both asked ahead
+
+
+@gen_cluster(client=True)
 async def test_dynamic_repeat_k_times(c, s, a, b):
     ds = await distribute(dds.Dataset.range(2000).repeat(3), "distributed_epoch", c)
     out = await read(ds)

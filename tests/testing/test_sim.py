@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dask_dataservice.service.client import reader_core
-from dask_dataservice.service.dispatcher import _split_order
+from dask_dataservice.service.dispatcher import _handout, _split_order
 from dask_dataservice.service.dispatcher import core as dispatcher_core
 from dask_dataservice.service.dispatcher.core import DispatcherCore
 from dask_dataservice.service.worker import core as worker_core
@@ -122,16 +122,16 @@ def _bytes_bound_starves_the_lead(self, cached, cached_bytes, max_bytes, chunk):
 PAST_BUGS = [
     # a retried split request whose reply was lost got new splits; the lost reply's stayed
     # in flight on a live task and were never read (the undelivered tail, issue 11 s1)
-    ("undelivered", lambda s, i, t, r, n: None, "dynamic", 25, "were lost, but their splits"),
-    ("undelivered", lambda s, i, t, r, n: None, "named", 9, "were lost, but their splits"),
+    ("handout:undelivered", lambda s, i, t, r, n: None, "dynamic", 33, "were lost, but their splits"),
+    ("handout:undelivered", lambda s, i, t, r, n: None, "named", 9, "were lost, but their splits"),
     # a worker added or restarted mid-read of an OFF iteration whose tasks had finished got
     # no task: its copy was missing (DispatcherCore._serves)
     ("DispatcherCore._serves", staticmethod(_running_only), "off", 42, "has no task"),
     ("DispatcherCore._serves", staticmethod(_running_only), "named-off", 71, "has no task"),
     # 533ed4f: a task asking for up to 1,024 splits took nearly all of them while others were
     # active (a worker killed then held none)
-    ("fair_share", _all_to_one, "dynamic", 7, "splits left while"),
-    ("fair_share", _all_to_one, "named", 5, "splits left while"),
+    ("handout:fair_share", _all_to_one, "dynamic", 9, "splits left while"),
+    ("handout:fair_share", _all_to_one, "named", 5, "splits left while"),
     # 9b8eb4b: a worker revived after a dispatcher restart got no task of the iterations
     # created while it was away (a reader that started during the outage waited forever)
     ("DispatcherCore._hand_out", _no_hand_out_when_revived, "dynamic", 84, "no end within"),
@@ -176,7 +176,7 @@ def test_the_simulator_finds_past_bugs(monkeypatch, target, old, workload, seed,
     ``target``: ``[module:]Owner.name`` (module: the dispatcher core unless named)."""
     assert run_seed(seed, workload).failure is None
     module_name, _, path = target.rpartition(":")
-    module = {"": dispatcher_core, "reader_core": reader_core,
+    module = {"": dispatcher_core, "reader_core": reader_core, "handout": _handout,
               "worker_core": worker_core, "split_order": _split_order}[module_name]
     owner, _, name = path.rpartition(".")
     monkeypatch.setattr(getattr(module, owner) if owner else module, name, old)
@@ -233,7 +233,7 @@ def test_locality_a_lost_reply_that_ended_a_repetition_is_answered_again():
     """A dataset with a locality hint (a persisted Dask collection), no fault but 5 % of
     messages lost: task 4000's ``get_split`` reply handing out split 3 and the end of the
     repetition is lost; its retry (``received=1``) reaches a dispatcher whose cursor has
-    moved to the next repetition. ``dispatcher.core.undelivered`` maps the positions back to
+    moved to the next repetition. ``dispatcher._handout.undelivered`` maps the positions back to
     splits with the last ended repetition's explicit order (``_split_order.ended_split_at``);
     before, it answered none and split 3's elements were lost on a live worker."""
     params = Params(workload="locality", num_splits=4, per_split=4, n_workers=4,

@@ -43,12 +43,11 @@ from ..protocol._job_checks import (
     require_shared_infinite,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from . import _equal, _gc, _locality, _split_order
+from . import _equal, _gc, _handout, _locality
 from ._credentials import check_reuse, credential, find_dataset
 from ._deadlines import LastSeen, WorkerDeadlines
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
 from ._shards import ShardMaps, warn_changed_worker_lists
-from ._shares import fair_share
 from ._views import ViewCache, build_view
 from .state import (
     AckSplits,
@@ -59,7 +58,6 @@ from .state import (
     CreateTask,
     DispatcherState,
     FinishTask,
-    ProduceSplits,
     RegisterDataset,
     RegisterWorker,
     ReleaseIterationClient,
@@ -467,37 +465,16 @@ class DispatcherCore:
         ``end_of_splits`` says repetition ``repetition`` has no more splits (after the
         indices returned). O(count). Only the task's worker may ask, with the job's token.
         A retry says how many splits the task ``received``: any handed to it that it never
-        got are answered again (:func:`undelivered`).
+        got are answered again (:func:`._handout.undelivered`).
         """
         self._check_task_token(task_id, job_token, "taking splits", iteration_id)
         if received is not None:
-            again = undelivered(self.state, iteration_id, task_id, repetition, int(received))
+            again = _handout.undelivered(self.state, iteration_id, task_id, repetition,
+                                         int(received))
             if again is not None:
                 return {"status": "OK", "split_indices": again[0], "end_of_splits": again[1]}
-        current, index, num_splits = self.state.split_position(iteration_id)
-        if self.state.task_status(task_id) != "active" or repetition < current:
-            return {"status": "OK", "split_indices": [], "end_of_splits": True}
-        if repetition > current:
-            raise DataServiceError(
-                f"task {task_id} asked for repetition {repetition} of iteration "
-                f"{iteration_id}, which is only at repetition {current}"
-            )
-        left = num_splits - index
-        count = min(max(1, int(count)), self.config.split_batch_max, left)
-        # locality hint (persisted Dask collection): the worker's own splits first
-        indices = _locality.pick(self.state, self.hints, self.cluster.holders, iteration_id,
-                                 task_id, count)
-        count = len(indices) if indices else min(
-            count, fair_share(left, self.state.running_tasks(iteration_id), repetition))
-        end = count == num_splits - index  # nothing after these: say so now
-        if index == num_splits:
-            count, end = 0, True
-        # One record for the whole call, however many splits it hands out.
-        self._apply(ProduceSplits(iteration_id=iteration_id, repetition=repetition, index=index,
-                                  count=count, task_id=task_id, end_of_splits=end,
-                                  indices=indices))
-        return {"status": "OK", "split_indices": list(indices or range(index, index + count)),
-                "end_of_splits": end}
+        indices, end = _handout.hand_out(self, iteration_id, task_id, repetition, count)
+        return {"status": "OK", "split_indices": indices, "end_of_splits": end}
 
     @_stimulus
     def ack_splits(self, task_id: int, repetition: int,
@@ -712,9 +689,13 @@ class DispatcherCore:
         self._apply(CreateTask(task_id=task_id, iteration_id=iteration_id, worker_address=address,
                                shard_index=index))
         if push:
+            task = self.task_def(self.state.task(task_id))
+            if job.processing_mode == "DYNAMIC" and not self.state.split_position(iteration_id)[0]:
+                # its first split travels with it (issue 25): its first element waits for no
+                # split request (a push lost with a restart: :mod:`._handout`)
+                task["first_splits"] = _handout.hand_out(self, iteration_id, task_id, 0, 1)
             self._push(address, cast("TaskChanges", {
-                "op": TASKS_OP, "new_tasks": [self.task_def(self.state.task(task_id))],
-                "cancelled": []}))
+                "op": TASKS_OP, "new_tasks": [task], "cancelled": []}))
 
     @staticmethod
     def _serves(iteration: Iteration, job: Job) -> bool:
@@ -759,37 +740,3 @@ class DispatcherCore:
             "num_consumers": job.num_consumers,
             "cross_trainer_cache": job.cross_trainer_cache, "job_token": job.token,
             "position": job.position})
-
-
-def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetition: int,
-                received: int) -> tuple[list[int], bool] | None:
-    """The splits of ``repetition`` handed to ``task_id`` beyond the ``received`` first ones
-    (a reply that never arrived), with whether the repetition ended after them; ``None`` when
-    there are none. O(runs the task holds): asked only by retried requests."""
-    held = state._splits_in_flight.get(task_id)
-    if not held:
-        return None
-    positions = [i for rep, start, stop in held if rep == repetition
-                 for i in range(start, stop)]
-    if len(positions) <= received:
-        return None
-    tail = positions[received:]
-    current = state.split_position(iteration_id)[0]
-    if current == repetition:
-        order = list(_split_order.taken(state, iteration_id))
-        indices = [order[p] for p in tail] if order else tail
-    else:
-        job = state.job(state.iteration(iteration_id).job_id)
-        if state.dataset(job.dataset_id).metadata.get(_locality.LOCALITY_KEY):
-            # an explicit order: the last ended repetition's is kept; an older one's is
-            # forgotten (its positions cannot be mapped back: they stay in flight)
-            ended = _split_order.ended_split_at(state, iteration_id, repetition, tail)
-            if ended is None:
-                return None
-            indices = ended
-        else:
-            indices = tail
-    logger.info("dataservice: task %s never got %d splits of repetition %d handed to it (a "
-                "reply lost with the previous dispatcher): handing them out again",
-                task_id, len(tail), repetition)
-    return indices, current > repetition

@@ -67,6 +67,9 @@ class TaskDef(TypedDict):
     job_token: str
     #: A job tracking input positions: ``CreateJob.position`` (:mod:`._positions`), else "".
     position: NotRequired[str]
+    #: DYNAMIC, pushed as its iteration starts: its first split indices and whether the
+    #: repetition ends after them (issue 25: no split request before the first element).
+    first_splits: NotRequired[tuple[list[int], bool]]
 
 
 class TaskChanges(TypedDict, total=False):

@@ -38,6 +38,11 @@ class DispatcherSplitProvider(SplitProvider):
         #: What to ask for and when (the worker core's split logic).
         self._flow = SplitFlow(config.get_int("worker.split-batch-max", minimum=1))
         self._pending: concurrent.futures.Future[Any] | None = None
+        #: The task's first split came with it (issue 25): ask for the next ones once the
+        #: source needs a second split, not before (the request's message would take the
+        #: worker's loop, and the GIL, while this thread makes the first element).
+        self._ask_later = self._flow.start(runner.task)
+        self._calls = 0
 
     @property
     def repetition(self) -> int:
@@ -51,10 +56,14 @@ class DispatcherSplitProvider(SplitProvider):
         runner = self._runner
         r = self._flow.request()
         return runner.plugin.submit(runner.plugin._get_splits, runner.task, r.repetition,
-                                    r.count, r.received)
+                                    r.count, r.received, r.first)
 
     def get_next(self) -> object | None:
         flow = self._flow
+        self._calls += 1
+        if self._ask_later and self._calls == 2:
+            self._ask_later = False
+            self._pending = self._request()
         while not flow.has_local():
             if flow.ended:
                 return None

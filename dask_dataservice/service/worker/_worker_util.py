@@ -1,17 +1,21 @@
 """Small parts of the data worker (:mod:`.plugin`): the asyncio half of the request
-order, and the serialization of element batches with an error that names the culprit."""
+order, the serialization of element batches with an error that names the culprit, and the
+hand-offs between the worker's loop and its threads."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import pickle
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
 import dask.config
 from dask.utils import parse_bytes
 from distributed.protocol.serialize import Serialized, serialize
 
+from ...data.splits import PipelineSplits
 from ..protocol._frames import compress_frames
 from ..protocol._messages import ElementBatch
 from ..protocol._runs import Runs, join_runs
@@ -19,7 +23,8 @@ from ..protocol._runs import Runs, join_runs
 if TYPE_CHECKING:
     from .core import WorkerCore
 
-__all__ = ["TurnFutures", "offload_bytes", "serialized_batch"]
+__all__ = ["TurnFutures", "call_soon", "copy_outcome", "load_dataset", "noop", "offload_bytes",
+           "serialized_batch"]
 
 _Key = tuple[int, int | None]
 
@@ -144,3 +149,35 @@ def _drop(buffer: Any) -> None:
     return None
 
 
+def copy_outcome(task: asyncio.Task[Any], out: concurrent.futures.Future[Any]) -> None:
+    """Give ``out`` (a thread's future) the outcome of ``task`` (on the loop)."""
+    if out.done():
+        return
+    if task.cancelled():
+        out.cancel()
+    elif task.exception() is not None:
+        out.set_exception(task.exception())
+    else:
+        out.set_result(task.result())
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """``callback`` on ``loop`` from another thread; nothing once the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # the loop is closed: the worker is gone
+        pass
+
+
+def noop() -> None:
+    """A task for an executor's thread that does nothing (it is up)."""
+    return None
+
+
+def load_dataset(pipeline: bytes, splits: bytes | None) -> tuple[Any, list[Any] | None]:
+    """A registered pipeline and its splits, unpickled (runs user code: a thread's job)."""
+    dataset = cloudpickle.loads(pipeline)
+    loaded: Any = cloudpickle.loads(splits) if splits else None
+    if isinstance(loaded, PipelineSplits):  # the pipeline's own (its files): made here
+        loaded = loaded.resolve(dataset)
+    return dataset, loaded

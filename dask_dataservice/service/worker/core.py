@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..protocol._messages import TaskDef
@@ -419,11 +419,13 @@ def unknown_task_reply(task_id: int, finished: bool, known: bool) -> dict[str, A
 @dataclasses.dataclass(frozen=True)
 class SplitRequest:
     """Ask the dispatcher (``dataservice_get_split``) for ``count`` splits of ``repetition``;
-    ``received``: how many of it the task got (a retry says it, see the plugin)."""
+    ``received``: how many of it the task got (a retry says it, see the plugin, and so does
+    ``first``, the task's first request: splits handed to it that it never got come again)."""
 
     repetition: int
     count: int
     received: int
+    first: bool = False
 
 
 class SplitFlow:
@@ -445,9 +447,20 @@ class SplitFlow:
         self.batch = 1
         self.max_batch = max_batch
         self._local: deque[int] = deque()
+        self._asked = False
+
+    def start(self, task: Mapping[str, Any]) -> bool:
+        """The task's first splits, if they came with it (issue 25); answers whether to ask
+        for the next ones now (as :meth:`on_reply`)."""
+        first = task.get("first_splits")
+        if first is None:
+            return False
+        indices, end_of_splits = first
+        return self.on_reply(list(indices), bool(end_of_splits))
 
     def request(self) -> SplitRequest:
-        return SplitRequest(self.repetition, self.batch, self.received)
+        first, self._asked = not self._asked, True
+        return SplitRequest(self.repetition, self.batch, self.received, first)
 
     def has_local(self) -> bool:
         return bool(self._local)

@@ -33,7 +33,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.serialize import to_serialize
@@ -44,7 +43,7 @@ from ... import config
 from ..._async import TaskGroup, owned_executor, shutdown_executor
 from ..._rpc import error_message, handler
 from ...data._stats import PipelineStats
-from ...data.splits import ListSplitProvider, PipelineSplits
+from ...data.splits import ListSplitProvider
 from ...errors import DataServiceError
 from ..protocol._frames import choose_codec
 from ..protocol._job_checks import JobAccessDeniedError, check_job_token
@@ -58,7 +57,15 @@ from ._buffers import ElementBuffer, RoundBuffer, TaskCancelled, element_size, t
 from ._figures import WorkerFigures
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
-from ._worker_util import TurnFutures, offload_bytes, serialized_batch
+from ._worker_util import (
+    TurnFutures,
+    call_soon,
+    copy_outcome,
+    load_dataset,
+    noop,
+    offload_bytes,
+    serialized_batch,
+)
 from .core import (
     CancelTask,
     Effect,
@@ -123,6 +130,11 @@ class TaskRunner:
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
         self._waiting_on: concurrent.futures.Future[Any] | None = None
+        #: Elements made and not handed to the buffer yet, their sizes and bytes (the task
+        #: thread's own: :meth:`_run`, :meth:`wait`).
+        self._chunk: list[Any] = []
+        self._sizes: list[Any] = []
+        self._chunk_bytes = 0
         self.thread = threading.Thread(
             target=self._run, name=f"dds-task-{self.task_id}", daemon=True
         )
@@ -131,7 +143,13 @@ class TaskRunner:
         self.thread.start()
 
     def wait(self, fut: concurrent.futures.Future[Any]) -> Any:
-        """The result of ``fut`` (task thread); TaskCancelled once the task is cancelled."""
+        """The result of ``fut`` (task thread); TaskCancelled once the task is cancelled.
+
+        Elements the thread made but has not handed over yet go to the buffer first: a
+        DYNAMIC source waiting for its next split held them back for a round trip (issue 25:
+        the first element waited for the second split)."""
+        if self._chunk and not fut.done():
+            self._flush()
         self._waiting_on = fut
         try:
             if self.cancelled:
@@ -166,6 +184,13 @@ class TaskRunner:
             return (ds.with_shard_hint(n, index) if ds.has_shard_hint else ds).iterate(stats=st)
         return ds.iterate(stats=st)
 
+    def _flush(self) -> None:
+        """Hand the elements made so far to the buffer (task thread)."""
+        self.buffer.put_many(self._chunk, self._sizes)
+        self._chunk.clear()  # put_many copied them
+        self._sizes.clear()
+        self._chunk_bytes = 0
+
     def _run(self) -> None:
         error = None
         it = None
@@ -173,25 +198,23 @@ class TaskRunner:
         try:
             it = self._iterator()
             buf = self.buffer
-            put_many = buf.put_many
-            chunk: list[Any] = []
-            sizes: list[Any] = []
-            chunk_bytes = 0
+            chunk, sizes = self._chunk, self._sizes
             # Hand elements over in chunks (one lock round per chunk), but at once when a
             # consumer is waiting, so a slow pipeline's first element is not held back, and
             # once a chunk holds ~1 MiB, so large elements stay within the buffer's bound
-            # (and their memory is reused instead of faulted in afresh).
+            # (and their memory is reused instead of faulted in afresh); and before the
+            # thread waits on the loop (:meth:`wait`).
             chunk_size = buf.chunk_size
             for x in it:
                 size = element_size(x)
                 chunk.append(x)
                 sizes.append(size)
-                chunk_bytes += size
-                if len(chunk) >= chunk_size or chunk_bytes >= _CHUNK_BYTES or buf._waiting:
-                    put_many(chunk, sizes)
-                    chunk, sizes, chunk_bytes = [], [], 0
+                self._chunk_bytes += size
+                if len(chunk) >= chunk_size or self._chunk_bytes >= _CHUNK_BYTES \
+                        or buf._waiting:
+                    self._flush()
             if chunk:
-                put_many(chunk, sizes)
+                self._flush()
         except TaskCancelled:
             pass
         except BaseException as e:  # noqa: BLE001 - handed to the consumers
@@ -208,7 +231,7 @@ class TaskRunner:
             self.buffer.finish(error)
             if not self.cancelled:
                 self.plugin.submit(self.plugin._input_ended, self)
-            _call_soon(self.loop, self.exited.set)
+            call_soon(self.loop, self.exited.set)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -294,7 +317,7 @@ class DataWorkerPlugin(WorkerPlugin):
         await self._group.stop()
         await self._join_threads()
         # the io executor runs one job at a time: once a no-op ran, joining it cannot block
-        await run_in_executor_with_context(self._executor, _noop)
+        await run_in_executor_with_context(self._executor, noop)
         shutdown_executor(self._executor)
         self._datasets.clear()
         self._rounds.clear()
@@ -335,9 +358,9 @@ class DataWorkerPlugin(WorkerPlugin):
                 out.cancel()
                 return
             task._dds_awaited = True  # type: ignore[attr-defined]  # its outcome goes to `out`
-            task.add_done_callback(lambda t: _copy_outcome(t, out))
+            task.add_done_callback(lambda t: copy_outcome(t, out))
             out.add_done_callback(
-                lambda f: f.cancelled() and _call_soon(self.loop, task.cancel))  # type: ignore[func-returns-value]
+                lambda f: f.cancelled() and call_soon(self.loop, task.cancel))  # type: ignore[func-returns-value]
 
         try:
             self.loop.call_soon_threadsafe(start)
@@ -627,7 +650,7 @@ class DataWorkerPlugin(WorkerPlugin):
             raise
         # Unpickling runs user code (cloudpickled functions): keep it off the loop.
         loaded = await run_in_executor_with_context(
-            self._executor, _load_dataset, resp["pipeline"], resp["splits"]
+            self._executor, load_dataset, resp["pipeline"], resp["splits"]
         )
         self._datasets[dataset_id] = loaded
         self._compression[dataset_id] = resp.get("compression", "AUTO")
@@ -635,7 +658,7 @@ class DataWorkerPlugin(WorkerPlugin):
         return loaded
 
     async def _get_splits(self, task: TaskDef, repetition: int, count: int,
-                          received: int = 0) -> tuple[list[int], bool]:
+                          received: int = 0, first: bool = False) -> tuple[list[int], bool]:
         """Split indices from the dispatcher; rides out a dispatcher that is going away.
 
         A closing (or unreachable) scheduler is retried with backoff for about 30 s (with
@@ -643,7 +666,8 @@ class DataWorkerPlugin(WorkerPlugin):
         cancelled, and failing the task instead would report a bogus error to consumers.
         A retry says how many splits of ``repetition`` the task ``received``: if the failed
         attempt's splits were handed out (a reply lost with the dispatcher that crashed
-        after journaling it), the dispatcher hands out those again, not new ones.
+        after journaling it), the dispatcher hands out those again, not new ones. The task's
+        ``first`` request says it too (its first split may have been lost with its push).
         """
         attempts = 0
 
@@ -655,7 +679,7 @@ class DataWorkerPlugin(WorkerPlugin):
             return raise_for_status(await self.worker.scheduler.dataservice_get_split(
                 iteration_id=task["iteration_id"], task_id=task["task_id"],
                 repetition=repetition, count=count, job_token=task.get("job_token"),
-                **({"received": received} if attempts > 1 else {}),
+                **({"received": received} if attempts > 1 or first else {}),
             ), "split request")
 
         try:
@@ -749,26 +773,10 @@ _RETRIES = 120
 _RETRY_DELAY_MAX = 0.25
 
 
-def _copy_outcome(task: asyncio.Task[Any], out: concurrent.futures.Future[Any]) -> None:
-    if out.done():
-        return
-    if task.cancelled():
-        out.cancel()
-    elif task.exception() is not None:
-        out.set_exception(task.exception())
-    else:
-        out.set_result(task.result())
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
-    try:
-        loop.call_soon_threadsafe(callback)
-    except RuntimeError:  # the loop is closed: the worker is gone
-        pass
 
 
-def _noop() -> None:
-    return None
 
 
 def _closing_get_elements(**kwargs: Any) -> dict[str, Any]:
@@ -781,11 +789,3 @@ def _check_token(runner: TaskRunner, job_token: str | None, what: str) -> None:
 
 def _ignore(**kwargs: Any) -> None:
     return None
-
-
-def _load_dataset(pipeline: bytes, splits: bytes | None) -> tuple[Any, list[Any] | None]:
-    dataset = cloudpickle.loads(pipeline)
-    loaded: Any = cloudpickle.loads(splits) if splits else None
-    if isinstance(loaded, PipelineSplits):  # the pipeline's own (its files): made here
-        loaded = loaded.resolve(dataset)
-    return dataset, loaded

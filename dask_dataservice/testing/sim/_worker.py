@@ -161,10 +161,16 @@ class DataWorker:
                 runner = _Runner(task)
                 if ShardingPolicy(task["processing_mode"]) == ShardingPolicy.DYNAMIC:
                     runner.flow = SplitFlow(self.run.params.split_batch)
+                    first = task.get("first_splits")
+                    if first is not None:  # its first split came with it (issue 25)
+                        self.run.handed(self.address, task["iteration_id"], task["task_id"],
+                                        0, list(first[0]))
                 if task.get("cross_trainer_cache"):
                     runner.cursors = TrainerCursors(self.run.params.lookahead)
                 self.runners[task["task_id"]] = runner
                 self.core.task_started(task["task_id"])  # its dataset "loads" at once
+                if runner.flow is not None and runner.flow.start(task):
+                    self._ask(task["task_id"], runner)  # ask ahead
             elif isinstance(effect, CancelTask):
                 self.runners.pop(effect.task_id, None)
                 for k in [k for k in self.kept if k[0] == effect.task_id]:
@@ -255,7 +261,7 @@ class DataWorker:
         kwargs = {"iteration_id": task["iteration_id"], "task_id": task_id,
                   "repetition": req.repetition, "count": req.count,
                   "job_token": task["job_token"],
-                  "received": req.received if r.attempts > 1 else None}
+                  "received": req.received if r.attempts > 1 or req.first else None}
 
         def reply(resp: Any) -> None:
             if self.runners.get(task_id) is not r:

@@ -20,7 +20,7 @@ from ...service.dispatcher import _split_order
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
 from ...service.dispatcher._shares import REPEAT_SHARE_FLOOR
 from ...service.dispatcher._state_codec import encode_state, restore
-from ...service.dispatcher._updates import RegisterWorker
+from ...service.dispatcher._updates import ProduceSplits, RegisterWorker
 from ...service.dispatcher.core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
 from ...service.dispatcher.state import DispatcherState, encode_update
 
@@ -244,6 +244,13 @@ class SimDispatcher:
             self.pending.append(encode_update(update))
             if isinstance(update, RegisterWorker):
                 self._note_registration(update.address)
+            elif isinstance(update, ProduceSplits) and update.indices:
+                # the explicit order: which split each position handed out (lost splits are
+                # positions, see service/dispatcher/_split_order.py), by get_split or with
+                # a task's push (its first split)
+                for k, split in enumerate(update.indices):
+                    self.positions[(update.iteration_id, update.repetition,
+                                    update.index + k)] = split
         if self.pending and not self._flush_scheduled:
             self._flush_scheduled = True
             inc = self.host.incarnation
@@ -357,18 +364,16 @@ class SimDispatcher:
             active = 0
         local_left = self._local_left(src, kw) if self.key_holders else set()
         reply = self._run(core.get_split, **kw)
-        if self.key_holders and kw.get("received") is None and "split_indices" in reply:
-            # the explicit order: which split each position handed out (lost splits are
-            # positions, see service/dispatcher/_split_order.py)
-            for k, split in enumerate(reply["split_indices"]):
-                self.positions[(kw["iteration_id"], kw["repetition"], index + k)] = split
-        strays = sorted(set(reply.get("split_indices", ())) - local_left) if local_left else []
+        # the splits handed out now (a request saying what it ``received`` may be answered
+        # what it never got instead: then the cursor does not move)
+        new = self._handed_now(kw, index, reply)
+        strays = sorted(set(new) - local_left) if local_left else []
         if strays:
             raise SimFailure(f"locality: task {kw['task_id']} of {src} got splits {strays}, "
                              f"which its worker does not hold, while it holds "
                              f"{sorted(local_left)} not handed out yet")
         left = num_splits - index if active else 0
-        got = len(reply.get("split_indices", ())) if kw.get("received") is None else 0
+        got = len(new)
         floor = REPEAT_SHARE_FLOOR if kw.get("repetition", 0) >= 1 else 1
         if active >= 2 and got > max(floor, left // 2) and not self.key_holders:
             # (a locality hint hands a worker all its own splits, and the orphans it asks for;
@@ -377,13 +382,23 @@ class SimDispatcher:
                              f"left while {active} tasks were active")
         return reply
 
+    def _handed_now(self, kw: dict[str, Any], index: int, reply: dict[str, Any]) -> list[int]:
+        """The split indices ``reply`` handed out afresh: those past the cursor at ``index``
+        (none when it answered splits handed out before, or another repetition's)."""
+        assert self.core is not None
+        try:
+            rep, after, _ = self.core.state.split_position(kw["iteration_id"])
+        except Exception:  # noqa: BLE001 - the core answered the error
+            return []
+        if rep != kw["repetition"] or after <= index:
+            return []
+        return list(reply.get("split_indices", ()))[:after - index]
+
     def _local_left(self, address: str, kw: dict[str, Any]) -> set[int]:
         """The splits of the current repetition not handed out yet whose partition
-        ``address`` holds (a first request; a retry may be answered what it never got)."""
+        ``address`` holds."""
         assert self.core is not None
         state = self.core.state
-        if kw.get("received") is not None:
-            return set()
         try:
             rep, index, num_splits = state.split_position(kw["iteration_id"])
         except Exception:  # noqa: BLE001 - the core answers the error

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from dask_dataservice.service.dispatcher._shares import fair_share
 from dask_dataservice.service.dispatcher.core import (
     CoreConfig,
     DispatcherCore,
     WorkerInfo,
-    fair_share,
 )
 from dask_dataservice.service.dispatcher.state import (
     AcquireIterationClient,
@@ -88,8 +88,9 @@ def test_fair_share():
 
 def test_get_split_past_the_first_repetition_hands_out_a_floor():
     """issue 22: ``range(10).repeat()`` under DYNAMIC with two workers took 8 round trips per
-    repetition of 10 one-element splits (2, 2, 1, 1, ...): from repetition 1 on a task takes
-    up to 64 of what is left, the first repetition keeps half a fair share."""
+    repetition of 10 one-element splits (2, 2, 1, 1, ...; now 1 with each task, 2, 1, ...): from repetition 1 on a task takes
+    up to 64 of what is left, the first repetition keeps half a fair share (each task's
+    first split came with its push: 8 are left)."""
     core, cluster = make()
     ds = dataset(core, 10)
     join(core, cluster, "tcp://a:1")
@@ -105,7 +106,7 @@ def test_get_split_past_the_first_repetition_hands_out_a_floor():
         sizes.append(len(reply["split_indices"]))
         if reply["end_of_splits"]:
             break
-    assert sizes == [2, 2, 1, 1, 1, 1, 1, 1] and sum(sizes) == 10
+    assert sizes == [2, 1, 1, 1, 1, 1, 1] and sum(sizes) == 8
     reply = core.get_split(it, task_a, 1, count=1024, job_token=token).reply
     assert reply["split_indices"] == list(range(10)) and reply["end_of_splits"]
     reply = core.get_split(it, task_b, 2, count=4, job_token=token).reply  # as asked
@@ -113,7 +114,8 @@ def test_get_split_past_the_first_repetition_hands_out_a_floor():
 
 
 def test_get_split_hands_a_greedy_task_half_a_fair_share():
-    """533ed4f: with two active tasks a greedy task gets 64, 48, 36, ... of 256 splits."""
+    """533ed4f: with two active tasks a greedy task gets 63, 47, 36, ... of the 254 splits
+    left once each task's first came with its push."""
     core, cluster = make()
     ds = dataset(core, 256)
     join(core, cluster, "tcp://a:1")
@@ -126,7 +128,7 @@ def test_get_split_hands_a_greedy_task_half_a_fair_share():
         out = core.get_split(view["iteration_id"], task_a, 0, count=1024, job_token=token)
         sizes.append(len(out.reply["split_indices"]))
         assert [type(u) for u in out.updates] == [ProduceSplits]
-    assert sizes == [64, 48, 36]
+    assert sizes == [63, 47, 36]
 
 
 def test_split_batch_max_is_config():
@@ -137,7 +139,61 @@ def test_split_batch_max_is_config():
     token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
     out = core.get_split(view["iteration_id"], view["tasks"][0]["task_id"], 0, count=50,
                          job_token=token)
-    assert out.reply["split_indices"] == [0, 1, 2]
+    assert out.reply["split_indices"] == [1, 2, 3]  # split 0 came with the task
+
+
+def _pushed(outcome: Any) -> dict[str, list[dict]]:
+    """``{address: task definitions}`` an outcome pushes to data workers."""
+    out: dict[str, list[dict]] = {}
+    for address, message in outcome.messages:
+        out.setdefault(address, []).extend(message["new_tasks"])
+    return out
+
+
+def test_a_dynamic_task_pushed_as_its_iteration_starts_carries_its_first_split():
+    """issue 25, target 2: the first split travels with the task, so the first element waits
+    for no split request. Only DYNAMIC tasks pushed as their iteration starts: a worker that
+    joins later gets its task in its heartbeat's reply and asks as before."""
+    core, cluster = make()
+    ds = dataset(core, 3)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    j = core.get_or_create_job(ds, "DYNAMIC").reply
+    out = core.get_or_create_iteration(j["job_id"], 100.0, job_token=j["job_token"])
+    pushed = _pushed(out)
+    assert [t["first_splits"] for t in pushed["tcp://a:1"]] == [([0], False)]
+    assert [t["first_splits"] for t in pushed["tcp://b:1"]] == [([1], False)]
+    it = out.reply["iteration_id"]
+    assert core.state.split_position(it) == (0, 2, 3)  # both journaled (ProduceSplits)
+    assert sum(isinstance(u, ProduceSplits) for u in out.updates) == 2
+    late = join(core, cluster, "tcp://c:1")
+    assert [("first_splits" in t) for t in late.reply["new_tasks"]] == [False]
+    task_c = late.reply["new_tasks"][0]["task_id"]
+    reply = core.get_split(it, task_c, 0, job_token=j["job_token"], received=0).reply
+    assert reply == {"status": "OK", "split_indices": [2], "end_of_splits": True}
+    j = core.get_or_create_job(ds, "OFF").reply
+    out = core.get_or_create_iteration(j["job_id"], 100.0, job_token=j["job_token"])
+    assert not any("first_splits" in t for ts in _pushed(out).values() for t in ts)
+
+
+def test_a_first_split_lost_with_its_push_is_handed_out_again():
+    """The dispatcher journaled a task and its first split, then crashed before the push
+    left: the revived task reaches its worker without the split. The task's first request
+    says it received none (every first request says how many it received), and gets that
+    split again instead of a new one; a task that got it says 1 and gets the next."""
+    core, cluster = make()
+    ds = dataset(core, 4)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    j = core.get_or_create_job(ds, "DYNAMIC").reply
+    out = core.get_or_create_iteration(j["job_id"], 100.0, job_token=j["job_token"])
+    it = out.reply["iteration_id"]
+    (task_a,), (task_b,) = (_pushed(out)[a] for a in ("tcp://a:1", "tcp://b:1"))
+    lost = core.get_split(it, task_a["task_id"], 0, job_token=j["job_token"], received=0)
+    assert lost.reply["split_indices"] == task_a["first_splits"][0] == [0]
+    assert not lost.updates  # handed out once, answered twice
+    got = core.get_split(it, task_b["task_id"], 0, job_token=j["job_token"], received=1)
+    assert got.reply["split_indices"] == [2]
 
 
 def test_creating_an_iteration_pushes_tasks_to_present_data_workers_only():

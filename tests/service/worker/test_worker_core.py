@@ -232,7 +232,7 @@ from dask_dataservice.service.worker.core import Rounds, SplitFlow, SplitRequest
 
 def test_split_batches_double_while_the_source_waits_and_requests_go_ahead():
     flow = SplitFlow(max_batch=4)
-    assert flow.request() == SplitRequest(0, 1, 0)
+    assert flow.request() == SplitRequest(0, 1, 0, first=True)  # says it received 0
     flow.waiting(reply_ready=False)  # the source waited on the dispatcher: ask for more
     assert flow.on_reply([0], end_of_splits=False) is True  # ask for the next batch now
     assert flow.request() == SplitRequest(0, 2, 1)  # a retry would say 1 was received
@@ -244,6 +244,20 @@ def test_split_batches_double_while_the_source_waits_and_requests_go_ahead():
     assert flow.batch == 4  # capped
     assert flow.on_reply([1, 2], end_of_splits=True) is False  # no more: nothing to ask
     assert [flow.next_index(), flow.next_index()] == [1, 2] and flow.ended
+
+
+def test_a_tasks_first_split_comes_with_it():
+    """issue 25: a DYNAMIC task pushed as its iteration starts carries its first split; the
+    task asks ahead for the next at once, and that first request says it received one."""
+    flow = SplitFlow(max_batch=4)
+    assert flow.start({"task_id": 1}) is False and not flow.has_local()  # none came
+    flow = SplitFlow(max_batch=4)
+    assert flow.start({"first_splits": [[5], False]}) is True  # ask ahead now
+    assert flow.request() == SplitRequest(0, 1, 1, first=True)
+    assert flow.next_index() == 5
+    flow = SplitFlow(max_batch=4)
+    assert flow.start({"first_splits": [[0], True]}) is False  # the only split
+    assert flow.next_index() == 0 and flow.ended
 
 
 def test_a_repetition_two_back_is_acknowledged():
