@@ -208,7 +208,10 @@ def test_a_worker_that_does_not_come_back_loses_only_its_splits(tmp_path):
     missing = set(range(N)) - set(out)
     lost = _lost_elements(state, dds.Dataset.range(N).splits())
     assert missing <= lost, f"{len(missing - lost)} elements missing outside lost splits"
-    assert missing, "the worker that did not come back held splits: they are lost"
+    # its splits are lost (never handed out again), though their elements may have reached
+    # the consumer first: the worker went on serving while the dispatcher was down (a task
+    # thread hands its elements over before it waits for a split), so none may be missing
+    assert lost, "the worker that did not come back held splits: they are lost"
     print(f"[worker gone] missing {len(missing)} of {N}, all in its {len(lost)} lost elements")
 
 

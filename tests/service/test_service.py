@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import threading
 import time
 
@@ -27,6 +28,7 @@ from dask_dataservice.service.client import _install_async
 from dask_dataservice.service.dispatcher.plugin import PLUGIN_NAME, DispatcherPlugin
 from dask_dataservice.service.protocol._sharding import ShardingPolicy
 from dask_dataservice.service.worker import PLUGIN_NAME as WORKER_PLUGIN
+from dask_dataservice.service.worker.plugin import TaskRunner
 from dask_dataservice.testing import assert_data_worker_cleanup, gen_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
@@ -153,6 +155,41 @@ async def test_a_dynamic_tasks_first_split_comes_with_it(c, s, a, b):
     tasks = {t.task_id for it in state.list_iterations()
              for t in state.tasks_for_iteration(it.iteration_id)}
     assert len(tasks) == 2 and set(first) == tasks  # both asked ahead
+
+
+@gen_cluster(client=True)
+async def test_dynamic_source_in_a_prefetch_thread_loses_nothing(c, s, a, b):
+    """The source of a pipeline with ``prefetch`` runs in the prefetch thread, so that
+    thread waits for the splits while the task's thread hands elements over: it must not
+    hand over the task thread's unsent elements (a race that lost a batch of 128 in a fresh
+    clone's run of the dashboard test). Many small splits, so the source waits often."""
+    ds = dds.Dataset.range(40_000).prefetch(2).map(lambda x: x + 1).batch(7)
+    out = await read(await distribute(ds, "distributed_epoch", c))
+    got = sorted(x for batch in out for x in batch)
+    assert got == list(range(1, 40_001))
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_only_the_task_thread_hands_over_its_unsent_elements(c, s, a):
+    """``TaskRunner.wait`` from another thread (a prefetch thread waiting for a split) leaves
+    the task thread's unsent elements alone: handing them over from there raced with the
+    task thread adding to them (a batch lost, or handed over twice)."""
+    await _install_async(c)
+    task = {"task_id": 1, "iteration_id": 1, "job_id": 1, "dataset_id": 1,
+            "processing_mode": int(ShardingPolicy.DYNAMIC), "worker_index": None,
+            "num_workers": None, "num_consumers": None, "cross_trainer_cache": False,
+            "job_token": "t"}
+    runner = TaskRunner(a.extensions["dataservice"], task, None, None)
+    runner._chunk.append("made")
+    runner._sizes.append(4)
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    waiter = threading.Thread(target=runner.wait, args=(fut,))  # not the task's thread
+    waiter.start()
+    await poll(lambda: runner._waiting_on is fut, 5, "the wait")
+    fut.set_result(None)
+    await asyncio.to_thread(waiter.join)
+    assert runner._chunk == ["made"] and runner.buffer.produced == 0
+    runner.buffer.close()
 
 
 @gen_cluster(client=True)

@@ -145,10 +145,12 @@ class TaskRunner:
     def wait(self, fut: concurrent.futures.Future[Any]) -> Any:
         """The result of ``fut`` (task thread); TaskCancelled once the task is cancelled.
 
-        Elements the thread made but has not handed over yet go to the buffer first: a
-        DYNAMIC source waiting for its next split held them back for a round trip (issue 25:
-        the first element waited for the second split)."""
-        if self._chunk and not fut.done():
+        On the task's thread, the elements it made but has not handed over yet go to the
+        buffer first: a DYNAMIC source waiting for its next split held them back for a round
+        trip (issue 25: the first element waited for the second split). Not on another
+        thread (a ``prefetch`` runs the source in its own): the chunk is the task thread's,
+        which may be adding to it at that moment."""
+        if self._chunk and not fut.done() and threading.current_thread() is self.thread:
             self._flush()
         self._waiting_on = fut
         try:
