@@ -151,10 +151,9 @@ async def test_a_dynamic_tasks_first_split_comes_with_it(c, s, a, b):
     for kw in asked:
         first.setdefault(kw["task_id"], kw)
     assert all(kw["received"] == 1 for kw in first.values()), first  # says it got one
-    state = s.plugins[PLUGIN_NAME].state
-    tasks = {t.task_id for it in state.list_iterations()
-             for t in state.tasks_for_iteration(it.iteration_id)}
-    assert len(tasks) == 2 and set(first) == tasks  # both asked ahead
+    # both tasks asked (for a second split: the first of 200 does not end the repetition);
+    # the iteration may be collected by now, so the requests say which tasks there were
+    assert len(first) == 2, first
 
 
 @gen_cluster(client=True)
