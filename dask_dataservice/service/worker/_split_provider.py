@@ -42,7 +42,6 @@ class DispatcherSplitProvider(SplitProvider):
         #: source needs a second split, not before (the request's message would take the
         #: worker's loop, and the GIL, while this thread makes the first element).
         self._ask_later = self._flow.start(runner.task)
-        self._calls = 0
 
     @property
     def repetition(self) -> int:
@@ -60,8 +59,7 @@ class DispatcherSplitProvider(SplitProvider):
 
     def get_next(self) -> object | None:
         flow = self._flow
-        self._calls += 1
-        if self._ask_later and self._calls == 2:
+        if self._ask_later and not flow.has_local():  # the first split was taken
             self._ask_later = False
             self._pending = self._request()
         while not flow.has_local():

@@ -130,11 +130,10 @@ class TaskRunner:
         #: Set (on the loop) once the thread returned.
         self.exited = asyncio.Event()
         self._waiting_on: concurrent.futures.Future[Any] | None = None
-        #: Elements made and not handed to the buffer yet, their sizes and bytes (the task
+        #: Elements made and not handed to the buffer yet, and their sizes (the task
         #: thread's own: :meth:`_run`, :meth:`wait`).
         self._chunk: list[Any] = []
         self._sizes: list[Any] = []
-        self._chunk_bytes = 0
         self.thread = threading.Thread(
             target=self._run, name=f"dds-task-{self.task_id}", daemon=True
         )
@@ -191,7 +190,6 @@ class TaskRunner:
         self.buffer.put_many(self._chunk, self._sizes)
         self._chunk.clear()  # put_many copied them
         self._sizes.clear()
-        self._chunk_bytes = 0
 
     def _run(self) -> None:
         error = None
@@ -207,14 +205,15 @@ class TaskRunner:
             # (and their memory is reused instead of faulted in afresh); and before the
             # thread waits on the loop (:meth:`wait`).
             chunk_size = buf.chunk_size
+            chunk_bytes = 0  # since the last flush here (one in wait() only makes it early)
             for x in it:
                 size = element_size(x)
                 chunk.append(x)
                 sizes.append(size)
-                self._chunk_bytes += size
-                if len(chunk) >= chunk_size or self._chunk_bytes >= _CHUNK_BYTES \
-                        or buf._waiting:
+                chunk_bytes += size
+                if len(chunk) >= chunk_size or chunk_bytes >= _CHUNK_BYTES or buf._waiting:
                     self._flush()
+                    chunk_bytes = 0
             if chunk:
                 self._flush()
         except TaskCancelled:

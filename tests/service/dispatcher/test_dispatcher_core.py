@@ -150,16 +150,23 @@ def _pushed(outcome: Any) -> dict[str, list[dict]]:
     return out
 
 
+def _dynamic_start(num_splits: int) -> tuple[DispatcherCore, Cluster, int, dict, Any]:
+    """Two data workers, then a DYNAMIC read of ``num_splits`` splits: the core, the cluster,
+    the dataset, the job's reply and the outcome that created the iteration."""
+    core, cluster = make()
+    ds = dataset(core, num_splits)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    j = core.get_or_create_job(ds, "DYNAMIC").reply
+    return core, cluster, ds, j, core.get_or_create_iteration(j["job_id"], 100.0,
+                                                               job_token=j["job_token"])
+
+
 def test_a_dynamic_task_pushed_as_its_iteration_starts_carries_its_first_split():
     """issue 25, target 2: the first split travels with the task, so the first element waits
     for no split request. Only DYNAMIC tasks pushed as their iteration starts: a worker that
     joins later gets its task in its heartbeat's reply and asks as before."""
-    core, cluster = make()
-    ds = dataset(core, 3)
-    join(core, cluster, "tcp://a:1")
-    join(core, cluster, "tcp://b:1")
-    j = core.get_or_create_job(ds, "DYNAMIC").reply
-    out = core.get_or_create_iteration(j["job_id"], 100.0, job_token=j["job_token"])
+    core, cluster, ds, j, out = _dynamic_start(3)
     pushed = _pushed(out)
     assert [t["first_splits"] for t in pushed["tcp://a:1"]] == [([0], False)]
     assert [t["first_splits"] for t in pushed["tcp://b:1"]] == [([1], False)]
@@ -181,12 +188,7 @@ def test_a_first_split_lost_with_its_push_is_handed_out_again():
     left: the revived task reaches its worker without the split. The task's first request
     says it received none (every first request says how many it received), and gets that
     split again instead of a new one; a task that got it says 1 and gets the next."""
-    core, cluster = make()
-    ds = dataset(core, 4)
-    join(core, cluster, "tcp://a:1")
-    join(core, cluster, "tcp://b:1")
-    j = core.get_or_create_job(ds, "DYNAMIC").reply
-    out = core.get_or_create_iteration(j["job_id"], 100.0, job_token=j["job_token"])
+    core, cluster, _, j, out = _dynamic_start(4)
     it = out.reply["iteration_id"]
     (task_a,), (task_b,) = (_pushed(out)[a] for a in ("tcp://a:1", "tcp://b:1"))
     lost = core.get_split(it, task_a["task_id"], 0, job_token=j["job_token"], received=0)
