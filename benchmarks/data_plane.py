@@ -11,6 +11,12 @@ run, alternating old / new (``--rounds`` times), best read of each:
   (``dataservice.worker.pack-bytes: 0``), ``new`` packs buffers under 256 KiB into one frame
   per batch. Figures: GiB/s, µs per element, and the peak RSS of every process (psutil samples
   every 10 ms; the consumer's is its VmHWM).
+- ``plane`` (issue 25, target 1): the same read through distributed's comms
+  (``dataservice.client.fast-path: false``) and through the workers' element ports, with raw
+  loopback TCP between two processes (``sendall`` into ``recv_into`` a preallocated buffer)
+  measured in each round: GiB/s, the fraction of raw loopback, and the consumer's peak RSS
+  beside the bytes its requests and channel may hold. ``--plane-source shared``: every element
+  is one shared array, so the workers spend nothing making elements (the data plane alone).
 - ``malloc``: the same read of 1 MiB and 64 KiB elements from three clusters: workers as
   ``--no-nanny`` starts them, with the environment a nanny gives them
   (``MALLOC_TRIM_THRESHOLD_=65536``), and that plus ``DASK_DATASERVICE__MALLOC_TUNING=True``
@@ -53,7 +59,7 @@ from service import Cluster  # noqa: E402
 
 import dask_dataservice as dds  # noqa: E402
 
-BENCHES = ("elements", "malloc", "requests", "compression", "first")
+BENCHES = ("elements", "plane", "malloc", "requests", "compression", "first")
 MiB = 1 << 20
 GiB = 1 << 30
 TARGETS = {("elements", 65536): 1.5, ("elements", MiB): 2.5}
@@ -66,6 +72,18 @@ def emit(rec: dict) -> None:
 
 def full(floats: int, i: int) -> np.ndarray:
     return np.full(floats, i, np.float32)
+
+
+_SHARED: dict[int, np.ndarray] = {}
+
+
+def shared(floats: int, i: int) -> np.ndarray:
+    """One array of ones for every element: the worker spends nothing making elements (the
+    data plane alone)."""
+    arr = _SHARED.get(floats)
+    if arr is None:
+        arr = _SHARED[floats] = np.ones(floats, np.float32)
+    return arr
 
 
 def parse_size(text: str) -> int:
@@ -84,7 +102,7 @@ def consume(spec: dict) -> dict:
     with Client(spec["address"], set_as_default=False) as client:
         ds = dds.from_dataset_id("distributed_epoch", client, spec["dataset_id"])
         n = spec["n"]
-        expect = (n, n * (n - 1) // 2)
+        expect = (n, n if spec.get("ones") else n * (n - 1) // 2)
         seconds = []
         for _ in range(spec["runs"] + 1):  # the first read warms up
             t0 = time.perf_counter()
@@ -101,7 +119,10 @@ def consume(spec: dict) -> dict:
             if line.startswith("VmHWM:"):
                 hwm = int(line.split()[1]) * 1024
     t = os.times()
-    return {"seconds": seconds[1:], "rss_peak": hwm, "cpu_s": round(t.user + t.system, 2)}
+    import resource
+
+    return {"seconds": seconds[1:], "rss_peak": hwm, "cpu_s": round(t.user + t.system, 2),
+            "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}
 
 
 class RssSampler:
@@ -123,6 +144,13 @@ class RssSampler:
                     self.peak[k] = max(self.peak[k], p.memory_info().rss)
             self.stop.wait(0.01)
 
+    def _faults(self) -> dict[str, int]:
+        out = {}
+        for k, p in self.procs.items():
+            with contextlib.suppress(Exception):
+                out[k] = int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+        return out
+
     def _cpu(self) -> dict[str, float]:
         out = {}
         for k, p in self.procs.items():
@@ -133,6 +161,7 @@ class RssSampler:
 
     def __enter__(self) -> RssSampler:
         self.cpu0 = self._cpu()
+        self.faults0 = self._faults()
         self.thread.start()
         return self
 
@@ -140,13 +169,15 @@ class RssSampler:
         self.stop.set()
         self.thread.join()
         cpu1 = self._cpu()
+        faults1 = self._faults()
+        self.faults = {k: faults1[k] - self.faults0[k] for k in faults1 if k in self.faults0}
         self.cpu_s = {k: round(cpu1[k] - self.cpu0[k], 2) for k in cpu1 if k in self.cpu0}
 
 
 def read_in_subprocess(cluster: Cluster, dataset_id: object, n: int, runs: int,
-                       env: dict[str, str] | None = None) -> dict:
+                       env: dict[str, str] | None = None, ones: bool = False) -> dict:
     spec = {"address": cluster.client.scheduler.address, "dataset_id": dataset_id, "n": n,
-            "runs": runs}
+            "runs": runs, "ones": ones}
     pids = {k: v for k, v in cluster.pids().items() if k != "client"}
     with RssSampler(pids) as rss:
         proc = subprocess.run(
@@ -159,6 +190,7 @@ def read_in_subprocess(cluster: Cluster, dataset_id: object, n: int, runs: int,
                            **{k: round(v / MiB) for k, v in rss.peak.items()}}
     # CPU seconds of the consumer process's whole life (start-up and warm-up read included)
     out["cpu_s"] = {"consumer": out.pop("cpu_s"), **rss.cpu_s}
+    out["faults"] = {"consumer": out.pop("minor_faults"), **rss.faults}
     return out
 
 
@@ -201,6 +233,7 @@ def report(bench: str, size: int, workers: int, n: int, results: dict[str, list[
                "us_per_element": round(best[name] / n * 1e6, 1),
                "runs_GiB_per_s": [round(n * size / GiB / s, 3) for s in secs],
                "rss_peak_mib": rss, "cpu_s_per_consumer_process": rounds[-1]["cpu_s"],
+               "minor_faults_per_consumer_process": rounds[-1].get("faults"),
                "reads_per_consumer_process": len(rounds[-1]["seconds"]) + 1,
                **(extra or {})}
         target = TARGETS.get((bench, size))
@@ -252,6 +285,98 @@ def requests_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> 
             for name, env in variants.items():
                 results[name].append(read_in_subprocess(cluster, dataset_id, n, args.runs, env))
         report("request-bytes", size, workers, n, results)
+
+
+RAW_SENDER = """
+import socket, sys
+host, port, size, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+buf = bytearray(size)
+with socket.create_connection((host, port)) as s:
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(total // size):
+        s.sendall(buf)
+"""
+
+
+def raw_loopback(size: int, total: int) -> tuple[float, dict[str, float]]:
+    """GiB/s of raw loopback TCP between two processes: another process ``sendall``s
+    ``size``-byte messages, this one ``recv_into``s one preallocated buffer (the machine's
+    limit for the data plane); and the CPU seconds per GiB of each side."""
+    import resource
+    import socket
+
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        total = total // size * size
+        proc = subprocess.Popen([sys.executable, "-c", RAW_SENDER, "127.0.0.1", str(port),
+                                 str(size), str(total)])
+        conn, _ = server.accept()
+        buf = memoryview(bytearray(size))
+        got = 0
+        t0 = time.perf_counter()
+        cpu0 = time.thread_time()
+        with conn:
+            while got < total:
+                n = conn.recv_into(buf[: min(size, total - got)])
+                if not n:
+                    break
+                got += n
+        seconds = time.perf_counter() - t0
+        receiver = time.thread_time() - cpu0
+        proc.wait(timeout=60)
+    if got != total:
+        raise SystemExit(f"raw loopback: received {got} of {total} bytes")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sender = (children.ru_utime - children0.ru_utime) + (children.ru_stime - children0.ru_stime)
+    gib = total / GiB
+    return gib / seconds, {"sender": round(sender / gib, 3), "receiver": round(receiver / gib, 3)}
+
+
+def plane_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> None:
+    """Issue 25, target 1: elements through distributed's comms (``client.fast-path`` false)
+    against the workers' element ports, and raw loopback TCP in the same run (each round:
+    raw, comms, streams). The consumer's peak RSS is set beside the bytes it may hold: its
+    requests in flight (``workers x requests-per-task x request-bytes``) and its channel
+    (``max-outstanding-batches`` batches of up to ``request-bytes``)."""
+    import dask
+
+    from dask_dataservice import config as dds_config
+
+    variants = {"comms": {"DASK_DATASERVICE__CLIENT__FAST_PATH": "False"},
+                "streams": {"DASK_DATASERVICE__CLIENT__FAST_PATH": "True"}}
+    with dask.config.set({}):
+        request_bytes = dds_config.get_bytes("client.request-bytes")
+        depth = int(dds_config.get("client.requests-per-task"))
+        outstanding = int(dds_config.get("client.max-outstanding-batches"))
+    ones = args.plane_source == "shared"
+    for size in args.sizes:
+        n = max(64, args.bytes // size)
+        make = shared if ones else full
+        dataset_id = dds.register_dataset(cluster.client,
+                                          dds.Dataset.range(n).map(partial(make, size // 4)))
+        results: dict[str, list[dict]] = {k: [] for k in variants}
+        raws = []
+        raw_cpu: dict[str, float] = {}
+        for _ in range(args.rounds):
+            rate, raw_cpu = raw_loopback(min(size, MiB), args.bytes)
+            raws.append(rate)
+            for name, env in variants.items():
+                results[name].append(read_in_subprocess(cluster, dataset_id, n, args.runs, env,
+                                                        ones))
+        raw = max(raws)
+        in_flight = min(n * size, (workers * depth + outstanding) * request_bytes)
+        report("plane", size, workers, n, results,
+               {"source": args.plane_source, "raw_loopback_GiB_per_s": round(raw, 3),
+                "raw_runs_GiB_per_s": [round(r, 3) for r in raws],
+                "raw_cpu_s_per_GiB": raw_cpu,
+                "bytes_held_mib": round(in_flight / MiB)})
+        for name, rounds in results.items():
+            best = min(s for r in rounds for s in r["seconds"])
+            emit({"bench": "plane", "element_bytes": size, "workers": workers, "variant": name,
+                  "of_raw_loopback": round(n * size / GiB / best / raw, 3),
+                  "target": {MiB: 0.9, 64 << 10: 0.7}.get(size)})
 
 
 def compression_sim(args: argparse.Namespace) -> None:
@@ -370,6 +495,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed reads per consumer process")
     parser.add_argument("--rounds", type=int, default=2, help="old/new alternations")
     parser.add_argument("--links", default="1Gb/s,10Gb/s,25Gb/s")
+    parser.add_argument("--plane-source", choices=("fresh", "shared"), default="fresh",
+                        help="plane: each element a new array (np.full), or one shared array "
+                             "(the worker makes nothing: the data plane alone)")
     parser.add_argument("--latency-runs", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quick", action="store_true", help="64 MiB per read, 1 round")
@@ -393,7 +521,7 @@ def main() -> None:
         compression_sim(args)
     if "first" in only:
         first_bench(args)
-    if only & {"elements", "malloc", "requests", "compression"}:
+    if only & {"elements", "plane", "malloc", "requests", "compression"}:
         clusters = {"untuned": Cluster()}
         if "malloc" in only:
             nanny = {"MALLOC_TRIM_THRESHOLD_": "65536"}  # what distributed's nanny sets
@@ -410,6 +538,8 @@ def main() -> None:
                         c.add_worker()
                 if "elements" in only:
                     elements_bench(args, clusters["untuned"], workers)
+                if "plane" in only:
+                    plane_bench(args, clusters["untuned"], workers)
                 if "malloc" in only:
                     malloc_bench(args, clusters, workers)
                 if "requests" in only:

@@ -3,23 +3,15 @@
 Theory of operation
 -------------------
 A training step sends its parameter servers a few messages, each a small dict plus numpy
-arrays. Through distributed's comms such a message costs ~300-400 µs of CPU at each end
-(tornado streams, per-message metrics, ``sizeof``, handler dispatch), several times what the
-numpy work of a 4,096-id embedding step costs. Here the same messages travel on an asyncio
-connection of their own:
+arrays. Through distributed's comms such a message costs ~300-400 µs of CPU at each end,
+several times what the numpy work of a 4,096-id embedding step costs. Here the same messages
+travel on an asyncio connection of their own (the wire format, the receiving protocol and the
+server are :mod:`dask_dataservice._wire`'s, shared with the data service's element path):
 
-- **Wire format.** ``<u4 header bytes><u4 frames><u8 frame bytes> x frames``, the msgpack
-  header, then the frames. Arrays (bare or wrapped by ``to_serialize``) are frames, described
-  in the header by ``{"__f": index, "dtype", "shape"}``; ``to_serialize``'d bytes (the pickled
-  exceptions of ``error_message``) travel inline; anything else msgpack cannot encode (arrays
-  of Python objects, ...) travels pickled in a frame (``{"__p": index}``), as on Dask comms.
-- **Receiving** (:class:`_Protocol`, an ``asyncio.BufferedProtocol``): frames of 64 KiB or
-  more are received straight into the ndarray the handler (or the step) gets, writable and
-  owned; smaller pieces go through one staging buffer.
 - **Server** (:class:`FastServer`): one per parameter server, on the host of its Dask address
   and a free port (``ps_fast_port`` tells it). Each connection's messages are answered one
   after the other by the same handlers as ``ps_*`` messages on Dask comms, so a worker reads
-  its own writes. Connection tasks are owned and stopped at teardown.
+  its own writes.
 - **Runner thread** (:class:`SocketChannel`): a training worker's runner thread writes its
   requests on a non-blocking socket of its own and reads the replies when it waits for one
   (no hop to the event loop and back); while a send waits for room it reads replies, so
@@ -33,24 +25,16 @@ training worker that cannot reach a PS's data port (only Dask's own ports may be
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
-import pickle
 import select
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgpack
-import numpy as np
-from distributed.protocol.serialize import Serialize
-
-from .._async import TaskGroup
-from .._rpc import error_message
+from .._wire import StreamProtocol, StreamServer, decode, encode
 from ..errors import ParameterServerUnavailableError
 from ._types import silent_server
 
@@ -58,278 +42,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["FastServer", "Reply", "SocketChannel", "decode", "encode"]
 
-_PREFIX = struct.Struct("<II")
-#: Frames at least this big are received in place; smaller pieces through the staging buffer.
-_DIRECT = 64 << 10
-#: Bytes written but not yet sent above which a writer waits.
-_HIGH_WATER = 4 << 20
-#: Bounds on a message, checked from its prefix before anything is allocated: a peer that
-#: sends more (a stranger on the network, a corrupt stream) has its connection closed, so
-#: it cannot make the PS allocate gigabytes (a PS request or reply is far smaller).
-_MAX_HEADER = 64 << 20
-_MAX_FRAMES = 1 << 16
-_MAX_MESSAGE = 4 << 30
 
-
-# -- codec ---------------------------------------------------------------------------------
-
-
-def encode(msg: Any) -> list[Any]:
-    """``msg`` as the buffers of one message (prefix and header first, then the frames)."""
-    frames: list[memoryview] = []
-
-    def default(obj: Any) -> Any:
-        if isinstance(obj, Serialize):
-            obj = obj.data
-            if isinstance(obj, (bytes, bytearray)):
-                return bytes(obj)
-        if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
-            arr = obj if obj.flags.c_contiguous else obj.copy(order="C")  # keeps 0-d arrays 0-d
-            frames.append(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size
-                          else memoryview(b""))
-            return {"__f": len(frames) - 1, "dtype": arr.dtype.str, "shape": list(arr.shape)}
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, tuple):
-            return list(obj)
-        # anything else (arrays of Python objects, ...) travels pickled, as on Dask comms
-        frames.append(memoryview(pickle.dumps(obj, protocol=5)))
-        return {"__p": len(frames) - 1}
-
-    header = msgpack.packb(msg, default=default, use_bin_type=True)
-    sizes = struct.pack(f"<{len(frames)}Q", *(f.nbytes for f in frames))
-    return [_PREFIX.pack(len(header), len(frames)) + sizes + header, *frames]
-
-
-def decode(header: bytes | memoryview, frames: list[np.ndarray]) -> Any:
-    """The message of ``header`` whose arrays are views of ``frames`` (uint8 buffers)."""
-
-    def hook(obj: dict[str, Any]) -> Any:
-        if len(obj) == 3 and "__f" in obj:
-            return frames[obj["__f"]].view(np.dtype(obj["dtype"])).reshape(obj["shape"])
-        if len(obj) == 1 and "__p" in obj:
-            return pickle.loads(frames[obj["__p"]])
-        return obj
-
-    return msgpack.unpackb(header, object_hook=hook, raw=False, use_list=True)
-
-
-# -- receiving -----------------------------------------------------------------------------
-
-
-class _Protocol(asyncio.BufferedProtocol):
-    """Parses messages off a stream and hands each to ``on_message`` (or the error to
-    ``on_lost`` when the connection ends)."""
-
-    def __init__(self, on_message: Callable[[Any], None],
-                 on_lost: Callable[[BaseException], None]) -> None:
-        self._on_message = on_message
-        self._on_lost = on_lost
-        self.transport: asyncio.Transport | None = None
-        self._stage = bytearray(256 << 10)
-        self._view = memoryview(self._stage)
-        self._have = 0  # bytes in the staging buffer not parsed yet
-        #: The message being received: its header (None: reading a prefix), its frames,
-        #: the frame being filled and how many of its bytes came.
-        self._header: bytes | None = None
-        self._frames: list[np.ndarray] = []
-        self._index = 0
-        self._filled = 0
-        self._paused = False
-        self._drained: asyncio.Future[None] | None = None
-        #: Set once a malformed message closed the connection: nothing more is parsed.
-        self.refused: str | None = None
-
-    # -- writing: flow control ---------------------------------------------------------------
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-
-    async def drain(self) -> None:
-        """Wait while more than the high-water mark waits to be sent."""
-        if self._paused and self.transport is not None and not self.transport.is_closing():
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
-
-    # -- reading ------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=_HIGH_WATER)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        self._on_lost(exc or ConnectionError("the connection was closed"))
-
-    def _direct(self) -> bool:
-        """Whether the next bytes go straight into the current frame."""
-        return self._have == 0 and self._header is not None \
-            and self._frames[self._index].size - self._filled >= _DIRECT
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._direct():
-            return memoryview(self._frames[self._index])[self._filled:]
-        if self._have == len(self._stage):  # never with a parsed prefix; kept safe
-            self._grow(2 * len(self._stage))
-        return self._view[self._have:]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self.refused is not None:
-            return
-        if self._direct():
-            self._filled += nbytes
-            self._advance()
-        else:
-            self._have += nbytes
-            self._parse()
-
-    def _grow(self, size: int) -> None:
-        # a new buffer: the transport may still hold a view of the old one
-        stage = bytearray(size)
-        stage[:self._have] = self._stage[:self._have]
-        self._stage, self._view = stage, memoryview(stage)
-
-    def _start(self, sizes: list[int], header: bytes) -> None:
-        self._header = header
-        self._frames = [np.empty(n, dtype=np.uint8) for n in sizes]
-        self._index = self._filled = 0
-        self._advance()
-
-    def _advance(self) -> None:
-        """Past full (and empty) frames; deliver the message once every frame came."""
-        assert self._header is not None
-        while self._index < len(self._frames) and self._filled >= self._frames[self._index].size:
-            self._index += 1
-            self._filled = 0
-        if self._index == len(self._frames):
-            msg = decode(self._header, self._frames)
-            self._header, self._frames = None, []
-            self._on_message(msg)
-
-    def _parse(self) -> None:
-        pos = 0
-        while True:
-            if self._header is None:
-                if self._have - pos < _PREFIX.size:
-                    break
-                nheader, nframes = _PREFIX.unpack_from(self._stage, pos)
-                if nheader > _MAX_HEADER or nframes > _MAX_FRAMES:
-                    self._refuse(f"a message announced a {nheader}-byte header and "
-                                 f"{nframes} frames")
-                    return
-                need = _PREFIX.size + 8 * nframes + nheader
-                if self._have - pos < need:
-                    if need > len(self._stage):
-                        self._compact(pos)
-                        pos = 0
-                        self._grow(need)
-                    break
-                start = pos + _PREFIX.size
-                sizes = list(struct.unpack_from(f"<{nframes}Q", self._stage, start))
-                if sum(sizes) > _MAX_MESSAGE:
-                    self._refuse(f"a message announced {sum(sizes)} bytes of frames")
-                    return
-                start += 8 * nframes
-                pos = start + nheader
-                self._start(sizes, bytes(self._view[start:pos]))
-                continue
-            frame = self._frames[self._index]
-            take = min(frame.size - self._filled, self._have - pos)
-            if take == 0:
-                break
-            frame[self._filled:self._filled + take] = np.frombuffer(
-                self._view[pos:pos + take], dtype=np.uint8)
-            self._filled += take
-            pos += take
-            self._advance()
-        self._compact(pos)
-
-    def _refuse(self, why: str) -> None:
-        """A malformed stream: close the connection (the peer sees it closed)."""
-        self.refused = why
-        self._have = 0
-        peer = None if self.transport is None else self.transport.get_extra_info("peername")
-        logger.warning("dataservice: PS data path: closing the connection from %s: %s "
-                       "(limits: %d-byte header, %d frames, %d bytes)", peer, why,
-                       _MAX_HEADER, _MAX_FRAMES, _MAX_MESSAGE)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _compact(self, pos: int) -> None:
-        if pos:
-            rest = self._have - pos
-            self._stage[:rest] = self._stage[pos:self._have]
-            self._have = rest
-
-
-# -- the server ----------------------------------------------------------------------------
-
-
-class FastServer:
-    """A PS's data path: answers requests with ``handler(op)`` (a coroutine function taking
-    the request's fields, or None for an op it does not serve), one connection's messages
-    one after the other."""
+class FastServer(StreamServer):
+    """A PS's data path (see the module docstring)."""
 
     def __init__(self, handler: Callable[[str], Callable[..., Awaitable[Any]] | None]) -> None:
-        self._handler = handler
-        self._group = TaskGroup("ps-fast-path")
-        self._server: asyncio.Server | None = None
-        self._protocols: set[_Protocol] = set()
-        self.port: int | None = None
-
-    async def start(self, host: str) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._connection, host, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-
-    def _connection(self) -> _Protocol:
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        protocol = _Protocol(queue.put_nowait, lambda exc: queue.put_nowait(None))
-        self._protocols.add(protocol)
-        self._group.spawn(self._serve, protocol, queue)
-        return protocol
-
-    async def _serve(self, protocol: _Protocol, queue: asyncio.Queue[Any]) -> None:
-        try:
-            while (msg := await queue.get()) is not None:
-                reply = await self._answer(msg)
-                transport = protocol.transport
-                if transport is None or transport.is_closing():
-                    return
-                if msg.get("reply", True):
-                    try:
-                        frames = encode(reply)
-                    except TypeError as e:  # a reply this path cannot carry: say so
-                        frames = encode(error_message(e))
-                    transport.writelines(frames)
-                    await protocol.drain()
-        finally:
-            self._protocols.discard(protocol)
-            if protocol.transport is not None:
-                protocol.transport.abort()
-
-    async def _answer(self, msg: dict[str, Any]) -> Any:
-        op = msg.get("op")
-        handler = self._handler(op) if isinstance(op, str) else None
-        if handler is None:
-            return None  # as a Dask server answers an unknown op
-        return await handler(**{k: v for k, v in msg.items() if k not in ("op", "reply")})
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for protocol in list(self._protocols):
-            if protocol.transport is not None:
-                protocol.transport.abort()
-        await self._group.stop()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        super().__init__(handler, "PS data path")
 
 
 # -- the runner thread's blocking channel ----------------------------------------------------
@@ -390,7 +108,7 @@ class SocketChannel:
         self._send_timeout = send_timeout
         self._sock: Any = None
         self._pending: deque[Reply] = deque()
-        self._protocol = _Protocol(self._got, self._gone)
+        self._protocol = StreamProtocol(self._got, self._gone, "PS data path")
         self._closed = False
 
     def _got(self, msg: Any) -> None:
@@ -418,7 +136,7 @@ class SocketChannel:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         self._sock = sock
-        self._protocol = _Protocol(self._got, self._gone)
+        self._protocol = StreamProtocol(self._got, self._gone, "PS data path")
         return sock
 
     def reset(self, error: BaseException) -> None:

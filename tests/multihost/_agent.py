@@ -146,7 +146,9 @@ def op_workers(client: Client, n: int, timeout: float = 60) -> dict[str, Any]:
 
 def _worker_stats(dask_worker: Any) -> dict[str, Any]:
     plugin = dask_worker.extensions.get("dataservice")
-    return dict(plugin.stats) if plugin is not None else {}
+    if plugin is None:
+        return {}
+    return {**plugin.stats, "element_port": plugin._port.port}
 
 
 def op_worker_stats(client: Client, workers: list[str] | None = None) -> dict[str, Any]:

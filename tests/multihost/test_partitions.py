@@ -185,7 +185,8 @@ def test_parameter_server_partitioned_then_back(net):
 def test_broken_reader_worker_connection_loses_nothing(net):
     """The worker's replies to the reader are dropped while one is on its way, until the
     reader's TCP connection gives up (``distributed.comm.timeouts.tcp``, 11 s here: the
-    least distributed accepts); the reader sends the request again once the worker can be
+    least distributed accepts; the element port's connection gets the same kernel timeouts as
+    a Dask comm); the reader sends the request again once the worker can be
     reached, and the worker answers with the reply it kept (``requests_replayed``)."""
     address = _data_cluster(net)
     c = net.host("c")
@@ -199,7 +200,10 @@ def test_broken_reader_worker_connection_loses_nothing(net):
                             delay=0.001)["dataset_id"]
     agent.call("read", name="r", dataset_id=dataset_id)
     poll(lambda: agent.call("progress", name="r")["count"] > 0, 30, "the first elements")
+    element_port = agent.call("worker_stats", workers=[a1])["stats"][a1]["element_port"]
+    assert element_port  # the reader's requests go there (issue 25)
     net.block_replies(c, w1, 9000)
+    net.block_replies(c, w1, element_port)
     try:
         before = agent.call("worker_stats", workers=[a1])["stats"][a1]["batches_served"]
         poll(lambda: agent.call("worker_stats", workers=[a1])["stats"][a1]["batches_served"]
@@ -208,6 +212,7 @@ def test_broken_reader_worker_connection_loses_nothing(net):
              "the reader to give its connection to w1 up")
     finally:
         net.unblock(c, -9000)
+        net.unblock(c, -element_port)
     out = agent.call("result", name="r", timeout=90)
     assert out["read_error"] is None, out["read_error"]
     assert collections.Counter(out["elements"]) == collections.Counter(range(n))

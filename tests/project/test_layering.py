@@ -376,7 +376,7 @@ def test_ps_takes_only_the_foundations_from_the_rest_of_the_package(module):
     modules = find_modules(ROOT)
     other = {_top(i.target) for i in imports_of(_ps_modules()[module], modules)
              if i.target.startswith(PKG + ".") and _top(i.target) != "ps"}
-    allowed = {"config", "_rpc", "_async", "_tqdm", "errors"}
+    allowed = {"config", "_rpc", "_async", "_tqdm", "_wire", "errors"}
     assert other <= allowed, f"ps.{module} imports {sorted(other - allowed)}"
 
 

@@ -13,6 +13,7 @@ from distributed.protocol.serialize import to_serialize
 from distributed.utils_test import gen_test
 
 import dask_dataservice as dds
+from dask_dataservice import _wire
 from dask_dataservice._rpc import handler, raise_for_status
 from dask_dataservice.errors import ParameterServerUnavailableError
 from dask_dataservice.ps import _fastpath
@@ -43,7 +44,7 @@ def _arrays():
 def _roundtrip(msg):
     buffers = _fastpath.encode(msg)
     got = []
-    protocol = _fastpath._Protocol(got.append, lambda exc: None)
+    protocol = _wire.StreamProtocol(got.append, lambda exc: None)
     data = b"".join(bytes(b) for b in buffers)
     protocol_feed(protocol, data, [len(data)])
     assert len(got) == 1
@@ -103,7 +104,7 @@ def test_messages_split_anywhere_are_parsed_in_order(seed):
     while sum(chunks) < len(data):
         chunks.append(rnd.choice([1, 7, 100, 4096, 70_000, 1 << 20]))
     got = []
-    protocol = _fastpath._Protocol(got.append, lambda exc: None)
+    protocol = _wire.StreamProtocol(got.append, lambda exc: None)
     protocol_feed(protocol, data, chunks)
     assert [g["i"] for g in got] == list(range(12))
     for g, m in zip(got, msgs, strict=True):
@@ -329,9 +330,9 @@ async def test_training_on_the_data_path_matches_distributed_comms(s, p0, p1, w0
 
 @pytest.mark.component
 @pytest.mark.parametrize("prefix, why", [
-    (_fastpath._PREFIX.pack(2**31, 1), "2147483648-byte header"),
-    (_fastpath._PREFIX.pack(10, 2**20), "1048576 frames"),
-    (_fastpath._PREFIX.pack(10, 2) + np.array([2**40, 1], "<u8").tobytes(),
+    (_wire.PREFIX.pack(2**31, 1), "2147483648-byte header"),
+    (_wire.PREFIX.pack(10, 2**20), "1048576 frames"),
+    (_wire.PREFIX.pack(10, 2) + np.array([2**40, 1], "<u8").tobytes(),
      "1099511627777 bytes of frames"),
 ])
 @gen_test()

@@ -36,6 +36,7 @@ from ..protocol._metrics import ReadStats
 from ..protocol._sharding import ShardingPolicy
 from ..protocol._start_read import start_read
 from . import _connection
+from ._data_plane import open_stream, reopen
 from ._locality import local_workers_mode, process_workers
 from ._read_channel import END, Channel, Failure
 from ._service_source import ReadSpec, ServiceSource
@@ -119,6 +120,7 @@ class IterationReader:
         #: of a named job is told when another consumer joins and takes a share).
         self.consumers_seen = 1
         self.request_timeout = _optional_seconds("client.request-timeout")
+        self.connect_timeout = config.get_seconds("client.connect-timeout")
         self.stalls = _tracker("client.stall-warning", "client.stall-timeout")
         #: Which tasks this pass reads, and when it is over (:mod:`.reader_core`).
         self.core = ReaderCore(iteration_id, spec.target_workers, self.local_host,
@@ -328,21 +330,27 @@ class IterationReader:
         read = TaskRead(task_id, address, self.depth, self.dispatcher_timeout,
                         self.stalls.copy(), loop.time())
         #: ``{seq: request}`` in flight (their order: ``read.pending``).
-        requests: dict[int, asyncio.Task[Any]] = {}
+        requests: dict[int, asyncio.Future[Any]] = {}
         codecs = reader_codecs(address, self.local_host)  # issue 16: compression where it pays
+        #: issue 25: the worker's element port (None: distributed's comms)
+        stream = None
         try:
+            stream = await open_stream(rpc, address, self.connect_timeout)
             while not self.stopped:
                 # the head request answers at once; the ones queued behind it may gather a
                 # slow pipeline's elements for a moment
                 for r in read.to_send(self._request_size(), self.linger):
-                    request = self.group.spawn(
-                        rpc.dataservice_get_elements,
+                    kwargs = dict(
                         task_id=task_id, max_elements=r.max_elements, max_bytes=self.max_bytes,
                         wait=self.long_poll, consumer=self.client_id, seq=r.seq, ack=r.ack,
                         trainer_id=self.trainer_id, job_token=self.job_token,
                         **({"codecs": codecs} if codecs else {}),  # only when offered
                         linger=r.linger,
                     )
+                    if stream is not None:
+                        requests[r.seq] = stream.request(**kwargs)
+                        continue
+                    request = self.group.spawn(rpc.dataservice_get_elements, **kwargs)
                     request._dds_awaited = True  # type: ignore[attr-defined]  # see TaskGroup
                     requests[r.seq] = request
                 head_seq = read.head
@@ -361,6 +369,8 @@ class IterationReader:
                         f.cancel()
                     requests.clear()
                     read.resend(head_seq)
+                    if stream is not None and stream.broken:
+                        stream = await reopen(rpc, stream, self.connect_timeout)
                     continue
                 outcome = read.on_reply(head_seq, resp, loop.time(), core.is_gone(task_id))
                 kind = outcome.kind
@@ -388,6 +398,8 @@ class IterationReader:
         finally:
             for f in requests.values():
                 f.cancel()
+            if stream is not None:
+                stream.close()
             core.task_ended(task_id)
             self.task_done.set()
 

@@ -54,6 +54,7 @@ from ..protocol._positions import tracked_elements
 from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
 from ._buffers import ElementBuffer, RoundBuffer, TaskCancelled, element_size, task_buffer
+from ._element_port import ElementPort
 from ._figures import WorkerFigures
 from ._split_provider import DispatcherSplitProvider
 from ._worker_key import WorkerKey
@@ -294,6 +295,7 @@ class DataWorkerPlugin(WorkerPlugin):
         worker.handlers["dataservice_get_rounds"] = self.get_rounds
         worker.handlers["dataservice_worker_state"] = self.worker_state
         worker.stream_handlers["dataservice-tasks"] = self.tasks_changed
+        self._port = await ElementPort.open(worker)  # issue 25: elements on plain streams
         self._key = WorkerKey(worker)
         self._key.install()
         worker.extensions["dataservice"] = self
@@ -323,6 +325,7 @@ class DataWorkerPlugin(WorkerPlugin):
         self._datasets.clear()
         self._rounds.clear()
         self._turns.clear()
+        await self._port.close()
 
     async def _join_threads(self) -> None:
         runners = list(self._runners)
@@ -772,12 +775,6 @@ class DataWorkerPlugin(WorkerPlugin):
 #: short cap, so that the split flow resumes soon after a restarted dispatcher is back).
 _RETRIES = 120
 _RETRY_DELAY_MAX = 0.25
-
-
-
-
-
-
 
 
 def _closing_get_elements(**kwargs: Any) -> dict[str, Any]:

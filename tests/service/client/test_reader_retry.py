@@ -14,6 +14,7 @@ import pytest
 from _helpers import distribute, read
 
 from dask_dataservice.data import Dataset
+from dask_dataservice.service.client import _install_async
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = pytest.mark.cluster
@@ -24,27 +25,68 @@ def _work(i: int) -> int:
     return i
 
 
-@gen_cluster(client=True, nthreads=[("", 1)] * 2, timeout=120,
-             config={"dataservice.client.request-elements": 8})
-async def test_broken_connections_to_live_data_workers_lose_no_element(c, s, a, b):
-    n = 2000
-    ds = await distribute(Dataset.range(n).map(_work), "distributed_epoch", c)
+def _lose_some_replies(worker) -> None:
+    """Every fifth reply of ``worker``'s element port is made (and kept) but lost on its way:
+    the port's connections are dropped before it is written (a deterministic loss: a
+    connection broken from outside mostly breaks between replies)."""
+    real = worker.handlers["dataservice_get_elements"]
+    server = worker.extensions["dataservice"]._port.server
+    calls = 0
 
-    def replayed() -> int:
-        return sum(w.extensions["dataservice"].stats["requests_replayed"] for w in (a, b))
+    async def lossy(**kwargs):
+        nonlocal calls
+        reply = await real(**kwargs)
+        calls += 1
+        if calls % 5 == 0:
+            server.drop_connections()
+        return reply
 
-    reading = asyncio.ensure_future(read(ds))
-    broken = 0
-    while not reading.done():  # break every connection with a request in flight, often
-        for w in (a, b):
-            for comm in list(c.rpc.occupied.get(w.address, ())):
-                comm.abort()
-                broken += 1
-        await asyncio.wait([reading], timeout=0.005)
-    got = await reading
-    assert sorted(got) == list(range(n))  # none lost, none twice
-    assert broken > 0
-    assert replayed() > 0  # some replies were lost on the way and answered again
+    worker.handlers["dataservice_get_elements"] = lossy
+
+
+@pytest.mark.parametrize("path", ["comms", "element-port"])
+def test_broken_connections_to_live_data_workers_lose_no_element(path):
+    """Both transports: distributed's comms (``client.fast-path`` false) and the workers'
+    element ports (issue 25), each connection broken often while a request is in flight."""
+
+    @gen_cluster(client=True, nthreads=[("", 1)] * 2, timeout=120,
+                 config={"dataservice.client.request-elements": 8,
+                         "dataservice.client.fast-path": path == "element-port"})
+    async def run(c, s, a, b):
+        n = 2000
+        if path == "element-port":
+            await _install_async(c)
+            for w in (a, b):
+                _lose_some_replies(w)
+        ds = await distribute(Dataset.range(n).map(_work), "distributed_epoch", c)
+
+        def replayed() -> int:
+            return sum(w.extensions["dataservice"].stats["requests_replayed"] for w in (a, b))
+
+        def break_all() -> int:
+            broken = 0
+            for w in (a, b):
+                if path == "comms":
+                    for comm in list(c.rpc.occupied.get(w.address, ())):
+                        comm.abort()
+                        broken += 1
+                else:
+                    server = w.extensions["dataservice"]._port.server
+                    broken += len(server._protocols)
+                    server.drop_connections()
+            return broken
+
+        reading = asyncio.ensure_future(read(ds))
+        broken = 0
+        while not reading.done():  # break every connection with a request in flight, often
+            broken += break_all()
+            await asyncio.wait([reading], timeout=0.005)
+        got = await reading
+        assert sorted(got) == list(range(n))  # none lost, none twice
+        assert broken > 0
+        assert replayed() > 0  # some replies were lost on the way and answered again
+
+    run()
 
 
 # The turn/keep/replay decisions themselves: tests/service/worker/test_worker_core.py
