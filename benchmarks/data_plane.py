@@ -78,12 +78,13 @@ _SHARED: dict[int, np.ndarray] = {}
 
 
 def shared(floats: int, i: int) -> np.ndarray:
-    """One array of ones for every element: the worker spends nothing making elements (the
-    data plane alone)."""
+    """A view of one array of ones for every element: the worker spends nothing making
+    elements (the data plane alone). A view, not the array: pickle would send an object that
+    a batch holds many times once."""
     arr = _SHARED.get(floats)
     if arr is None:
         arr = _SHARED[floats] = np.ones(floats, np.float32)
-    return arr
+    return arr[:]
 
 
 def parse_size(text: str) -> int:

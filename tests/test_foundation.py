@@ -170,3 +170,56 @@ def test_owned_executor_threads_are_named_and_joined():
     shutdown_executor(ex)
     assert not any(t.name.startswith("dds-test") for t in threading.enumerate())
     shutdown_executor(None)
+
+
+# ---------------------------------------------------------------------------------------
+# _wire.BufferPool: receive buffers reused once released (issue 25, target 1)
+# ---------------------------------------------------------------------------------------
+
+
+def test_a_receive_buffer_comes_back_once_nothing_made_of_it_is_alive():
+    import pickle
+
+    import numpy as np
+
+    from dask_dataservice._wire import BufferPool
+
+    pool = BufferPool(max_free=8 << 20)
+    frame = pool.get(1 << 20)
+    element = frame.view(np.float32)[:10]  # what a reader makes of a frame: views
+    del frame
+    assert pool.free_bytes == 0  # `element` holds the buffer
+    second = pool.get(1 << 20)
+    assert not np.shares_memory(second, element)
+    assert (pool.made, pool.reused) == (2, 0)
+    del element
+    assert pool.free_bytes == 1 << 20
+    third = pool.get(1000 << 10)  # the same size class (1 MiB)
+    assert third.nbytes == 1000 << 10 and third.flags.writeable
+    assert (pool.made, pool.reused, pool.free_bytes) == (2, 1, 0)
+    # an unpickled element (pickle 5, its buffer out of band) holds its frame as well
+    src = np.arange(100_000, dtype=np.float32)
+    buffers = []
+    data = pickle.dumps([src], protocol=5, buffer_callback=buffers.append)
+    third[:src.nbytes] = np.frombuffer(buffers[0].raw(), np.uint8)
+    [got] = pickle.loads(data, buffers=[third[:src.nbytes]])
+    del third
+    assert pool.free_bytes == 0 and np.array_equal(got, src)
+    del got
+    assert pool.free_bytes == 1 << 20
+    del second
+
+
+def test_a_buffer_pool_keeps_at_most_its_bound_waiting():
+    from dask_dataservice._wire import BufferPool
+
+    pool = BufferPool(max_free=3 << 20)
+    held = [pool.get(1 << 20) for _ in range(5)]  # all in use at once
+    assert pool.made == 5 and pool.free_bytes == 0
+    del held
+    assert pool.free_bytes == 3 << 20  # two were freed
+    again = [pool.get(1 << 20) for _ in range(4)]
+    assert (pool.reused, pool.made) == (3, 6)
+    del again
+    pool.clear()
+    assert pool.free_bytes == 0

@@ -13,6 +13,10 @@ each request is a future, resolved by the next reply.
   false, an older worker) or whose port cannot be reached when a read starts (only Dask's own
   ports are open) is read through distributed's comms, as before; an unreachable port is
   remembered for a minute, so each read does not wait for a connect to time out.
+- **Receive buffers.** Replies are received into the process's
+  :class:`~dask_dataservice._wire.BufferPool`: a buffer comes back for the next reply once the
+  consumer let go of every element made of it, so a steady read does not fault in fresh pages
+  for each reply. At most ``client.receive-buffers`` bytes wait there between reads.
 - **Failures.** A lost connection fails every request waiting on it with ``ConnectionError``:
   the fetch sends them again with their ``seq`` as it does after a broken comm, so the worker
   answers with the replies it kept (nothing lost, nothing twice). A reconnect that fails gives
@@ -34,7 +38,7 @@ from distributed.comm.addressing import get_address_host
 from distributed.core import clean_exception
 
 from ... import config
-from ..._wire import StreamProtocol, encode
+from ..._wire import BufferPool, StreamProtocol, encode
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +55,13 @@ OP = "dataservice_get_elements"
 class ElementStream:
     """One connection to a data worker's element port; :meth:`request` sends at once."""
 
-    def __init__(self, address: str, error: BaseException | None = None) -> None:
+    def __init__(self, address: str, error: BaseException | None = None,
+                 pool: BufferPool | None = None) -> None:
         self.address = address
         self._pending: deque[asyncio.Future[Any]] = deque()
-        self._protocol = StreamProtocol(self._got, self._lost, "element port")
+        #: The receive buffers of this fetch's replies (kept across reconnects).
+        self.pool = pool
+        self._protocol = StreamProtocol(self._got, self._lost, "element port", pool)
         #: Set once the connection is lost (or never came: a stream that fails every request).
         self.error = error
 
@@ -63,9 +70,9 @@ class ElementStream:
         return self.error is not None
 
     @classmethod
-    async def connect(cls, address: str, where: tuple[str, int],
-                      timeout: float) -> ElementStream:
-        self = cls(address)
+    async def connect(cls, address: str, where: tuple[str, int], timeout: float,
+                      pool: BufferPool | None = None) -> ElementStream:
+        self = cls(address, pool=pool)
         loop = asyncio.get_running_loop()
         await asyncio.wait_for(loop.create_connection(lambda: self._protocol, *where), timeout)
         return self
@@ -130,22 +137,38 @@ async def _where(rpc: Any, address: str, timeout: float) -> tuple[str, int] | No
     return where
 
 
+_POOL: BufferPool | None = None
+
+
+def receive_pool() -> BufferPool | None:
+    """This process's receive buffers (``client.receive-buffers`` bytes of them wait to be
+    reused at most; 0: none, each reply in fresh memory)."""
+    global _POOL
+    limit = config.get_bytes("client.receive-buffers")
+    if not limit:
+        return None
+    if _POOL is None or _POOL.max_free != limit:
+        _POOL = BufferPool(limit)
+    return _POOL
+
+
 async def open_stream(rpc: Any, address: str, timeout: float) -> ElementStream | None:
     """A connection to ``address``'s element port, or None: read through distributed's comms
     (no port, or it could not be reached: then not again for :data:`UNREACHABLE_FOR`)."""
     if not wanted(address):
         return None
+    pool = receive_pool()
     try:
         where = await _where(rpc, address, timeout)
     except OSError as e:  # the worker is unreachable: the fetch's retries deal with it
-        return ElementStream(address, e)
+        return ElementStream(address, e, pool)
     except Exception as e:  # noqa: BLE001 - a worker that cannot say: read through the comms
         logger.debug("dataservice: no element port from %s: %r", address, e)
         return None
     if where is None:
         return None
     try:
-        return await ElementStream.connect(address, where, timeout)
+        return await ElementStream.connect(address, where, timeout, pool)
     except OSError as e:
         _PORTS[address] = (time.monotonic() + UNREACHABLE_FOR, None)
         logger.info("dataservice: cannot reach the element port of %s at %s:%s (%r): reading "
@@ -163,7 +186,7 @@ async def reopen(rpc: Any, stream: ElementStream, timeout: float) -> ElementStre
         where = await _where(rpc, address, timeout)
         if where is None:
             return None
-        return await ElementStream.connect(address, where, timeout)
+        return await ElementStream.connect(address, where, timeout, stream.pool)
     except OSError as e:
         _PORTS.pop(address, None)
-        return ElementStream(address, e)
+        return ElementStream(address, e, stream.pool)
