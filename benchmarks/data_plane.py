@@ -15,8 +15,9 @@ run, alternating old / new (``--rounds`` times), best read of each:
   (``dataservice.client.fast-path: false``) and through the workers' element ports, with raw
   loopback TCP between two processes (``sendall`` into ``recv_into`` a preallocated buffer)
   measured in each round: GiB/s, the fraction of raw loopback, and the consumer's peak RSS
-  beside the bytes its requests and channel may hold. ``--plane-source shared``: every element
-  is one shared array, so the workers spend nothing making elements (the data plane alone).
+  beside the bytes its requests and channel may hold. ``--plane-tls`` adds the same read from a TLS
+  cluster (its reads keep distributed's comms, encrypted). ``--plane-source shared``: every
+  element is one shared array, so the workers spend nothing making elements (the data plane alone).
 - ``malloc``: the same read of 1 MiB and 64 KiB elements from three clusters: workers as
   ``--no-nanny`` starts them, with the environment a nanny gives them
   (``MALLOC_TRIM_THRESHOLD_=65536``), and that plus ``DASK_DATASERVICE__MALLOC_TUNING=True``
@@ -100,7 +101,14 @@ def parse_size(text: str) -> int:
 def consume(spec: dict) -> dict:
     from distributed import Client
 
-    with Client(spec["address"], set_as_default=False) as client:
+    security = None
+    if spec.get("tls"):
+        from distributed.security import Security
+
+        tls = spec["tls"]
+        security = Security(tls_ca_file=tls["ca"], tls_client_cert=tls["cert"],
+                            tls_client_key=tls["key"], require_encryption=True)
+    with Client(spec["address"], set_as_default=False, security=security) as client:
         ds = dds.from_dataset_id("distributed_epoch", client, spec["dataset_id"])
         n = spec["n"]
         expect = (n, n if spec.get("ones") else n * (n - 1) // 2)
@@ -178,7 +186,7 @@ class RssSampler:
 def read_in_subprocess(cluster: Cluster, dataset_id: object, n: int, runs: int,
                        env: dict[str, str] | None = None, ones: bool = False) -> dict:
     spec = {"address": cluster.client.scheduler.address, "dataset_id": dataset_id, "n": n,
-            "runs": runs, "ones": ones}
+            "runs": runs, "ones": ones, "tls": cluster.tls}
     pids = {k: v for k, v in cluster.pids().items() if k != "client"}
     with RssSampler(pids) as rss:
         proc = subprocess.run(
@@ -335,7 +343,8 @@ def raw_loopback(size: int, total: int) -> tuple[float, dict[str, float]]:
     return gib / seconds, {"sender": round(sender / gib, 3), "receiver": round(receiver / gib, 3)}
 
 
-def plane_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> None:
+def plane_bench(args: argparse.Namespace, cluster: Cluster, workers: int,
+                tls: Cluster | None = None) -> None:
     """Issue 25, target 1: elements through distributed's comms (``client.fast-path`` false)
     against the workers' element ports, and raw loopback TCP in the same run (each round:
     raw, comms, streams). The consumer's peak RSS is set beside the bytes it may hold: its
@@ -355,9 +364,12 @@ def plane_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> Non
     for size in args.sizes:
         n = max(64, args.bytes // size)
         make = shared if ones else full
-        dataset_id = dds.register_dataset(cluster.client,
-                                          dds.Dataset.range(n).map(partial(make, size // 4)))
+        pipeline = dds.Dataset.range(n).map(partial(make, size // 4))
+        dataset_id = dds.register_dataset(cluster.client, pipeline)
+        tls_id = dds.register_dataset(tls.client, pipeline) if tls is not None else None
         results: dict[str, list[dict]] = {k: [] for k in variants}
+        if tls is not None:
+            results["tls"] = []
         raws = []
         raw_cpu: dict[str, float] = {}
         for _ in range(args.rounds):
@@ -366,6 +378,8 @@ def plane_bench(args: argparse.Namespace, cluster: Cluster, workers: int) -> Non
             for name, env in variants.items():
                 results[name].append(read_in_subprocess(cluster, dataset_id, n, args.runs, env,
                                                         ones))
+            if tls is not None:  # a TLS cluster's reads keep distributed's (TLS) comms
+                results["tls"].append(read_in_subprocess(tls, tls_id, n, args.runs, None, ones))
         raw = max(raws)
         in_flight = min(n * size, (workers * depth + outstanding) * request_bytes)
         report("plane", size, workers, n, results,
@@ -496,6 +510,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed reads per consumer process")
     parser.add_argument("--rounds", type=int, default=2, help="old/new alternations")
     parser.add_argument("--links", default="1Gb/s,10Gb/s,25Gb/s")
+    parser.add_argument("--plane-tls", action="store_true",
+                        help="plane: also read from a TLS cluster (distributed's TLS comms)")
     parser.add_argument("--plane-source", choices=("fresh", "shared"), default="fresh",
                         help="plane: each element a new array (np.full), or one shared array "
                              "(the worker makes nothing: the data plane alone)")
@@ -524,6 +540,8 @@ def main() -> None:
         first_bench(args)
     if only & {"elements", "plane", "malloc", "requests", "compression"}:
         clusters = {"untuned": Cluster()}
+        if "plane" in only and args.plane_tls:
+            clusters["tls"] = Cluster(tls=True)
         if "malloc" in only:
             nanny = {"MALLOC_TRIM_THRESHOLD_": "65536"}  # what distributed's nanny sets
             clusters["nanny_env"] = Cluster()
@@ -540,7 +558,7 @@ def main() -> None:
                 if "elements" in only:
                     elements_bench(args, clusters["untuned"], workers)
                 if "plane" in only:
-                    plane_bench(args, clusters["untuned"], workers)
+                    plane_bench(args, clusters["untuned"], workers, clusters.get("tls"))
                 if "malloc" in only:
                     malloc_bench(args, clusters, workers)
                 if "requests" in only:

@@ -249,14 +249,43 @@ def dask_setup(server):
 class Cluster:
     """A scheduler and single-threaded workers, each its own process group on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="dds-bench-"))
         self.scheduler_file = self.dir / "scheduler.json"
+        #: ``{"ca", "cert", "key"}`` files of a TLS cluster (every connection mutual TLS).
+        self.tls: dict[str, str] | None = self._certs() if tls else None
         self.procs: list[subprocess.Popen] = []
         self.workers: list[subprocess.Popen] = []
         self.scheduler: subprocess.Popen | None = None
         self.client = None
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", DDS_BENCH_PARENT=str(os.getpid()))
+
+    def _certs(self) -> dict[str, str]:
+        from distributed.security import Security
+
+        sec = Security.temporary()
+        paths = {}
+        for name, text in (("ca", sec.tls_ca_file), ("cert", sec.tls_scheduler_cert),
+                           ("key", sec.tls_scheduler_key)):
+            path = self.dir / f"{name}.pem"
+            path.write_text(text)
+            path.chmod(0o600)
+            paths[name] = str(path)
+        return paths
+
+    def tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return ["--tls-ca-file", self.tls["ca"], "--tls-cert", self.tls["cert"],
+                "--tls-key", self.tls["key"]]
+
+    def security(self):  # noqa: ANN201 - distributed.Security or None
+        if self.tls is None:
+            return None
+        from distributed.security import Security
+
+        return Security(tls_ca_file=self.tls["ca"], tls_client_cert=self.tls["cert"],
+                        tls_client_key=self.tls["key"], require_encryption=True)
 
     def _watchdog(self) -> str:
         """A preload that ends a server whose parent (this script) went away, even by SIGKILL."""
@@ -287,7 +316,8 @@ class Cluster:
         self.scheduler = self._spawn("scheduler", [
             "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
             "--scheduler-file", str(self.scheduler_file), "--preload", "dask_dataservice",
-            "--preload", self._watchdog(),
+            "--preload", self._watchdog(), *self.tls_args(),
+            *(["--protocol", "tls"] if self.tls else []),
         ])
         deadline = time.monotonic() + timeout
         while True:
@@ -303,7 +333,8 @@ class Cluster:
             time.sleep(0.05)
         from distributed import Client
 
-        self.client = Client(address, set_as_default=False, timeout="30s")
+        self.client = Client(address, set_as_default=False, timeout="30s",
+                             security=self.security())
         return address
 
     def add_worker(self, timeout: float = 60) -> None:
@@ -312,6 +343,7 @@ class Cluster:
             "worker", "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
             "--nthreads", "1", "--nworkers", "1", "--no-nanny", "--no-dashboard",
             "--name", f"data-{i}", "--preload", "dask_dataservice", "--preload", self._watchdog(),
+            *self.tls_args(),
         ]))
         n = len(self.workers)
         deadline = time.monotonic() + timeout
