@@ -162,7 +162,9 @@ class BufferPool:
 
     def __init__(self, max_free: int) -> None:
         self.max_free = max_free
-        self._lock = threading.Lock()
+        # reentrant: a block freed by a garbage collection that runs inside the lock (an
+        # allocation under it) gives its buffer back from the same thread
+        self._lock = threading.RLock()
         self._free: dict[int, list[np.ndarray]] = {}
         self.free_bytes = 0
         #: Buffers reused and made (tests and benchmarks).

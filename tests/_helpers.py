@@ -71,6 +71,25 @@ def elements(ds):
     return [py(x) for x in ds]
 
 
+def train_counter(client, steps: int):
+    """``steps`` scheduled steps that add 1 to a PS variable, joined: ``(coordinator,
+    variable)`` (a training worker's runner now has counted them)."""
+    import dask_dataservice as dds
+
+    strategy = dds.ParameterServerStrategy(client)
+    coordinator = dds.ClusterCoordinator(strategy)
+    with strategy.scope():
+        counter = dds.Variable(0, dtype="i8", name="counter")
+
+    def step():
+        counter.assign_add(1)
+
+    for _ in range(steps):
+        coordinator.schedule(step)
+    coordinator.join()
+    return coordinator, counter
+
+
 def in_thread(s, body):
     """Run ``body(client)`` in a thread with a synchronous client of scheduler ``s``."""
     from distributed import Client

@@ -70,7 +70,7 @@ def status(client: Any) -> dict[str, Any]:
     threads), ``parameter_servers`` (with their shards), ``training_workers``,
     ``coordinators`` (each ClusterCoordinator's queue), ``totals`` and ``timeline``.
     Rates are over the last 2 s (at least two samples) of samples taken every
-    ``dataservice.dashboard.interval``.
+    ``dataservice.dashboard.interval``, and one taken for this call.
     With an asynchronous client, returns an awaitable.
     """
     from ..service.client import _connection
@@ -84,7 +84,7 @@ def status(client: Any) -> dict[str, Any]:
         scheduler = c.scheduler
         if scheduler is None:
             raise RuntimeError("status(): the client is not connected to a scheduler")
-        resp = await scheduler.dataservice_status()
+        resp = await scheduler.dataservice_status(fresh=True)
         if resp is None:
             raise RuntimeError(
                 f"the scheduler at {scheduler.address} has no dataservice dashboard: install "

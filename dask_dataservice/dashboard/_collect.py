@@ -74,9 +74,11 @@ class DashboardPlugin(SchedulerPlugin):
             collections.OrderedDict()
         self._job_ops: dict[int, list[dict[str, Any]]] = {}
         self.polls = 0
+        #: When the last poll was taken (None before the first).
+        self._last_poll: float | None = None
         self._closed = False
         self._group = TaskGroup("dataservice dashboard")
-        scheduler.handlers["dataservice_status"] = self.status
+        scheduler.handlers["dataservice_status"] = self._status_request
         scheduler.handlers["dataservice_coordinator_report"] = self.coordinator_report
         scheduler.handlers["dataservice_job_ops"] = self.job_ops
         scheduler.handlers["dataservice_consumer_report"] = self.consumer_report
@@ -134,8 +136,9 @@ class DashboardPlugin(SchedulerPlugin):
         for address, fig in zip(addresses, replies, strict=True):
             if fig is None:
                 continue
+            prev = self.workers.get(address)
             self.workers[address] = fig
-            self._update_worker(now, address, fig)
+            self._update_worker(now, address, fig, prev)
         self._update_journal(now)
         self._update_jobs(now)
         window = max(WINDOW, 2 * self.interval)
@@ -147,8 +150,10 @@ class DashboardPlugin(SchedulerPlugin):
                                     ("updates_per_second", "updates"))}
         self.timeline.append({"time": now, **total})
         self.polls += 1
+        self._last_poll = now
 
-    def _update_worker(self, now: float, address: str, fig: dict[str, Any]) -> None:
+    def _update_worker(self, now: float, address: str, fig: dict[str, Any],
+                       prev: dict[str, Any] | None = None) -> None:
         data = fig.get("data")
         if data is not None:
             stats = data["stats"]
@@ -183,7 +188,13 @@ class DashboardPlugin(SchedulerPlugin):
                 self._series["shard_updates", address, key].add(now, shard["updates"])
         runner = fig.get("runner")
         if runner is not None:
-            self._series["closures", address].add(now, runner["stats"].get("closures", 0))
+            key = ("closures", address)
+            if key not in self._series and prev is not None and prev.get("runner") is None \
+                    and self._last_poll is not None:
+                # the last poll saw this worker with no runner yet: its count was 0 then, and
+                # training that began and ended between two polls still shows
+                self._series[key].add(self._last_poll, 0)
+            self._series[key].add(now, runner["stats"].get("closures", 0))
 
     def _update_jobs(self, now: float) -> None:
         """Per job: elements produced and served, bytes served, elements buffered."""
@@ -293,6 +304,13 @@ class DashboardPlugin(SchedulerPlugin):
     def rate(self, kind: str, address: str, key: str | None = None) -> float:
         s = self._series.get((kind, address) if key is None else (kind, address, key))
         return s.rate(max(WINDOW, 2 * self.interval)) if s is not None else 0.0
+
+    async def _status_request(self, fresh: bool = False) -> dict[str, Any]:
+        """``dataservice_status``: :meth:`status`, after a poll of its own if ``fresh``
+        (``dds.status()``: figures as of the call, not of the last periodic poll)."""
+        if fresh:
+            await self.poll()
+        return self.status()
 
     def status(self) -> dict[str, Any]:
         """Everything the pages show, as plain data (string keys: it is also JSON)."""

@@ -10,7 +10,7 @@ import urllib.request
 import dask
 import numpy as np
 import pytest
-from _helpers import PS, WK, distribute, in_thread, poll, read, wait
+from _helpers import PS, WK, distribute, in_thread, poll, read, train_counter, wait
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
@@ -212,17 +212,7 @@ async def test_prometheus_parameter_servers_and_training_steps(c, s, ps, wk):
     plugin = s.plugins[PLUGIN_NAME]
 
     def train(client):
-        strategy = dds.ParameterServerStrategy(client)
-        coord = dds.ClusterCoordinator(strategy)
-        with strategy.scope():
-            counter = dds.Variable(0, dtype="i8", name="counter")
-
-        def step():
-            counter.assign_add(1)
-
-        for _ in range(7):
-            coord.schedule(step)
-        coord.join()
+        _, counter = train_counter(client, 7)
         # the coordinator reports its queue to the dashboard (every membership interval)
         wait(lambda: [(c["queued"], c["finished"]) for c in
                       dds.status(client)["coordinators"].values()] == [(0, 7)],

@@ -11,12 +11,13 @@ import urllib.request
 import dask
 import numpy as np
 import pytest
-from _helpers import poll, wait
+from _helpers import PS, WK, in_thread, poll, train_counter, wait
 from distributed import Client, LocalCluster
 
 import dask_dataservice as dds
 from dask_dataservice.dashboard import PLUGIN_NAME
 from dask_dataservice.dashboard._worker import FIGURES_READY
+from dask_dataservice.service.client import _install_async
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -211,3 +212,29 @@ async def test_stats_of_an_async_for_read(c, s, a, b):
               for w in (a, b)}
     assert {addr: w["elements"] for addr, w in stats["workers"].items()} == \
         {addr: n for addr, n in served.items() if n}
+
+
+def _train_a_little(client) -> int:
+    return int(train_counter(client, 30)[1].read_value())
+
+
+@gen_cluster(client=True, nthreads=[PS, WK],
+             config={"dataservice.dashboard.interval": "1 hour"})  # polls only when asked
+async def test_training_between_two_polls_shows_in_status(c, s, ps, w):
+    """Training that starts and ends between two polls of the dashboard (a short run, a fast
+    machine) shows its steps/s in ``dds.status()``: the call takes a poll of its own, and the
+    first poll that sees a training worker's runner counts it from zero at the poll before,
+    when it had none (the notebook's plot of steps/s was sometimes empty)."""
+    await _install_async(c)
+    plugin = s.plugins[PLUGIN_NAME]
+    await poll(lambda: w.address in s.workers and s.workers[w.address].metrics.get(FIGURES_READY),
+               what="the worker's figures")
+    await plugin.poll()
+    assert w.address in plugin.workers and plugin.workers[w.address].get("runner") is None
+    polls = plugin.polls
+    assert await in_thread(s, _train_a_little) == 30
+    status = await dds.status(c)
+    assert status["polls"] == polls + 1  # the call's own poll, nothing periodic in between
+    assert status["training_workers"][w.address]["stats"]["closures"] == 30
+    assert status["training_workers"][w.address]["steps_per_second"] > 0
+    assert status["totals"]["steps_per_second"] > 0

@@ -11,8 +11,9 @@ each request is a future, resolved by the next reply.
   worker restarted at its address listens on another port).
 - **Falling back.** A worker with no port (TLS or in-process clusters, ``worker.fast-path``
   false, an older worker) or whose port cannot be reached when a read starts (only Dask's own
-  ports are open) is read through distributed's comms, as before; an unreachable port is
-  remembered for a minute, so each read does not wait for a connect to time out.
+  ports are open) is read through distributed's comms, as before; a connect waits at most
+  :data:`CONNECT_TIMEOUT`, and an unreachable port is remembered for ten minutes, so each read
+  does not wait for a connect to time out.
 - **Receive buffers.** Replies are received into the process's
   :class:`~dask_dataservice._wire.BufferPool`: a buffer comes back for the next reply once the
   consumer let go of every element made of it, so a steady read does not fault in fresh pages
@@ -48,7 +49,13 @@ __all__ = ["ElementStream", "open_stream", "reopen"]
 #: (None: read through the comms, until the time given).
 _PORTS: dict[str, tuple[float, tuple[str, int] | None]] = {}
 #: How long a worker whose element port could not be reached is read through the comms.
-UNREACHABLE_FOR = 60.0
+UNREACHABLE_FOR = 600.0
+#: Longest wait for a connection to an element port (a firewall that drops the packets would
+#: hold the first read for ``client.connect-timeout`` otherwise).
+CONNECT_TIMEOUT = 2.0
+#: Worker addresses remembered (the oldest is forgotten past this: a cluster that scales keeps
+#: seeing new ones).
+_MAX_PORTS = 4096
 OP = "dataservice_get_elements"
 
 
@@ -133,8 +140,15 @@ async def _where(rpc: Any, address: str, timeout: float) -> tuple[str, int] | No
     reply = await asyncio.wait_for(rpc.dataservice_element_port(), timeout)
     port = reply.get("port") if isinstance(reply, dict) else None  # an older worker: a string
     where = (get_address_host(address), int(port)) if port else None
-    _PORTS[address] = (float("inf"), where)
+    _remember(address, float("inf"), where)
     return where
+
+
+def _remember(address: str, until: float, where: tuple[str, int] | None) -> None:
+    _PORTS.pop(address, None)
+    _PORTS[address] = (until, where)
+    while len(_PORTS) > _MAX_PORTS:
+        del _PORTS[next(iter(_PORTS))]
 
 
 _POOL: BufferPool | None = None
@@ -168,9 +182,9 @@ async def open_stream(rpc: Any, address: str, timeout: float) -> ElementStream |
     if where is None:
         return None
     try:
-        return await ElementStream.connect(address, where, timeout, pool)
+        return await ElementStream.connect(address, where, min(timeout, CONNECT_TIMEOUT), pool)
     except OSError as e:
-        _PORTS[address] = (time.monotonic() + UNREACHABLE_FOR, None)
+        _remember(address, time.monotonic() + UNREACHABLE_FOR, None)
         logger.info("dataservice: cannot reach the element port of %s at %s:%s (%r): reading "
                     "through distributed's comms", address, *where, e)
         return None
@@ -186,7 +200,8 @@ async def reopen(rpc: Any, stream: ElementStream, timeout: float) -> ElementStre
         where = await _where(rpc, address, timeout)
         if where is None:
             return None
-        return await ElementStream.connect(address, where, timeout, stream.pool)
+        return await ElementStream.connect(address, where, min(timeout, CONNECT_TIMEOUT),
+                                           stream.pool)
     except OSError as e:
         _PORTS.pop(address, None)
         return ElementStream(address, e, stream.pool)
