@@ -22,6 +22,7 @@ import dask_dataservice as dds
 from dask_dataservice import _wire
 from dask_dataservice.errors import JobAccessDeniedError
 from dask_dataservice.service.client import _data_plane, _install_async
+from dask_dataservice.service.worker._element_port import ElementPort
 from dask_dataservice.testing import gen_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60)]
@@ -160,3 +161,19 @@ def test_a_worker_off_tcp_has_no_element_port():
         assert all(a.startswith("inproc://") for a in ports)
         ds = dds.Dataset.range(100).apply(dds.distribute("distributed_epoch", client))
         assert sorted(ds) == list(range(100))
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_a_worker_whose_element_port_moved_is_asked_again(c, s, a):
+    """A worker restarted at its address listens on another element port: the next read
+    asks it where, instead of taking the remembered port for an unreachable one."""
+    ds = await distribute(dds.Dataset.range(100), "distributed_epoch", c)
+    assert sorted(await read(ds)) == list(range(100))
+    plugin = a.extensions["dataservice"]
+    old = _data_plane._PORTS[a.address][1]
+    await plugin._port.close()  # what a restart at the same address does to the port
+    plugin._port = await ElementPort.open(a)
+    assert plugin._port.port != old[1]
+    assert sorted(await read(ds)) == list(range(100))
+    assert _data_plane._PORTS[a.address][1] == (old[0], plugin._port.port)
+    assert _server(a).answered > 0

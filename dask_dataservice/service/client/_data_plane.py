@@ -172,6 +172,7 @@ async def open_stream(rpc: Any, address: str, timeout: float) -> ElementStream |
     if not wanted(address):
         return None
     pool = receive_pool()
+    remembered = address in _PORTS
     try:
         where = await _where(rpc, address, timeout)
     except OSError as e:  # the worker is unreachable: the fetch's retries deal with it
@@ -184,6 +185,9 @@ async def open_stream(rpc: Any, address: str, timeout: float) -> ElementStream |
     try:
         return await ElementStream.connect(address, where, min(timeout, CONNECT_TIMEOUT), pool)
     except OSError as e:
+        if remembered:  # the worker may have restarted at its address: ask it again, once
+            _PORTS.pop(address, None)
+            return await open_stream(rpc, address, timeout)
         _remember(address, time.monotonic() + UNREACHABLE_FOR, None)
         logger.info("dataservice: cannot reach the element port of %s at %s:%s (%r): reading "
                     "through distributed's comms", address, *where, e)
