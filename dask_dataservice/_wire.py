@@ -145,7 +145,10 @@ class _Block:
         view.release()
 
     def __del__(self) -> None:
-        self.pool._give_back(self.mem)
+        try:
+            self.pool._give_back(self.mem)
+        except Exception:  # noqa: BLE001, S110 - at interpreter exit: the memory just goes
+            pass
 
 
 class BufferPool:
@@ -154,7 +157,7 @@ class BufferPool:
     A frame received in place becomes the memory of the arrays the receiver gets (the elements
     of a batch are views of it). Allocating each frame afresh costs a page fault per 4 KiB the
     first time it is written, which at a few GiB/s is much of a receiver's CPU. The pool hands
-    out arrays over buffers of a power-of-two size class, owned by a :class:`_Block`: when
+    out arrays over buffers of a size class (:meth:`size_class`), owned by a :class:`_Block`: when
     nothing made of an array is alive any more (in whichever thread lets go of the last
     element), the buffer goes back to the pool's free list, in O(1), for the next frame of its
     class. At most ``max_free`` bytes wait there; more are freed.
@@ -171,9 +174,16 @@ class BufferPool:
         self.reused = 0
         self.made = 0
 
+    @staticmethod
+    def size_class(n: int) -> int:
+        """The buffer size that holds ``n`` bytes: a multiple of a sixteenth of the next
+        power of two (at most an eighth of ``n`` unused; 1 MiB frames take exactly 1 MiB)."""
+        step = max((1 << max(n - 1, 1).bit_length()) >> 4, 4096)
+        return -(-n // step) * step
+
     def get(self, n: int) -> np.ndarray:
         """A writable uint8 array of ``n`` bytes."""
-        size = 1 << max(n - 1, 1).bit_length()
+        size = self.size_class(n)
         mem = None
         with self._lock:
             free = self._free.get(size)

@@ -223,3 +223,13 @@ def test_a_buffer_pool_keeps_at_most_its_bound_waiting():
     del again
     pool.clear()
     assert pool.free_bytes == 0
+
+
+def test_a_buffer_pools_size_classes_waste_at_most_an_eighth():
+    from dask_dataservice._wire import BufferPool
+
+    assert BufferPool.size_class(1 << 20) == 1 << 20
+    assert BufferPool.size_class(4 << 20) == 4 << 20
+    for n in (65_536, 65_537, 100_000, 1_100_000, (4 << 20) - 1, 3_000_000, 33_554_433):
+        size = BufferPool.size_class(n)
+        assert n <= size <= n * 1.125 + 4096, (n, size)
