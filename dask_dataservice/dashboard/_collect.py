@@ -366,6 +366,8 @@ class DashboardPlugin(SchedulerPlugin):
             "buffered_bytes": sum(t["buffered_bytes"] for t in tasks.values()),
             "plugin_cpu_seconds": cpu,
             "plugin_cpu_fraction": self.rate("cpu", address) if cpu is not None else None,
+            # issue 25: requests answered on the worker's element port (None: it has none)
+            "element_port": data.get("element_port"),
         }
 
     def _service(self) -> dict[str, Any]:

@@ -142,6 +142,7 @@ def worker_figures(worker: Any) -> dict[str, Any]:
             "request_seconds": percentiles(getattr(figures, "request_seconds", ())),
             "served_by_task": {str(t): [int(c[0]), int(c[1])]
                                for t, c in list(getattr(data, "served_by_task", {}).items())},
+            "element_port": _element_port(data),
         }
     ps = worker.plugins.get(_PS_PLUGIN)
     if ps is not None and getattr(ps, "is_ps", False):
@@ -174,3 +175,13 @@ def _ready(worker: Any) -> bool:
 
 def _no_figures() -> None:
     return None
+
+
+def _element_port(data: Any) -> dict[str, int] | None:
+    """The element port's figures (issue 25): None where the worker has none (TLS,
+    in-process, ``worker.fast-path`` off)."""
+    server = getattr(getattr(data, "_port", None), "server", None)
+    if server is None:
+        return None
+    return {"port": int(server.port or 0), "connections": int(server.connections),
+            "requests": int(server.answered)}

@@ -16,7 +16,7 @@ import traceback
 import dask
 import numpy as np
 import pytest
-from _helpers import distribute, free_port, read
+from _helpers import distribute, free_port, read, wait
 
 import dask_dataservice as dds
 from dask_dataservice import _wire
@@ -47,6 +47,10 @@ async def test_a_tcp_clusters_elements_travel_on_the_element_ports(c, s, a, b):
     for w in (a, b):  # both workers served elements, every request through the port
         served = w.extensions["dataservice"].stats["batches_served"]
         assert served and _server(w).answered >= served
+    status = await dds.status(c)  # the dashboard's figures say so
+    for w in (a, b):
+        port = status["workers"][w.address]["element_port"]
+        assert port["port"] == _server(w).port and port["requests"] == _server(w).answered
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])
@@ -153,12 +157,14 @@ def test_a_worker_off_tcp_has_no_element_port():
     """In-process clusters (and TLS ones, ``tests/service/test_tls.py``) keep the comms."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         dds.install(client)
         ports = client.run(lambda dask_worker: dask_worker.extensions["dataservice"]._port.port)
         assert list(ports.values()) == [None]
         assert all(a.startswith("inproc://") for a in ports)
+        wait(lambda: dds.status(client)["workers"], what="the dashboard's first figures")
+        assert [w["element_port"] for w in dds.status(client)["workers"].values()] == [None]
         ds = dds.Dataset.range(100).apply(dds.distribute("distributed_epoch", client))
         assert sorted(ds) == list(range(100))
 
