@@ -16,10 +16,11 @@ import traceback
 import dask
 import numpy as np
 import pytest
-from _helpers import distribute, free_port, read, wait
+from _helpers import distribute, free_port, poll, read, wait
 
 import dask_dataservice as dds
 from dask_dataservice import _wire
+from dask_dataservice.dashboard._worker import FIGURES_READY
 from dask_dataservice.errors import JobAccessDeniedError
 from dask_dataservice.service.client import _data_plane, _install_async
 from dask_dataservice.service.worker._element_port import ElementPort
@@ -47,7 +48,10 @@ async def test_a_tcp_clusters_elements_travel_on_the_element_ports(c, s, a, b):
     for w in (a, b):  # both workers served elements, every request through the port
         served = w.extensions["dataservice"].stats["batches_served"]
         assert served and _server(w).answered >= served
-    status = await dds.status(c)  # the dashboard's figures say so
+    # the dashboard's figures say so (once it polls the workers: their figures are ready)
+    await poll(lambda: all(s.workers[w.address].metrics.get(FIGURES_READY) for w in (a, b)),
+               what="the workers' dashboard figures")
+    status = await dds.status(c)
     for w in (a, b):
         port = status["workers"][w.address]["element_port"]
         assert port["port"] == _server(w).port and port["requests"] == _server(w).answered
