@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 import pytest
+from _logs import unexpected_tracebacks
 from hypothesis import settings
 
 #: Set (to anything but ``0``) by .ci/run: a test that would skip because an optional
@@ -146,19 +146,6 @@ def invoke(*argv: str):
 #: distributed logs a stopped worker's closed batched stream at INFO with its traceback,
 #: one or two of them (the ``CommClosedError`` raised from a ``StreamClosedError`` or
 #: alone, as the close races the write): not a failure of the process that logs it.
-BATCHED_CLOSED = "distributed.batched - INFO - Batched Comm Closed"
-_RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - ", re.MULTILINE)
-
-
-def log_records(text: str) -> list[str]:
-    """``text`` (a process's stderr) cut into log records: each from a line that starts with
-    logging's timestamp to the next one, with the traceback lines it carries."""
-    starts = [m.start() for m in _RECORD_START.finditer(text)]
-    if not starts or starts[0] != 0:
-        starts.insert(0, 0)
-    return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
-
-
 class Servers:
     """Processes started by a test, stopped (SIGTERM, then SIGKILL) at the end.
 
@@ -194,8 +181,7 @@ class Servers:
         err = self.read_stderr(proc)
         assert proc.returncode == 0, err
         if clean:
-            assert "Traceback" not in "".join(
-                r for r in log_records(err) if BATCHED_CLOSED not in r), err
+            assert not unexpected_tracebacks(err), err
         return err
 
     def __enter__(self) -> Servers:

@@ -223,24 +223,8 @@ STEPS: dict[str, str | None] = {
 }
 
 
-#: A log record's first line, as distributed's logging writes it.
-_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - ", re.MULTILINE)
-#: Records of distributed's own shutdown race, not of this package: a worker's heartbeat in
-#: flight when ``LocalCluster`` closes the scheduler first is logged with its traceback
-#: (dask/distributed#7105, open; seen once in five fresh-clone runs of the suite).
-_UPSTREAM_NOISE = ("Failed to communicate with scheduler during heartbeat.",)
-
-
-def unexpected_tracebacks(stderr: str) -> bool:
-    """Whether ``stderr`` holds a traceback other than distributed's known shutdown noise
-    (a record runs to the next record's first line; a script's own crash also fails its step
-    by its exit code)."""
-    starts = [m.start() for m in _RECORD.finditer(stderr)]
-    bounds = [0, *starts, len(stderr)]
-    pieces = [stderr[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    return any("Traceback" in piece and not any(n in piece.split("\n", 1)[0]
-                                                for n in _UPSTREAM_NOISE)
-               for piece in pieces)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: stdlib-only helpers
+from _logs import unexpected_tracebacks  # noqa: E402
 
 
 def run_step(python: str, name: str, source: str, workdir: Path, timeout: float) -> dict:
