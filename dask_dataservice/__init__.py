@@ -83,6 +83,7 @@ _LAZY: dict[str, str] = {
     "WorkerConfig": "dask_dataservice.service.servers",
     "WorkerServer": "dask_dataservice.service.servers",
     "status": "dask_dataservice.dashboard",
+    "DemandAdaptive": "dask_dataservice.service.adaptive",
     # parameter-server training
     "ParameterServerStrategy": "dask_dataservice.ps.strategy",
     "ClusterSpec": "dask_dataservice.ps.cluster_resolver",
@@ -126,6 +127,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (keep in sync 
     from .ps.tables import StaticHashTable as StaticHashTable
     from .ps.variables import ShardedVariable as ShardedVariable
     from .ps.variables import Variable as Variable
+    from .service.adaptive import DemandAdaptive as DemandAdaptive
     from .service.client import CrossTrainerCache as CrossTrainerCache
     from .service.client import DistributedDataset as DistributedDataset
     from .service.client import ShardingPolicy as ShardingPolicy

@@ -23,6 +23,7 @@ from .. import config
 from .._async import TaskGroup
 from ..data._stats import bottleneck, merge_rows
 from ..service.protocol._metrics import RateSeries
+from ._scaling import DemandScaler
 from ._worker import FIGURES_READY
 
 __all__ = ["DashboardPlugin", "PLUGIN_NAME"]
@@ -82,10 +83,15 @@ class DashboardPlugin(SchedulerPlugin):
         scheduler.handlers["dataservice_coordinator_report"] = self.coordinator_report
         scheduler.handlers["dataservice_job_ops"] = self.job_ops
         scheduler.handlers["dataservice_consumer_report"] = self.consumer_report
-        #: ``{iteration client id: [(time, wait seconds, compute seconds)]}`` of the latest
-        #: READERS consumers (bounded), and each one's iteration.
+        scheduler.handlers["dataservice_demand"] = self.demand  # issue 26: scaling
+        #: The data service's share of ``adaptive_target`` (one decision per poll).
+        self.scaler = DemandScaler(self, history)
+        self.scaler.install(scheduler)
+        #: ``{iteration client id: [(time, wait seconds, compute seconds, elements)]}`` of
+        #: the latest READERS consumers (bounded), and each one's iteration.
         self._reading: collections.OrderedDict[
-            int, collections.deque[tuple[float, float, float]]] = collections.OrderedDict()
+            int, collections.deque[tuple[float, float, float, int]]] = \
+            collections.OrderedDict()
         self._reading_iteration: dict[int, int] = {}
         self._history = history
         #: ``{coordinator uid: its last report}`` (the coordinator's queue is in its process).
@@ -96,6 +102,7 @@ class DashboardPlugin(SchedulerPlugin):
         if not self._started or self._closed:
             return
         self._closed = True
+        self.scaler.uninstall()
         await self._group.stop()
 
     def coordinator_report(self, uid: int, queued: int, finished: int, requeued: int,
@@ -151,6 +158,7 @@ class DashboardPlugin(SchedulerPlugin):
         self.timeline.append({"time": now, **total})
         self.polls += 1
         self._last_poll = now
+        self.scaler.tick()
 
     def _update_worker(self, now: float, address: str, fig: dict[str, Any],
                        prev: dict[str, Any] | None = None) -> None:
@@ -253,11 +261,48 @@ class DashboardPlugin(SchedulerPlugin):
         series = self._reading.setdefault(consumer, collections.deque(maxlen=self._history))
         self._reading.move_to_end(consumer)
         self._reading_iteration[consumer] = int(iteration_id)
-        series.append((time.time(), float(wait_seconds), float(compute_seconds)))
+        series.append((time.time(), float(wait_seconds), float(compute_seconds),
+                       int(elements)))
         while len(self._reading) > READERS:
             gone, _ = self._reading.popitem(last=False)
             self._reading_iteration.pop(gone, None)
         return {"status": "OK"}
+
+    def demand(self) -> dict[str, Any]:
+        """What the consumers took and waited, and what the data workers served, over the
+        last window (issue 26: :class:`._scaling.DemandScaler` decides from it after each
+        poll). O(consumers reporting + workers).
+
+        ``consumers``: those that reported reading within the window; ``rate``: elements
+        per second they took; ``wait``: the mean share of their time spent waiting for
+        elements; ``served_rate``: elements per second the data workers served;
+        ``data_workers``: the workers that take data tasks now (neither excluded by their
+        resources nor retiring); ``other_workers``: the rest.
+        """
+        now = time.time()
+        window = max(WINDOW, 2 * self.interval)
+        consumers, rate, waits = 0, 0.0, []
+        for series in self._reading.values():
+            recent = [x for x in series if now - x[0] <= window + self.interval]
+            if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
+                continue
+            (t0, w0, c0, e0), (t1, w1, c1, e1) = recent[0], recent[-1]
+            if e1 <= e0:
+                continue  # not reading: a paused or finished consumer
+            consumers += 1
+            rate += (e1 - e0) / (t1 - t0)
+            busy = (w1 - w0) + (c1 - c0)
+            if busy > 0:
+                waits.append((w1 - w0) / busy)
+        core = getattr(self._dispatcher(), "_core", None)
+        data = [a for a in self.scheduler.workers
+                if core is not None and core.is_data_worker(a)]
+        served = sum(self._series["served", a].rate(window) for a in data
+                     if ("served", a) in self._series)
+        return {"status": "OK", "time": now, "consumers": consumers, "rate": rate,
+                "wait": sum(waits) / len(waits) if waits else 0.0, "served_rate": served,
+                "data_workers": len(data),
+                "other_workers": len(self.scheduler.workers) - len(data)}
 
     def _job_input_bound(self, state: Any, job_id: int) -> float | None:
         """The mean input-bound share of the job's consumers that reported one."""
@@ -279,7 +324,7 @@ class DashboardPlugin(SchedulerPlugin):
         the window; and the share per report interval."""
         s = list(self._reading.get(consumer, ()))
         times, shares, spans = [], [], []
-        for (_, w0, c0), (t1, w1, c1) in zip(s, s[1:], strict=False):
+        for (_, w0, c0, _), (t1, w1, c1, _) in zip(s, s[1:], strict=False):
             busy = (w1 - w0) + (c1 - c0)
             times.append(t1)
             shares.append((w1 - w0) / busy if busy > 0 else 0.0)
@@ -336,6 +381,7 @@ class DashboardPlugin(SchedulerPlugin):
             del self.coordinators[uid]
         out["coordinators"] = {str(u): {k: v for k, v in c.items() if k != "time"}
                                for u, c in sorted(self.coordinators.items())}
+        out["scaling"] = self.scaler.status()
         last = self.timeline[-1] if self.timeline else {}
         out["totals"] = {k: v for k, v in last.items() if k != "time"}
         out["timeline"] = {k: [row.get(k, 0.0) for row in self.timeline]

@@ -494,8 +494,10 @@ class Repeat(Unary):
             if not produced and self.count is None:
                 # An empty input would make an infinite repeat spin forever. Under a split
                 # provider a repetition may be empty for this worker only (others took
-                # every split), so stop only when the source has no splits at all.
-                if provider is None or getattr(provider, "num_splits", None) == 0:
+                # every split), so stop only when the source has no splits at all, or none
+                # will come to this worker any more (it is drained before it retires).
+                if provider is None or getattr(provider, "num_splits", None) == 0 \
+                        or getattr(provider, "drained", False):
                     return
 
 

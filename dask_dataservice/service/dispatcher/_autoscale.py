@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Decision", "Demand", "ScalingPolicy"]
+__all__ = ["Decision", "Demand", "ScalingPolicy", "WorkerRate"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,8 @@ class ScalingPolicy:
         self.knee: tuple[int, float] | None = None
         self._calm_since: float | None = None
         self._last_read: float | None = None
+        #: The count decided last (None before the first decision): kept until the next one.
+        self.wanted: int | None = None
 
     def _bounded(self, n: int) -> int:
         return max(self.minimum, min(self.maximum, n))
@@ -103,20 +105,23 @@ class ScalingPolicy:
     def decide(self, d: Demand) -> Decision:
         """The data workers wanted after sample ``d``."""
         if d.consumers <= 0 or d.rate <= 0:
-            self._calm_since = None
+            # no signal either way: a calm spell goes on (the consumers' reports are bursty,
+            # and a consumer that pauses needs no more workers)
             if self._last_read is not None and d.time - self._last_read >= self.idle:
+                self.wanted = self.minimum
                 return Decision(self.minimum, f"no read for {self.idle:g}s")
-            return Decision(self._bounded(d.workers), "nothing read: no change")
+            return self._keep(d, "nothing read: no change")
         self._last_read = d.time
         step_time = d.consumers / d.rate  # seconds per element, per consumer
         if self._trial is not None:
             decided, before, before_step, consumers = self._trial
             if d.time - decided < self.settle:
-                return Decision(self._bounded(d.workers), "a scale-up is settling")
+                return self._keep(d, "a scale-up is settling")
             self._trial = None
             if consumers == d.consumers and step_time > before_step * (1 - self.improvement):
                 self.knee = (before, d.rate)
-                return Decision(self._bounded(before), (
+                self.wanted = self._bounded(before)
+                return Decision(self.wanted, (
                     f"{d.workers} workers did not shorten the consumers' step by "
                     f"{self.improvement:.0%} (from {before} workers): back to {before}"))
         if self.knee is not None and abs(d.rate - self.knee[1]) > self.improvement * self.knee[1]:
@@ -131,8 +136,9 @@ class ScalingPolicy:
             n = self._bounded(n)
             if n <= d.workers:
                 why = ("at the knee" if self.knee is not None else "at the maximum")
-                return Decision(self._bounded(d.workers), f"consumers wait {d.wait:.0%}: {why}")
+                return self._keep(d, f"consumers wait {d.wait:.0%}: {why}")
             self._trial = (d.time, d.workers, step_time, d.consumers)
+            self.wanted = n
             return Decision(n, f"consumers wait {d.wait:.0%} of their time: {d.workers} -> {n}")
         capacity = per_worker * d.workers
         if d.wait < self.wait_low and d.workers > self.minimum \
@@ -145,9 +151,41 @@ class ScalingPolicy:
                 n = self._bounded(min(d.workers - 1,
                                       math.ceil(d.rate * self.headroom / per_worker)))
                 self._calm_since = None
+                self.wanted = n
                 return Decision(n, (f"consumers wait {d.wait:.1%} and {d.workers} workers "
                                     f"could give {capacity:,.0f} elements/s for "
                                     f"{d.rate:,.0f}: {d.workers} -> {n}"))
-            return Decision(self._bounded(d.workers), "consumers keep up: no change yet")
+            return self._keep(d, "consumers keep up: no change yet")
         self._calm_since = None
-        return Decision(self._bounded(d.workers), f"consumers wait {d.wait:.0%}: no change")
+        return self._keep(d, f"consumers wait {d.wait:.0%}: no change")
+
+    def _keep(self, d: Demand, why: str) -> Decision:
+        """No new decision: the count decided last, which the cluster may still be reaching
+        (workers starting, or being drained). Answering the count seen now instead would
+        call off a scale-up under way, and Dask's ``Adaptive`` (which retires a worker only
+        once it was proposed ``wait_count`` times in a row) would never scale down."""
+        return Decision(self._bounded(d.workers if self.wanted is None else self.wanted), why)
+
+
+class WorkerRate:
+    """One data worker's rate while busy, learnt when the consumers were input-bound.
+
+    A worker whose consumers wait is the bottleneck, so it serves as fast as it can: the
+    elements per second the data workers served, divided by their number, is then one
+    worker's rate (averaged with the previous estimate, as workers that just joined serve
+    less for a moment). A worker whose consumers do not wait serves only what they take,
+    which says nothing of its rate: the estimate is kept. 0 until first learnt (the policy
+    then counts the consumers' rate over the workers, and never scales down on it).
+    """
+
+    def __init__(self, wait_high: float) -> None:
+        self.wait_high = wait_high
+        self.value = 0.0
+
+    def observe(self, wait: float, served_rate: float, workers: int) -> float:
+        """The estimate after one sample (the consumers' wait share, elements per second
+        the ``workers`` data workers served)."""
+        if workers > 0 and served_rate > 0 and wait > self.wait_high:
+            rate = served_rate / workers
+            self.value = rate if self.value <= 0 else (self.value + rate) / 2
+        return self.value

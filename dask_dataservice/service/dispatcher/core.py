@@ -205,6 +205,10 @@ class DispatcherCore:
         #: Set by the shell when its journal failed: every update is refused with this.
         self.refusal: str | None = None
         self.hints = _locality.Hints()
+        #: Data workers being drained before they retire (issue 26; volatile: a restarted
+        #: scheduler has no retirement under way): they get no new task, and their DYNAMIC
+        #: tasks are handed no new split (:meth:`drain_worker`).
+        self.draining: set[str] = set()
         self.equal = _equal.EqualGroups()  # volatile: rebuilt from the consumers' reports (._equal)
         self._updates: list[Update] = []
         self._messages: list[tuple[str, TaskChanges]] = []
@@ -473,6 +477,11 @@ class DispatcherCore:
                                          int(received))
             if again is not None:
                 return {"status": "OK", "split_indices": again[0], "end_of_splits": again[1]}
+        if self.draining and self.state.task(task_id).worker_address in self.draining:
+            # its worker retires: no new split; the task ends its input, and its
+            # consumers read what it made (issue 26: every element still exactly once)
+            return {"status": "OK", "split_indices": [], "end_of_splits": True,
+                    "drained": True}
         indices, end = _handout.hand_out(self, iteration_id, task_id, repetition, count)
         return {"status": "OK", "split_indices": indices, "end_of_splits": end}
 
@@ -595,9 +604,54 @@ class DispatcherCore:
         return out
 
     @_stimulus
+    def drain_worker(self, address: str) -> list[int]:
+        """``address`` is about to retire (issue 26): from now on it gets no new task and
+        its DYNAMIC tasks are handed no new split (``get_split`` answers ``drained``, and
+        the worker's pipeline ends once it made the splits it holds). Answers the tasks to
+        wait for before the worker may go: its active tasks of DYNAMIC iterations that are
+        not coordinated reads. The others follow TensorFlow's rule for a worker that
+        leaves: an OFF or static task is its worker's share of the data, and a coordinated
+        read keeps the task list it started with; they are lost with the worker. O(the
+        worker's tasks)."""
+        self.draining.add(address)
+        out: list[int] = []
+        try:
+            tasks = self.state.tasks_for_worker(address)
+        except WorkerNotFoundError:  # never registered (or gone): nothing to wait for
+            return out
+        for task in tasks:
+            if task.status != "active":
+                continue
+            job = self.state.job(self.state.iteration(task.iteration_id).job_id)
+            if job.processing_mode == "DYNAMIC" and job.num_consumers is None:
+                out.append(task.task_id)
+        return sorted(out)
+
+    @_stimulus
+    def undrain(self, address: str) -> None:
+        """The retirement of ``address`` was called off: it takes tasks and splits again."""
+        self.draining.discard(address)
+
+    def drained(self, task_ids: Iterable[int], *, finished: bool = False) -> list[int]:
+        """Of ``task_ids``, those still producing (active at the dispatcher), or with
+        ``finished`` those that finished producing, of reads that have consumers (what a
+        task makes for nobody is not waited for)."""
+        out = []
+        for tid in task_ids:
+            try:
+                task = self.state.task(tid)
+                if (task.status == "active") != finished \
+                        and self.state.iteration(task.iteration_id).num_clients > 0:
+                    out.append(tid)
+            except (TaskNotFoundError, IterationNotFoundError):
+                pass
+        return out
+
+    @_stimulus
     def worker_left(self, address: str) -> None:
         """``address`` left the cluster: its tasks are lost (never handed out again)."""
         self.deadlines.forget(address)
+        self.draining.discard(address)
         try:
             if self.state.worker(address).registered:
                 self._apply(RemoveWorker(address=address))
@@ -667,6 +721,9 @@ class DispatcherCore:
         return self.views.get(iteration_id, functools.partial(build_view, self.state))
 
     def is_data_worker(self, address: str) -> bool:
+        """Whether ``address`` may be given tasks (present, not excluded, not retiring)."""
+        if address in self.draining:
+            return False
         info = self.cluster.worker(address)
         return info is not None and not any(
             info.resources.get(r) for r in self.config.excluded_resources)

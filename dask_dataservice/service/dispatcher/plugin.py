@@ -29,9 +29,9 @@ records are durable, and replies. Every handler goes through
 datasets arrive as opaque bytes with their splits described on the client, and every
 handler does O(1) work, apart from heartbeats (O(tasks of the caller); a newly registered
 worker: O(live iterations)) and garbage collection (O(tasks of the collected iteration)).
-The plugin starts no task of its own: its background work is the GC periodic callback,
-stopped in :meth:`DispatcherPlugin.close`, and the journal writer's flush, which the
-writer owns and ``close`` awaits.
+Its background work is the GC periodic callback, stopped in :meth:`DispatcherPlugin.close`,
+the journal writer's flush, which the writer owns and ``close`` awaits, and the drains of
+retiring data workers (:mod:`._retire`), which ``close`` cancels and awaits.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from ._liveness import WorkerLiveness
 from ._metadata_handlers import metadata_handlers
 from ._position_handlers import position_handlers
 from ._recovery import recover
+from ._retire import Retirements
 from .core import CoreConfig, DispatcherCore, Outcome, WorkerInfo
 from .state import DispatcherState, Update, encode_update
 
@@ -301,6 +302,9 @@ class DispatcherPlugin(SchedulerPlugin):
         self._handler_names = tuple(handlers)
         self._liveness = WorkerLiveness(self)  # data workers' heartbeat deadline
         self._liveness.install(scheduler)
+        #: ``retire_workers`` drains a data worker first (issue 26)
+        self.retirements = Retirements(self)
+        self.retirements.install(scheduler)
         scheduler.extensions["dataservice"] = self
         interval_ms = (self.gc_interval or config.get_seconds("dispatcher.gc-interval")) * 1000
         pc = PeriodicCallback(self._gc, interval_ms)
@@ -319,8 +323,9 @@ class DispatcherPlugin(SchedulerPlugin):
         """Stop the GC and close the journal (every queued record made durable first).
 
         Idempotent (the scheduler calls it at shutdown, tests may call it before). The
-        plugin starts no task of its own: its background work is the GC periodic callback
-        and the journal writer's flush (owned and awaited by the writer); pushes that wait
+        plugin's background work is the GC periodic callback, the journal writer's flush
+        (owned and awaited by the writer) and the drains of retiring workers (cancelled
+        and awaited here); pushes that wait
         for durability are callbacks on the journal's futures, dropped once it is closed.
         """
         if self._closed:
@@ -329,6 +334,9 @@ class DispatcherPlugin(SchedulerPlugin):
         pc = self.scheduler.periodic_callbacks.pop("dataservice-gc", None)
         if pc is not None:
             pc.stop()
+        retirements = getattr(self, "retirements", None)
+        if retirements is not None:
+            await retirements.aclose()
         journal, self._journal = self._journal, None
         if journal is not None:
             try:

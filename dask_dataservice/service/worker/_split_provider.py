@@ -51,6 +51,12 @@ class DispatcherSplitProvider(SplitProvider):
     def num_splits(self) -> int:
         return len(self._splits)
 
+    @property
+    def drained(self) -> bool:
+        """The dispatcher hands this task no split any more (its worker retires): every
+        later repetition is empty, and an endless ``repeat()`` ends."""
+        return self._flow.drained
+
     def _request(self) -> concurrent.futures.Future[Any]:
         runner = self._runner
         r = self._flow.request()
@@ -68,8 +74,8 @@ class DispatcherSplitProvider(SplitProvider):
             fut = self._pending if self._pending is not None else self._request()
             self._pending = None
             flow.waiting(fut.done())
-            indices, ended = self._runner.wait(fut)
-            if flow.on_reply(indices, ended):
+            indices, ended, drained = self._runner.wait(fut)
+            if flow.on_reply(indices, ended, drained):
                 self._pending = self._request()
         self.last_index = index = flow.next_index()  # issue 13: input positions
         split: object = self._splits[index]

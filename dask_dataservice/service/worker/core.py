@@ -444,6 +444,9 @@ class SplitFlow:
         #: Splits received of this repetition.
         self.received = 0
         self.ended = False
+        #: The dispatcher drains this task's worker (issue 26): no split comes any more,
+        #: in this repetition or a later one.
+        self.drained = False
         self.batch = 1
         self.max_batch = max_batch
         self._local: deque[int] = deque()
@@ -470,12 +473,13 @@ class SplitFlow:
         if not reply_ready and self.batch < self.max_batch:
             self.batch *= 2  # we are waiting on the dispatcher: ask for more at once
 
-    def on_reply(self, indices: list[int], end_of_splits: bool) -> bool:
+    def on_reply(self, indices: list[int], end_of_splits: bool, drained: bool = False) -> bool:
         """A batch arrived; answers whether to ask for the next one now."""
         self._local.extend(indices)
         self.received += len(indices)
-        self.ended = end_of_splits
-        return not end_of_splits
+        self.ended = end_of_splits or drained
+        self.drained = self.drained or drained
+        return not self.ended
 
     def next_index(self) -> int:
         return self._local.popleft()
@@ -484,7 +488,7 @@ class SplitFlow:
         """The next repetition starts; answers the repetition to acknowledge, if any."""
         self.repetition += 1
         self.received = 0
-        self.ended = False
+        self.ended = self.drained  # a drained task's later repetitions are empty
         # Splits two repetitions back have left the pipeline (short of a shuffle buffer
         # holding more than a whole repetition): stop counting them as in flight, so an
         # endless repeat() does not grow the dispatcher's in-flight set forever.

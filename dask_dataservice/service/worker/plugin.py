@@ -662,8 +662,11 @@ class DataWorkerPlugin(WorkerPlugin):
         return loaded
 
     async def _get_splits(self, task: TaskDef, repetition: int, count: int,
-                          received: int = 0, first: bool = False) -> tuple[list[int], bool]:
-        """Split indices from the dispatcher; rides out a dispatcher that is going away.
+                          received: int = 0, first: bool = False
+                          ) -> tuple[list[int], bool, bool]:
+        """Split indices from the dispatcher, whether the repetition ended, and whether the
+        task is drained (its worker retires: no split comes any more, issue 26); rides out
+        a dispatcher that is going away.
 
         A closing (or unreachable) scheduler is retried with backoff for about 30 s (with
         distributed's ``retry``); if this worker is closing meanwhile, its tasks are being
@@ -693,7 +696,7 @@ class DataWorkerPlugin(WorkerPlugin):
             if self._closing:
                 raise TaskCancelled from None
             raise
-        return resp["split_indices"], resp["end_of_splits"]
+        return resp["split_indices"], resp["end_of_splits"], bool(resp.get("drained"))
 
     async def _ack_splits(self, task: TaskDef, repetition: int) -> None:
         try:

@@ -272,7 +272,7 @@ class DataWorker:
                 return
             indices = list(resp["split_indices"])
             self.run.handed(self.address, task["iteration_id"], task_id, req.repetition, indices)
-            if flow.on_reply(indices, bool(resp["end_of_splits"])):
+            if flow.on_reply(indices, bool(resp["end_of_splits"]), bool(resp.get("drained"))):
                 self._ask(task_id, r)  # ask ahead
 
         def timeout() -> None:

@@ -128,3 +128,44 @@ def test_a_pause_shorter_than_the_cooldown_gives_nothing_back():
     assert (workers, changes) == (3, [])
     workers, changes = _run(policy, workers, 200, compute=1 / 250, start=75)
     assert (workers, changes) == (3, [])
+
+
+def test_one_workers_rate_is_learnt_only_while_the_consumers_wait():
+    from dask_dataservice.service.dispatcher._autoscale import WorkerRate
+
+    r = WorkerRate(wait_high=0.05)
+    assert r.observe(wait=0.0, served_rate=500, workers=2) == 0  # not saturated: unknown
+    assert r.observe(wait=0.5, served_rate=200, workers=2) == 100
+    assert r.observe(wait=0.5, served_rate=360, workers=3) == 110  # averaged
+    assert r.observe(wait=0.0, served_rate=20, workers=3) == 110  # kept while calm
+    assert r.observe(wait=0.5, served_rate=0, workers=0) == 110
+
+
+def test_samples_without_reads_do_not_restart_a_calm_spell():
+    """The consumers' reports arrive in bursts: a sample in which nobody read (found on a
+    real cluster: one in three at 20 elements/s) neither ends a calm spell nor starts one."""
+    policy = ScalingPolicy(minimum=1, maximum=8, cooldown=3)
+
+    def calm(t):
+        return Demand(time=t, workers=4, consumers=1, rate=20.0, wait=0.0, worker_rate=100.0)
+
+    gap = Demand(time=1.5, workers=4, consumers=0, rate=0.0, wait=0.0, worker_rate=100.0)
+    assert policy.decide(calm(0)).workers == 4
+    assert policy.decide(calm(1)).workers == 4
+    assert policy.decide(gap) == Decision(4, "nothing read: no change")
+    assert policy.decide(calm(2)).workers == 4
+    assert policy.decide(calm(3.1)).workers == 1  # 3 s of calm, the gap included
+
+
+def test_a_decision_holds_until_the_cluster_reaches_it():
+    """Found on a real cluster: the policy answered the count it *saw* after deciding, so a
+    scale-down was proposed once and Dask's Adaptive (which waits for ``wait_count``
+    proposals in a row) never retired anyone; a scale-up slow to arrive was called off."""
+    policy = ScalingPolicy(minimum=1, maximum=8, settle=5, cooldown=2)
+    up = policy.decide(_demand(0, 1, 1 / 250, 100.0))
+    assert up.workers == 2
+    assert policy.decide(_demand(1, 1, 1 / 250, 100.0)).workers == 2  # still starting
+    policy = ScalingPolicy(minimum=1, maximum=8, cooldown=2)
+    calm = [policy.decide(Demand(time=t, workers=4, consumers=1, rate=20.0, wait=0.0,
+                                 worker_rate=100.0)).workers for t in range(6)]
+    assert calm == [4, 4, 1, 1, 1, 1]  # decided at t=2, held while the workers drain

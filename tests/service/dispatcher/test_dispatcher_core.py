@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dask_dataservice.data import INFINITE
 from dask_dataservice.service.dispatcher._shares import fair_share
 from dask_dataservice.service.dispatcher.core import (
     CoreConfig,
@@ -438,3 +439,63 @@ def test_a_recovered_worker_removed_and_forgotten_registers_again():
     out = core2.worker_heartbeat(cluster2.add("tcp://a:1"), 200.0)
     assert [type(u) for u in out.updates] == [RegisterWorker]
     assert out.reply["status"] == "OK" and not core2.recovered_workers
+
+
+def test_a_draining_worker_takes_no_split_and_no_task_and_its_splits_go_to_the_others():
+    """issue 26: ``drain_worker`` answers the DYNAMIC tasks to wait for; their next split
+    request answers ``drained`` (a retried one still gets what was handed out and never
+    arrived), the other workers take every split left, and a live iteration gives the
+    draining worker no new task. Every split is handed out exactly once."""
+    core, cluster = make()
+    ds = dataset(core, 40)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    view = read(core, ds, "DYNAMIC")
+    it = view["iteration_id"]
+    task = {t["worker_address"]: t["task_id"] for t in view["tasks"]}
+    token = core.state.job(core.state.iteration(it).job_id).token
+    handed = [0, 1]  # each task's first split came with its push
+    got = core.get_split(it, task["tcp://a:1"], 0, count=3, job_token=token).reply
+    handed += got["split_indices"]
+    assert core.drain_worker("tcp://a:1").reply == [task["tcp://a:1"]]
+    assert core.draining == {"tcp://a:1"}
+    lost = core.get_split(it, task["tcp://a:1"], 0, count=4, job_token=token,
+                          received=1).reply  # a retry: the 3 it never got, once more
+    assert lost["split_indices"] == got["split_indices"] and "drained" not in lost
+    again = core.get_split(it, task["tcp://a:1"], 0, count=4, job_token=token,
+                           received=4).reply
+    assert again == {"status": "OK", "split_indices": [], "end_of_splits": True,
+                     "drained": True}
+    # a later repetition too (an endless repeat() asks for it): drained, not an error
+    assert core.get_split(it, task["tcp://a:1"], 1, job_token=token).reply["drained"]
+    while True:
+        reply = core.get_split(it, task["tcp://b:1"], 0, count=1024, job_token=token).reply
+        handed += reply["split_indices"]
+        if reply["end_of_splits"]:
+            break
+    assert sorted(handed) == list(range(40))
+    assert core.drained([task["tcp://a:1"]]) == [task["tcp://a:1"]]  # still producing
+    core.finish_task(task["tcp://a:1"], job_token=token)
+    assert core.drained([task["tcp://a:1"]]) == []
+    # a new read gives the draining worker no task; called off, it takes them again
+    view2 = read(core, dataset(core, 8), "DYNAMIC")
+    assert [t["worker_address"] for t in view2["tasks"]] == ["tcp://b:1"]
+    core.undrain("tcp://a:1")
+    assert core.is_data_worker("tcp://a:1")
+    core.worker_left("tcp://b:1")
+    assert core.draining == set()
+
+
+def test_draining_waits_for_dynamic_tasks_only():
+    """OFF and static tasks, and coordinated reads, are lost with their worker as in TF:
+    ``drain_worker`` does not wait for them."""
+    core, cluster = make()
+    ds = dataset(core, 8)
+    join(core, cluster, "tcp://a:1")
+    read(core, ds, "OFF")
+    endless = core.register_dataset("inf", b"p", b"s", 8,
+                                    metadata={"cardinality": INFINITE}).reply["dataset_id"]
+    read(core, endless, "DYNAMIC", job_name="coordinated", num_consumers=1)
+    dyn = read(core, ds, "DYNAMIC", job_name="plain")
+    assert core.drain_worker("tcp://a:1").reply == [dyn["tasks"][0]["task_id"]]
+    assert core.drain_worker("tcp://nobody:1").reply == []
