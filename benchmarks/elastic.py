@@ -60,8 +60,11 @@ class Consumer(threading.Thread):
 
     def run(self) -> None:
         try:
-            ds = dds.Dataset.range(10**8).map(produce(self.produce_s)).apply(
-                dds.distribute("distributed_epoch", self.client))
+            # small splits: a retiring worker ends the split it reads before it goes
+            dataset_id = dds.register_dataset(
+                self.client, dds.Dataset.range(10**7).map(produce(self.produce_s)),
+                split_size=20)
+            ds = dds.from_dataset_id("distributed_epoch", self.client, dataset_id)
             for x in ds:
                 self.seen.append(int(x))
                 self.count += 1
@@ -160,7 +163,7 @@ def main() -> None:
     p.add_argument("--produce", type=float, default=0.01, help="seconds per element, worker")
     p.add_argument("--slow", type=float, default=0.04, help="consumer s/element, low demand")
     p.add_argument("--fast", type=float, default=0.003, help="consumer s/element, high demand")
-    p.add_argument("--phases", type=float, nargs=3, default=[20, 50, 40])
+    p.add_argument("--phases", type=float, nargs=3, default=[15, 40, 35])
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--cooldown", type=float, default=5.0)
     p.add_argument("--threads", dest="processes", action="store_false",

@@ -132,6 +132,11 @@ class DataServicePage(_Page):
         self.bytes, fig_b = _timeline("dds-bytes", "Bytes served per second",
                                       [("bytes_per_second", "bytes/s", "#ff7f0e")],
                                       fmt="0.0 b")  # numeral's bytes: KiB, MiB, GiB
+        # issue 26: the data workers there and wanted (DemandAdaptive / scaling.enabled)
+        self.scaling, self.fig_s = _timeline(
+            "dds-scaling", "Data workers (elastic scaling)",
+            [("data_workers", "data workers", "#1f77b4"), ("wanted", "wanted", "#d62728")],
+            fmt="0")
         self.per_worker, fig_w = _bars("dds-workers-rate", "Elements served per second, per "
                                        "data worker", "elements_per_second", "#2ca02c")
         self.fig_w = fig_w
@@ -171,7 +176,7 @@ class DataServicePage(_Page):
             widths={"input_bound": 200})
         self.root = column(self.summary, row(fig_t, fig_b, sizing_mode="stretch_width"),
                            row(fig_w, fig_h, sizing_mode="stretch_width"),
-                           Div(text="<h3>Jobs</h3>"), t_j,
+                           self.fig_s, Div(text="<h3>Jobs</h3>"), t_j,
                            Div(text="<h3>Pipeline ops</h3><p>Per op of each job's pipeline, "
                                     "summed over its data workers: the bottleneck is the op "
                                     "with the largest own time (see docs/dashboard.md)</p>"),
@@ -185,6 +190,11 @@ class DataServicePage(_Page):
         self.throughput.data = {"time": _times(tl), "elements_per_second":
                                 tl["elements_per_second"]}
         self.bytes.data = {"time": _times(tl), "bytes_per_second": tl["bytes_per_second"]}
+        scaling = st.get("scaling") or {}
+        self.fig_s.visible = bool(scaling.get("enabled"))
+        stl = scaling.get("timeline") or {"time": [], "data_workers": [], "wanted": []}
+        self.scaling.data = {"time": _times(stl), "data_workers": stl["data_workers"],
+                             "wanted": stl["wanted"]}
         data_workers = {a: w for a, w in st["workers"].items() if w["data_worker"]}
         names = list(data_workers)
         self.fig_w.y_range.factors = names

@@ -59,6 +59,15 @@ class Consumer(threading.Thread):
             self.error = e
 
 
+def _scaling_figure(dask_scheduler):
+    """The dashboard page's scaling figure, as the page builds it on the scheduler."""
+    from dask_dataservice.dashboard._pages import DataServicePage
+
+    page = DataServicePage(dask_scheduler)
+    page.update()
+    return {"visible": page.fig_s.visible, **dict(page.scaling.data)}
+
+
 def test_data_workers_follow_a_consumers_demand_up_and_down():
     with dask.config.set(FAST), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
@@ -93,6 +102,9 @@ def test_data_workers_follow_a_consumers_demand_up_and_down():
             wait(lambda: len(consumer.seen) > n + 20, 30, "the consumer to keep reading")
             seen = consumer.seen
             assert len(seen) == len(set(seen))  # retiring workers duplicated nothing
+            page = client.run_on_scheduler(_scaling_figure)
+            assert page["visible"] and max(page["data_workers"]) >= 3
+            assert min(page["wanted"]) == 1 and len(page["time"]) == len(page["wanted"])
             print(f"\nscaled 1 -> 3 in {up:.1f}s, back to 1 in {down:.1f}s")
         finally:
             consumer.stop.set()
