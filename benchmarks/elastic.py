@@ -163,7 +163,7 @@ def main() -> None:
     p.add_argument("--produce", type=float, default=0.01, help="seconds per element, worker")
     p.add_argument("--slow", type=float, default=0.04, help="consumer s/element, low demand")
     p.add_argument("--fast", type=float, default=0.003, help="consumer s/element, high demand")
-    p.add_argument("--phases", type=float, nargs=3, default=[15, 40, 35])
+    p.add_argument("--phases", type=float, nargs=3, default=[15, 40, 60])
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--cooldown", type=float, default=5.0)
     p.add_argument("--threads", dest="processes", action="store_false",

@@ -21,7 +21,8 @@ Each :meth:`ScalingPolicy.decide` call takes one :class:`Demand` sample and retu
 3. **The knee.** After a scale-up has settled (``settle`` seconds), the consumers' step time
    (``1 / rate`` per consumer) is compared with the one before. If it improved by less than
    ``improvement``, the added workers did not pay: the policy goes back to the count before
-   and remembers it as the knee. It does not scale up past a knee until the consumers' rate
+   and remembers it as the knee. (Not when the rate before was more than the workers could
+   make: the consumers were draining buffers filled earlier, a burst that says nothing.) It does not scale up past a knee until the consumers' rate
    changes by more than ``improvement`` (new trainers, another pipeline).
 4. **Scaling down.** Consumers that wait less than ``wait_low`` of their time while the
    workers could produce more than the consumers take with ``headroom``, both for
@@ -118,7 +119,8 @@ class ScalingPolicy:
             if d.time - decided < self.settle:
                 return self._keep(d, "a scale-up is settling")
             self._trial = None
-            if consumers == d.consumers and step_time > before_step * (1 - self.improvement):
+            if consumers == d.consumers and before_step > 0 \
+                    and step_time > before_step * (1 - self.improvement):
                 self.knee = (before, d.rate)
                 self.wanted = self._bounded(before)
                 return Decision(self.wanted, (
@@ -137,7 +139,10 @@ class ScalingPolicy:
             if n <= d.workers:
                 why = ("at the knee" if self.knee is not None else "at the maximum")
                 return self._keep(d, f"consumers wait {d.wait:.0%}: {why}")
-            self._trial = (d.time, d.workers, step_time, d.consumers)
+            # a rate beyond what the workers can make came from buffers filled earlier (a
+            # consumer speeding up drains its prefetch first): no step time to judge by
+            burst = d.worker_rate > 0 and d.rate > d.workers * d.worker_rate * self.headroom
+            self._trial = (d.time, d.workers, 0.0 if burst else step_time, d.consumers)
             self.wanted = n
             return Decision(n, f"consumers wait {d.wait:.0%} of their time: {d.workers} -> {n}")
         capacity = per_worker * d.workers

@@ -134,14 +134,20 @@ class Retirements:
             # no data worker would be left to take the splits (a cluster closing: scale(0))
             logger.info("dataservice: retiring every data worker (%s): no drain, their tasks "
                         "end with them", ", ".join(addresses))
+        retired: Any = None
         try:
-            return await self._original(workers=workers, names=names, **kwargs)
+            retired = await self._original(workers=workers, names=names, **kwargs)
+            return retired
         finally:
-            for a in addresses:  # still here: the retirement was called off
-                if a in core.draining and a in s.workers:
-                    logger.info("dataservice: data worker %s was not retired: it takes tasks "
-                                "and splits again", a)
-                    self.plugin._run(core.undrain, a)
+            # A worker Dask kept (it holds the only copy of a key it could not move, or the
+            # call failed) takes tasks and splits again. Not one SpecCluster named: Dask
+            # retires nobody for names given as addresses, and the cluster closes it next.
+            kept = [a for a in addresses if a in core.draining and a in s.workers
+                    and a not in (retired or {}) and (workers is None or a in workers)]
+            for a in kept:
+                logger.info("dataservice: data worker %s was not retired: it takes tasks "
+                            "and splits again", a)
+                self.plugin._run(core.undrain, a)
 
     async def drain(self, address: str) -> None:
         """Drain one data worker (shared by concurrent retirements of the same worker)."""

@@ -169,3 +169,15 @@ def test_a_decision_holds_until_the_cluster_reaches_it():
     calm = [policy.decide(Demand(time=t, workers=4, consumers=1, rate=20.0, wait=0.0,
                                  worker_rate=100.0)).workers for t in range(6)]
     assert calm == [4, 4, 1, 1, 1, 1]  # decided at t=2, held while the workers drain
+
+
+def test_a_burst_from_buffers_is_no_step_time_to_judge_a_scale_up_by():
+    """Found with benchmarks/elastic.py: a consumer that speeds up first drains its prefetch
+    (318 elements/s from one worker of 100/s); the scale-up decided then was judged against
+    that burst, taken for a knee and undone, delaying the demand by 12 s."""
+    policy = ScalingPolicy(minimum=1, maximum=8, settle=3)
+    burst = Demand(time=0, workers=1, consumers=1, rate=318.0, wait=0.1, worker_rate=100.0)
+    assert policy.decide(burst).workers == 2
+    after = Demand(time=3, workers=2, consumers=1, rate=190.0, wait=0.4, worker_rate=100.0)
+    decision = policy.decide(after)
+    assert decision.workers > 2 and policy.knee is None
