@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.pure, pytest.mark.timeout(300)]
 #: cross-trainer: about 50 and 40 scenarios/s, the others 100-280).
 SEEDS = {"dynamic": 1000, "off": 500, "named": 250, "named-off": 250, "static-data": 250,
          "static-file": 250, "repeat": 200, "coordinated": 250, "cross-trainer": 150,
-         "cross-trainer-off": 250, "locality": 250}
+         "cross-trainer-off": 250, "locality": 250, "retire": 250}
 
 
 def test_the_seeded_workloads_are_every_workload():
@@ -118,6 +118,13 @@ def _bytes_bound_starves_the_lead(self, cached, cached_bytes, max_bytes, chunk):
     return not cached or (ahead + chunk) * cached_bytes / cached <= max_bytes / 2
 
 
+_DRAIN = DispatcherCore.drain_worker
+
+
+def _drain_the_index_only(self, address, held=()):  # issue 26, before the worker's tasks
+    return _DRAIN(self, address, ())
+
+
 #: Past fixes (dispatcher, reader and worker cores), reintroduced one at a time: the seeds that catch each one.
 PAST_BUGS = [
     # a retried split request whose reply was lost got new splits; the lost reply's stayed
@@ -167,6 +174,11 @@ PAST_BUGS = [
      "were lost, but their splits"),
     ("split_order:ended_split_at", lambda s, i, r, p: None, "locality", 19,
      "were lost, but their splits"),
+    # issue 26: a retiring worker's task that had made all its splits (so gone from the
+    # dispatcher's index of its tasks) was not waited for: the elements still in its
+    # buffer were lost with the worker
+    ("DispatcherCore.drain_worker", _drain_the_index_only, "retire", 35, "never delivered"),
+    ("DispatcherCore.drain_worker", _drain_the_index_only, "retire", 159, "never delivered"),
 ]
 
 

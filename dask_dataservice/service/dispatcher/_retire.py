@@ -12,7 +12,9 @@ Dask retires a worker through the scheduler's ``retire_workers`` handler, whoeve
 2. The consumers read what the task made, to its end of sequence. The splits nobody took yet
    go to the other workers' tasks: every element of a DYNAMIC epoch is still seen exactly
    once.
-3. Once each drained task's buffer is empty and its end was shown (the worker's
+3. Once each drained task's buffer is empty, its end was shown and its consumers
+   acknowledged every reply with elements (a reply still on its way would be lost with the
+   worker, and a consumer sends a lost one's request again; the worker's
    ``dataservice_worker_state``), the retirement goes on as Dask's own.
 
 The drain waits at most ``dataservice.dispatcher.drain-timeout``; past it the retirement goes
@@ -163,7 +165,8 @@ class Retirements:
         if plugin._closed or not plugin._core.is_data_worker(address) \
                 and address not in plugin._core.draining:
             return
-        tasks = plugin._run(plugin._core.drain_worker, address)
+        held = await self._held(address)
+        tasks = plugin._run(plugin._core.drain_worker, address, held)
         if not tasks:
             return
         timeout = config.get_seconds("dispatcher.drain-timeout")
@@ -192,20 +195,33 @@ class Retirements:
             self.drained[address] = took
             logger.info("dataservice: data worker %s drained in %.2fs", address, took)
 
-    async def _undelivered(self, address: str, tasks: list[int]) -> list[int]:
-        """Of ``tasks`` (finished at the dispatcher), those whose worker still holds
-        elements its consumers have not taken, or whose end it has not shown yet."""
+    async def _worker_tasks(self, address: str) -> dict[Any, Any] | None:
+        """The worker's tasks as it reports them (``dataservice_worker_state``), or None
+        when it does not answer."""
         s = self._scheduler
         assert s is not None
         try:
             reply = await asyncio.wait_for(s.rpc(address).dataservice_worker_state(), 5.0)
         except (OSError, TimeoutError):
+            return None
+        return reply.get("tasks", {}) if isinstance(reply, dict) else {}
+
+    async def _held(self, address: str) -> list[int]:
+        """The tasks the worker holds, finished ones included."""
+        return [int(t) for t in (await self._worker_tasks(address) or {})]
+
+    async def _undelivered(self, address: str, tasks: list[int]) -> list[int]:
+        """Of ``tasks`` (finished at the dispatcher), those whose worker still holds
+        elements its consumers have not taken, or whose end it has not shown yet."""
+        s = self._scheduler
+        assert s is not None
+        held = await self._worker_tasks(address)
+        if held is None:
             return list(tasks) if address in s.workers else []
-        held = reply.get("tasks", {}) if isinstance(reply, dict) else {}
         out = []
         for tid in tasks:
             t = held.get(tid, held.get(str(tid)))
             if t is not None and not (t["produced_all"] and t["buffered"] == 0
-                                      and t["end_visible"]):
+                                      and t["end_visible"] and not t["unacknowledged"]):
                 out.append(tid)
         return out

@@ -604,28 +604,40 @@ class DispatcherCore:
         return out
 
     @_stimulus
-    def drain_worker(self, address: str) -> list[int]:
+    def drain_worker(self, address: str, held: Iterable[int] = ()) -> list[int]:
         """``address`` is about to retire (issue 26): from now on it gets no new task and
         its DYNAMIC tasks are handed no new split (``get_split`` answers ``drained``, and
-        the worker's pipeline ends once it made the splits it holds). Answers the tasks to
-        wait for before the worker may go: its active tasks of DYNAMIC iterations that are
-        not coordinated reads. The others follow TensorFlow's rule for a worker that
-        leaves: an OFF or static task is its worker's share of the data, and a coordinated
-        read keeps the task list it started with; they are lost with the worker. O(the
-        worker's tasks)."""
+        the worker's pipeline ends once it made the splits it holds). ``held``: the tasks
+        the worker says it holds (a finished task leaves the dispatcher's index of the
+        worker's tasks, but may still hold elements its consumers have not read: found by
+        the simulator's ``retire`` workload).
+
+        Answers the tasks to wait for before the worker may go: its tasks of DYNAMIC
+        iterations that are not coordinated reads nor cross-trainer caches, producing or
+        finished. The others follow TensorFlow's rule for a worker that leaves: an OFF or
+        static task is its worker's share of the data, a coordinated read keeps the task
+        list it started with, and a cross-trainer cache promises no element to anyone (a
+        slow trainer skips); they end with the worker. O(the worker's tasks).
+        """
         self.draining.add(address)
-        out: list[int] = []
+        state = self.state
+        ids = set(held)
         try:
-            tasks = self.state.tasks_for_worker(address)
-        except WorkerNotFoundError:  # never registered (or gone): nothing to wait for
-            return out
-        for task in tasks:
-            if task.status != "active":
+            ids.update(t.task_id for t in state.tasks_for_worker(address))
+        except WorkerNotFoundError:  # never registered (or gone): only what it says it holds
+            pass
+        out: list[int] = []
+        for tid in sorted(ids):
+            try:
+                task = state.task(tid)
+                job = state.job(state.iteration(task.iteration_id).job_id)
+            except (TaskNotFoundError, IterationNotFoundError, JobNotFoundError):
                 continue
-            job = self.state.job(self.state.iteration(task.iteration_id).job_id)
-            if job.processing_mode == "DYNAMIC" and job.num_consumers is None:
-                out.append(task.task_id)
-        return sorted(out)
+            if task.worker_address == address and task.status in ("active", "finished") \
+                    and job.processing_mode == "DYNAMIC" and job.num_consumers is None \
+                    and not job.cross_trainer_cache:
+                out.append(tid)
+        return out
 
     @_stimulus
     def undrain(self, address: str) -> None:

@@ -369,6 +369,12 @@ class WorkerCore:
             turns.kept.discard(seq)
         return False
 
+    def unacknowledged(self, task_id: int) -> int:
+        """Replies with elements of ``task_id`` that their consumers have not acknowledged
+        yet (on their way, or lost and to be replayed). A retiring worker waits for none
+        (issue 26). O(the worker's consumer keys)."""
+        return sum(len(t.kept) for k, t in self._turns.items() if k[0] == task_id)
+
     def replies_kept(self, key: tuple[int, int | None]) -> int:
         turns = self._turns.get(key)
         return 0 if turns is None else len(turns.kept)

@@ -538,7 +538,8 @@ class DataWorkerPlugin(WorkerPlugin):
             "is_data_worker": self.is_data_worker,
             "tasks": {
                 tid: {"produced": r.buffer.produced, "buffered": len(r.buffer),
-                      "produced_all": r.buffer.produced_all, "end_visible": r.buffer.end_visible}
+                      "produced_all": r.buffer.produced_all, "end_visible": r.buffer.end_visible,
+                      "unacknowledged": self.core.unacknowledged(tid)}
                 for tid, r in self.tasks.items() if r is not None
             },
             "finished_tasks": sorted(self.finished_tasks),

@@ -33,6 +33,10 @@ first broken invariant, with the virtual time). The invariants:
 - locality (``locality``: a dataset from a persisted collection, split ``i``'s partition on
   worker ``i % n``, gone with its worker): a task gets a split its worker does not hold only
   once no split it holds is left (checked at every ``get_split``), and exactly once as above;
+- retirements (``retire``): a worker retired while consumers read is drained first (no
+  new split; it leaves once its tasks, finished ones included, made their splits and every
+  reply with elements was acknowledged), and the read stays exactly once unless a drain
+  timed out;
 - every consumer ends within ``horizon`` virtual seconds (no hang, shared jobs included);
   a fixed-list read that ends with an error does so only after a fault;
 - ``DispatcherState.validate_state()`` after every stimulus of the dispatcher, and the
@@ -61,7 +65,7 @@ __all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
 
 #: Workload names (``--workload``).
 WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file", "repeat",
-             "coordinated", "cross-trainer", "cross-trainer-off", "locality")
+             "coordinated", "cross-trainer", "cross-trainer-off", "locality", "retire")
 
 #: Workloads read by fixed-list readers (:mod:`._fixed`).
 FIXED = ("coordinated", "cross-trainer")
@@ -73,6 +77,9 @@ INFINITE = -1
 #: Fault kinds.
 FAULTS = ("kill_dispatcher", "freeze_dispatcher", "kill_worker", "freeze_worker",
           "join_worker", "leave_worker", "partition")
+#: The ``retire`` workload's events: Dask retiring a worker (drained first, issue 26; the
+#: duration is the drain timeout) and a worker joining. Not faults: exactly once must hold.
+ELASTIC = ("retire_worker", "join_worker")
 
 
 @dataclass
@@ -129,12 +136,13 @@ class Params:
         return {"dynamic": "DYNAMIC", "named": "DYNAMIC", "off": "OFF", "named-off": "OFF",
                 "static-data": "DATA", "static-file": "FILE", "repeat": "DYNAMIC",
                 "coordinated": "OFF", "cross-trainer": "DYNAMIC", "cross-trainer-off": "OFF",
-                "locality": "DYNAMIC"}[self.workload]
+                "locality": "DYNAMIC", "retire": "DYNAMIC"}[self.workload]
 
     @property
     def named(self) -> bool:
         return self.workload.startswith(("named", "cross-trainer")) or self.workload in FIXED or (
-            self.workload in ("repeat", "locality") and (self.n_consumers > 1 or self.epochs > 1))
+            self.workload in ("repeat", "locality", "retire")
+            and (self.n_consumers > 1 or self.epochs > 1))
 
 
 @dataclass
@@ -203,6 +211,16 @@ def generate(seed: int, workload: str) -> Params:
             p.window = small.choice((4, 8))
         p.lookahead = rng.choice((4, 16, 256))
         p.think = rng.choice((0.0, 0.02, 0.1))
+    if workload == "retire":  # workers retired (drained) and joining while consumers read
+        p.n_workers = rng.randint(2, 4)
+        p.n_consumers = rng.randint(1, 3)
+        p.num_splits = rng.randint(8, 32)
+        for _ in range(rng.randint(1, 4)):
+            kind = rng.choice(ELASTIC)
+            p.faults.append([round(rng.uniform(0.0, 1.5), 4), kind, rng.randrange(8),
+                             rng.choice((10.0, 10.0, 10.0, 0.05))])  # a drain timeout
+        p.faults.sort()
+        return p
     if rng.random() < 0.3:
         return p  # no faults: exactly once
     if workload in FIXED:
@@ -261,6 +279,8 @@ class Run:
         self.splits_of: dict[str, set[tuple[int, int, int]]] = {}
         self.dead_tasks: set[int] = set()
         self.dead_splits: set[tuple[int, int, int]] = set()
+        #: A retired worker left before it drained (its drain timed out).
+        self.retire_lossy = False
         #: ``{(iteration_id, repetition, split): task_id}`` of every split a task received.
         self.split_owner: dict[tuple[int, int, int], int] = {}
         #: Fixed-list readers: the task list of each one that started reading.
@@ -467,20 +487,11 @@ class Run:
             if kind == "leave_worker" and sum(
                     x.host.alive and not x.left for x in self.workers.values()) < 2:
                 return  # the last worker stays: with none, a read waits (a warning) forever
-            w.left = kind == "leave_worker"
-            for holders in d.key_holders.values():  # its partitions are gone with it
-                holders.discard(w.address)
-            self.dead_tasks |= set(w.runners)
-            self.dead_splits |= self.splits_of.pop(w.address, set())
-            w.host.alive = False
-            w.host.incarnation += 1
-            w.host.frozen = False
-            w.host.inbox.clear()
-            # the scheduler notices the closed comm (a graceful leave: at once)
-            world.after(0.0 if kind == "leave_worker" else 0.05,
-                        functools.partial(d.worker_left, w.address))
+            self._gone(w, kind == "leave_worker", lossless=False)
             if kind == "kill_worker":
                 world.after(duration, lambda: self._restart(w))
+        elif kind == "retire_worker":
+            self._retire(self._worker(target), duration)
         elif kind == "freeze_worker":
             w = self._worker(target)
             if w.host.frozen or not w.host.alive:
@@ -494,6 +505,54 @@ class Run:
             pair = frozenset((w.address, DISPATCHER))
             self.net.partitions.add(pair)
             world.after(duration, lambda: self.net.partitions.discard(pair))
+
+    def _gone(self, w: DataWorker, left: bool, lossless: bool) -> None:
+        """``w``'s process ends (it left, or was killed). What it held may be lost unless
+        ``lossless`` (it was drained: then nothing may be)."""
+        d = self.dispatcher
+        w.left = left
+        for holders in d.key_holders.values():  # its partitions are gone with it
+            holders.discard(w.address)
+        held = self.splits_of.pop(w.address, set())
+        if not lossless:
+            self.dead_tasks |= set(w.runners)
+            self.dead_splits |= held
+        w.host.alive = False
+        w.host.incarnation += 1
+        w.host.frozen = False
+        w.host.inbox.clear()
+        # the scheduler notices the closed comm (a graceful leave: at once)
+        self.world.after(0.0 if left else 0.05, functools.partial(d.worker_left, w.address))
+
+    def _retire(self, w: DataWorker, timeout: float) -> None:
+        """Dask retires ``w``: the dispatcher drains it (:mod:`...dispatcher._retire`), then
+        it leaves; past ``timeout`` it leaves anyway, and what it held may be lost."""
+        d = self.dispatcher
+        if not w.host.alive or w.left or sum(
+                x.host.alive and not x.left for x in self.workers.values()) < 2:
+            return  # the last worker stays (with none, nobody takes the splits left)
+        core = d.core
+        tasks = d.drain_worker(w.address, sorted(w.runners))
+        if tasks is None:
+            return
+        w.left = True  # retiring: no second retirement of it
+        deadline = self.world.now + timeout
+
+        def check() -> None:
+            if not w.host.alive:
+                return
+            drained = d.core is core and core is not None and not core.drained(tasks) and all(
+                (r := w.runners.get(t)) is None
+                or (not r.buffer and r.end_visible and not w.core.unacknowledged(t))
+                for t in core.drained(tasks, finished=True))
+            if drained or self.world.now >= deadline:
+                self.world.log(f"retired {w.address} ({'drained' if drained else 'timeout'})")
+                self.retire_lossy |= not drained
+                self._gone(w, True, lossless=drained)
+            else:
+                self.world.after(0.05, check)
+
+        self.world.after(0.05, check)
 
     def _guard(self, fn: Any) -> None:
         try:
@@ -556,7 +615,10 @@ class Run:
         return f"iterations {its}"
 
     def _faults(self) -> bool:
-        return bool(self.params.faults) or self.params.drop > 0
+        """Whether something may have been lost: a fault, a dropped message, or a retired
+        worker that did not drain in time (a drained one loses nothing)."""
+        return any(f[1] not in ELASTIC for f in self.params.faults) or self.params.drop > 0 \
+            or self.retire_lossy
 
     def _final_checks(self) -> None:
         p = self.params

@@ -421,6 +421,13 @@ class SimDispatcher:
         if self.check_every_step:
             self.core.state.validate_state()
 
+    def drain_worker(self, address: str, held: list[int]) -> list[int] | None:
+        """``retire_workers`` began for ``address`` (the shell's :mod:`._retire`), which
+        holds tasks ``held``: the tasks to wait for, or None when the dispatcher is down."""
+        if self.core is None or not self.host.alive or self.host.frozen:
+            return None
+        return list(self._run(self.core.drain_worker, address, held))
+
     def worker_left(self, address: str) -> None:
         """The scheduler noticed ``address`` is gone (its comm closed)."""
         if self.core is None or not self.host.alive:

@@ -499,3 +499,23 @@ def test_draining_waits_for_dynamic_tasks_only():
     dyn = read(core, ds, "DYNAMIC", job_name="plain")
     assert core.drain_worker("tcp://a:1").reply == [dyn["tasks"][0]["task_id"]]
     assert core.drain_worker("tcp://nobody:1").reply == []
+
+
+def test_a_finished_task_the_worker_still_holds_is_waited_for():
+    """Found by the simulator's ``retire`` workload: a task that made all its splits leaves
+    the dispatcher's index of its worker's tasks, yet its buffer may still hold elements;
+    the drain took it for nothing to wait for, and they were lost with the worker."""
+    core, cluster = make()
+    ds = dataset(core, 4)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    view = read(core, ds, "DYNAMIC")
+    task = {t["worker_address"]: t["task_id"] for t in view["tasks"]}
+    token = core.state.job(core.state.iteration(view["iteration_id"]).job_id).token
+    core.finish_task(task["tcp://a:1"], job_token=token)
+    assert core.drain_worker("tcp://a:1").reply == []  # the index alone no longer has it
+    assert core.drain_worker("tcp://a:1", [task["tcp://a:1"]]).reply == [task["tcp://a:1"]]
+    # finished, with a consumer: the shell asks the worker whether its consumers took all
+    assert core.drained([task["tcp://a:1"]], finished=True) == [task["tcp://a:1"]]
+    # what the worker says it holds but is another worker's, or unknown, is not waited for
+    assert core.drain_worker("tcp://a:1", [task["tcp://b:1"], 99_999]).reply == []
