@@ -43,7 +43,7 @@ from ..protocol._job_checks import (
     require_shared_infinite,
 )
 from ..protocol._sharding import STATIC_POLICIES, ShardingPolicy, parse_processing_mode
-from . import _equal, _gc, _handout, _locality
+from . import _drain, _equal, _gc, _handout, _locality
 from ._credentials import check_reuse, credential, find_dataset
 from ._deadlines import LastSeen, WorkerDeadlines
 from ._quotas import Limits, Quotas, check_name, dataset_size, field_bytes
@@ -205,9 +205,7 @@ class DispatcherCore:
         #: Set by the shell when its journal failed: every update is refused with this.
         self.refusal: str | None = None
         self.hints = _locality.Hints()
-        #: Data workers being drained before they retire (issue 26; volatile: a restarted
-        #: scheduler has no retirement under way): they get no new task, and their DYNAMIC
-        #: tasks are handed no new split (:meth:`drain_worker`).
+        #: Data workers being drained before they retire (issue 26, :mod:`._drain`).
         self.draining: set[str] = set()
         self.equal = _equal.EqualGroups()  # volatile: rebuilt from the consumers' reports (._equal)
         self._updates: list[Update] = []
@@ -605,39 +603,9 @@ class DispatcherCore:
 
     @_stimulus
     def drain_worker(self, address: str, held: Iterable[int] = ()) -> list[int]:
-        """``address`` is about to retire (issue 26): from now on it gets no new task and
-        its DYNAMIC tasks are handed no new split (``get_split`` answers ``drained``, and
-        the worker's pipeline ends once it made the splits it holds). ``held``: the tasks
-        the worker says it holds (a finished task leaves the dispatcher's index of the
-        worker's tasks, but may still hold elements its consumers have not read: found by
-        the simulator's ``retire`` workload).
-
-        Answers the tasks to wait for before the worker may go: its tasks of DYNAMIC
-        iterations that are not coordinated reads nor cross-trainer caches, producing or
-        finished. The others follow TensorFlow's rule for a worker that leaves: an OFF or
-        static task is its worker's share of the data, a coordinated read keeps the task
-        list it started with, and a cross-trainer cache promises no element to anyone (a
-        slow trainer skips); they end with the worker. O(the worker's tasks).
-        """
-        self.draining.add(address)
-        state = self.state
-        ids = set(held)
-        try:
-            ids.update(t.task_id for t in state.tasks_for_worker(address))
-        except WorkerNotFoundError:  # never registered (or gone): only what it says it holds
-            pass
-        out: list[int] = []
-        for tid in sorted(ids):
-            try:
-                task = state.task(tid)
-                job = state.job(state.iteration(task.iteration_id).job_id)
-            except (TaskNotFoundError, IterationNotFoundError, JobNotFoundError):
-                continue
-            if task.worker_address == address and task.status in ("active", "finished") \
-                    and job.processing_mode == "DYNAMIC" and job.num_consumers is None \
-                    and not job.cross_trainer_cache:
-                out.append(tid)
-        return out
+        """``address`` is about to retire (issue 26): no new task or split for it; answers
+        the tasks to wait for (:func:`._drain.drain`; ``held``: the tasks it says it holds)."""
+        return _drain.drain(self, address, held)
 
     @_stimulus
     def undrain(self, address: str) -> None:
@@ -645,19 +613,8 @@ class DispatcherCore:
         self.draining.discard(address)
 
     def drained(self, task_ids: Iterable[int], *, finished: bool = False) -> list[int]:
-        """Of ``task_ids``, those still producing (active at the dispatcher), or with
-        ``finished`` those that finished producing, of reads that have consumers (what a
-        task makes for nobody is not waited for)."""
-        out = []
-        for tid in task_ids:
-            try:
-                task = self.state.task(tid)
-                if (task.status == "active") != finished \
-                        and self.state.iteration(task.iteration_id).num_clients > 0:
-                    out.append(tid)
-            except (TaskNotFoundError, IterationNotFoundError):
-                pass
-        return out
+        """Of ``task_ids``, those still producing (:func:`._drain.pending`)."""
+        return _drain.pending(self.state, task_ids, finished=finished)
 
     @_stimulus
     def worker_left(self, address: str) -> None:
