@@ -26,7 +26,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
 PRODUCE = 0.01
 FAST = {"dataservice.dashboard.interval": "250ms",
         "dataservice.worker.heartbeat-interval": "200ms",
-        "dataservice.worker.buffer-elements": 16}
+        "dataservice.worker.buffer-elements": 16,
+        # a small prefetch: a retiring worker's last elements wait behind what the
+        # consumer holds (at 20 elements/s, 25 s of default prefetch under load)
+        "dataservice.client.request-elements": 16,
+        "dataservice.client.max-outstanding-batches": 2,
+        # ... and behind the splits it was handed ahead (the batch grows under load)
+        "dataservice.worker.split-batch-max": 2}
 
 
 def _slow(x):
@@ -48,7 +54,7 @@ class Consumer(threading.Thread):
         try:
             # small splits: a retiring worker ends the split it reads before it goes
             dataset_id = dds.register_dataset(
-                self.client, dds.Dataset.range(10**6).map(_slow), split_size=20)
+                self.client, dds.Dataset.range(10**6).map(_slow), split_size=5)
             ds = dds.from_dataset_id("distributed_epoch", self.client, dataset_id)
             for x in ds:
                 self.seen.append(int(x))
@@ -57,6 +63,12 @@ class Consumer(threading.Thread):
                 time.sleep(self.compute)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
+
+
+def _drains(dask_scheduler):
+    """The dispatcher's drains: those under way and those done (seconds each)."""
+    ext = dask_scheduler.extensions["dataservice"]
+    return {"draining": sorted(ext._core.draining), "drained": ext.retirements.drained}
 
 
 def _scaling_figure(dask_scheduler):
@@ -91,8 +103,12 @@ def test_data_workers_follow_a_consumers_demand_up_and_down():
             assert max(rows["data_workers"]) <= 4
             consumer.compute = 0.05  # now ~20/s: less than one worker's 100/s
             t1 = time.monotonic()
-            wait(lambda: len(cluster.scheduler_info["workers"]) == 1 or consumer.error, 60,
-                 "back to one data worker")
+            try:
+                wait(lambda: len(cluster.scheduler_info["workers"]) == 1 or consumer.error,
+                     90, "back to one data worker")
+            except AssertionError as e:  # say where it stood
+                raise AssertionError(f"{e}: {dds.status(client)['scaling']['latest']}; "
+                                     f"{client.run_on_scheduler(_drains)}") from None
             assert consumer.error is None, consumer.error
             down = time.monotonic() - t1
             rows = dds.status(client)["scaling"]["timeline"]
@@ -105,7 +121,8 @@ def test_data_workers_follow_a_consumers_demand_up_and_down():
             page = client.run_on_scheduler(_scaling_figure)
             assert page["visible"] and max(page["data_workers"]) >= 3
             assert min(page["wanted"]) == 1 and len(page["time"]) == len(page["wanted"])
-            print(f"\nscaled 1 -> 3 in {up:.1f}s, back to 1 in {down:.1f}s")
+            print(f"\nscaled 1 -> 3 in {up:.1f}s, back to 1 in {down:.1f}s; drains "
+                  f"{client.run_on_scheduler(_drains)}")
         finally:
             consumer.stop.set()
             consumer.join(30)

@@ -67,6 +67,10 @@ class ElementBuffer:
         self._bytes = 0
         self._max_bytes = max_bytes
         self._max_elements = max_elements
+        #: The producer hands over at most this many elements at once: never more than the
+        #: bound (a buffer of 16 elements held up to 272, and a retiring worker took that
+        #: much longer to drain: issue 26).
+        self.chunk_size = max(1, min(type(self).chunk_size, max_elements))
         self._cond = threading.Condition()
         self._event = asyncio.Event()
         self._waker = LoopWaker(loop, self._event.set)
