@@ -27,7 +27,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import config
-from ..service.dispatcher._autoscale import Decision, Demand, ScalingPolicy, WorkerRate
+from ..service.dispatcher._autoscale import (
+    UNBOUNDED,
+    Decision,
+    Demand,
+    ScalingPolicy,
+    WorkerRate,
+)
 
 if TYPE_CHECKING:
     from ._collect import DashboardPlugin
@@ -39,8 +45,6 @@ logger = logging.getLogger("dask_dataservice.scaling")
 #: The policy's thresholds (``dataservice.scaling.*``, and what ``configure`` accepts).
 _RATIOS = ("wait_high", "wait_low", "headroom", "step", "improvement")
 _DURATIONS = ("settle", "cooldown", "idle")
-#: No maximum given: as many as the autoscaler allows (it bounds the target itself).
-UNBOUNDED = 1 << 20
 
 
 class DemandScaler:

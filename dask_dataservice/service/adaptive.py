@@ -31,7 +31,7 @@ from typing import Any
 
 from distributed.deploy.adaptive import Adaptive
 
-from .dispatcher._autoscale import ScalingPolicy
+from .dispatcher._autoscale import UNBOUNDED, ScalingPolicy
 
 __all__ = ["DemandAdaptive"]
 
@@ -73,7 +73,7 @@ class DemandAdaptive(Adaptive):
         #: What the scheduler's policy is configured with (None: dataservice.scaling.*).
         self.policy = {k: v for k, v in given.items() if v is not None}
         # bad values fail here, at once, not on the scheduler at the first interval
-        ScalingPolicy(int(self.minimum), int(min(self.maximum, 1 << 20)), **self.policy)
+        ScalingPolicy(int(self.minimum), int(min(self.maximum, UNBOUNDED)), **self.policy)
         self._configured = False
 
     async def target(self) -> int:

@@ -40,7 +40,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Decision", "Demand", "ScalingPolicy", "WorkerRate"]
+__all__ = ["UNBOUNDED", "Decision", "Demand", "ScalingPolicy", "WorkerRate"]
+
+#: A maximum that bounds nothing (the autoscaler bounds its target itself).
+UNBOUNDED = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,9 @@ __all__ = ["Retirements"]
 
 logger = logging.getLogger("dask_dataservice.service.dispatcher.plugin")
 
-#: How often a drain looks again (seconds).
-POLL = 0.05
+#: How often a drain looks again (seconds; each look past the dispatcher's part is one small
+#: request to the worker).
+POLL = 0.2
 #: The parameters of ``Scheduler.workers_to_close`` that ``retire_workers`` passes on.
 _TO_CLOSE = ("memory_ratio", "n", "key", "minimum", "target", "attribute")
 
