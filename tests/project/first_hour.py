@@ -126,9 +126,10 @@ def rank_main(rank, scheduler, port, out):
                 opt.step()
                 seen.append([int(i) for i in batch["id"]])
             epochs.append(seen)
+            with open(f"{out}.{rank}", "w") as f:  # each epoch: a crash still tells its steps
+                json.dump(epochs, f)
+    dist.barrier()  # both ranks are done with their collectives before either tears down
     dist.destroy_process_group()
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(epochs, f)
 
 
 if __name__ == "__main__":
@@ -136,7 +137,16 @@ if __name__ == "__main__":
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
-        mp.spawn(rank_main, args=(cluster.scheduler_address, port, "seen"), nprocs=WORLD)
+        try:
+            mp.spawn(rank_main, args=(cluster.scheduler_address, port, "seen"), nprocs=WORLD)
+        except Exception:
+            for r in range(WORLD):  # the steps each rank took per finished epoch
+                try:
+                    print(f"rank {r}: batches per epoch",
+                          [len(e) for e in json.load(open(f"seen.{r}"))])
+                except OSError:
+                    print(f"rank {r}: no epoch finished")
+            raise
     ranks = [json.load(open(f"seen.{r}")) for r in range(WORLD)]
     for epoch in range(EPOCHS):
         steps = [len(r[epoch]) for r in ranks]  # what DDP needs equal: steps (batches)

@@ -173,6 +173,8 @@ def test_a_newcomers_first_hour_from_the_built_wheel(dists, tmp_path):
                           text=True, timeout=420, env=clean_env(), cwd=tmp_path)
     steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     failed = [s for s in steps if not s["ok"]]
+    for step in failed:  # whole (an assertion's message is cut short)
+        print(f"--- step {step['step']} failed after {step['seconds']} s:\n{step['out']}")
     assert not failed and proc.returncode == 0, (failed, proc.stderr[-3000:])
     assert [s["step"] for s in steps] == list(first_hour.STEPS)
 
