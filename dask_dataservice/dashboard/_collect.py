@@ -382,12 +382,28 @@ class DashboardPlugin(SchedulerPlugin):
         out["coordinators"] = {str(u): {k: v for k, v in c.items() if k != "time"}
                                for u, c in sorted(self.coordinators.items())}
         out["scaling"] = self.scaler.status()
+        out["autocache"] = self._autocache()
         last = self.timeline[-1] if self.timeline else {}
         out["totals"] = {k: v for k, v in last.items() if k != "time"}
         out["timeline"] = {k: [row.get(k, 0.0) for row in self.timeline]
                            for k in ("time", "elements_per_second", "bytes_per_second",
                                      "steps_per_second", "gathers_per_second",
                                      "updates_per_second")}
+        return out
+
+    def _autocache(self) -> dict[str, Any]:
+        """Per cached dataset (its fingerprint), summed over the data workers: splits cached,
+        bytes in memory and on disk, hits, splits made; each worker's last decision."""
+        out: dict[str, Any] = {}
+        for address, fig in sorted(self.workers.items()):
+            cache = (fig.get("data") or {}).get("autocache") or {}
+            for fp, d in (cache.get("datasets") or {}).items():
+                row = out.setdefault(fp, {"splits": 0, "memory_bytes": 0, "disk_bytes": 0,
+                                          "hits": 0, "computed": 0, "decisions": {}})
+                for k in ("splits", "memory_bytes", "disk_bytes", "hits", "computed"):
+                    row[k] += d.get(k, 0)
+                row["decisions"][address] = {"decision": d.get("decision"),
+                                             "why": d.get("why")}
         return out
 
     def _worker_status(self, address: str, fig: dict[str, Any]) -> dict[str, Any]:

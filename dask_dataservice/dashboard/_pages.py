@@ -169,6 +169,11 @@ class DataServicePage(_Page):
             ("share", "Share of own time %"), ("wait", "Waited on buffer"),
             ("buffer", "Buffer fill"), ("bottleneck", "Bottleneck")], height=200,
             widths={"job_id": 50, "op": 220})
+        self.autocache, self.t_a = _table("dds-autocache", [
+            ("dataset", "Dataset (fingerprint)"), ("splits", "Splits cached"),
+            ("memory", "In memory"), ("disk", "On disk"), ("hits", "Served from cache"),
+            ("computed", "Made"), ("why", "Last decision (a worker's)")], height=120,
+            widths={"dataset": 140, "why": 420})
         self.consumers, t_c = _table("dds-consumers", [
             ("consumer", "Consumer"), ("job_id", "Job"), ("iteration_id", "Iteration"),
             ("seconds_since_heartbeat", "Seconds since heartbeat"),
@@ -181,7 +186,8 @@ class DataServicePage(_Page):
                                     "summed over its data workers: the bottleneck is the op "
                                     "with the largest own time (see docs/dashboard.md)</p>"),
                            t_o, Div(text="<h3>Data workers</h3>"),
-                           t_w, Div(text="<h3>Consumers</h3>"), t_c,
+                           t_w, Div(text="<h3>Autocache</h3>"), self.t_a,
+                           Div(text="<h3>Consumers</h3>"), t_c,
                            sizing_mode="stretch_width")
 
     def refresh(self, st: dict[str, Any]) -> None:
@@ -216,6 +222,14 @@ class DataServicePage(_Page):
                         f"{fmt_seconds(w['request_seconds']['p50'])} / "
                         f"{fmt_seconds(w['request_seconds']['p99'])}"
                         for w in data_workers.values()]}
+        cached = st.get("autocache") or {}
+        self.autocache.data = {
+            "dataset": [fp[:12] for fp in cached],
+            **{k: [d[k] for d in cached.values()] for k in ("splits", "hits", "computed")},
+            "memory": [fmt_bytes(d["memory_bytes"]) for d in cached.values()],
+            "disk": [fmt_bytes(d["disk_bytes"]) for d in cached.values()],
+            "why": [next((w["why"] for w in d["decisions"].values() if w["why"]), "")
+                    for d in cached.values()]}
         jobs = svc["jobs"]
         self.jobs.data = {
             "job_id": [j["job_id"] for j in jobs],

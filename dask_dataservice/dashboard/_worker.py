@@ -143,6 +143,8 @@ def worker_figures(worker: Any) -> dict[str, Any]:
             "served_by_task": {str(t): [int(c[0]), int(c[1])]
                                for t, c in list(getattr(data, "served_by_task", {}).items())},
             "element_port": _element_port(data),
+            # issue 26: what this worker's autocache() caches hold, and its last decisions
+            "autocache": data.autocache.status() if hasattr(data, "autocache") else None,
         }
     ps = worker.plugins.get(_PS_PLUGIN)
     if ps is not None and getattr(ps, "is_ps", False):

@@ -121,6 +121,8 @@ class IterContext:
     epochs: dict[int, int] = field(default_factory=dict)
     #: Per-op figures of this iteration (a :class:`~._stats.PipelineStats`), or None.
     stats: Any = None
+    #: The data worker's split cache (``autocache()``), or None (then it passes elements on).
+    autocache: Any = None
 
     def next_epoch(self, op: Op) -> int:
         """Return how many times ``op`` was started before in this iteration, and count one."""

@@ -419,6 +419,17 @@ class Dataset:
         instead of failing; ``log_warning`` logs each dropped error."""
         return Dataset(ops_more.IgnoreErrors(self._op, log_warning))
 
+    def autocache(self, force: str | None = None) -> Dataset:
+        """Let the data service cache what comes before here, and serve later reads (epochs,
+        jobs, trainers) from the cache when that is measured faster (issue 26, after Cachew).
+
+        ``force``: ``"always"`` or ``"never"`` overrides the measured decision; None takes
+        ``dataservice.autocache.force`` (``"auto"``). Only a source and element-wise ops
+        (map, filter, flat_map, interleave, prefetch, ignore_errors) may come before it, and
+        they must be deterministic. Outside the service it passes elements on. See
+        docs/elastic.md."""
+        return Dataset(ops_more.AutoCache(self._op, force))
+
     def cache(self, filename: str = "") -> Dataset:
         """Keep the elements of the first complete iteration (in memory, or in ``filename``)
         and replay them on later iterations."""
@@ -465,14 +476,15 @@ class Dataset:
         return self.iterate()
 
     def iterate(self, split_provider: SplitProvider | Iterable[Any] | None = None, *,
-                stats: _stats.PipelineStats | bool = True) -> Iterator[Any]:
+                stats: _stats.PipelineStats | bool = True, autocache: Any = None) -> Iterator[Any]:
         """Iterate, reading only the splits that ``split_provider`` serves (if given).
 
         ``split_provider`` is a :class:`~dask_dataservice.data.splits.SplitProvider` or a list
         of splits (served once per repetition). ``stats``: keep per-op figures for
         :meth:`stats` (the default), ``False`` not to, or a
         :class:`~dask_dataservice.data._stats.PipelineStats` to keep them in (whose
-        ``end()`` the caller then calls when the iteration is over).
+        ``end()`` the caller then calls when the iteration is over). ``autocache``: the data
+        worker's split cache that ``autocache()`` ops use (internal).
         """
         if split_provider is not None:
             self.check_splittable()
@@ -493,7 +505,8 @@ class Dataset:
             if figures.root is None:
                 figures.root = self._op
             _stats.LATEST[self._op] = figures
-        it = self._op.iterate(IterContext(split_provider=split_provider, stats=figures))
+        it = self._op.iterate(IterContext(split_provider=split_provider, stats=figures,
+                                          autocache=autocache))
         return it if figures is None else _stats.ended_iterator(it, figures, end)
 
     def stats(self) -> _stats.DatasetStats:

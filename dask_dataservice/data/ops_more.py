@@ -530,6 +530,62 @@ class Cache(Unary):
                 os.remove(tmp)
 
 
+#: Ops that may come before ``autocache()``: a source, then ops that make each element from
+#: elements of the same split (so a split's output can be made, cached and served alone).
+AUTOCACHE_UPSTREAM = ("map", "filter", "flat_map", "interleave", "prefetch", "ignore_errors")
+AUTOCACHE_FORCE = (None, "auto", "always", "never")
+
+
+class AutoCache(Unary):
+    """Where the data service may cache the pipeline's output (issue 26, Cachew's autocache).
+
+    On a data worker the service decides, per dataset and from what it measures, whether to
+    keep each split's elements (in memory up to a limit, then on the worker's disk) and serve
+    later reads of that split (another epoch, job or trainer) from there; the dispatcher hands
+    a worker the splits it holds first. Anywhere else (a local iteration) it passes elements
+    through. What comes before it must be deterministic, as for ``cache()``: a random
+    augmentation belongs after it. See docs/elastic.md.
+    """
+
+    name = "autocache"
+
+    def __init__(self, input: Op, force: str | None = None) -> None:
+        super().__init__(input)
+        if force not in AUTOCACHE_FORCE:
+            raise ValueError(f"autocache(force=...) must be 'auto', 'always' or 'never' (or "
+                             f"None: dataservice.autocache.force), got {force!r}")
+        self.force = force
+        op: Op = input
+        while op.inputs:
+            if getattr(op, "name", None) not in AUTOCACHE_UPSTREAM or len(op.inputs) != 1:
+                raise ValueError(
+                    f"autocache() caches each split's elements, so only a source and "
+                    f"{', '.join(AUTOCACHE_UPSTREAM)} may come before it; found "
+                    f"{getattr(op, 'name', type(op).__name__)}() (put it after autocache())")
+            op = op.inputs[0]
+        self._fingerprint: str | None = None
+
+    def params(self) -> tuple[Any, ...]:
+        return (self.force,)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fingerprint": None}
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of what comes before it: the cache's key."""
+        if self._fingerprint is None:
+            from ._fingerprint import fingerprint
+
+            self._fingerprint = fingerprint(self.input)
+        return self._fingerprint
+
+    def iterate(self, ctx: IterContext) -> Iterator[Any]:
+        if ctx.autocache is None:  # not on a data worker: nothing to cache in
+            return self.input.iterate(ctx)
+        return ctx.autocache.iterate(self, ctx)  # type: ignore[no-any-return]
+
+
 # ----------------------------------------------------------------------------------------
 # zip, concatenate, bucket_by_sequence_length
 # ----------------------------------------------------------------------------------------

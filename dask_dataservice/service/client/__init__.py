@@ -24,9 +24,10 @@ import cloudpickle
 from distributed import Client
 
 from ...data import Dataset, _stats
-from ...data._base import UNKNOWN
+from ...data._base import UNKNOWN, walk
 from ...data._base import sources as sources_of
 from ...data.dask_source import FromDask, locality_metadata, pickling_with, pin_persisted
+from ...data.ops_more import AutoCache
 from ...data.spec import check_element_spec
 from ...data.splits import FileSplits, PipelineSplits
 from ..protocol._frames import check_compression
@@ -159,6 +160,8 @@ def register_dataset(service: Client | str | tuple[str, str], dataset: Dataset,
         # from_dataset_id's cardinality() (service/client/_cardinality.py)
         "count_preserving": count_preserving(dataset._op),
         **locality_metadata(dataset._op),  # a persisted Dask collection: where its splits are
+        # issue 26: DYNAMIC splits go first to the worker that cached them
+        "autocache": any(isinstance(op, AutoCache) for op in walk(dataset._op)),
     }
     scope = name_scope(dataset_id)
     if scope is not None:  # a name in use is reused only under the same registration key

@@ -77,7 +77,7 @@ def undelivered(state: DispatcherState, iteration_id: int, task_id: int, repetit
         indices = [order[p] for p in tail] if order else tail
     else:
         job = state.job(state.iteration(iteration_id).job_id)
-        if state.dataset(job.dataset_id).metadata.get(_locality.LOCALITY_KEY):
+        if _locality.ordered(state.dataset(job.dataset_id).metadata):
             # an explicit order: the last ended repetition's is kept; an older one's is
             # forgotten (its positions cannot be mapped back: they stay in flight)
             ended = _split_order.ended_split_at(state, iteration_id, repetition, tail)

@@ -11,6 +11,13 @@ split that another worker holds per request (so a fast worker does not take a wh
 another worker would read locally). The choice is journaled as ``ProduceSplits.indices`` (see :mod:`._split_order`), so a
 restarted dispatcher replays it; the keys' whereabouts are only consulted, never journaled.
 
+A dataset with an ``autocache()`` op (metadata ``"autocache"``, issue 26) is handed out the
+same way, its hint made here: split ``i``'s key is a :class:`CacheKey`, held by the data
+workers that reported caching split ``i`` (:class:`Cached`, volatile: a restarted dispatcher
+learns it again, meanwhile splits go where they would have; a split served from a worker
+without it is only recomputed). So a later epoch, job or trainer reads each split where it
+is cached.
+
 Cost: O(splits of the dataset) per request (a scan over the hint), fine for the thousands of
 partitions a Dask collection has; the hint is decoded once per dataset.
 """
@@ -25,15 +32,62 @@ from . import _split_order
 if TYPE_CHECKING:
     from .state import DispatcherState
 
-__all__ = ["LOCALITY_KEY", "Hints", "pick"]
+__all__ = ["AUTOCACHE_KEY", "LOCALITY_KEY", "CacheKey", "Cached", "Hints", "ordered", "pick"]
 
 #: Dataset metadata key of the hint (``dask_dataservice.data.dask_source.LOCALITY_KEY``).
 LOCALITY_KEY = "dask_locality"
 
 
+#: Dataset metadata key: the dataset has an ``autocache()`` op (its splits go first to the
+#: worker that cached them).
+AUTOCACHE_KEY = "autocache"
+
+
+def ordered(metadata: dict[str, Any] | None) -> bool:
+    """Whether a dataset's DYNAMIC splits are handed out in an explicit order."""
+    return bool(metadata and (metadata.get(LOCALITY_KEY) or metadata.get(AUTOCACHE_KEY)))
+
+
+class CacheKey(tuple[int, int]):
+    """Split ``[1]`` of dataset ``[0]`` in a data worker's autocache (a hint's key)."""
+
+    __slots__ = ()
+
+
+class Cached:
+    """Which data workers cached which splits (their ``dataservice_autocached`` reports)."""
+
+    def __init__(self) -> None:
+        #: ``{dataset_id: {split index: worker addresses}}``
+        self.splits: dict[int, dict[int, set[str]]] = {}
+        #: ``{address: dataset ids it reported}``, to forget a worker that left.
+        self.datasets: dict[str, set[int]] = {}
+
+    def add(self, dataset_id: int, address: str, indices: Iterable[int]) -> None:
+        """O(len(indices))."""
+        splits = self.splits.setdefault(dataset_id, {})
+        for i in indices:
+            splits.setdefault(int(i), set()).add(address)
+        self.datasets.setdefault(address, set()).add(dataset_id)
+
+    def holders(self, key: CacheKey) -> set[str]:
+        return self.splits.get(key[0], {}).get(key[1], set())
+
+    def forget(self, address: str) -> None:
+        """``address`` left: its caches went with it (O(splits it reported))."""
+        for dataset_id in self.datasets.pop(address, ()):
+            for who in self.splits.get(dataset_id, {}).values():
+                who.discard(address)
+
+
 class Hints(dict[int, "list[tuple[Any, ...]] | None"]):
     """``{iteration_id or -1 - dataset_id: hint or None}``: the decoded hints of one
-    dispatcher core (a restarted dispatcher has a new one and decodes them again)."""
+    dispatcher core (a restarted dispatcher has a new one and decodes them again), and what
+    the data workers cached (:class:`Cached`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached = Cached()
 
 
 def _key(plain: Any) -> Any:
@@ -53,18 +107,23 @@ def _hint(state: DispatcherState, hints: Hints,
     if -1 - dataset_id not in hints:  # datasets under negative keys, iterations positive
         dataset = state.dataset(dataset_id)
         raw = (dataset.metadata or {}).get(LOCALITY_KEY)
-        hints[-1 - dataset_id] = (
-            [tuple(_key(k) for k in keys) for keys in raw]
-            if isinstance(raw, list | tuple) and len(raw) == dataset.num_splits else None)
+        if raw is None and (dataset.metadata or {}).get(AUTOCACHE_KEY):
+            raw = [(CacheKey((dataset_id, i)),) for i in range(dataset.num_splits)]
+            hints[-1 - dataset_id] = raw
+        else:
+            hints[-1 - dataset_id] = (
+                [tuple(_key(k) for k in keys) for keys in raw]
+                if isinstance(raw, list | tuple) and len(raw) == dataset.num_splits else None)
     hint = hints[iteration_id] = hints[-1 - dataset_id]
     return hint
 
 
-def _holders(holders: Callable[[Any], Iterable[str]], keys: tuple[Any, ...]) -> set[str]:
+def _holders(holders: Callable[[Any], Iterable[str]], keys: tuple[Any, ...],
+             cached: Cached) -> set[str]:
     """Addresses of the workers holding any of ``keys``."""
     out: set[str] = set()
     for key in keys:
-        out.update(holders(key))
+        out.update(cached.holders(key) if isinstance(key, CacheKey) else holders(key))
     return out
 
 
@@ -86,7 +145,7 @@ def pick(state: DispatcherState, hints: Hints, holders: Callable[[Any], Iterable
     for i, keys in enumerate(hint):
         if i in taken:
             continue
-        who = _holders(holders, keys)
+        who = _holders(holders, keys, hints.cached)
         if address in who:
             local.append(i)
             if len(local) == count:

@@ -484,6 +484,20 @@ class DispatcherCore:
         return {"status": "OK", "split_indices": indices, "end_of_splits": end}
 
     @_stimulus
+    def autocached(self, task_id: int, indices: list[int],
+                   job_token: str | None = None) -> dict[str, Any]:
+        """The task's worker cached these splits of its dataset (``autocache()``, issue 26):
+        later iterations hand them to it first (:mod:`._locality`). O(len(indices))."""
+        try:
+            self._check_task_token(task_id, job_token, "reporting cached splits")
+            task = self.state.task(task_id)
+        except TaskNotFoundError:
+            return {"status": "OK"}  # garbage collected meanwhile
+        dataset_id = self.state.job(self.state.iteration(task.iteration_id).job_id).dataset_id
+        self.hints.cached.add(dataset_id, task.worker_address, indices)
+        return {"status": "OK"}
+
+    @_stimulus
     def ack_splits(self, task_id: int, repetition: int,
                    job_token: str | None = None) -> dict[str, Any]:
         """A task is done with every split it holds of ``repetition`` and before."""
@@ -621,6 +635,7 @@ class DispatcherCore:
         """``address`` left the cluster: its tasks are lost (never handed out again)."""
         self.deadlines.forget(address)
         self.draining.discard(address)
+        self.hints.cached.forget(address)
         try:
             if self.state.worker(address).registered:
                 self._apply(RemoveWorker(address=address))
@@ -645,6 +660,7 @@ class DispatcherCore:
             "dataservice: dropping unresponsive data worker %s: %s; its tasks %s are lost "
             "(the splits they held are not handed out again)", address, why, lost)
         self._apply(RemoveWorker(address=address))
+        self.hints.cached.forget(address)
         self.deadlines.seen_at.pop(address, None)
         self.deadlines.dropped[address] = now
 

@@ -290,6 +290,7 @@ class DispatcherPlugin(SchedulerPlugin):
             "dataservice_get_split": self.get_split,
             "dataservice_finish_task": self.finish_task,
             "dataservice_ack_splits": self.ack_splits,
+            "dataservice_autocached": self.autocached,
             "dataservice_worker_heartbeat": self.worker_heartbeat,
             "dataservice_state": self.state_summary,
             # issue 13: input positions (_position_handlers.py)
@@ -551,6 +552,14 @@ class DispatcherPlugin(SchedulerPlugin):
         (:meth:`~.core.DispatcherCore.get_split`)."""
         return self._run(self._core.get_split, iteration_id, task_id, repetition, count=count,
                          job_token=job_token, received=received)
+
+    @handler
+    async def autocached(self, task_id: int, indices: list[int],
+                         job_token: str | None = None) -> dict[str, Any]:
+        """A data worker cached these splits (``autocache()``; volatile, nothing journaled)."""
+        if self._closed:
+            return {"status": "closing"}
+        return self._run(self._core.autocached, task_id, list(indices), job_token=job_token)
 
     @_durable
     def ack_splits(self, task_id: int, repetition: int, job_token: str | None = None) -> dict[str, Any]:

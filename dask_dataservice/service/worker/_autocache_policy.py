@@ -93,9 +93,9 @@ class CachePolicy:
         if f.elements < 0:
             return None
         size = f.elements * f.element_bytes
-        if size <= self.memory_bytes:
+        if self.memory_bytes > 0 and size <= self.memory_bytes:
             return "memory"
-        if self.disk_bytes is None or size <= self.disk_bytes:
+        if self.disk_bytes is None or 0 < self.disk_bytes and size <= self.disk_bytes:
             return "disk"
         return None
 

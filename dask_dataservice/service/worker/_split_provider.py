@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import config
 from ...data.splits import SplitProvider
+from ._autocache import report
 from .core import SplitFlow
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class DispatcherSplitProvider(SplitProvider):
         #: source needs a second split, not before (the request's message would take the
         #: worker's loop, and the GIL, while this thread makes the first element).
         self._ask_later = self._flow.start(runner.task)
+        self._cached: list[int] = []  # autocache: splits kept since the last report
 
     @property
     def repetition(self) -> int:
@@ -57,8 +59,20 @@ class DispatcherSplitProvider(SplitProvider):
         later repetition is empty, and an endless ``repeat()`` ends."""
         return self._flow.drained
 
+    def cached(self, index: int) -> None:
+        """The task's ``autocache()`` kept split ``index``: told to the dispatcher with the
+        next request (or at the end), so later reads hand it to this worker first."""
+        self._cached.append(index)
+
+    def _report(self) -> None:
+        if self._cached:
+            runner = self._runner
+            runner.plugin.post(report, runner.plugin, runner.task, self._cached)
+            self._cached = []
+
     def _request(self) -> concurrent.futures.Future[Any]:
         runner = self._runner
+        self._report()
         r = self._flow.request()
         return runner.plugin.submit(runner.plugin._get_splits, runner.task, r.repetition,
                                     r.count, r.received, r.first)
@@ -70,6 +84,7 @@ class DispatcherSplitProvider(SplitProvider):
             self._pending = self._request()
         while not flow.has_local():
             if flow.ended:
+                self._report()
                 return None
             fut = self._pending if self._pending is not None else self._request()
             self._pending = None

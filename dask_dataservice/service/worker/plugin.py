@@ -53,6 +53,7 @@ from ..protocol._metrics import count_served
 from ..protocol._positions import tracked_elements
 from ..protocol._sharding import ShardingPolicy
 from . import dask_source  # noqa: F401 - installs the cluster side of Dataset.from_dask
+from ._autocache import SplitCache
 from ._buffers import ElementBuffer, RoundBuffer, TaskCancelled, element_size, task_buffer
 from ._element_port import ElementPort
 from ._figures import WorkerFigures
@@ -63,7 +64,6 @@ from ._worker_util import (
     call_soon,
     copy_outcome,
     load_dataset,
-    noop,
     offload_bytes,
     serialized_batch,
 )
@@ -170,21 +170,21 @@ class TaskRunner:
             it, self.buffer.ledger = tracked_elements(ds._op, mode, DispatcherSplitProvider(
                 self, self.splits or []), self.task["position"], str(self.plugin.worker.name))
             return it
-        st = self.pipeline_stats
+        kw: dict[str, Any] = {"stats": self.pipeline_stats, "autocache": self.plugin.autocache}
         if mode == ShardingPolicy.DYNAMIC:
             assert self.splits is not None  # DYNAMIC datasets have splits
-            return ds.iterate(DispatcherSplitProvider(self, self.splits), stats=st)
+            return ds.iterate(DispatcherSplitProvider(self, self.splits), **kw)
         index, n = self.task.get("worker_index"), self.task.get("num_workers")
         if mode == ShardingPolicy.FILE:
             # this worker's files: every n-th, from its index (each repetition again)
             assert self.splits is not None  # FILE datasets have splits
-            return ds.iterate(ListSplitProvider(self.splits[index::n]), stats=st)
+            return ds.iterate(ListSplitProvider(self.splits[index::n]), **kw)
         if mode == ShardingPolicy.DATA:
-            return ds.shard(n, index).iterate(stats=st)
+            return ds.shard(n, index).iterate(**kw)
         if mode == ShardingPolicy.HINT:
             assert n is not None and index is not None  # static modes have both
-            return (ds.with_shard_hint(n, index) if ds.has_shard_hint else ds).iterate(stats=st)
-        return ds.iterate(stats=st)
+            return (ds.with_shard_hint(n, index) if ds.has_shard_hint else ds).iterate(**kw)
+        return ds.iterate(**kw)
 
     def _flush(self) -> None:
         """Hand the elements made so far to the buffer (task thread)."""
@@ -284,6 +284,7 @@ class DataWorkerPlugin(WorkerPlugin):
         self.stats = {"tasks_finished": 0, "elements_produced": 0, "batches_served": 0,
                       "batches_compressed": 0, "requests_replayed": 0}
         self.figures = WorkerFigures()  # request latency, ended tasks' per-op figures
+        self.autocache = SplitCache(worker.local_directory)  # issue 26: autocache() ops
         #: ``{task_id: [elements, bytes]}`` served per task (the dashboard's figures).
         self.served_by_task: dict[int, list[int]] = {}
         self._task_arrived = asyncio.Event()
@@ -319,8 +320,8 @@ class DataWorkerPlugin(WorkerPlugin):
         self.tasks.clear()
         await self._group.stop()
         await self._join_threads()
-        # the io executor runs one job at a time: once a no-op ran, joining it cannot block
-        await run_in_executor_with_context(self._executor, noop)
+        # the io executor runs one job at a time: once this ran, joining it cannot block
+        await run_in_executor_with_context(self._executor, self.autocache.close)
         shutdown_executor(self._executor)
         self._datasets.clear()
         self._rounds.clear()

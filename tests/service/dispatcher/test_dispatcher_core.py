@@ -519,3 +519,50 @@ def test_a_finished_task_the_worker_still_holds_is_waited_for():
     assert core.drained([task["tcp://a:1"]], finished=True) == [task["tcp://a:1"]]
     # what the worker says it holds but is another worker's, or unknown, is not waited for
     assert core.drain_worker("tcp://a:1", [task["tcp://b:1"], 99_999]).reply == []
+
+
+def _drain_splits(core: DispatcherCore, it: int, task_id: int, token: str) -> list[int]:
+    got: list[int] = []
+    while True:
+        reply = core.get_split(it, task_id, 0, count=2, job_token=token).reply
+        got += reply["split_indices"]
+        if reply["end_of_splits"] or not reply["split_indices"]:
+            return got
+
+
+def test_an_autocached_dataset_hands_each_worker_the_splits_it_cached_first():
+    """issue 26, part 3: the splits a data worker reported caching (``autocache()``) go to
+    it first in later iterations, then the splits no worker caches, then (one per request)
+    another worker's; a worker that left takes its caches along. Every split once."""
+    core, cluster = make()
+    ds = dataset(core, 12, autocache=True)
+    join(core, cluster, "tcp://a:1")
+    join(core, cluster, "tcp://b:1")
+    j = core.get_or_create_job(ds, "DYNAMIC").reply
+    out = core.get_or_create_iteration(j["job_id"], 100.0, job_token=j["job_token"])
+    (a,), (b,) = (_pushed(out)[w] for w in ("tcp://a:1", "tcp://b:1"))
+    assert (a["first_splits"], b["first_splits"]) == (([0], False), ([1], False))
+    with pytest.raises(Exception, match="token"):
+        core.autocached(a["task_id"], [0], job_token="forged")
+    core.autocached(a["task_id"], [0, 2, 4, 6], job_token=j["job_token"])
+    core.autocached(b["task_id"], [1, 3, 5], job_token=j["job_token"])
+    # the next epoch: a new job of the same dataset
+    j2 = core.get_or_create_job(ds, "DYNAMIC").reply
+    out = core.get_or_create_iteration(j2["job_id"], 100.0, job_token=j2["job_token"])
+    it = out.reply["iteration_id"]
+    (a,), (b,) = (_pushed(out)[w] for w in ("tcp://a:1", "tcp://b:1"))
+    assert (a["first_splits"], b["first_splits"]) == (([0], False), ([1], False))
+    token = j2["job_token"]
+    assert core.get_split(it, a["task_id"], 0, count=2, job_token=token).reply[
+        "split_indices"] == [2, 4]
+    assert core.get_split(it, a["task_id"], 0, count=2, job_token=token).reply[
+        "split_indices"] == [6]  # the last of its own
+    assert core.get_split(it, a["task_id"], 0, count=2, job_token=token).reply[
+        "split_indices"] == [7, 8]  # nobody caches these
+    rest_b = _drain_splits(core, it, b["task_id"], token)
+    assert rest_b[:2] == [3, 5]
+    assert sorted([0, 2, 4, 6, 7, 8, 1] + rest_b) == list(range(12))
+    core.worker_left("tcp://a:1")
+    internal = core.state.job(core.state.iteration(it).job_id).dataset_id
+    assert core.hints.cached.holders((internal, 0)) == set()
+    assert core.hints.cached.holders((internal, 1)) == {"tcp://b:1"}

@@ -1,10 +1,10 @@
-"""The autocache decision (issue 26, part 3), pure: service/dispatcher/_autocache.py."""
+"""The autocache decision (issue 26, part 3), pure: service/worker/_autocache_policy.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from dask_dataservice.service.dispatcher._autocache import (
+from dask_dataservice.service.worker._autocache_policy import (
     CacheDecision,
     CacheFigures,
     CachePolicy,
