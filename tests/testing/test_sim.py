@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from dask_dataservice.errors import TaskNotFoundError
 from dask_dataservice.service.client import reader_core
 from dask_dataservice.service.dispatcher import _handout, _split_order
 from dask_dataservice.service.dispatcher import core as dispatcher_core
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.pure, pytest.mark.timeout(300)]
 #: cross-trainer: about 50 and 40 scenarios/s, the others 100-280).
 SEEDS = {"dynamic": 1000, "off": 500, "named": 250, "named-off": 250, "static-data": 250,
          "static-file": 250, "repeat": 200, "coordinated": 250, "cross-trainer": 150,
-         "cross-trainer-off": 250, "locality": 250, "retire": 250}
+         "cross-trainer-off": 250, "locality": 250, "retire": 250, "autocache": 250}
 
 
 def test_the_seeded_workloads_are_every_workload():
@@ -125,6 +126,20 @@ def _drain_the_index_only(self, address, held=()):  # issue 26, before the worke
     return _DRAIN(self, address, ())
 
 
+@dispatcher_core._stimulus
+def _cache_reports_of_anyone(self, task_id, indices, job_token=None):  # issue 26, before
+    """``autocached`` before it checked the reporting worker was still registered: a worker
+    dropped meanwhile (frozen) had its caches kept, and splits were handed out by them."""
+    try:
+        self._check_task_token(task_id, job_token, "reporting cached splits")
+        task = self.state.task(task_id)
+    except TaskNotFoundError:
+        return {"status": "OK"}
+    dataset = self.state.job(self.state.iteration(task.iteration_id).job_id).dataset_id
+    self.hints.cached.add(dataset, task.worker_address, indices)
+    return {"status": "OK"}
+
+
 #: Past fixes (dispatcher, reader and worker cores), reintroduced one at a time: the seeds that catch each one.
 PAST_BUGS = [
     # a retried split request whose reply was lost got new splits; the lost reply's stayed
@@ -179,6 +194,9 @@ PAST_BUGS = [
     # buffer were lost with the worker
     ("DispatcherCore.drain_worker", _drain_the_index_only, "retire", 35, "never delivered"),
     ("DispatcherCore.drain_worker", _drain_the_index_only, "retire", 159, "never delivered"),
+    # issue 26: cached splits reported by a worker the dispatcher had dropped were kept
+    ("DispatcherCore.autocached", _cache_reports_of_anyone, "autocache", 129,
+     "left but its caches are kept"),
 ]
 
 

@@ -70,7 +70,7 @@ class Cached:
             splits.setdefault(int(i), set()).add(address)
         self.datasets.setdefault(address, set()).add(dataset_id)
 
-    def holders(self, key: CacheKey) -> set[str]:
+    def holders(self, key: tuple[int, int]) -> set[str]:
         return self.splits.get(key[0], {}).get(key[1], set())
 
     def forget(self, address: str) -> None:

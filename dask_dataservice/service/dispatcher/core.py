@@ -493,6 +493,11 @@ class DispatcherCore:
             task = self.state.task(task_id)
         except TaskNotFoundError:
             return {"status": "OK"}  # garbage collected meanwhile
+        try:
+            if not self.state.worker(task.worker_address).registered:
+                return {"status": "OK"}  # dropped meanwhile: forgotten with its caches
+        except WorkerNotFoundError:
+            return {"status": "OK"}
         dataset_id = self.state.job(self.state.iteration(task.iteration_id).job_id).dataset_id
         self.hints.cached.add(dataset_id, task.worker_address, indices)
         return {"status": "OK"}

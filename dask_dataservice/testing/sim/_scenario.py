@@ -33,6 +33,10 @@ first broken invariant, with the virtual time). The invariants:
 - locality (``locality``: a dataset from a persisted collection, split ``i``'s partition on
   worker ``i % n``, gone with its worker): a task gets a split its worker does not hold only
   once no split it holds is left (checked at every ``get_split``), and exactly once as above;
+- autocache (``autocache``: a dataset with an ``autocache()`` op read over 2-3 epochs;
+  workers report most splits they make as cached): the dispatcher's registry holds only what
+  live workers reported since it started, a task gets a split its worker did not cache only
+  once no split it cached is left, and exactly once as above;
 - retirements (``retire``): a worker retired while consumers read is drained first (no
   new split; it leaves once its tasks, finished ones included, made their splits and every
   reply with elements was acknowledged), and the read stays exactly once unless a drain
@@ -53,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import TaskNotFoundError
-from ...service.dispatcher._locality import LOCALITY_KEY
+from ...service.dispatcher._locality import AUTOCACHE_KEY, LOCALITY_KEY
 from ...service.dispatcher.core import CoreConfig, WorkerInfo
 from ...service.dispatcher.state import DispatcherState
 from ._actors import Consumer
@@ -65,7 +69,8 @@ __all__ = ["WORKLOADS", "Params", "Result", "generate", "run_scenario"]
 
 #: Workload names (``--workload``).
 WORKLOADS = ("dynamic", "off", "named", "named-off", "static-data", "static-file", "repeat",
-             "coordinated", "cross-trainer", "cross-trainer-off", "locality", "retire")
+             "coordinated", "cross-trainer", "cross-trainer-off", "locality", "retire",
+             "autocache")
 
 #: Workloads read by fixed-list readers (:mod:`._fixed`).
 FIXED = ("coordinated", "cross-trainer")
@@ -136,12 +141,12 @@ class Params:
         return {"dynamic": "DYNAMIC", "named": "DYNAMIC", "off": "OFF", "named-off": "OFF",
                 "static-data": "DATA", "static-file": "FILE", "repeat": "DYNAMIC",
                 "coordinated": "OFF", "cross-trainer": "DYNAMIC", "cross-trainer-off": "OFF",
-                "locality": "DYNAMIC", "retire": "DYNAMIC"}[self.workload]
+                "locality": "DYNAMIC", "retire": "DYNAMIC", "autocache": "DYNAMIC"}[self.workload]
 
     @property
     def named(self) -> bool:
         return self.workload.startswith(("named", "cross-trainer")) or self.workload in FIXED or (
-            self.workload in ("repeat", "locality", "retire")
+            self.workload in ("repeat", "locality", "retire", "autocache")
             and (self.n_consumers > 1 or self.epochs > 1))
 
 
@@ -194,6 +199,9 @@ def generate(seed: int, workload: str) -> Params:
         p.num_splits = rng.randint(2, 8)
     elif workload == "locality":  # a persisted collection: split i's partition on worker i % n
         p.n_consumers = rng.randint(1, 2)
+    elif workload == "autocache":  # epochs 2 and 3 go first to the workers that cached
+        p.n_consumers = rng.randint(1, 2)
+        p.epochs = rng.randint(2, 3)
     elif workload in FIXED + ("cross-trainer-off",):
         p.repeat = 0  # coordinated reads and the cross-trainer cache need an endless job
         p.n_consumers = rng.randint(2, 3)
@@ -333,8 +341,8 @@ class Run:
             self.failure = f"t={self.world.now:.3f}: {text}"
 
     def received(self, consumer: Consumer, task_id: int, element: Any) -> None:
-        if self.params.workload == "repeat":  # each pass (iteration) reads every repetition
-            element = (consumer.iteration_id, element)
+        if self.params.workload in ("repeat", "autocache"):  # each pass (iteration) reads
+            element = (consumer.iteration_id, element)  # every element (every repetition)
         elif self.params.workload == "cross-trainer-off":  # every trainer reads every element
             element = (consumer.name, element[0], element[1])
         if self.params.mode in ("DATA", "FILE"):
@@ -453,6 +461,9 @@ class Run:
             metadata[LOCALITY_KEY] = [[["part", i]] for i in range(p.num_splits)]
             self.dispatcher.key_holders = {("part", i): {worker_address(i % p.n_workers)}
                                            for i in range(p.num_splits)}
+        if p.workload == "autocache":
+            metadata[AUTOCACHE_KEY] = True
+            d.autocache = True
         reply = d._run(d.core.register_dataset, "fp", b"pipeline", b"splits", p.num_splits,
                        metadata=metadata, now=self.world.now)
         d._flush(d.host.incarnation)  # registered before any consumer starts
@@ -648,6 +659,8 @@ class Run:
         if p.workload == "repeat":  # (pass's iteration, (repetition, element))
             expected: set[Any] = {(it, (rep, e)) for it in iterations for rep in range(p.repeat)
                                   for e in range(p.num_elements)}
+        elif p.workload == "autocache":  # (pass's iteration, element)
+            expected = {(it, e) for it in iterations for e in range(p.num_elements)}
         else:
             expected = set(range(p.num_elements))
         missing = expected - self.seen
@@ -667,6 +680,8 @@ class Run:
         if p.workload == "repeat":
             beyond = sorted(m for m in missing
                             if (m[0], m[1][0], m[1][1] // p.per_split) not in lost)
+        elif p.workload == "autocache":
+            beyond = sorted(m for m in missing if (m[0], 0, m[1] // p.per_split) not in lost)
         else:
             beyond = sorted(e for e in missing
                             if not any((it, 0, e // p.per_split) in lost for it in iterations))

@@ -230,9 +230,18 @@ class DataWorker:
         flow = r.flow
         assert flow is not None
         repeat = self.run.params.repeat
+        cached = []
         while flow.has_local() and len(into) < cap:
-            elements = self.run.split_elements(flow.next_index())
+            index = flow.next_index()
+            elements = self.run.split_elements(index)
             into.extend(elements if repeat == 1 else ((flow.repetition, e) for e in elements))
+            if self.run.params.workload == "autocache" and self.world.rng.random() < 0.8:
+                cached.append(index)  # kept by its autocache(): told to the dispatcher
+        if cached:
+            task = r.task
+            self.rpc.call(DISPATCHER, "autocached",
+                          {"task_id": task_id, "indices": cached, "job_token": task["job_token"]},
+                          lambda _: None, lambda: None, f"autocached-{task_id}")
         if flow.has_local():
             return
         if flow.ended and (repeat == 0 or flow.repetition + 1 < repeat):

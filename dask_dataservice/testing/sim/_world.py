@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...errors import WorkerNotFoundError
 from ...service.dispatcher import _split_order
 from ...service.dispatcher._journal_format import JournalRecord, Snapshot
 from ...service.dispatcher._shares import REPEAT_SHARE_FLOOR
@@ -178,6 +179,9 @@ class SimDispatcher:
         #: ``{Dask key: addresses holding it}`` (the scheduler's ``who_has``; set by the
         #: scenario of a dataset from a persisted collection).
         self.key_holders: dict[Any, set[str]] = {}
+        #: The ``autocache`` workload: ``{address: splits it reported}`` since this start.
+        self.autocache = False
+        self.reported: dict[str, set[int]] = {}
         #: ``{(iteration_id, repetition, position): split}`` of an explicit split order.
         self.positions: dict[tuple[int, int, int], int] = {}
         self.start()
@@ -192,6 +196,7 @@ class SimDispatcher:
 
     # Lifecycle
     def start(self) -> None:
+        self.reported = {}  # the registry is volatile: a new core learns it again
         self.core = DispatcherCore(self.config, self, self.world.now, lineage="sim",
                                    new_token=lambda: f"t{self._tokens.getrandbits(32):08x}",
                                    view_nonce=f"v{self.restarts}")
@@ -348,6 +353,10 @@ class SimDispatcher:
             return self._run(core.finish_task, **kw)
         if name == "ack_splits":
             return self._run(core.ack_splits, **kw)
+        if name == "autocached":
+            reply = self._run(core.autocached, **kw)
+            self.reported.setdefault(src, set()).update(kw["indices"])
+            return reply
         raise ValueError(f"unknown request {name!r}")
 
     def _get_split(self, core: DispatcherCore, src: str, kw: dict[str, Any]) -> Any:
@@ -362,7 +371,8 @@ class SimDispatcher:
             active = it.num_tasks - it.num_finished_tasks - it.num_lost_tasks
         except Exception:  # noqa: BLE001 - the core answers the error
             active = 0
-        local_left = self._local_left(src, kw) if self.key_holders else set()
+        hinted = bool(self.key_holders) or self.autocache
+        local_left = self._local_left(src, kw) if hinted else set()
         reply = self._run(core.get_split, **kw)
         # the splits handed out now (a request saying what it ``received`` may be answered
         # what it never got instead: then the cursor does not move)
@@ -375,7 +385,7 @@ class SimDispatcher:
         left = num_splits - index if active else 0
         got = len(new)
         floor = REPEAT_SHARE_FLOOR if kw.get("repetition", 0) >= 1 else 1
-        if active >= 2 and got > max(floor, left // 2) and not self.key_holders:
+        if active >= 2 and got > max(floor, left // 2) and not hinted:
             # (a locality hint hands a worker all its own splits, and the orphans it asks for;
             # past the first repetition a task may take a floor of them: core.fair_share)
             raise SimFailure(f"DYNAMIC: task {kw['task_id']} took {got} of the {left} splits "
@@ -407,6 +417,23 @@ class SimDispatcher:
             return set()
         order = _split_order.taken(state, kw["iteration_id"])
         taken = set(order) if order else set(range(index))
+        if self.autocache:
+            dataset = state.job(state.iteration(kw["iteration_id"]).job_id).dataset_id
+            cached = self.core.hints.cached
+            for who in cached.datasets:  # only what it was told since this start, and kept
+                held = {i for i, ws in cached.splits.get(dataset, {}).items() if who in ws}
+                if not held <= self.reported.get(who, set()):
+                    raise SimFailure(f"autocache: the dispatcher says {who} caches splits "
+                                     f"{sorted(held - self.reported.get(who, set()))} it "
+                                     "never reported since this start")
+                try:
+                    registered = state.worker(who).registered
+                except WorkerNotFoundError:
+                    registered = False
+                if not registered:
+                    raise SimFailure(f"autocache: {who} left but its caches are kept")
+            return {i for i in range(num_splits)
+                    if i not in taken and address in cached.holders((dataset, i))}
         return {i for i in range(num_splits)
                 if i not in taken and address in self.key_holders.get(("part", i), ())}
 
