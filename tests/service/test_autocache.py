@@ -182,3 +182,59 @@ def test_autocache_checks_what_comes_before_it_and_passes_through_locally():
     with pytest.raises(ValueError, match="must be 'auto', 'always' or 'never'"):
         ds.autocache("sometimes")
     assert [list(b) for b in ds.autocache().batch(4)] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_a_worker_killed_with_its_cache_costs_only_its_splits_made_again():
+    """Worker processes: epoch 1 caches every split on the two workers; one worker process is
+    killed (SIGKILL; its nanny starts another, with no cache) and the dispatcher forgets what
+    it cached. Epoch 2 still gives every element exactly once: the survivor serves its splits
+    from its cache, the killed worker's are made again (TF's fault_tolerance_test
+    ``testRestartWorker`` under DYNAMIC, with the cache in the pipeline)."""
+    import signal
+
+    from _helpers import wait
+    from distributed import Client, LocalCluster
+
+    def costly(x):  # nested: sent by value to the worker processes
+        time.sleep(0.0005)
+        return x * 2
+
+    def registry(dask_scheduler):
+        core = dask_scheduler.plugins["dataservice-dispatcher"]._core
+        return sorted(core.hints.cached.datasets)
+
+    def status(dask_worker):
+        return dask_worker.extensions["dataservice"].autocache.status()
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        dds.install(client)
+        ds = dds.Dataset.range(N).map(costly).autocache()
+
+        def epoch():
+            dist = ds.apply(dds.distribute("distributed_epoch", client, split_size=SPLIT))
+            assert sorted(dist) == [2 * i for i in range(N)]
+
+        epoch()
+        first = client.run(status)
+        assert sum(d["splits"] for w in first.values() for d in w["datasets"].values()) == 20
+        victim, survivor = sorted(first)
+        wait(lambda: registry_has(client, registry, {victim, survivor}), 20,
+             "both workers' caches at the dispatcher")
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        wait(lambda: len(client.scheduler_info()["workers"]) == 2
+             and victim not in client.scheduler_info()["workers"]
+             and victim not in client.run_on_scheduler(registry), 60,
+             "the killed worker replaced and forgotten")
+        epoch()
+        second = client.run(status)
+        hits = {a: sum(d["hits"] for d in w["datasets"].values()) for a, w in second.items()}
+        fresh = next(a for a in second if a != survivor)
+        assert hits[fresh] == 0 and hits[survivor] >= 1, hits
+
+
+def registry_has(client, registry, addresses) -> bool:
+    return set(client.run_on_scheduler(registry)) >= addresses
