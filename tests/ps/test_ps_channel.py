@@ -182,7 +182,9 @@ async def test_pipeline_probes_a_server_that_does_not_reply():
     pipeline = Pipeline(lambda address: ch, _routing.check, 1 << 20, 100, timeout=60,
                         probe=probe, liveness=0.05)
     reply = await asyncio.to_thread(pipeline.call_many, [Call("tcp://ps:1", "op", {"i": 1})])
-    assert reply == [{"status": "OK", "echo": 1}] and len(probes) == 3
+    # the reply was waited for; a loaded machine may probe again (every 50 ms) before the
+    # reply the third probe let out arrives (ci99: 5 probes)
+    assert reply == [{"status": "OK", "echo": 1}] and len(probes) >= 3
 
     gate.clear()
     probes.clear()
