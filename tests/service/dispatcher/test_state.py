@@ -737,6 +737,36 @@ def test_validate_state_catches_drifted_shards():
         state.validate_state()
 
 
+def _count_a_task_too_many(state, task_id):
+    state._workers[W1].num_tasks += 1
+
+
+def _drop_from_the_worker_index(state, task_id):
+    del state._tasks_by_worker[W1][state._tasks[task_id].iteration_id]
+
+
+def _reuse_a_task_id(state, task_id):
+    state._next_task_id = task_id
+
+
+@pytest.mark.parametrize(("corrupt", "message"), [
+    (_count_a_task_too_many, "worker 'tcp://10.0.0.1:4001' counts 2 tasks, 1 name it"),
+    (_drop_from_the_worker_index, "active task {task} missing from its worker's index"),
+    (_reuse_a_task_id, "task id {task} outside \\[{task}, {task}\\)"),
+])
+def test_validate_state_names_the_broken_invariant(corrupt, message):
+    """Each invariant's message is built only once it failed; it still names what broke."""
+    state = DispatcherState()
+    register_worker(state, W1)
+    task_id = create_task(state, create_iteration(state, create_job(state, register_dataset(state))),
+                          W1)
+    state.validate_state()
+    corrupt(state, task_id)
+    with pytest.raises(AssertionError, match="^DispatcherState invariant broken: "
+                       + message.format(task=task_id)):
+        state.validate_state()
+
+
 def test_lost_tasks_count_as_done_only_once_a_task_finished(state):
     register_worker(state, W1)
     register_worker(state, W2)
