@@ -28,7 +28,7 @@ from dask_dataservice.testing.sim import (
 
 pytestmark = [pytest.mark.pure, pytest.mark.timeout(300)]
 
-#: Seeds per workload in CI: 3,600 scenarios in all (fewer of the slowest, repeat and
+#: Seeds per workload in CI: 4,100 scenarios in all (fewer of the slowest, repeat and
 #: cross-trainer: about 50 and 40 scenarios/s, the others 100-280).
 SEEDS = {"dynamic": 1000, "off": 500, "named": 250, "named-off": 250, "static-data": 250,
          "static-file": 250, "repeat": 200, "coordinated": 250, "cross-trainer": 150,
