@@ -234,10 +234,16 @@ def test_a_worker_killed_with_its_cache_costs_only_its_splits_made_again():
              "both workers' caches at the dispatcher")
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
-        wait(lambda: len(client.scheduler_info()["workers"]) == 2
-             and victim not in client.scheduler_info()["workers"]
-             and victim not in client.run_on_scheduler(registry), 60,
-             "the killed worker replaced and forgotten")
+
+        def replaced() -> bool:
+            # One read of the workers. Two reads could straddle the victim's removal (two
+            # workers, then the victim gone) before its replacement joined; epoch 2 then ran
+            # on the survivor alone (ci115)
+            workers = client.scheduler_info()["workers"]
+            return len(workers) == 2 and victim not in workers \
+                and victim not in client.run_on_scheduler(registry)
+
+        wait(replaced, 60, "the killed worker replaced and forgotten")
         epoch()
         second = client.run(status)
         hits = {a: sum(d["hits"] for d in w["datasets"].values()) for a, w in second.items()}
